@@ -1,0 +1,97 @@
+# vmmshim: build, test, benchmark.
+#   make            build/libvmmshim.so
+#   make demo       build and run the bundled CUDA program under the shim (needs a GPU)
+#   make test       CPU tests on the host emulation of the driver (CI runs this)
+#   make gpu-test   GPU tests (needs a GPU and nvcc)
+#   make bench      GPU benchmarks (needs a GPU and nvcc)
+
+CUDA_HOME ?= /usr/local/cuda
+CC        ?= cc
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+BUILD     ?= build
+PYTHON    ?= python3
+
+WARN      := -Wall -Wextra -Werror
+CFLAGS    ?= -O2 -g
+CFLAGS    += -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -ftls-model=initial-exec \
+             -Iinclude -I$(CUDA_HOME)/include -pthread
+LDLIBS    := -ldl -pthread
+
+SRC       := $(wildcard src/*.c)
+OBJ       := $(SRC:src/%.c=$(BUILD)/obj/%.o)
+LIB       := $(BUILD)/libvmmshim.so
+
+.PHONY: all demo test gpu-test bench clean deps
+all: $(LIB)
+
+$(BUILD)/obj/%.o: src/%.c include/vmmshim.h include/vmmshim/internal.h | $(BUILD)/obj
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(LIB): $(OBJ)
+	$(CC) -shared -o $@ $(OBJ) $(LDLIBS)
+
+$(BUILD)/obj $(BUILD)/emu $(BUILD)/tests:
+	mkdir -p $@
+
+# ---- host emulation of the CUDA driver and runtime (tests/emu) ----
+EMU_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -fPIC -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
+EMU_DRV    := $(BUILD)/emu/libcuda.so.1
+EMU_RT     := $(BUILD)/emu/libcudart.so.13
+EMU_RT_A   := $(BUILD)/emu/libcudart_static.a
+EMU_HDR    := $(wildcard tests/emu/*.h)
+
+$(EMU_DRV): tests/emu/cuda_emu.c $(EMU_HDR) | $(BUILD)/emu
+	$(CC) $(EMU_CFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $< -ldl -pthread -lrt
+	ln -sf libcuda.so.1 $(BUILD)/emu/libcuda.so
+
+$(EMU_RT): tests/emu/cudart_emu.c $(EMU_HDR) | $(BUILD)/emu
+	$(CC) $(EMU_CFLAGS) -shared -Wl,-soname,libcudart.so.13 -o $@ $< -ldl -pthread
+	ln -sf libcudart.so.13 $(BUILD)/emu/libcudart.so
+
+$(EMU_RT_A): tests/emu/cudart_emu.c $(EMU_HDR) | $(BUILD)/emu
+	$(CC) $(EMU_CFLAGS) -DEMU_STATIC_RUNTIME -c -o $(BUILD)/emu/cudart_static.o $<
+	ar rcs $@ $(BUILD)/emu/cudart_static.o
+
+# ---- CPU tests ----
+# tests/test_shim_*.c : programs run under LD_PRELOAD=libvmmshim.so against the emulation
+# tests/test_static_*.c: the same, with the emulated runtime linked statically (nvcc's default)
+# tests/test_unit_*.c : shim sources linked straight in (no preload)
+# tests/test_emu_*.c  : the emulation on its own (it must enforce the driver's contract)
+T_SHIM    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_shim_*.c))
+T_STATIC  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_static_*.c))
+T_UNIT    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_unit_*.c))
+T_EMU     := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_emu_*.c))
+T_HDR     := $(wildcard tests/*.h) $(EMU_HDR)
+T_CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -Itests -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
+T_RPATH   := -Wl,-rpath,'$$ORIGIN/../emu'
+
+$(BUILD)/tests/test_shim_%: tests/test_shim_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT) | $(BUILD)/tests
+	$(CC) $(T_CFLAGS) -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -pthread
+
+$(BUILD)/tests/test_static_%: tests/test_static_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT_A) | $(BUILD)/tests
+	$(CC) $(T_CFLAGS) -o $@ $< $(EMU_RT_A) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
+
+$(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC) $(EMU_DRV) | $(BUILD)/tests
+	$(CC) $(T_CFLAGS) -fvisibility=hidden -o $@ $< $(filter-out src/hook_%.c,$(SRC)) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
+
+$(BUILD)/tests/test_emu_%: tests/test_emu_%.c $(T_HDR) $(EMU_DRV) | $(BUILD)/tests
+	$(CC) $(T_CFLAGS) -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
+
+deps:
+	@sh tests/setup.sh
+
+test: deps $(LIB) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) sh tests/run.sh
+
+# ---- GPU (run on a machine with an NVIDIA GPU) ----
+demo: $(LIB)
+	@BUILD=$(BUILD) NVCC=$(NVCC) sh scripts/demo.sh
+
+gpu-test: $(LIB)
+	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) sh tests/gpu/run.sh
+
+bench: $(LIB)
+	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) sh bench/run.sh
+
+clean:
+	rm -rf $(BUILD)

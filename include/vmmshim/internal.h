@@ -1,0 +1,261 @@
+/* vmmshim internals: what the files of src/ call across each other.
+ *
+ * Data path, top to bottom:
+ *   hook_rt.c  (cudaMalloc, cudaFree, cudaMallocAsync, ... exported by the shim)
+ *   hook_drv.c (cuMemAlloc_v2, cuMemFree_v2, ..., cuGetProcAddress, dlsym)
+ *        -> alloc.c  (entry points shared by both layers: context -> pool, errors, trace)
+ *        -> pool.c   (sub-allocator over one virtual reservation per context, uthash address map)
+ *        -> vmm.c    (the only caller of cuMemAddressReserve/Create/Map/SetAccess/Unmap/Release/AddressFree)
+ *   beside them: config.c (options), log.c (messages), trace.c (allocation trace), stats.c, init.c. */
+#ifndef VMMSHIM_INTERNAL_H
+#define VMMSHIM_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+#include "vmmshim.h"
+
+#define vs_likely(x) __builtin_expect(!!(x), 1)
+#define vs_unlikely(x) __builtin_expect(!!(x), 0)
+#define VS_API __attribute__((visibility("default")))
+
+/* ---------------------------------------------------------------- "config.c" */
+
+typedef enum vs_free_mode_e { VS_FREE_SYNC = 0, VS_FREE_DEFERRED = 1 } vs_free_mode_t;
+typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trace_format_t;
+
+/* One token per option: the enum name is VS_OPT_<token>, the variable VMMSHIM_<token>. */
+#define VS_OPTIONS(X)                                                                       \
+  X(DISABLE, VS_KIND_BOOL, 0)                    /* 1: pure pass-through */                 \
+  X(GRANULARITY, VS_KIND_SIZE, 64ull << 20)      /* size of the handles a pool grows by */ \
+  X(FREE_MODE, VS_KIND_FREE_MODE, VS_FREE_SYNC)  /* sync | deferred */                      \
+  X(RELEASE_THRESHOLD, VS_KIND_SIZE_OR_UNLIMITED, UINT64_MAX) /* idle bytes kept mapped */  \
+  X(LIMIT, VS_KIND_SIZE, 0)                      /* cap on mapped bytes, 0 = none */        \
+  X(RESERVE, VS_KIND_SIZE, 0)                    /* VA per pool, 0 = auto */                \
+  X(LOG, VS_KIND_LOG, 1)                         /* level[:file] */                         \
+  X(STATS, VS_KIND_BOOL, 0)                      /* print stats at exit */                  \
+  X(VERBOSE, VS_KIND_BOOL, 0)                    /* print version and options at start */   \
+  X(TRACE, VS_KIND_STRING, 0)                    /* trace path, %p pid, %r rank */          \
+  X(TRACE_FORMAT, VS_KIND_TRACE_FORMAT, VS_TRACE_NATIVE) /* native | rmm */
+
+typedef enum vs_option_kind_e {
+  VS_KIND_BOOL,
+  VS_KIND_SIZE,
+  VS_KIND_SIZE_OR_UNLIMITED,
+  VS_KIND_FREE_MODE,
+  VS_KIND_LOG,
+  VS_KIND_STRING,
+  VS_KIND_TRACE_FORMAT
+} vs_option_kind_t;
+
+typedef enum vs_option_e {
+#define VS_OPT_ENUM(tok, kind, def) VS_OPT_##tok,
+  VS_OPTIONS(VS_OPT_ENUM)
+#undef VS_OPT_ENUM
+  VS_OPT_COUNT
+} vs_option_t;
+
+/* Reads every VMMSHIM_* variable once; safe to call many times (the first call wins). */
+void _vs_config_init(void);
+/* Hot-path getters: no parsing, no getenv. */
+uint64_t _vs_option(vs_option_t opt);
+const char *_vs_option_string(vs_option_t opt); /* STRING and LOG kinds: the text, or NULL */
+void _vs_config_print(void);                   /* VMMSHIM_VERBOSE */
+/* Parsers, exposed for tests. Return 0 on success, -1 on a malformed value. */
+int _vs_parse_size(const char *text, uint64_t *out);
+int _vs_parse_bool(const char *text, uint64_t *out);
+/* Re-reads the environment (tests only). */
+void _vs_config_reload(void);
+
+/* ---------------------------------------------------------------- "log.c" */
+
+typedef enum vs_log_level_e {
+  VS_LOG_ERROR = 0,
+  VS_LOG_WARN = 1,
+  VS_LOG_INFO = 2, /* every mapping and access change */
+  VS_LOG_DEBUG = 3 /* every allocation and free */
+} vs_log_level_t;
+
+extern int _vs_log_level; /* read without a lock on the hot path */
+void _vs_log_open(const char *spec, vs_log_level_t *level_out); /* "info" or "debug:/tmp/x.log" */
+void _vs_log(vs_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define VS_LOG_ON(level) vs_unlikely(_vs_log_level >= (level))
+#define _vs_error(...) _vs_log(VS_LOG_ERROR, __VA_ARGS__)
+#define _vs_warn(...) _vs_log(VS_LOG_WARN, __VA_ARGS__)
+#define _vs_info(...) do { if (VS_LOG_ON(VS_LOG_INFO)) _vs_log(VS_LOG_INFO, __VA_ARGS__); } while (0)
+#define _vs_debug(...) do { if (VS_LOG_ON(VS_LOG_DEBUG)) _vs_log(VS_LOG_DEBUG, __VA_ARGS__); } while (0)
+/* "CUDA_ERROR_OUT_OF_MEMORY" for 2; never NULL, works before the driver is loaded. */
+const char *_vs_cu_error_name(CUresult r);
+
+/* ---------------------------------------------------------------- "cuda.c" */
+/* The real driver entry points, resolved once through libcuda's cuGetProcAddress_v2.
+ * The shim's own driver calls go through this table, never through its own hooks. */
+#define VS_REAL_DRIVER(X)                                                                              \
+  X(cuCtxGetCurrent, 4000, CUresult, (CUcontext *))                                                   \
+  X(cuCtxSetCurrent, 4000, CUresult, (CUcontext))                                                     \
+  X(cuCtxGetDevice, 2000, CUresult, (CUdevice *))                                                     \
+  X(cuCtxSynchronize, 2000, CUresult, (void))                                                         \
+  X(cuDeviceGetAttribute, 2000, CUresult, (int *, CUdevice_attribute, CUdevice))                      \
+  X(cuDeviceTotalMem, 3020, CUresult, (size_t *, CUdevice))                                           \
+  X(cuMemGetAllocationGranularity, 10020, CUresult,                                                   \
+    (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                        \
+  X(cuMemAddressReserve, 10020, CUresult, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)) \
+  X(cuMemAddressFree, 10020, CUresult, (CUdeviceptr, size_t))                                         \
+  X(cuMemCreate, 10020, CUresult,                                                                      \
+    (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))         \
+  X(cuMemRelease, 10020, CUresult, (CUmemGenericAllocationHandle))                                    \
+  X(cuMemMap, 10020, CUresult, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
+  X(cuMemUnmap, 10020, CUresult, (CUdeviceptr, size_t))                                               \
+  X(cuMemSetAccess, 10020, CUresult, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))          \
+  X(cuEventCreate, 2000, CUresult, (CUevent *, unsigned int))                                         \
+  X(cuEventRecord, 2000, CUresult, (CUevent, CUstream))                                               \
+  X(cuEventQuery, 2000, CUresult, (CUevent))                                                          \
+  X(cuEventDestroy, 4000, CUresult, (CUevent))                                                        \
+  X(cuStreamIsCapturing, 10000, CUresult, (CUstream, CUstreamCaptureStatus *))                        \
+  X(cuThreadExchangeStreamCaptureMode, 10010, CUresult, (CUstreamCaptureMode *))                     \
+  X(cuGetErrorName, 6000, CUresult, (CUresult, const char **))
+
+typedef struct vs_real_driver_s {
+#define VS_REAL_FIELD(name, ver, ret, args) ret(*name) args;
+  VS_REAL_DRIVER(VS_REAL_FIELD)
+#undef VS_REAL_FIELD
+} vs_real_driver_t;
+
+extern vs_real_driver_t _vs_cu;
+/* Loads libcuda.so.1 (already loaded in any CUDA program) and fills _vs_cu.
+ * Returns 0, or -1 with a message when the driver or a required symbol is missing. */
+int _vs_cuda_resolve(void);
+/* libcuda's own cuGetProcAddress_v2 (NULL before _vs_cuda_resolve). */
+typedef CUresult (*vs_get_proc_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+extern vs_get_proc_v2_fn _vs_real_get_proc_v2;
+
+/* ---------------------------------------------------------------- "vmm.c" */
+/* Contract: every function returns CUDA_SUCCESS or the driver's error (logged by name);
+ * arguments the driver would reject (zero size, sizes or addresses not multiples of the
+ * granularity, alignment not a power of two) return CUDA_ERROR_INVALID_VALUE before any
+ * driver call. Every call is counted and timed in the stats and written to the log
+ * (level info) and the trace. */
+typedef struct vs_device_caps_s {
+  CUdevice device;
+  size_t min_granularity;   /* cuMemGetAllocationGranularity(MINIMUM) */
+  size_t total_mem;
+  bool vmm_supported;
+  bool posix_fd_supported;
+  bool rdma_supported;
+} vs_device_caps_t;
+
+/* Queries the device's VMM support and granularity. */
+CUresult _vs_vmm_query(CUdevice device, vs_device_caps_t *caps);
+/* size > 0, multiple of caps->min_granularity; align 0 or a power of two. */
+CUresult _vs_vmm_reserve(const vs_device_caps_t *caps, size_t size, size_t align, CUdeviceptr *va_out);
+/* va and size exactly as reserved. */
+CUresult _vs_vmm_address_free(const vs_device_caps_t *caps, CUdeviceptr va, size_t size);
+/* Physical memory on caps->device, POSIX-fd shareable and RDMA-capable where supported. */
+CUresult _vs_vmm_create(const vs_device_caps_t *caps, size_t size, CUmemGenericAllocationHandle *handle_out);
+CUresult _vs_vmm_release(const vs_device_caps_t *caps, CUmemGenericAllocationHandle handle, size_t size);
+/* Maps the whole handle at va (aligned to min granularity, inside a reservation, unmapped). */
+CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle);
+/* va and size cover whole mappings. */
+CUresult _vs_vmm_unmap(const vs_device_caps_t *caps, CUdeviceptr va, size_t size);
+/* Read-write access for caps->device. */
+CUresult _vs_vmm_set_access(const vs_device_caps_t *caps, CUdeviceptr va, size_t size);
+
+/* ---------------------------------------------------------------- "pool.c" */
+typedef struct vs_pool_s vs_pool_t;
+
+typedef enum vs_pool_status_e {
+  VS_POOL_OK = 0,
+  VS_POOL_OOM = 1,       /* the device (or VMMSHIM_LIMIT) has no room, after releasing idle memory */
+  VS_POOL_LIMIT = 2,     /* over VMMSHIM_LIMIT */
+  VS_POOL_NOT_OWNED = 3, /* the pointer is not the start of a live block of this pool */
+  VS_POOL_ERROR = 4      /* a driver error other than out-of-memory */
+} vs_pool_status_t;
+
+/* A new pool for the current context (ctx on device dev). NULL with a message on failure. */
+vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps);
+/* Unmaps, releases and frees everything (the context is going away). */
+void _vs_pool_destroy(vs_pool_t *pool);
+/* stream: CU_STREAM_LEGACY-like sentinel VS_NO_STREAM for synchronous allocations. */
+#define VS_NO_STREAM ((CUstream)(uintptr_t)UINTPTR_MAX)
+vs_pool_status_t _vs_pool_alloc(vs_pool_t *pool, size_t size, CUstream stream, vmmshim_api_t api,
+                                CUdeviceptr *ptr_out, size_t *served_out, CUresult *cu_err);
+/* Frees a block. For VS_NO_STREAM, the free mode decides (sync: the context is synchronised
+ * first; deferred: the block is reused after a later synchronisation). */
+vs_pool_status_t _vs_pool_free(vs_pool_t *pool, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api,
+                               size_t *size_out);
+/* The live block holding addr (interior pointers too). Returns false if none. */
+bool _vs_pool_range(vs_pool_t *pool, CUdeviceptr addr, CUdeviceptr *base_out, size_t *size_out);
+/* Idle mapped bytes (mapped but not in a live block). */
+size_t _vs_pool_idle_bytes(vs_pool_t *pool);
+/* Releases every fully idle handle; returns the bytes released. */
+size_t _vs_pool_trim(vs_pool_t *pool, size_t keep_bytes);
+CUcontext _vs_pool_context(const vs_pool_t *pool);
+int _vs_pool_device(const vs_pool_t *pool);
+/* Debug check that map, bins and block list agree; returns the number of problems found. */
+int _vs_pool_check(vs_pool_t *pool);
+
+/* ---------------------------------------------------------------- "alloc.c" */
+/* Entry points shared by the runtime and driver hooks. They return CUresult values;
+ * the runtime hooks translate them. A non-owned pointer is reported, not touched. */
+extern atomic_int _vs_state; /* 0 not initialised, 1 active, 2 pass-through */
+bool _vs_active(void);       /* initialises on first call */
+/* Thread-local guard: set while the shim calls into the real runtime or driver, so that
+ * the hooks reached from there pass through. */
+extern _Thread_local int _vs_guard;
+
+typedef enum vs_alloc_result_e {
+  VS_ALLOC_SERVED = 0,    /* *ptr is a pool block */
+  VS_ALLOC_PASS = 1,      /* not for the shim: call the real function */
+  VS_ALLOC_FAILED = 2     /* out of memory: *err says which error to return */
+} vs_alloc_result_t;
+
+vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUdeviceptr *ptr, CUresult *err);
+/* Returns true if ptr belonged to the shim and was freed (or queued); false: pass through. */
+bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream);
+/* Lookup for cuMemGetAddressRange / cuPointerGetAttribute. */
+bool _vs_lookup_range(CUdeviceptr addr, CUdeviceptr *base, size_t *size);
+/* Idle bytes of the current context's pool and the cap, for cuMemGetInfo. */
+void _vs_adjust_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* Active stream captures in the process, kept by the cuStreamBeginCapture/EndCapture hooks. */
+extern atomic_int _vs_captures_active;
+/* Drop the pools of a context that is being destroyed or reset (ctx NULL: all of device dev). */
+void _vs_drop_context(CUcontext ctx, int dev);
+size_t _vs_trim_all(void);
+
+/* ---------------------------------------------------------------- "stats.c" */
+extern vmmshim_stats_t _vs_stats_data; /* updated with relaxed atomics */
+#define VS_STAT_ADD(field, n) __atomic_fetch_add(&_vs_stats_data.field, (uint64_t)(n), __ATOMIC_RELAXED)
+#define VS_STAT_SUB(field, n) __atomic_fetch_sub(&_vs_stats_data.field, (uint64_t)(n), __ATOMIC_RELAXED)
+void _vs_stat_peak(uint64_t *peak, uint64_t value);
+void _vs_stats_print(void);
+
+/* ---------------------------------------------------------------- "trace.c" */
+typedef enum vs_vmm_op_e {
+  VS_VMM_RESERVE = 0,
+  VS_VMM_CREATE = 1,
+  VS_VMM_MAP = 2,
+  VS_VMM_SET_ACCESS = 3,
+  VS_VMM_UNMAP = 4,
+  VS_VMM_RELEASE = 5,
+  VS_VMM_ADDRESS_FREE = 6
+} vs_vmm_op_t;
+
+extern int _vs_trace_on; /* checked inline before any trace call */
+void _vs_trace_open(void); /* after config: opens VMMSHIM_TRACE, writes the header */
+void _vs_trace_alloc(vmmshim_api_t api, size_t requested, size_t served, CUdeviceptr ptr, CUstream stream, int device);
+void _vs_trace_free(vmmshim_api_t api, CUdeviceptr ptr, size_t served, CUstream stream, int device);
+void _vs_trace_alloc_fail(vmmshim_api_t api, size_t requested, CUstream stream, int device, CUresult err);
+void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle, unsigned access_flags,
+                   int device, CUresult result, uint64_t duration_ns);
+void _vs_trace_flush(void);
+void _vs_trace_close(void);
+
+/* ---------------------------------------------------------------- "init.c" */
+void _vs_init_once(void); /* config, log, trace, atexit; no CUDA */
+uint64_t _vs_now_ns(void);
+
+#endif
