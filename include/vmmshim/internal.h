@@ -65,6 +65,7 @@ void _vs_config_init(void);
 uint64_t _vs_option(vs_option_t opt);
 const char *_vs_option_string(vs_option_t opt); /* STRING and LOG kinds: the text, or NULL */
 void _vs_config_print(void);                   /* VMMSHIM_VERBOSE */
+void _vs_config_report(void);                  /* warns about malformed values, once the log is open */
 /* Parsers, exposed for tests. Return 0 on success, -1 on a malformed value. */
 int _vs_parse_size(const char *text, uint64_t *out);
 int _vs_parse_bool(const char *text, uint64_t *out);
@@ -83,6 +84,8 @@ typedef enum vs_log_level_e {
 extern int _vs_log_level; /* read without a lock on the hot path */
 void _vs_log_open(const char *spec, vs_log_level_t *level_out); /* "info" or "debug:/tmp/x.log" */
 void _vs_log(vs_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Always printed, prefixed "vmmshim: " (stats, verbose output, one-time notices). */
+void _vs_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define VS_LOG_ON(level) vs_unlikely(_vs_log_level >= (level))
 #define _vs_error(...) _vs_log(VS_LOG_ERROR, __VA_ARGS__)
 #define _vs_warn(...) _vs_log(VS_LOG_WARN, __VA_ARGS__)
@@ -99,6 +102,10 @@ const char *_vs_cu_error_name(CUresult r);
   X(cuCtxSetCurrent, 4000, CUresult, (CUcontext))                                                     \
   X(cuCtxGetDevice, 2000, CUresult, (CUdevice *))                                                     \
   X(cuCtxSynchronize, 2000, CUresult, (void))                                                         \
+  X(cuCtxPushCurrent, 4000, CUresult, (CUcontext))                                                    \
+  X(cuCtxPopCurrent, 4000, CUresult, (CUcontext *))                                                   \
+  X(cuDevicePrimaryCtxRetain, 7000, CUresult, (CUcontext *, CUdevice))                                \
+  X(cuDevicePrimaryCtxRelease, 11000, CUresult, (CUdevice))                                           \
   X(cuDeviceGetAttribute, 2000, CUresult, (int *, CUdevice_attribute, CUdevice))                      \
   X(cuDeviceTotalMem, 3020, CUresult, (size_t *, CUdevice))                                           \
   X(cuMemGetAllocationGranularity, 10020, CUresult,                                                   \
@@ -132,6 +139,8 @@ int _vs_cuda_resolve(void);
 /* libcuda's own cuGetProcAddress_v2 (NULL before _vs_cuda_resolve). */
 typedef CUresult (*vs_get_proc_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 extern vs_get_proc_v2_fn _vs_real_get_proc_v2;
+/* glibc's dlsym (the shim exports its own dlsym, so a plain call would reach that). */
+void *_vs_real_dlsym(void *handle, const char *symbol);
 
 /* ---------------------------------------------------------------- "vmm.c" */
 /* Contract: every function returns CUDA_SUCCESS or the driver's error (logged by name);
@@ -189,6 +198,10 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *pool, CUdeviceptr ptr, CUstream stream
                                size_t *size_out);
 /* The live block holding addr (interior pointers too). Returns false if none. */
 bool _vs_pool_range(vs_pool_t *pool, CUdeviceptr addr, CUdeviceptr *base_out, size_t *size_out);
+/* Bytes mapped by all pools together. */
+size_t _vs_mapped_total(void);
+/* Called when a stream is about to be destroyed: its pending blocks get an event. */
+void _vs_pool_stream_destroyed(vs_pool_t *pool, CUstream stream);
 /* Idle mapped bytes (mapped but not in a live block). */
 size_t _vs_pool_idle_bytes(vs_pool_t *pool);
 /* Releases every fully idle handle; returns the bytes released. */
@@ -210,18 +223,21 @@ extern _Thread_local int _vs_guard;
 typedef enum vs_alloc_result_e {
   VS_ALLOC_SERVED = 0,    /* *ptr is a pool block */
   VS_ALLOC_PASS = 1,      /* not for the shim: call the real function */
-  VS_ALLOC_FAILED = 2     /* out of memory: *err says which error to return */
+  VS_ALLOC_FAILED = 2,    /* out of memory: *err says which error to return */
+  VS_ALLOC_NO_CONTEXT = 3 /* no current context: the runtime must initialise one first */
 } vs_alloc_result_t;
 
 vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUdeviceptr *ptr, CUresult *err);
-/* Returns true if ptr belonged to the shim and was freed (or queued); false: pass through. */
-bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream);
+/* Returns true if ptr belonged to the shim and was freed (or queued); false: pass through.
+ * *err: CUDA_SUCCESS, or the error of the synchronisation a sync-mode free made. */
+bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err);
 /* Lookup for cuMemGetAddressRange / cuPointerGetAttribute. */
 bool _vs_lookup_range(CUdeviceptr addr, CUdeviceptr *base, size_t *size);
 /* Idle bytes of the current context's pool and the cap, for cuMemGetInfo. */
 void _vs_adjust_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Active stream captures in the process, kept by the cuStreamBeginCapture/EndCapture hooks. */
 extern atomic_int _vs_captures_active;
+void _vs_stream_destroyed(CUstream stream);
 /* Drop the pools of a context that is being destroyed or reset (ctx NULL: all of device dev). */
 void _vs_drop_context(CUcontext ctx, int dev);
 size_t _vs_trim_all(void);

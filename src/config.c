@@ -1,0 +1,205 @@
+/* config.c: every VMMSHIM_* environment variable, read once into one table.
+ *
+ * Hot code calls _vs_option(), which only loads a cached value. A malformed value gets
+ * one message naming the variable, the value and the default used instead. Checks that
+ * need the device (granularity a multiple of the driver's minimum) live in pool.c. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "vmmshim/internal.h"
+
+typedef struct vs_option_desc_s {
+  uint64_t value;
+  uint64_t init; /* default */
+  vs_option_t id;
+  vs_option_kind_t kind;
+  const char *name; /* VMMSHIM_<token> */
+  const char *text; /* STRING/LOG kinds: the raw value, NULL when unset */
+  bool set;         /* given in the environment and valid */
+} vs_option_desc_t;
+
+#ifndef VS_DEFAULT_GRANULARITY
+#define VS_DEFAULT_GRANULARITY (64ull << 20)
+#endif
+
+static vs_option_desc_t vs_options[VS_OPT_COUNT] = {
+#define VS_OPT_DESC(tok, kind, def) {(uint64_t)(def), (uint64_t)(def), VS_OPT_##tok, kind, "VMMSHIM_" #tok, NULL, false},
+    VS_OPTIONS(VS_OPT_DESC)
+#undef VS_OPT_DESC
+};
+
+uint64_t _vs_option(vs_option_t opt) { return vs_options[opt].value; }
+const char *_vs_option_string(vs_option_t opt) { return vs_options[opt].text; }
+
+static const char *skip_space(const char *s) {
+  while (*s == ' ' || *s == '\t') s++;
+  return s;
+}
+
+/* "64M", "2GiB", "1048576", "1.5G" is refused (whole numbers only, as a size should be). */
+int _vs_parse_size(const char *text, uint64_t *out) {
+  if (!text) return -1;
+  const char *s = skip_space(text);
+  if (*s < '0' || *s > '9') return -1; /* no sign, no empty */
+  errno = 0;
+  char *end;
+  unsigned long long n = strtoull(s, &end, 10);
+  if (errno == ERANGE) return -1;
+  end = (char *)skip_space(end);
+  unsigned shift = 0;
+  switch (*end) {
+  case 'k': case 'K': shift = 10; end++; break;
+  case 'm': case 'M': shift = 20; end++; break;
+  case 'g': case 'G': shift = 30; end++; break;
+  case 't': case 'T': shift = 40; end++; break;
+  default: break;
+  }
+  if (shift && (*end == 'i' || *end == 'I')) end++;
+  if (*end == 'b' || *end == 'B') end++;
+  end = (char *)skip_space(end);
+  if (*end) return -1;
+  if (shift && n > (UINT64_MAX >> shift)) return -1; /* overflow */
+  *out = (uint64_t)n << shift;
+  return 0;
+}
+
+int _vs_parse_bool(const char *text, uint64_t *out) {
+  static const char *yes[] = {"1", "true", "yes", "on"};
+  static const char *no[] = {"0", "false", "no", "off"};
+  if (!text) return -1;
+  for (size_t i = 0; i < 4; i++) {
+    if (!strcasecmp(text, yes[i])) { *out = 1; return 0; }
+    if (!strcasecmp(text, no[i])) { *out = 0; return 0; }
+  }
+  return -1;
+}
+
+static int parse_log_level(const char *text, uint64_t *out) {
+  static const char *levels[] = {"error", "warn", "info", "debug"};
+  size_t len = strcspn(text, ":");
+  for (uint64_t i = 0; i < 4; i++)
+    if (strlen(levels[i]) == len && !strncasecmp(text, levels[i], len)) { *out = i; return 0; }
+  if (len == 1 && text[0] >= '0' && text[0] <= '3') { *out = (uint64_t)(text[0] - '0'); return 0; }
+  if (len == 7 && !strncasecmp(text, "warning", 7)) { *out = VS_LOG_WARN; return 0; }
+  return -1;
+}
+
+static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) {
+  switch (o->kind) {
+  case VS_KIND_BOOL: return o->init ? "1" : "0";
+  case VS_KIND_SIZE_OR_UNLIMITED:
+    if (o->init == UINT64_MAX) return "unlimited";
+    /* fall through */
+  case VS_KIND_SIZE:
+    if (o->init == 0) return "0 (off)";
+    snprintf(buf, n, "%llu", (unsigned long long)o->init);
+    return buf;
+  case VS_KIND_FREE_MODE: return "sync";
+  case VS_KIND_LOG: return "warn";
+  case VS_KIND_TRACE_FORMAT: return "native";
+  case VS_KIND_STRING: return "unset";
+  }
+  return "?";
+}
+
+static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const char **expect) {
+  switch (o->kind) {
+  case VS_KIND_BOOL: *expect = "1/true/yes/on or 0/false/no/off"; return _vs_parse_bool(text, v);
+  case VS_KIND_SIZE: *expect = "a size in bytes with an optional K/M/G/T suffix"; return _vs_parse_size(text, v);
+  case VS_KIND_SIZE_OR_UNLIMITED:
+    *expect = "a size in bytes with an optional K/M/G/T suffix, or 'unlimited'";
+    if (!strcasecmp(text, "unlimited")) { *v = UINT64_MAX; return 0; }
+    return _vs_parse_size(text, v);
+  case VS_KIND_FREE_MODE:
+    *expect = "sync or deferred";
+    if (!strcasecmp(text, "sync")) { *v = VS_FREE_SYNC; return 0; }
+    if (!strcasecmp(text, "deferred")) { *v = VS_FREE_DEFERRED; return 0; }
+    return -1;
+  case VS_KIND_LOG: *expect = "error, warn, info or debug, optionally followed by :FILE"; return parse_log_level(text, v);
+  case VS_KIND_TRACE_FORMAT:
+    *expect = "native or rmm";
+    if (!strcasecmp(text, "native")) { *v = VS_TRACE_NATIVE; return 0; }
+    if (!strcasecmp(text, "rmm")) { *v = VS_TRACE_RMM; return 0; }
+    return -1;
+  case VS_KIND_STRING:
+    *expect = "a non-empty path";
+    *v = 1;
+    return *text ? 0 : -1;
+  }
+  return -1;
+}
+
+/* Messages found while parsing wait until the log is open (its destination is an option). */
+static char vs_config_msgs[VS_OPT_COUNT][320];
+
+static void config_read(void) {
+  for (int i = 0; i < VS_OPT_COUNT; i++) {
+    vs_option_desc_t *o = &vs_options[i];
+    o->value = o->init;
+    o->text = NULL;
+    o->set = false;
+    vs_config_msgs[i][0] = 0;
+    const char *text = getenv(o->name);
+    if (!text) continue;
+    uint64_t v = 0;
+    const char *expect = "";
+    char dbuf[32];
+    if (parse_one(o, text, &v, &expect) != 0) {
+      snprintf(vs_config_msgs[i], sizeof vs_config_msgs[i],
+               "%s='%.80s' is not valid (expected %s); using the default %s", o->name, text, expect,
+               default_text(o, dbuf, sizeof dbuf));
+      continue;
+    }
+    o->value = v;
+    o->set = true;
+    if (o->kind == VS_KIND_STRING || o->kind == VS_KIND_LOG) o->text = text;
+  }
+  if (vs_options[VS_OPT_GRANULARITY].value == 0) {
+    snprintf(vs_config_msgs[VS_OPT_GRANULARITY], sizeof vs_config_msgs[0],
+             "VMMSHIM_GRANULARITY=0 is not valid (a pool cannot grow by 0 bytes); using the default %llu",
+             (unsigned long long)vs_options[VS_OPT_GRANULARITY].init);
+    vs_options[VS_OPT_GRANULARITY].value = vs_options[VS_OPT_GRANULARITY].init;
+  }
+}
+
+static void config_report(void) {
+  for (int i = 0; i < VS_OPT_COUNT; i++)
+    if (vs_config_msgs[i][0]) _vs_warn("%s", vs_config_msgs[i]);
+}
+
+static pthread_once_t vs_config_once = PTHREAD_ONCE_INIT;
+static void config_once(void) { config_read(); }
+
+void _vs_config_init(void) { pthread_once(&vs_config_once, config_once); }
+
+void _vs_config_reload(void) { config_read(); }
+
+void _vs_config_report(void) { config_report(); }
+
+void _vs_config_print(void) {
+  _vs_note("version %s", VMMSHIM_VERSION);
+  for (int i = 0; i < VS_OPT_COUNT; i++) {
+    const vs_option_desc_t *o = &vs_options[i];
+    char buf[64];
+    const char *shown;
+    switch (o->kind) {
+    case VS_KIND_BOOL: shown = o->value ? "1" : "0"; break;
+    case VS_KIND_FREE_MODE: shown = o->value == VS_FREE_DEFERRED ? "deferred" : "sync"; break;
+    case VS_KIND_TRACE_FORMAT: shown = o->value == VS_TRACE_RMM ? "rmm" : "native"; break;
+    case VS_KIND_LOG: {
+      static const char *names[] = {"error", "warn", "info", "debug"};
+      shown = names[o->value & 3];
+      break;
+    }
+    case VS_KIND_STRING: shown = o->text ? o->text : "(unset)"; break;
+    default:
+      if (o->kind == VS_KIND_SIZE_OR_UNLIMITED && o->value == UINT64_MAX) shown = "unlimited";
+      else { snprintf(buf, sizeof buf, "%llu", (unsigned long long)o->value); shown = buf; }
+    }
+    _vs_note("option %s = %s%s", o->name, shown, o->set ? "" : " (default)");
+  }
+}

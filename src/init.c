@@ -1,0 +1,36 @@
+/* init.c: once-only initialisation, the exit flush, and fork.
+ *
+ * The library's constructor does nothing with CUDA (and nothing at all that could
+ * disturb a process that never uses CUDA). The first call into a hook runs
+ * _vs_init_once (options, log, trace, atexit); the pools are built later, per
+ * context, when the first allocation arrives (alloc.c). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "vmmshim/internal.h"
+
+static pthread_once_t vs_once = PTHREAD_ONCE_INIT;
+
+uint64_t _vs_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no system call */
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void vs_at_exit(void) {
+  if (_vs_option(VS_OPT_STATS) || _vs_option(VS_OPT_VERBOSE)) _vs_stats_print();
+  _vs_trace_close();
+}
+
+static void init_once(void) {
+  _vs_config_init();
+  vs_log_level_t level = (vs_log_level_t)_vs_option(VS_OPT_LOG);
+  _vs_log_open(_vs_option_string(VS_OPT_LOG), &level);
+  _vs_config_report();
+  if (_vs_option(VS_OPT_VERBOSE)) _vs_config_print();
+  _vs_trace_open();
+  atexit(vs_at_exit);
+}
+
+void _vs_init_once(void) { pthread_once(&vs_once, init_once); }

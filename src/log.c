@@ -1,0 +1,126 @@
+/* log.c: the shim's messages.
+ *
+ * One line per message, prefixed "vmmshim: ", "vmmshim: warning: " or "vmmshim: error: ",
+ * formatted into a fixed stack buffer and written with one write(2), so messages from
+ * several threads never interleave and logging never allocates. A thread-local guard
+ * stops a message from recursing into itself. Warnings are capped so a program that
+ * frees the same bad pointer a million times does not drown its own output. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vmmshim/internal.h"
+
+int _vs_log_level = VS_LOG_WARN;
+static int vs_log_fd = 2;
+static _Thread_local int vs_log_recursing;
+static atomic_uint vs_warn_count;
+#define VS_MAX_WARNINGS 100u
+
+static void log_write(const char *prefix, const char *fmt, va_list ap) {
+  if (vs_log_recursing) return;
+  vs_log_recursing = 1;
+  char buf[1024];
+  size_t n = strlen(prefix);
+  memcpy(buf, prefix, n);
+  int k = vsnprintf(buf + n, sizeof buf - n - 1, fmt, ap);
+  if (k < 0) k = 0;
+  n += (size_t)k < sizeof buf - n - 1 ? (size_t)k : sizeof buf - n - 2;
+  buf[n++] = '\n';
+  ssize_t off = 0;
+  while ((size_t)off < n) {
+    ssize_t w = write(vs_log_fd, buf + off, n - (size_t)off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    off += w;
+  }
+  vs_log_recursing = 0;
+}
+
+void _vs_log(vs_log_level_t level, const char *fmt, ...) {
+  if ((int)level > _vs_log_level) return;
+  const char *prefix = "vmmshim: ";
+  if (level == VS_LOG_ERROR) prefix = "vmmshim: error: ";
+  if (level == VS_LOG_WARN) {
+    unsigned n = atomic_fetch_add_explicit(&vs_warn_count, 1, memory_order_relaxed);
+    if (n == VS_MAX_WARNINGS) {
+      _vs_note("warning: more than %u warnings; further warnings are not shown", VS_MAX_WARNINGS);
+      return;
+    }
+    if (n > VS_MAX_WARNINGS) return;
+    prefix = "vmmshim: warning: ";
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  log_write(prefix, fmt, ap);
+  va_end(ap);
+}
+
+void _vs_note(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  log_write("vmmshim: ", fmt, ap);
+  va_end(ap);
+}
+
+/* spec: "info", "debug:/path/to/file" ("%p" in the path becomes the pid). */
+void _vs_log_open(const char *spec, vs_log_level_t *level_out) {
+  if (level_out) _vs_log_level = (int)*level_out;
+  if (!spec) return;
+  const char *colon = strchr(spec, ':');
+  if (!colon || !colon[1]) return;
+  char path[512];
+  size_t o = 0;
+  for (const char *s = colon + 1; *s && o + 24 < sizeof path; s++) {
+    if (s[0] == '%' && s[1] == 'p') {
+      o += (size_t)snprintf(path + o, sizeof path - o, "%d", (int)getpid());
+      s++;
+    } else {
+      path[o++] = *s;
+    }
+  }
+  path[o] = 0;
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    int e = errno;
+    _vs_warn("VMMSHIM_LOG: cannot open '%s': %s (errno %d); logging to standard error", path, strerror(e), e);
+    return;
+  }
+  vs_log_fd = fd;
+}
+
+const char *_vs_cu_error_name(CUresult r) {
+  switch (r) {
+#define VS_ERR(e) case e: return #e;
+    VS_ERR(CUDA_SUCCESS)
+    VS_ERR(CUDA_ERROR_INVALID_VALUE)
+    VS_ERR(CUDA_ERROR_OUT_OF_MEMORY)
+    VS_ERR(CUDA_ERROR_NOT_INITIALIZED)
+    VS_ERR(CUDA_ERROR_DEINITIALIZED)
+    VS_ERR(CUDA_ERROR_NOT_PERMITTED)
+    VS_ERR(CUDA_ERROR_NOT_SUPPORTED)
+    VS_ERR(CUDA_ERROR_NO_DEVICE)
+    VS_ERR(CUDA_ERROR_INVALID_DEVICE)
+    VS_ERR(CUDA_ERROR_INVALID_CONTEXT)
+    VS_ERR(CUDA_ERROR_CONTEXT_IS_DESTROYED)
+    VS_ERR(CUDA_ERROR_NOT_FOUND)
+    VS_ERR(CUDA_ERROR_NOT_READY)
+    VS_ERR(CUDA_ERROR_ILLEGAL_ADDRESS)
+    VS_ERR(CUDA_ERROR_LAUNCH_FAILED)
+    VS_ERR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    VS_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+    VS_ERR(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+    VS_ERR(CUDA_ERROR_INVALID_HANDLE)
+    VS_ERR(CUDA_ERROR_ALREADY_MAPPED)
+    VS_ERR(CUDA_ERROR_NOT_MAPPED)
+    VS_ERR(CUDA_ERROR_UNKNOWN)
+#undef VS_ERR
+  default: break;
+  }
+  const char *name = NULL;
+  if (_vs_cu.cuGetErrorName && _vs_cu.cuGetErrorName(r, &name) == CUDA_SUCCESS && name) return name;
+  return "CUDA_ERROR_(unknown code)";
+}

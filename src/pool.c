@@ -1,0 +1,1075 @@
+/* pool.c: one pool per CUDA context, built on the VMM layer (vmm.c).
+ *
+ * A pool owns virtual reservations and the physical handles mapped into them. Its
+ * address space is one list of blocks in address order, each FREE (in a size bin),
+ * USED (in the uthash map from address to block), PENDING (freed, but work submitted
+ * before the free may still touch it), HOLE (reserved, unmapped) or BUSY (being mapped
+ * or unmapped by a thread that dropped the lock for the driver call). Blocks may span
+ * handle boundaries: handles are mapped back to back, so the memory is contiguous.
+ *
+ * Why this shape (see ../shared/notes/gpu-facts.md): a pool that maps and unmaps in its
+ * steady state loses to cudaMalloc (cuMemSetAccess alone costs ~28 us a handle), so freed
+ * memory stays mapped and is reused without any driver call; growth maps large handles
+ * (VMMSHIM_GRANULARITY) because the cost of a handle hardly depends on its size.
+ *
+ * When a freed block may be reused:
+ *   - sync free, default mode: the context was synchronised before the block was taken
+ *     back, as cudaFree does; the block is FREE at once.
+ *   - sync free, deferred mode: PENDING on the deferred list until a synchronisation
+ *     that started after the free completes (background reclaimer thread).
+ *   - async free on stream S: PENDING on S's list, reusable at once by allocations on
+ *     S (stream order protects it), and by everyone once an event recorded on S after
+ *     the free has completed (queried, never waited for) or a later context sync ended.
+ * Locking: one mutex per pool, never held across a driver call. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vmmshim/internal.h"
+
+#include <string.h>
+#define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = vs_hash_key((keyptr), (keylen)))
+#define uthash_fatal(msg) vs_uthash_fatal(msg)
+static void vs_uthash_fatal(const char *msg);
+#include <uthash.h>
+
+/* Keys are 8-byte addresses (multiples of 256) or stream handles: a multiply-shift mix
+ * spreads them over the buckets far cheaper than uthash's byte-wise default. */
+static inline unsigned vs_hash_key(const void *key, size_t len) {
+  uint64_t x = 0;
+  memcpy(&x, key, len < sizeof x ? len : sizeof x);
+  x = (x >> 8) ^ x;
+  x *= 0x9E3779B97F4A7C15ull;
+  return (unsigned)(x >> 32);
+}
+
+static void vs_uthash_fatal(const char *msg) {
+  _vs_error("address map: %s (out of host memory)", msg);
+  abort();
+}
+
+#define VS_MIN_ALIGN 256u            /* what cudaMalloc guarantees */
+#define VS_LARGE_SIZE (4ull << 20)   /* blocks this big start on a 2 MiB boundary */
+#define VS_LARGE_ALIGN (2ull << 20)
+#define VS_SUB_BITS 2                /* 4 bins per power of two */
+#define VS_NBINS (64 << VS_SUB_BITS)
+#define VS_BIN_SCAN 8                /* blocks examined in the request's own bin */
+#define VS_STREAM_SCAN 16            /* blocks examined on a stream's pending list */
+#define VS_MAX_RESV 32
+#define VS_SEAL_COUNT 64             /* a stream's pending list is sealed beyond this */
+
+typedef enum vs_block_state_e { B_FREE = 0, B_USED, B_PENDING, B_HOLE, B_BUSY } vs_block_state_t;
+
+typedef struct vs_stream_s vs_stream_t;
+
+typedef struct vs_block_s {
+  CUdeviceptr addr;
+  size_t size;
+  struct vs_block_s *prev, *next;   /* address order */
+  struct vs_block_s *fprev, *fnext; /* bin, hole list or pending list */
+  size_t requested;                 /* USED: what the program asked for */
+  uint64_t freed_seq;               /* PENDING: pool->sync_seq at the free */
+  vs_stream_t *stream;              /* PENDING on a stream's list */
+  uint16_t resv;                    /* reservation index: blocks never merge across */
+  uint8_t state;
+  uint8_t bin;
+  UT_hash_handle hh; /* USED blocks, by addr */
+} vs_block_t;
+
+typedef struct vs_list_s {
+  vs_block_t *head, *tail;
+  size_t bytes;
+  unsigned count;
+} vs_list_t;
+
+/* Blocks freed on one stream, and batches sealed by an event recorded on it. */
+struct vs_stream_s {
+  CUstream key;          /* normalised stream handle (per-thread streams get a private key) */
+  CUstream handle;       /* what to record events on */
+  const void *owner;     /* per-thread default stream: only its thread may record on it */
+  vs_list_t pending;
+  UT_hash_handle hh;
+};
+
+typedef struct vs_batch_s {
+  CUevent event;
+  vs_list_t blocks;
+  uint64_t max_seq;
+  struct vs_batch_s *next;
+} vs_batch_t;
+
+typedef struct vs_seg_s {
+  CUdeviceptr va;
+  size_t size;
+  CUmemGenericAllocationHandle handle;
+} vs_seg_t;
+
+struct vs_pool_s {
+  pthread_mutex_t lock;
+  CUcontext ctx;
+  vs_device_caps_t caps;
+  size_t gran; /* handle size the pool grows by */
+  vs_block_t *map;
+  vs_block_t *bins[VS_NBINS];
+  uint64_t binmap[VS_NBINS / 64];
+  vs_list_t holes;
+  vs_list_t deferred; /* sync frees in deferred mode */
+  vs_stream_t *streams;
+  vs_batch_t *batches;
+  CUevent spare_events[16];
+  int n_spare_events;
+  struct { CUdeviceptr va; size_t size; } resv[VS_MAX_RESV];
+  int n_resv;
+  vs_seg_t *segs; /* sorted by va */
+  size_t n_segs, cap_segs;
+  size_t mapped, used, free_bytes, pending_bytes;
+  uint64_t sync_seq; /* synchronisations started */
+  vs_block_t *spare_blocks;
+  /* deferred-mode reclaimer */
+  pthread_t reclaimer;
+  pthread_cond_t wake;
+  bool reclaimer_running, stopping;
+};
+
+/* Bytes mapped by every pool together, for VMMSHIM_LIMIT. */
+static atomic_size_t vs_mapped_total;
+
+/* ------------------------------------------------------------------ descriptors */
+
+static vs_block_t *block_new(vs_pool_t *p) {
+  vs_block_t *b = p->spare_blocks;
+  if (vs_likely(b)) {
+    p->spare_blocks = b->fnext;
+  } else {
+    b = malloc(sizeof *b);
+    if (!b) return NULL;
+  }
+  memset(b, 0, sizeof *b);
+  return b;
+}
+
+static void block_put(vs_pool_t *p, vs_block_t *b) {
+  b->fnext = p->spare_blocks;
+  p->spare_blocks = b;
+}
+
+/* ------------------------------------------------------------------ lists and bins */
+
+static void list_push(vs_list_t *l, vs_block_t *b) {
+  b->fnext = NULL;
+  b->fprev = l->tail;
+  if (l->tail) l->tail->fnext = b; else l->head = b;
+  l->tail = b;
+  l->bytes += b->size;
+  l->count++;
+}
+
+static void list_remove(vs_list_t *l, vs_block_t *b) {
+  if (b->fprev) b->fprev->fnext = b->fnext; else l->head = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev; else l->tail = b->fprev;
+  b->fprev = b->fnext = NULL;
+  l->bytes -= b->size;
+  l->count--;
+}
+
+/* Bin of a size: 4 bins per power of two (floor). */
+static unsigned bin_of(size_t size) {
+  unsigned lg = 63u - (unsigned)__builtin_clzll((unsigned long long)size);
+  if (lg < VS_SUB_BITS) return lg << VS_SUB_BITS;
+  unsigned sub = (unsigned)(size >> (lg - VS_SUB_BITS)) & ((1u << VS_SUB_BITS) - 1);
+  return (lg << VS_SUB_BITS) | sub;
+}
+
+static void bin_insert(vs_pool_t *p, vs_block_t *b) {
+  unsigned i = bin_of(b->size);
+  b->state = B_FREE;
+  b->bin = (uint8_t)i;
+  b->fprev = NULL;
+  b->fnext = p->bins[i];
+  if (b->fnext) b->fnext->fprev = b;
+  p->bins[i] = b;
+  p->binmap[i / 64] |= 1ull << (i % 64);
+  p->free_bytes += b->size;
+}
+
+static void bin_remove(vs_pool_t *p, vs_block_t *b) {
+  unsigned i = b->bin;
+  if (b->fprev) b->fprev->fnext = b->fnext; else p->bins[i] = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev;
+  if (!p->bins[i]) p->binmap[i / 64] &= ~(1ull << (i % 64));
+  b->fprev = b->fnext = NULL;
+  p->free_bytes -= b->size;
+}
+
+static size_t align_pad(CUdeviceptr addr, size_t align) {
+  return (size_t)((align - (addr & (align - 1))) & (align - 1));
+}
+
+static bool fits(const vs_block_t *b, size_t size, size_t align) {
+  size_t pad = align_pad(b->addr, align);
+  return b->size >= pad && b->size - pad >= size;
+}
+
+/* A free block that holds size bytes at the alignment: the best of the first few in the
+ * request's own bin, else the first of the next non-empty bin (all of which fit). */
+static vs_block_t *bin_find(vs_pool_t *p, size_t size, size_t align) {
+  size_t want = size + (align > VS_MIN_ALIGN ? align - VS_MIN_ALIGN : 0);
+  unsigned i = bin_of(size);
+  vs_block_t *best = NULL;
+  int n = 0;
+  for (vs_block_t *b = p->bins[i]; b && n < VS_BIN_SCAN; b = b->fnext, n++)
+    if (fits(b, size, align) && (!best || b->size < best->size)) best = b;
+  if (best) return best;
+  unsigned start = bin_of(want) + 1;
+  if (start < i + 1) start = i + 1;
+  for (unsigned w = start / 64; w < VS_NBINS / 64; w++) {
+    uint64_t bits = p->binmap[w];
+    if (w == start / 64) bits &= ~0ull << (start % 64);
+    while (bits) {
+      unsigned j = w * 64 + (unsigned)__builtin_ctzll(bits);
+      for (vs_block_t *b = p->bins[j]; b; b = b->fnext)
+        if (fits(b, size, align)) return b;
+      bits &= bits - 1;
+    }
+  }
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ address-order list */
+
+static void link_after(vs_block_t *a, vs_block_t *b) {
+  b->prev = a;
+  b->next = a->next;
+  if (a->next) a->next->prev = b;
+  a->next = b;
+}
+
+static void unlink_block(vs_block_t *b) {
+  if (b->prev) b->prev->next = b->next;
+  if (b->next) b->next->prev = b->prev;
+}
+
+/* Splits b at offset off: b keeps [addr, addr+off), the new block gets the rest (same state). */
+static vs_block_t *split(vs_pool_t *p, vs_block_t *b, size_t off) {
+  vs_block_t *r = block_new(p);
+  if (!r) return NULL;
+  r->addr = b->addr + off;
+  r->size = b->size - off;
+  r->resv = b->resv;
+  r->state = b->state;
+  b->size = off;
+  link_after(b, r);
+  return r;
+}
+
+static bool mergeable(const vs_block_t *a, const vs_block_t *b, vs_block_state_t st) {
+  return a && b && a->state == st && b->state == st && a->resv == b->resv && a->addr + a->size == b->addr;
+}
+
+/* Puts a block (no longer USED or PENDING) into the bins, merged with free neighbours. */
+static void make_free(vs_pool_t *p, vs_block_t *b) {
+  b->state = B_FREE;
+  if (mergeable(b->prev, b, B_FREE)) {
+    vs_block_t *a = b->prev;
+    bin_remove(p, a);
+    a->size += b->size;
+    unlink_block(b);
+    block_put(p, b);
+    b = a;
+  }
+  if (mergeable(b, b->next, B_FREE)) {
+    vs_block_t *c = b->next;
+    bin_remove(p, c);
+    b->size += c->size;
+    unlink_block(c);
+    block_put(p, c);
+  }
+  bin_insert(p, b);
+}
+
+static void make_hole(vs_pool_t *p, vs_block_t *b) {
+  b->state = B_HOLE;
+  if (mergeable(b->prev, b, B_HOLE)) {
+    vs_block_t *a = b->prev;
+    list_remove(&p->holes, a);
+    a->size += b->size;
+    unlink_block(b);
+    block_put(p, b);
+    b = a;
+  }
+  if (mergeable(b, b->next, B_HOLE)) {
+    vs_block_t *c = b->next;
+    list_remove(&p->holes, c);
+    b->size += c->size;
+    unlink_block(c);
+    block_put(p, c);
+  }
+  list_push(&p->holes, b);
+}
+
+/* ------------------------------------------------------------------ segments */
+
+static size_t seg_lower_bound(const vs_pool_t *p, CUdeviceptr va) {
+  size_t lo = 0, hi = p->n_segs;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (p->segs[mid].va < va) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+static int seg_add(vs_pool_t *p, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h) {
+  if (p->n_segs == p->cap_segs) {
+    size_t cap = p->cap_segs ? p->cap_segs * 2 : 64;
+    vs_seg_t *n = realloc(p->segs, cap * sizeof *n);
+    if (!n) return -1;
+    p->segs = n;
+    p->cap_segs = cap;
+  }
+  size_t i = seg_lower_bound(p, va);
+  memmove(&p->segs[i + 1], &p->segs[i], (p->n_segs - i) * sizeof *p->segs);
+  p->segs[i] = (vs_seg_t){va, size, h};
+  p->n_segs++;
+  return 0;
+}
+
+static void seg_remove_at(vs_pool_t *p, size_t i) {
+  memmove(&p->segs[i], &p->segs[i + 1], (p->n_segs - i - 1) * sizeof *p->segs);
+  p->n_segs--;
+}
+
+/* ------------------------------------------------------------------ pool lifetime */
+
+static void *reclaimer_main(void *arg);
+static vs_stream_t *stream_get(vs_pool_t *p, CUstream key, CUstream handle, const void *owner, bool create);
+static CUstream stream_key(CUstream s, const void **owner);
+static void reclaim_by_events(vs_pool_t *p, const void *self);
+
+static int add_reservation(vs_pool_t *p, size_t size) {
+  if (p->n_resv == VS_MAX_RESV) return -1;
+  CUdeviceptr va;
+  if (_vs_vmm_reserve(&p->caps, size, p->gran, &va) != CUDA_SUCCESS) return -1;
+  vs_block_t *b = block_new(p);
+  if (!b) {
+    _vs_vmm_address_free(&p->caps, va, size);
+    return -1;
+  }
+  p->resv[p->n_resv].va = va;
+  p->resv[p->n_resv].size = size;
+  b->addr = va;
+  b->size = size;
+  b->resv = (uint16_t)p->n_resv;
+  p->n_resv++;
+  /* Each reservation has its own address-order chain: blocks never link or merge across. */
+  b->state = B_HOLE;
+  list_push(&p->holes, b);
+  return 0;
+}
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
+  vs_pool_t *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->wake, NULL);
+  p->ctx = ctx;
+  p->caps = *caps;
+  size_t g = (size_t)_vs_option(VS_OPT_GRANULARITY);
+  if (g % caps->min_granularity) {
+    size_t fixed = round_up(g, caps->min_granularity);
+    _vs_warn("VMMSHIM_GRANULARITY=%zu is not a multiple of device %d's minimum granularity %zu; using %zu", g,
+             (int)caps->device, caps->min_granularity, fixed);
+    g = fixed;
+  }
+  p->gran = g;
+  size_t resv = (size_t)_vs_option(VS_OPT_RESERVE);
+  if (!resv) {
+    /* Address space is nearly free to reserve (3-20 us for 64 TiB): room for 4x the device. */
+    resv = caps->total_mem * 4;
+    if (resv < (64ull << 30)) resv = 64ull << 30;
+  }
+  resv = round_up(resv, g);
+  if (add_reservation(p, resv) != 0) {
+    _vs_warn("device %d: cannot reserve %zu bytes of address space; this context is passed through",
+             (int)caps->device, resv);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+    return NULL;
+  }
+  _vs_info("pool for context %p on device %d: reserved %zu GiB, handles of %zu MiB, free mode %s", (void *)ctx,
+           (int)caps->device, resv >> 30, g >> 20,
+           _vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED ? "deferred" : "sync");
+  return p;
+}
+
+CUcontext _vs_pool_context(const vs_pool_t *p) { return p->ctx; }
+int _vs_pool_device(const vs_pool_t *p) { return (int)p->caps.device; }
+
+/* ------------------------------------------------------------------ reclaiming pending blocks */
+
+/* Moves blocks of a FIFO whose free came before sync number `done` into the bins. */
+static void release_before(vs_pool_t *p, vs_list_t *l, uint64_t done) {
+  while (l->head && l->head->freed_seq < done) {
+    vs_block_t *b = l->head;
+    list_remove(l, b);
+    p->pending_bytes -= b->size;
+    b->stream = NULL;
+    make_free(p, b);
+  }
+}
+
+static void release_batch(vs_pool_t *p, vs_batch_t *bt) {
+  while (bt->blocks.head) {
+    vs_block_t *b = bt->blocks.head;
+    list_remove(&bt->blocks, b);
+    p->pending_bytes -= b->size;
+    b->stream = NULL;
+    make_free(p, b);
+  }
+}
+
+/* After a synchronisation numbered `done` completed: everything freed before it is free. */
+static void after_sync_locked(vs_pool_t *p, uint64_t done, vs_batch_t **done_batches) {
+  release_before(p, &p->deferred, done);
+  for (vs_stream_t *s = p->streams; s; s = s->hh.next) release_before(p, &s->pending, done);
+  vs_batch_t **pp = &p->batches;
+  while (*pp) {
+    vs_batch_t *bt = *pp;
+    if (bt->max_seq < done) {
+      release_batch(p, bt);
+      *pp = bt->next;
+      bt->next = *done_batches;
+      *done_batches = bt;
+    } else {
+      pp = &bt->next;
+    }
+  }
+}
+
+static void recycle_batches(vs_pool_t *p, vs_batch_t *list) {
+  while (list) {
+    vs_batch_t *n = list->next;
+    if (list->event) {
+      pthread_mutex_lock(&p->lock);
+      bool kept = p->n_spare_events < 16;
+      if (kept) p->spare_events[p->n_spare_events++] = list->event;
+      pthread_mutex_unlock(&p->lock);
+      if (!kept) _vs_cu.cuEventDestroy(list->event);
+    }
+    free(list);
+    list = n;
+  }
+}
+
+/* Synchronises the pool's context (which must be current) and frees what was pending.
+ * Called without the lock. Returns the driver's answer. */
+static CUresult sync_and_reclaim(vs_pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  uint64_t seq = ++p->sync_seq;
+  pthread_mutex_unlock(&p->lock);
+  CUresult r = _vs_cu.cuCtxSynchronize();
+  VS_STAT_ADD(syncs, 1);
+  if (r != CUDA_SUCCESS) return r;
+  vs_batch_t *done = NULL;
+  pthread_mutex_lock(&p->lock);
+  after_sync_locked(p, seq, &done);
+  pthread_mutex_unlock(&p->lock);
+  recycle_batches(p, done);
+  return CUDA_SUCCESS;
+}
+
+/* Seals streams' pending lists with events and frees batches whose events completed.
+ * Never waits. Called without the lock. */
+static void reclaim_by_events(vs_pool_t *p, const void *self) {
+  enum { MAX_SEAL = 32 };
+  vs_batch_t *sealed[MAX_SEAL];
+  CUstream on[MAX_SEAL];
+  int n = 0;
+  vs_batch_t *check = NULL;
+  pthread_mutex_lock(&p->lock);
+  for (vs_stream_t *s = p->streams; s && n < MAX_SEAL; s = s->hh.next) {
+    if (!s->pending.head || (s->owner && s->owner != self)) continue;
+    vs_batch_t *bt = calloc(1, sizeof *bt);
+    if (!bt) break;
+    bt->blocks = s->pending;
+    bt->max_seq = s->pending.tail->freed_seq;
+    s->pending = (vs_list_t){0};
+    for (vs_block_t *b = bt->blocks.head; b; b = b->fnext) b->stream = NULL;
+    if (p->n_spare_events) bt->event = p->spare_events[--p->n_spare_events];
+    on[n] = s->handle;
+    sealed[n++] = bt;
+  }
+  check = p->batches;
+  p->batches = NULL;
+  pthread_mutex_unlock(&p->lock);
+
+  /* Query the batches sealed earlier first: new ones cannot have completed yet. */
+  vs_batch_t *done = NULL, *still = NULL;
+  while (check) {
+    vs_batch_t *bt = check;
+    check = bt->next;
+    CUresult q = bt->event ? _vs_cu.cuEventQuery(bt->event) : CUDA_ERROR_NOT_READY;
+    if (q == CUDA_SUCCESS) { bt->next = done; done = bt; }
+    else { bt->next = still; still = bt; }
+  }
+  for (int i = 0; i < n; i++) {
+    vs_batch_t *bt = sealed[i];
+    CUresult r = CUDA_SUCCESS;
+    if (!bt->event) r = _vs_cu.cuEventCreate(&bt->event, CU_EVENT_DISABLE_TIMING);
+    if (r == CUDA_SUCCESS) r = _vs_cu.cuEventRecord(bt->event, on[i]);
+    if (r != CUDA_SUCCESS) {
+      /* No event (stream gone, capture...): the batch waits for a context sync. */
+      if (bt->event) { _vs_cu.cuEventDestroy(bt->event); bt->event = NULL; }
+    }
+    bt->next = still;
+    still = bt;
+  }
+  pthread_mutex_lock(&p->lock);
+  for (vs_batch_t *bt = done; bt; bt = bt->next) release_batch(p, bt);
+  while (still) {
+    vs_batch_t *bt = still;
+    still = bt->next;
+    bt->next = p->batches;
+    p->batches = bt;
+  }
+  pthread_mutex_unlock(&p->lock);
+  recycle_batches(p, done);
+}
+
+/* ------------------------------------------------------------------ growth and trimming */
+
+static bool over_limit(size_t add) {
+  uint64_t limit = _vs_option(VS_OPT_LIMIT);
+  return limit && atomic_load_explicit(&vs_mapped_total, memory_order_relaxed) + add > limit;
+}
+
+/* Maps `len` bytes at the start of hole h (already BUSY, detached from the hole list). */
+static CUresult map_range(vs_pool_t *p, CUdeviceptr va, size_t len, CUmemGenericAllocationHandle *h) {
+  CUresult r = _vs_vmm_create(&p->caps, len, h);
+  if (r != CUDA_SUCCESS) return r;
+  r = _vs_vmm_map(&p->caps, va, len, *h);
+  if (r != CUDA_SUCCESS) {
+    _vs_vmm_release(&p->caps, *h, len);
+    return r;
+  }
+  r = _vs_vmm_set_access(&p->caps, va, len);
+  if (r != CUDA_SUCCESS) {
+    _vs_vmm_unmap(&p->caps, va, len);
+    _vs_vmm_release(&p->caps, *h, len);
+  }
+  return r;
+}
+
+/* Picks where to map `len` more bytes for a request of `size`: right after a free block
+ * ending at a hole (so the two join), else the lowest hole that is large enough.
+ * Returns the BUSY block carved from the hole, or NULL. Called with the lock held. */
+static vs_block_t *claim_hole(vs_pool_t *p, size_t size, size_t align, size_t min_handle, size_t *len_out) {
+  vs_block_t *pick = NULL;
+  size_t pick_len = 0;
+  for (vs_block_t *h = p->holes.head; h; h = h->fnext) {
+    size_t tail = 0;
+    if (h->prev && h->prev->state == B_FREE && h->prev->resv == h->resv && h->prev->addr + h->prev->size == h->addr)
+      tail = h->prev->size;
+    size_t need = size + (align > VS_MIN_ALIGN ? align : 0);
+    size_t len = need > tail ? round_up(need - tail, p->caps.min_granularity) : p->caps.min_granularity;
+    if (len < min_handle) len = min_handle;
+    if (len > h->size) {
+      len = round_up(need, p->caps.min_granularity);
+      if (len > h->size) continue;
+    }
+    if (!pick || (tail && len < pick_len) || (!pick_len && h->addr < pick->addr)) {
+      pick = h;
+      pick_len = len;
+      if (tail) break;
+    }
+  }
+  if (!pick) return NULL;
+  list_remove(&p->holes, pick);
+  if (pick_len < pick->size) {
+    vs_block_t *rest = split(p, pick, pick_len);
+    if (!rest) {
+      list_push(&p->holes, pick);
+      return NULL;
+    }
+    rest->state = B_HOLE;
+    list_push(&p->holes, rest);
+  }
+  pick->state = B_BUSY;
+  *len_out = pick_len;
+  return pick;
+}
+
+/* Grows the pool so that a request of size/align fits. Called without the lock. */
+static CUresult grow(vs_pool_t *p, size_t size, size_t align, bool exact) {
+  size_t handle = exact ? p->caps.min_granularity : p->gran;
+  pthread_mutex_lock(&p->lock);
+  size_t len = 0;
+  vs_block_t *b = claim_hole(p, size, align, handle, &len);
+  if (!b) {
+    pthread_mutex_unlock(&p->lock);
+    size_t more = round_up(size + align, p->gran) * 2;
+    size_t dflt = p->resv[0].size;
+    if (more < dflt) more = dflt;
+    pthread_mutex_lock(&p->lock);
+    int rr = add_reservation(p, more);
+    if (rr == 0) b = claim_hole(p, size, align, handle, &len);
+    if (!b) {
+      pthread_mutex_unlock(&p->lock);
+      _vs_warn("device %d: no address space for %zu bytes", (int)p->caps.device, size);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  pthread_mutex_unlock(&p->lock);
+
+  CUresult r;
+  CUmemGenericAllocationHandle h = 0;
+  if (over_limit(len)) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    atomic_fetch_add(&vs_mapped_total, len);
+    r = map_range(p, b->addr, len, &h);
+    if (r != CUDA_SUCCESS) atomic_fetch_sub(&vs_mapped_total, len);
+  }
+
+  pthread_mutex_lock(&p->lock);
+  if (r == CUDA_SUCCESS && seg_add(p, b->addr, len, h) != 0) {
+    pthread_mutex_unlock(&p->lock);
+    _vs_vmm_unmap(&p->caps, b->addr, len);
+    _vs_vmm_release(&p->caps, h, len);
+    atomic_fetch_sub(&vs_mapped_total, len);
+    pthread_mutex_lock(&p->lock);
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == CUDA_SUCCESS) {
+    p->mapped += len;
+    make_free(p, b);
+  } else {
+    make_hole(p, b);
+  }
+  pthread_mutex_unlock(&p->lock);
+  if (r == CUDA_SUCCESS) {
+    uint64_t m = VS_STAT_ADD(bytes_mapped, len) + len;
+    _vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);
+  }
+  return r;
+}
+
+/* Unmaps and releases whole handles that lie inside free blocks, until at most keep
+ * idle bytes remain. Called without the lock. Returns the bytes released. */
+size_t _vs_pool_trim(vs_pool_t *p, size_t keep) {
+  enum { MAX_BATCH = 64 };
+  size_t released = 0;
+  for (;;) {
+    vs_seg_t victims[MAX_BATCH];
+    vs_block_t *busy[MAX_BATCH];
+    int n = 0;
+    pthread_mutex_lock(&p->lock);
+    /* Highest addresses first: the low end stays dense for the allocations that remain. */
+    for (size_t i = p->n_segs; i-- > 0 && n < MAX_BATCH && p->free_bytes > keep;) {
+      vs_seg_t s = p->segs[i];
+      /* The free block holding the whole segment, if any (slow path: a scan is fine). */
+      vs_block_t *b = NULL;
+      for (unsigned k = 0; k < VS_NBINS && !b; k++)
+        for (vs_block_t *c = p->bins[k]; c; c = c->fnext)
+          if (c->addr <= s.va && c->addr + c->size >= s.va + s.size) { b = c; break; }
+      if (!b) continue;
+      bin_remove(p, b);
+      vs_block_t *mid = b;
+      if (b->addr < s.va) {
+        mid = split(p, b, (size_t)(s.va - b->addr));
+        if (!mid) { bin_insert(p, b); break; }
+        bin_insert(p, b);
+      }
+      if (mid->size > s.size) {
+        vs_block_t *rest = split(p, mid, s.size);
+        if (!rest) { make_free(p, mid); break; }
+        bin_insert(p, rest);
+      }
+      mid->state = B_BUSY;
+      seg_remove_at(p, i);
+      p->mapped -= s.size;
+      victims[n] = s;
+      busy[n++] = mid;
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (!n) break;
+    for (int i = 0; i < n; i++) {
+      _vs_vmm_unmap(&p->caps, victims[i].va, victims[i].size);
+      _vs_vmm_release(&p->caps, victims[i].handle, victims[i].size);
+      atomic_fetch_sub(&vs_mapped_total, victims[i].size);
+      VS_STAT_SUB(bytes_mapped, victims[i].size);
+      VS_STAT_ADD(trims, 1);
+      released += victims[i].size;
+    }
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < n; i++) make_hole(p, busy[i]);
+    pthread_mutex_unlock(&p->lock);
+  }
+  return released;
+}
+
+size_t _vs_mapped_total(void) { return atomic_load_explicit(&vs_mapped_total, memory_order_relaxed); }
+
+void _vs_pool_stream_destroyed(vs_pool_t *p, CUstream stream) {
+  const void *owner = NULL;
+  CUstream key = stream_key(stream, &owner);
+  pthread_mutex_lock(&p->lock);
+  vs_stream_t *s = stream_get(p, key, stream, owner, false);
+  bool has = s && s->pending.head;
+  pthread_mutex_unlock(&p->lock);
+  /* Seal its blocks with an event while the stream still exists; a later stream may get
+   * the same handle, and must not inherit them. */
+  if (has) reclaim_by_events(p, owner);
+  pthread_mutex_lock(&p->lock);
+  s = stream_get(p, key, stream, owner, false);
+  if (s) {
+    while (s->pending.head) { /* sealing failed: wait for a context sync instead */
+      vs_block_t *b = s->pending.head;
+      list_remove(&s->pending, b);
+      b->stream = NULL;
+      list_push(&p->deferred, b);
+    }
+    HASH_DEL(p->streams, s);
+    free(s);
+  }
+  pthread_mutex_unlock(&p->lock);
+}
+
+size_t _vs_pool_idle_bytes(vs_pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  size_t n = p->free_bytes;
+  pthread_mutex_unlock(&p->lock);
+  return n;
+}
+
+/* ------------------------------------------------------------------ allocation */
+
+static vs_stream_t *stream_get(vs_pool_t *p, CUstream key, CUstream handle, const void *owner, bool create) {
+  vs_stream_t *s;
+  HASH_FIND(hh, p->streams, &key, sizeof key, s);
+  if (s || !create) return s;
+  s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->key = key;
+  s->handle = handle;
+  s->owner = owner;
+  HASH_ADD(hh, p->streams, key, sizeof s->key, s);
+  return s;
+}
+
+/* Per-thread default streams share one handle value across threads: key them by thread. */
+static _Thread_local char vs_thread_tag;
+static CUstream stream_key(CUstream s, const void **owner) {
+  *owner = NULL;
+  if (s == CU_STREAM_LEGACY) return NULL;
+  if (s == CU_STREAM_PER_THREAD) {
+    *owner = &vs_thread_tag;
+    return (CUstream)((uintptr_t)&vs_thread_tag | 1);
+  }
+  return s;
+}
+
+static vs_block_t *take_from_stream(vs_pool_t *p, vs_stream_t *s, size_t size, size_t align) {
+  int n = 0;
+  vs_block_t *best = NULL;
+  for (vs_block_t *b = s->pending.tail; b && n < VS_STREAM_SCAN; b = b->fprev, n++) {
+    if (!fits(b, size, align)) continue;
+    if (!best || b->size < best->size) best = b;
+    if (b->size - align_pad(b->addr, align) - size < VS_MIN_ALIGN) break;
+  }
+  if (!best) return NULL;
+  list_remove(&s->pending, best);
+  p->pending_bytes -= best->size;
+  best->stream = NULL;
+  return best;
+}
+
+/* Carves [pad, pad+size) out of b (removed from its list), returns the USED block. */
+static vs_block_t *carve(vs_pool_t *p, vs_block_t *b, size_t size, size_t align, bool from_pending) {
+  size_t pad = align_pad(b->addr, align);
+  if (pad) {
+    vs_block_t *r = split(p, b, pad);
+    if (!r) { if (from_pending) make_free(p, b); else bin_insert(p, b); return NULL; }
+    make_free(p, b);
+    b = r;
+  }
+  if (b->size - size >= VS_MIN_ALIGN) {
+    vs_block_t *r = split(p, b, size);
+    if (r) make_free(p, r);
+  }
+  b->state = B_USED;
+  return b;
+}
+
+static size_t request_align(size_t size) { return size >= VS_LARGE_SIZE ? VS_LARGE_ALIGN : VS_MIN_ALIGN; }
+
+vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmshim_api_t api, CUdeviceptr *ptr_out,
+                                size_t *served_out, CUresult *cu_err) {
+  (void)api;
+  *cu_err = CUDA_SUCCESS;
+  if (req > (SIZE_MAX >> 2)) {
+    *cu_err = CUDA_ERROR_OUT_OF_MEMORY;
+    return VS_POOL_OOM;
+  }
+  size_t size = round_up(req, VS_MIN_ALIGN);
+  size_t align = request_align(size);
+  const void *owner = NULL;
+  CUstream key = stream == VS_NO_STREAM ? NULL : stream_key(stream, &owner);
+  int attempt = 0;
+  for (;;) {
+    pthread_mutex_lock(&p->lock);
+    vs_block_t *b = NULL;
+    bool from_pending = false;
+    if (stream != VS_NO_STREAM) {
+      vs_stream_t *s = stream_get(p, key, stream, owner, false);
+      if (s && s->pending.head) {
+        b = take_from_stream(p, s, size, align);
+        from_pending = b != NULL;
+      }
+    }
+    if (!b) {
+      b = bin_find(p, size, align);
+      if (b) bin_remove(p, b);
+    }
+    if (b) b = carve(p, b, size, align, from_pending);
+    if (vs_likely(b != NULL)) {
+      b->requested = req;
+      HASH_ADD(hh, p->map, addr, sizeof b->addr, b);
+      p->used += b->size;
+      pthread_mutex_unlock(&p->lock);
+      *ptr_out = b->addr;
+      *served_out = b->size;
+      return VS_POOL_OK;
+    }
+    size_t pending = p->pending_bytes;
+    pthread_mutex_unlock(&p->lock);
+
+    /* Slow path: reclaim what can be had without waiting, then grow, then wait, then trim. */
+    CUresult r;
+    switch (attempt++) {
+    case 0:
+      if (pending) {
+        reclaim_by_events(p, &vs_thread_tag);
+        continue;
+      }
+      attempt++;
+      /* fall through */
+    case 1:
+      r = grow(p, size, align, false);
+      if (r == CUDA_SUCCESS) { attempt = 1; continue; }
+      if (r != CUDA_ERROR_OUT_OF_MEMORY) { *cu_err = r; return VS_POOL_ERROR; }
+      continue;
+    case 2:
+      /* Out of memory: wait for pending frees, and give back idle handles so the retry
+       * (with a handle of exactly the size needed) can use their memory. */
+      if (pending && sync_and_reclaim(p) == CUDA_SUCCESS) continue;
+      attempt++;
+      /* fall through */
+    case 3:
+      _vs_pool_trim(p, 0);
+      r = grow(p, size, align, true);
+      if (r == CUDA_SUCCESS) continue;
+      if (r != CUDA_ERROR_OUT_OF_MEMORY) { *cu_err = r; return VS_POOL_ERROR; }
+      *cu_err = CUDA_ERROR_OUT_OF_MEMORY;
+      return over_limit(round_up(size, p->caps.min_granularity)) ? VS_POOL_LIMIT : VS_POOL_OOM;
+    default:
+      *cu_err = CUDA_ERROR_OUT_OF_MEMORY;
+      return VS_POOL_OOM;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ free */
+
+static void start_reclaimer_locked(vs_pool_t *p) {
+  if (p->reclaimer_running || p->stopping) return;
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* the program's signals stay with its own threads */
+  if (pthread_create(&p->reclaimer, &at, reclaimer_main, p) == 0) p->reclaimer_running = true;
+  else _vs_warn("cannot start the reclaimer thread (%s); deferred frees wait for the next synchronisation",
+                strerror(errno));
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  pthread_attr_destroy(&at);
+}
+
+vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out) {
+  (void)api;
+  const void *owner = NULL;
+  CUstream key = stream == VS_NO_STREAM ? NULL : stream_key(stream, &owner);
+  bool sync_mode = stream == VS_NO_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC;
+  if (sync_mode) {
+    /* cudaFree waits for the device; so do we, before the block can be reused. Done
+     * before the lookup so the lock is never held across it. */
+    pthread_mutex_lock(&p->lock);
+    vs_block_t *b;
+    HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
+    pthread_mutex_unlock(&p->lock);
+    if (!b) return VS_POOL_NOT_OWNED;
+    CUresult r = sync_and_reclaim(p);
+    if (r != CUDA_SUCCESS) {
+      /* Not waited for (a capture in progress, a failed context): reuse only after a later sync. */
+      _vs_debug("free 0x%llx: cuCtxSynchronize: %s; block reused after a later synchronisation",
+                (unsigned long long)ptr, _vs_cu_error_name(r));
+      sync_mode = false;
+    }
+  }
+  pthread_mutex_lock(&p->lock);
+  vs_block_t *b;
+  HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
+  if (!b) {
+    pthread_mutex_unlock(&p->lock);
+    return VS_POOL_NOT_OWNED;
+  }
+  HASH_DELETE(hh, p->map, b);
+  p->used -= b->size;
+  *size_out = b->size;
+  bool wake = false;
+  if (sync_mode) {
+    make_free(p, b);
+  } else {
+    b->state = B_PENDING;
+    b->freed_seq = p->sync_seq;
+    p->pending_bytes += b->size;
+    vs_stream_t *s = stream == VS_NO_STREAM ? NULL : stream_get(p, key, stream, owner, true);
+    if (s) {
+      b->stream = s;
+      list_push(&s->pending, b);
+    } else {
+      list_push(&p->deferred, b);
+      wake = true;
+    }
+  }
+  if (wake) {
+    start_reclaimer_locked(p);
+    pthread_cond_signal(&p->wake);
+  }
+  pthread_mutex_unlock(&p->lock);
+  return VS_POOL_OK;
+}
+
+/* Deferred mode: synchronise the context in the background whenever frees are pending, so
+ * the program's thread never waits in free. Skips while a stream capture is active (a
+ * context sync would invalidate it). */
+static void *reclaimer_main(void *arg) {
+  vs_pool_t *p = arg;
+  _vs_guard++;
+  _vs_cu.cuCtxSetCurrent(p->ctx);
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  _vs_cu.cuThreadExchangeStreamCaptureMode(&mode);
+  pthread_mutex_lock(&p->lock);
+  while (!p->stopping) {
+    if (!p->deferred.head) {
+      pthread_cond_wait(&p->wake, &p->lock);
+      continue;
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (atomic_load(&_vs_captures_active) == 0) {
+      CUresult r = sync_and_reclaim(p);
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
+          r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+        _vs_warn("reclaimer: cuCtxSynchronize: %s; deferred frees stay pending", _vs_cu_error_name(r));
+        pthread_mutex_lock(&p->lock);
+        break;
+      }
+    }
+    struct timespec ts = {0, 100 * 1000}; /* let frees gather: one sync serves many */
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&p->lock);
+  }
+  p->reclaimer_running = false;
+  pthread_cond_broadcast(&p->wake);
+  pthread_mutex_unlock(&p->lock);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ lookups */
+
+bool _vs_pool_range(vs_pool_t *p, CUdeviceptr addr, CUdeviceptr *base_out, size_t *size_out) {
+  bool found = false;
+  pthread_mutex_lock(&p->lock);
+  vs_block_t *b;
+  HASH_FIND(hh, p->map, &addr, sizeof addr, b);
+  if (!b) {
+    /* Interior pointer: rare (cuMemGetAddressRange, cuPointerGetAttribute); a scan is fine. */
+    for (vs_block_t *c = p->map; c; c = c->hh.next)
+      if (addr >= c->addr && addr < c->addr + c->requested) { b = c; break; }
+  }
+  if (b) {
+    *base_out = b->addr;
+    *size_out = b->requested;
+    found = true;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return found;
+}
+
+/* ------------------------------------------------------------------ teardown and checks */
+
+void _vs_pool_destroy(vs_pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  p->stopping = true;
+  pthread_cond_broadcast(&p->wake);
+  while (p->reclaimer_running) pthread_cond_wait(&p->wake, &p->lock);
+  pthread_mutex_unlock(&p->lock);
+  for (size_t i = 0; i < p->n_segs; i++) {
+    _vs_vmm_unmap(&p->caps, p->segs[i].va, p->segs[i].size);
+    _vs_vmm_release(&p->caps, p->segs[i].handle, p->segs[i].size);
+    atomic_fetch_sub(&vs_mapped_total, p->segs[i].size);
+    VS_STAT_SUB(bytes_mapped, p->segs[i].size);
+  }
+  for (int i = 0; i < p->n_resv; i++) _vs_vmm_address_free(&p->caps, p->resv[i].va, p->resv[i].size);
+  VS_STAT_SUB(bytes_in_use, 0);
+  HASH_CLEAR(hh, p->map);
+  vs_stream_t *s, *tmp;
+  HASH_ITER(hh, p->streams, s, tmp) {
+    HASH_DEL(p->streams, s);
+    free(s);
+  }
+  while (p->batches) {
+    vs_batch_t *bt = p->batches;
+    p->batches = bt->next;
+    free(bt);
+  }
+  free(p->segs);
+  /* Block descriptors are not individually tracked across lists here; the pool is
+   * dropped only when its context dies, which is rare: the few KiB are left. */
+  pthread_mutex_destroy(&p->lock);
+  free(p);
+}
+
+int _vs_pool_check(vs_pool_t *p) {
+  int bad = 0;
+  pthread_mutex_lock(&p->lock);
+  size_t free_sum = 0;
+  for (unsigned i = 0; i < VS_NBINS; i++)
+    for (vs_block_t *b = p->bins[i]; b; b = b->fnext) {
+      if (b->state != B_FREE || b->bin != i) bad++;
+      if (mergeable(b->prev, b, B_FREE) || mergeable(b, b->next, B_FREE)) bad++; /* unmerged neighbours */
+      free_sum += b->size;
+    }
+  if (free_sum != p->free_bytes) bad++;
+  size_t used_sum = 0;
+  for (vs_block_t *b = p->map; b; b = b->hh.next) {
+    if (b->state != B_USED) bad++;
+    if (b->addr % VS_MIN_ALIGN) bad++;
+    used_sum += b->size;
+  }
+  if (used_sum != p->used) bad++;
+  size_t seg_sum = 0;
+  for (size_t i = 0; i < p->n_segs; i++) {
+    seg_sum += p->segs[i].size;
+    if (i && p->segs[i - 1].va + p->segs[i - 1].size > p->segs[i].va) bad++;
+  }
+  if (seg_sum != p->mapped) bad++;
+  if (p->mapped != p->used + p->free_bytes + p->pending_bytes) bad++;
+  pthread_mutex_unlock(&p->lock);
+  return bad;
+}

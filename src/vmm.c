@@ -1,0 +1,152 @@
+/* vmm.c: the only caller of the driver's virtual memory management functions.
+ *
+ * One function per operation. Each checks its arguments the way the driver documents
+ * them, so a bug in the pool shows up as a named error here rather than as a driver
+ * failure or, worse, a silent misuse; each call is timed and counted (stats), logged
+ * with its addresses, sizes, handles and access flags (VMMSHIM_LOG=info) and traced. */
+#include <inttypes.h>
+
+#include "vmmshim/internal.h"
+
+static bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
+
+static CUresult finish(vs_vmm_op_t op, const char *what, CUresult r, uint64_t t0, CUdeviceptr va, size_t size,
+                       uint64_t handle, unsigned flags, int dev) {
+  uint64_t dt = _vs_now_ns() - t0;
+  VS_STAT_ADD(vmm_calls, 1);
+  VS_STAT_ADD(vmm_ns, dt);
+  if (r != CUDA_SUCCESS) {
+    /* Out of memory is an expected answer the pool handles; anything else is a bug or a dying context. */
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+      _vs_info("%s(size 0x%zx) on device %d: %s", what, size, dev, _vs_cu_error_name(r));
+    else
+      _vs_warn("%s(va 0x%llx, size 0x%zx, handle 0x%" PRIx64 ") on device %d failed: %s", what,
+               (unsigned long long)va, size, handle, dev, _vs_cu_error_name(r));
+  } else {
+    _vs_info("%s va 0x%llx size 0x%zx handle 0x%" PRIx64 " device %d%s%s (%.1f us)", what, (unsigned long long)va,
+             size, handle, dev, op == VS_VMM_SET_ACCESS ? " access " : "",
+             op == VS_VMM_SET_ACCESS ? (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? "READWRITE"
+                                        : flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? "READ" : "NONE")
+                                     : "",
+             (double)dt / 1000.0);
+  }
+  if (vs_unlikely(_vs_trace_on)) _vs_trace_vmm(op, va, size, handle, flags, dev, r, dt);
+  return r;
+}
+
+static CUresult bad_arg(const char *what, const char *why, CUdeviceptr va, size_t size) {
+  _vs_error("%s(va 0x%llx, size 0x%zx): %s: CUDA_ERROR_INVALID_VALUE", what, (unsigned long long)va, size, why);
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult check_range(const char *what, const vs_device_caps_t *caps, CUdeviceptr va, size_t size, bool check_va) {
+  if (!caps || !caps->min_granularity) return bad_arg(what, "device not queried", va, size);
+  if (size == 0) return bad_arg(what, "zero size", va, size);
+  if (size % caps->min_granularity) return bad_arg(what, "size not a multiple of the granularity", va, size);
+  if (check_va && (va == 0 || va % caps->min_granularity))
+    return bad_arg(what, "address not aligned to the granularity", va, size);
+  return CUDA_SUCCESS;
+}
+
+static void fill_prop(const vs_device_caps_t *caps, CUmemAllocationProp *prop, bool shareable) {
+  *prop = (CUmemAllocationProp){0};
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = caps->device;
+  if (shareable && caps->posix_fd_supported) prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (shareable && caps->rdma_supported) prop->allocFlags.gpuDirectRDMACapable = 1;
+}
+
+CUresult _vs_vmm_query(CUdevice device, vs_device_caps_t *caps) {
+  *caps = (vs_device_caps_t){.device = device};
+  int v = 0;
+  CUresult r = _vs_cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device);
+  if (r != CUDA_SUCCESS) return r;
+  caps->vmm_supported = v != 0;
+  v = 0;
+  if (_vs_cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device) ==
+      CUDA_SUCCESS)
+    caps->posix_fd_supported = v != 0;
+  v = 0;
+  if (_vs_cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device) ==
+      CUDA_SUCCESS)
+    caps->rdma_supported = v != 0;
+  r = _vs_cu.cuDeviceTotalMem(&caps->total_mem, device);
+  if (r != CUDA_SUCCESS) return r;
+  if (!caps->vmm_supported) return CUDA_SUCCESS;
+  CUmemAllocationProp prop;
+  fill_prop(caps, &prop, true);
+  r = _vs_cu.cuMemGetAllocationGranularity(&caps->min_granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (r == CUDA_SUCCESS && !is_pow2(caps->min_granularity)) r = CUDA_ERROR_NOT_SUPPORTED;
+  return r;
+}
+
+CUresult _vs_vmm_reserve(const vs_device_caps_t *caps, size_t size, size_t align, CUdeviceptr *va_out) {
+  CUresult r = check_range("cuMemAddressReserve", caps, 0, size, false);
+  if (r != CUDA_SUCCESS) return r;
+  if (align && !is_pow2(align)) return bad_arg("cuMemAddressReserve", "alignment not a power of two", 0, size);
+  uint64_t t0 = _vs_now_ns();
+  *va_out = 0;
+  r = _vs_cu.cuMemAddressReserve(va_out, size, align, 0, 0);
+  return finish(VS_VMM_RESERVE, "cuMemAddressReserve", r, t0, *va_out, size, 0, 0, caps->device);
+}
+
+CUresult _vs_vmm_address_free(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
+  CUresult r = check_range("cuMemAddressFree", caps, va, size, true);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t t0 = _vs_now_ns();
+  r = _vs_cu.cuMemAddressFree(va, size);
+  return finish(VS_VMM_ADDRESS_FREE, "cuMemAddressFree", r, t0, va, size, 0, 0, caps->device);
+}
+
+CUresult _vs_vmm_create(const vs_device_caps_t *caps, size_t size, CUmemGenericAllocationHandle *handle_out) {
+  CUresult r = check_range("cuMemCreate", caps, 0, size, false);
+  if (r != CUDA_SUCCESS) return r;
+  CUmemAllocationProp prop;
+  fill_prop(caps, &prop, true);
+  uint64_t t0 = _vs_now_ns();
+  *handle_out = 0;
+  r = _vs_cu.cuMemCreate(handle_out, size, &prop, 0);
+  if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED) {
+    /* Some platforms refuse the shareable/RDMA properties they advertise; plain memory still serves. */
+    fill_prop(caps, &prop, false);
+    r = _vs_cu.cuMemCreate(handle_out, size, &prop, 0);
+  }
+  return finish(VS_VMM_CREATE, "cuMemCreate", r, t0, 0, size, (uint64_t)*handle_out, 0, caps->device);
+}
+
+CUresult _vs_vmm_release(const vs_device_caps_t *caps, CUmemGenericAllocationHandle handle, size_t size) {
+  if (!handle) return bad_arg("cuMemRelease", "null handle", 0, size);
+  uint64_t t0 = _vs_now_ns();
+  CUresult r = _vs_cu.cuMemRelease(handle);
+  return finish(VS_VMM_RELEASE, "cuMemRelease", r, t0, 0, size, (uint64_t)handle, 0, caps->device);
+}
+
+CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle) {
+  CUresult r = check_range("cuMemMap", caps, va, size, true);
+  if (r != CUDA_SUCCESS) return r;
+  if (!handle) return bad_arg("cuMemMap", "null handle", va, size);
+  uint64_t t0 = _vs_now_ns();
+  r = _vs_cu.cuMemMap(va, size, 0, handle, 0);
+  return finish(VS_VMM_MAP, "cuMemMap", r, t0, va, size, (uint64_t)handle, 0, caps->device);
+}
+
+CUresult _vs_vmm_unmap(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
+  CUresult r = check_range("cuMemUnmap", caps, va, size, true);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t t0 = _vs_now_ns();
+  r = _vs_cu.cuMemUnmap(va, size);
+  return finish(VS_VMM_UNMAP, "cuMemUnmap", r, t0, va, size, 0, 0, caps->device);
+}
+
+CUresult _vs_vmm_set_access(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
+  CUresult r = check_range("cuMemSetAccess", caps, va, size, true);
+  if (r != CUDA_SUCCESS) return r;
+  CUmemAccessDesc desc = {0};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = caps->device;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  uint64_t t0 = _vs_now_ns();
+  r = _vs_cu.cuMemSetAccess(va, size, &desc, 1);
+  return finish(VS_VMM_SET_ACCESS, "cuMemSetAccess", r, t0, va, size, 0, desc.flags, caps->device);
+}

@@ -1,0 +1,129 @@
+/* Test-control API of the host emulation of the CUDA driver (tests/emu/cuda_emu.c).
+ *
+ * Everything here is exported by build/emu/libcuda.so.1 next to the emulated driver
+ * entry points, and is thread safe.
+ *
+ * Model in one paragraph: each device has a physical budget (default 4 GiB) that
+ * cuMemCreate and plain allocations (cuMemAlloc, cuMemAllocAsync) draw from. VMM memory
+ * is a memfd per handle, mapped with mmap into PROT_NONE reservations; it is host-
+ * accessible only after cuMemSetAccess (before that a host access faults). Work on
+ * streams is enqueued by the test (emu_launch) and completes only when the test says so
+ * (emu_complete) or when a synchronising call forces it (cuCtxSynchronize,
+ * cuStreamSynchronize, cuEventSynchronize, cuStreamDestroy). Completing an item runs its
+ * callback under the emulation's (recursive) lock: a callback may read and write device
+ * memory, and should not block on other threads that call the driver.
+ *
+ * Contract violations (arguments or states the real driver rejects or that are
+ * undefined behaviour) return the driver's error, print
+ *   emu: contract violation: <what>
+ * to stderr and increment a counter (emu_violations()). Legitimate failures (out of
+ * memory, freeing an unknown pointer through cuMemFree, calls before cuInit or without a
+ * current context, fault injection) are not violations.
+ *
+ * Legacy-stream semantics are modelled: an item on the legacy stream first forces
+ * completion of earlier items on blocking streams of its context (user streams created
+ * without CU_STREAM_NON_BLOCKING, and per-thread default streams) and vice versa.
+ */
+#ifndef VMMSHIM_EMU_H
+#define VMMSHIM_EMU_H
+
+#include <stddef.h>
+#include <cuda.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Base names of the counted driver functions (variants _v2, _ptsz ... count under the
+ * base name). The counters struct has a field n_<name> for each. */
+#define EMU_FUNCS(X)                                                                         \
+  X(cuInit) X(cuDriverGetVersion) X(cuGetProcAddress)                                        \
+  X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetAttribute)              \
+  X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)               \
+  X(cuDevicePrimaryCtxReset) X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxSetFlags)     \
+  X(cuCtxCreate) X(cuCtxDestroy) X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice)     \
+  X(cuCtxSynchronize) X(cuCtxPushCurrent) X(cuCtxPopCurrent)                                 \
+  X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree)                \
+  X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)                 \
+  X(cuMemGetAccess) X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle) \
+  X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)                          \
+  X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuMemGetInfo)            \
+  X(cuMemGetAddressRange) X(cuPointerGetAttribute) X(cuPointerGetAttributes)                 \
+  X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamDestroy) X(cuStreamQuery)        \
+  X(cuStreamSynchronize) X(cuStreamWaitEvent) X(cuStreamGetCtx)                              \
+  X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventDestroy)  \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)                       \
+  X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuGraphDestroy)           \
+  X(cuGetErrorName) X(cuGetErrorString)
+
+typedef struct emu_counters_s {
+  /* ---- call counts (reset by emu_reset_counters) ---- */
+  unsigned long long lookups;           /* cuGetProcAddress and cuGetProcAddress_v2 calls */
+  unsigned long long lookups_not_found; /* of which answered CUDA_ERROR_NOT_FOUND */
+#define EMU_COUNTER_FIELD(name) unsigned long long n_##name;
+  EMU_FUNCS(EMU_COUNTER_FIELD)
+#undef EMU_COUNTER_FIELD
+  /* ---- state (never reset) ---- */
+  long live_handles;       /* cuMemCreate'd handles whose physical memory still exists */
+  long live_mappings;      /* cuMemMap'd ranges */
+  long live_reservations;  /* cuMemAddressReserve'd ranges */
+  long live_plain;         /* cuMemAlloc / cuMemAllocAsync allocations not yet freed */
+  long live_streams;       /* user streams (not legacy or per-thread) */
+  long live_events;
+  long live_graphs;
+  unsigned long long physical_bytes; /* handle_bytes + plain_bytes, all devices */
+  unsigned long long handle_bytes;   /* physical memory of live handles */
+  unsigned long long plain_bytes;    /* sizes of live plain allocations (exact byte counts) */
+  unsigned long long mapped_bytes;
+  unsigned long long reserved_bytes;
+  int violations;
+} emu_counters_t;
+
+/* ---- work and completion ---- */
+/* Enqueue a work item on s (NULL or CU_STREAM_LEGACY: the legacy stream of the current
+ * context; CU_STREAM_PER_THREAD: the calling thread's default stream). On a capturing
+ * stream the item is recorded in the capture and never runs. fn may be NULL. */
+void emu_launch(CUstream s, void (*fn)(void *), void *arg);
+/* Complete up to n pending work items of s in order (n < 0: all); items the emulation
+ * enqueued itself (event records, stream-ordered frees, waits) are processed as they are
+ * reached. Returns how many emu_launch items completed. */
+int emu_complete(CUstream s, int n);
+/* emu_launch items pending on s. */
+int emu_pending(CUstream s);
+/* Items recorded on s by the capture in progress (0 if not capturing). */
+int emu_captured(CUstream s);
+/* Complete every pending item of every stream. */
+void emu_complete_all(void);
+
+/* ---- configuration (call before or after cuInit) ---- */
+void emu_set_device_memory(int dev, size_t bytes); /* default 4 GiB */
+void emu_set_device_count(int n);                  /* 1..4, default 1 */
+void emu_set_caps(int vmm, int posix_fd, int rdma); /* all devices; default 1, 1, 1 */
+void emu_set_granularity(size_t bytes);            /* power of two >= 4096; default 2 MiB */
+/* Fault injection: the next count calls of function_name (base name, e.g. "cuMemCreate";
+ * a _v2/_ptsz suffix is ignored) return err. count 0 clears it. Returns silently for an
+ * unknown name after printing a warning. */
+void emu_fail_next(const char *function_name, CUresult err, int count);
+void emu_clear_faults(void);
+
+/* ---- observation ---- */
+void emu_get_counters(emu_counters_t *out);
+void emu_reset_counters(void); /* call counts only */
+/* Calls of one function by base name ("cuMemMap"), -1 for an unknown name. */
+long long emu_calls(const char *function_name);
+/* Successful cuGetProcAddress(_v2) lookups of one symbol (base name, all versions). */
+long long emu_lookup_count(const char *symbol);
+/* For the VMM mapping holding addr: the handle's requestedHandleTypes, its
+ * gpuDirectRDMACapable flag, and the access flags set for the handle's device
+ * (CU_MEM_ACCESS_FLAGS_PROT_*; 0 before cuMemSetAccess). Returns 0 if addr is mapped,
+ * -1 otherwise. Any output pointer may be NULL. */
+int emu_handle_info(CUdeviceptr addr, unsigned long long *requested_handle_types, int *rdma,
+                    unsigned *access_flags);
+int emu_violations(void);
+/* Physical bytes in use on dev (handles + plain allocations). */
+size_t emu_device_used(int dev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

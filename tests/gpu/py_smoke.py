@@ -1,0 +1,165 @@
+"""(g) Python smoke tests: python3 py_smoke.py torch|cupy|jax
+
+Runs a small deterministic GPU computation and prints one "VALUE <name> <number>" line per
+result, then "SHIM <summary>" and, under the shim, "VMM <name> yes|no" for a sample buffer.
+tests/gpu/run.sh runs it once without and once with the shim and compares the VALUE lines
+(relative 1e-6). Exit status: 0 done, 77 skipped (the framework or its GPU backend is not
+there; a "SKIP reason" line says why), anything else a failure.
+
+Environment that the frameworks need for every allocation to reach cudaMalloc/cuMemAlloc is
+set here, before their import: PYTORCH_NO_CUDA_MEMORY_CACHING=1 (torch),
+cupy.cuda.set_allocator(None) (cupy), XLA_PYTHON_CLIENT_ALLOCATOR=platform (jax)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vsstats  # noqa: E402
+
+SKIP = 77
+
+
+def skip(why):
+    print("SKIP %s" % why)
+    sys.exit(SKIP)
+
+
+def value(name, x):
+    print("VALUE %s %r" % (name, float(x)))
+
+
+def report_shim(sample_ptr=None):
+    st = vsstats.get_stats()
+    print("SHIM %s" % vsstats.summary(st))
+    if st is not None:
+        print("SHIM_ALLOCS %d" % st["allocs_total"])
+        if sample_ptr is not None:
+            print("VMM sample %s" % ("yes" if vsstats.is_vmm(sample_ptr) else "no"))
+
+
+def run_torch():
+    os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001
+        skip("torch: import failed: %s" % e)
+    if not torch.cuda.is_available():
+        print("FAIL torch: torch.cuda.is_available() is False")
+        sys.exit(1)
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    dev = torch.device("cuda")
+
+    class Block(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.h = h
+            self.ln1 = nn.LayerNorm(d)
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+            self.ln2 = nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+            att = (q @ k.transpose(-1, -2)) / (d // self.h) ** 0.5
+            mask = torch.ones(t, t, device=x.device, dtype=torch.bool).triu(1)
+            att = att.masked_fill(mask, float("-inf")).softmax(-1)
+            y = (att @ v).transpose(1, 2).reshape(b, t, d)
+            x = x + self.proj(y)
+            return x + self.mlp(self.ln2(x))
+
+    vocab, d, steps = 512, 128, 6
+    model = nn.Sequential(nn.Embedding(vocab, d), Block(d, 4), Block(d, 4), nn.LayerNorm(d), nn.Linear(d, vocab))
+    model = model.to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        tok = torch.randint(0, vocab, (8, 65), generator=g).to(dev)
+        logits = model(tok[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, vocab), tok[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        value("loss_step%d" % step, loss.item())
+    sample = torch.empty(1 << 20, device=dev)
+    value("param_sum", sum(p.double().sum().item() for p in model.parameters()))
+    torch.cuda.synchronize()
+    report_shim(sample.data_ptr())
+
+
+def run_cupy():
+    try:
+        import cupy as cp
+        import numpy as np
+    except Exception as e:  # noqa: BLE001
+        skip("cupy: import failed: %s" % e)
+    try:
+        cp.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001
+        print("FAIL cupy: no device: %s" % e)
+        sys.exit(1)
+    cp.cuda.set_allocator(None)
+    rng = np.random.default_rng(0)
+    x = cp.asarray(rng.standard_normal(1 << 22))
+    m = cp.asarray(rng.standard_normal((512, 512)))
+    value("sum_sin", (cp.sin(x) * x).sum())
+    value("max", x.max())
+    value("norm_mm", cp.linalg.norm(m @ m.T))
+    y = cp.cumsum(cp.abs(x))
+    value("cumsum_last", y[-1])
+    big = cp.ones(64 << 20, dtype=cp.uint8)  # 64 MiB
+    value("big_sum", big.sum(dtype=cp.uint64))
+    cp.cuda.Device().synchronize()
+    report_shim(int(big.data.ptr))
+
+
+def run_jax():
+    os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = "platform"
+    try:
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+    except Exception as e:  # noqa: BLE001
+        skip("jax: import failed: %s" % e)
+    try:
+        gpus = jax.devices("gpu")
+    except Exception as e:  # noqa: BLE001
+        skip("jax: no GPU backend: %s" % e)
+    if not gpus:
+        skip("jax: no GPU devices")
+
+    @jax.jit
+    def f(a, b):
+        c = jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+        return jnp.sum(jnp.tanh(c)), jnp.max(c), jnp.mean(jnp.sin(a) * b)
+
+    rng = np.random.default_rng(0)
+    a = jax.device_put(rng.standard_normal((1024, 1024), dtype=np.float32), gpus[0])
+    b = jax.device_put(rng.standard_normal((1024, 1024), dtype=np.float32), gpus[0])
+    s, mx, mean = f(a, b)
+    value("tanh_sum", s)
+    value("max", mx)
+    value("mean", mean)
+    ptr = None
+    try:
+        ptr = a.unsafe_buffer_pointer()
+    except Exception:  # noqa: BLE001
+        pass
+    report_shim(ptr)
+
+
+if __name__ == "__main__":
+    which = sys.argv[1] if len(sys.argv) > 1 else ""
+    runs = {"torch": run_torch, "cupy": run_cupy, "jax": run_jax}
+    if which not in runs:
+        print("usage: py_smoke.py torch|cupy|jax")
+        sys.exit(2)
+    runs[which]()
+    print("DONE %s" % which)

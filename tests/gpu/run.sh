@@ -1,0 +1,199 @@
+#!/bin/sh
+# GPU tests of vmmshim (make gpu-test). Needs an NVIDIA GPU, nvcc and build/libvmmshim.so.
+#
+# Builds every tests/gpu/t_*.cu twice into $BUILD/gpu (-cudart static, nvcc's default, and
+# -cudart shared), runs each under LD_PRELOAD=$BUILD/libvmmshim.so, then the Python smoke tests
+# (torch, cupy, jax: each once without and once with the shim, results compared).
+# Prints "PASS run/check", "FAIL run/check: reason" or "SKIP ..." per check and closes with
+# "gpu-test: N passed, N failed, N skipped"; exits non-zero when a check failed.
+# Logs (one file per run, plus this script's own output in gpu-test.log) go to $OUT when it is
+# set, else to $BUILD/gpu-logs. Takes about 1-2 minutes on an H100.
+BUILD=${BUILD:-build}
+NVCC=${NVCC:-nvcc}
+PYTHON=${PYTHON:-python3}
+LIB="$PWD/$BUILD/libvmmshim.so"
+BIN="$BUILD/gpu"
+if [ -n "$OUT" ]; then LOGDIR="$OUT"; else LOGDIR="$BUILD/gpu-logs"; fi
+mkdir -p "$LOGDIR" "$BIN" || exit 1
+MAIN_LOG="$LOGDIR/gpu-test.log"
+: >"$MAIN_LOG"
+
+say() { echo "$*" | tee -a "$MAIN_LOG"; }
+
+npass=0
+nfail=0
+nskip=0
+pass() { npass=$((npass + 1)); say "PASS $*"; }
+fail() { nfail=$((nfail + 1)); say "FAIL $*"; }
+skip() { nskip=$((nskip + 1)); say "SKIP $*"; }
+
+finish() {
+  say "logs in $LOGDIR"
+  say "gpu-test: $npass passed, $nfail failed, $nskip skipped"
+  [ "$nfail" = 0 ]
+  exit $?
+}
+
+# ---- what we run on ----
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  fail "setup: no NVIDIA GPU (nvidia-smi missing or finds no device)"
+  finish
+fi
+NVCC_PATH=$(command -v "$NVCC" 2>/dev/null)
+if [ -z "$NVCC_PATH" ]; then
+  fail "setup: nvcc not found (NVCC=$NVCC); set NVCC=/path/to/nvcc"
+  finish
+fi
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC_PATH")")}
+if [ ! -f "$LIB" ]; then
+  fail "setup: $LIB missing; run make first"
+  finish
+fi
+say "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)"
+say "CUDA: driver supports $(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1), nvcc $("$NVCC_PATH" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+say "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), shim: $LIB"
+CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+case "$CAP" in [0-9][0-9] | [0-9][0-9][0-9]) ARCH="sm_$CAP" ;; *) ARCH=sm_90 ;; esac
+nvidia-smi >"$LOGDIR/nvidia-smi.txt" 2>&1
+
+# ---- build: every test twice, in parallel ----
+t0=$(date +%s)
+for src in tests/gpu/t_*.cu; do
+  name=$(basename "$src" .cu)
+  for rt in static shared; do
+    "$NVCC_PATH" -O2 -arch="$ARCH" -std=c++17 -Iinclude -cudart "$rt" -o "$BIN/$name.$rt" "$src" \
+      -L"$CUDA_HOME/lib64/stubs" -L"$CUDA_HOME/lib64" -lcuda -ldl -lpthread >"$LOGDIR/build-$name.$rt.log" 2>&1 &
+  done
+done
+wait
+say "built in $(($(date +%s) - t0)) s with $ARCH"
+
+# run_prog RUN_NAME BINARY [ENV=VALUE...]: runs BINARY under the shim, relays its PASS/FAIL lines
+# prefixed with RUN_NAME; a crash or a non-zero exit without a FAIL line counts as one failure.
+run_prog() {
+  run=$1
+  bin=$2
+  shift 2
+  log="$LOGDIR/$run.log"
+  if [ ! -x "$bin" ]; then
+    fail "$run: not built (see $LOGDIR/build-$(basename "$bin").log)"
+    sed -n '1,15p' "$LOGDIR/build-$(basename "$bin").log" | tee -a "$MAIN_LOG"
+    return
+  fi
+  timeout 90 env "$@" LD_PRELOAD="$LIB" "$bin" >"$log" 2>&1
+  rc=$?
+  p=$(grep -c '^PASS ' "$log")
+  f=$(grep -c '^FAIL ' "$log")
+  sed -n 's#^\(PASS\|FAIL\) #\1 '"$run"'/#p' "$log" | tee -a "$MAIN_LOG"
+  npass=$((npass + p))
+  nfail=$((nfail + f))
+  if [ "$rc" != 0 ] && [ "$f" = 0 ]; then
+    if [ "$rc" = 124 ]; then why="timed out after 90 s"; else why="exit status $rc"; fi
+    fail "$run: $why without a FAIL line; last lines of $log:"
+    tail -n 8 "$log" | tee -a "$MAIN_LOG"
+  elif [ "$f" != 0 ]; then
+    grep -E '^(INFO|vmmshim: (error|warning))' "$log" | head -n 10 | tee -a "$MAIN_LOG"
+  fi
+}
+
+for rt in static shared; do
+  run_prog "$rt/integrity" "$BIN/t_integrity.$rt"
+  run_prog "$rt/free-sync" "$BIN/t_free.$rt" VMMSHIM_FREE_MODE=sync
+  run_prog "$rt/free-deferred" "$BIN/t_free.$rt" VMMSHIM_FREE_MODE=deferred
+  run_prog "$rt/streams" "$BIN/t_streams.$rt"
+  run_prog "$rt/capture" "$BIN/t_capture.$rt"
+  run_prog "$rt/driver" "$BIN/t_driver.$rt"
+  run_prog "$rt/errors" "$BIN/t_errors.$rt"
+done
+# The data paths once more with the other free mode and with small handles.
+run_prog "shared/integrity-deferred" "$BIN/t_integrity.shared" VMMSHIM_FREE_MODE=deferred
+run_prog "static/streams-deferred" "$BIN/t_streams.static" VMMSHIM_FREE_MODE=deferred
+run_prog "static/integrity-gran2M" "$BIN/t_integrity.static" VMMSHIM_GRANULARITY=2M
+
+# ---- Python: each framework without and with the shim, numbers compared ----
+# compare_values BASE_LOG SHIM_LOG: equal "VALUE name x" lines, relative 1e-6; prints the differences.
+compare_values() {
+  awk '
+    function abs(v) { return v < 0 ? -v : v }
+    NR == FNR { if ($1 == "VALUE") base[$2] = $3; next }
+    $1 == "VALUE" {
+      n++
+      if (!($2 in base)) { bad++; print "  " $2 ": missing in the run without the shim"; next }
+      if (base[$2] == $3) next
+      x = base[$2] + 0; y = $3 + 0
+      if (abs(x - y) > 1e-6 * abs(x) + 1e-30) {
+        bad++; printf "  %s: %s without the shim, %s with it\n", $2, base[$2], $3
+      }
+    }
+    END { if (n == 0) { print "  no VALUE lines"; exit 1 } exit bad ? 1 : 0 }' "$1" "$2"
+}
+
+py_case() { # KIND TAG [ENV=VALUE...]: one framework; TAG names the shim run
+  kind=$1
+  tag=$2
+  shift 2
+  plain="$LOGDIR/py-$kind-plain.log"
+  if [ ! -f "$plain.done" ]; then
+    timeout 150 "$PYTHON" tests/gpu/py_smoke.py "$kind" >"$plain" 2>&1
+    echo $? >"$plain.done"
+  fi
+  rc=$(cat "$plain.done")
+  if [ "$rc" = 77 ]; then
+    [ "$tag" = shim ] && skip "python-$kind: $(sed -n 's/^SKIP //p' "$plain" | head -n 1)"
+    return
+  fi
+  if [ "$rc" != 0 ]; then
+    [ "$tag" = shim ] && { fail "python-$kind: run without the shim failed (exit $rc):"; tail -n 6 "$plain" | tee -a "$MAIN_LOG"; }
+    return
+  fi
+  out="$LOGDIR/py-$kind-$tag.log"
+  err="$LOGDIR/py-$kind-$tag.stderr"
+  timeout 150 env "$@" LD_PRELOAD="$LIB" VMMSHIM_STATS=1 "$PYTHON" tests/gpu/py_smoke.py "$kind" >"$out" 2>"$err"
+  rc=$?
+  if [ "$rc" != 0 ]; then
+    fail "python-$kind-$tag: exit $rc under the shim; last lines:"
+    tail -n 8 "$out" "$err" | tee -a "$MAIN_LOG"
+    return
+  fi
+  pass "python-$kind-$tag/runs"
+  if diffs=$(compare_values "$plain" "$out"); then
+    pass "python-$kind-$tag/values-match ($(grep -c '^VALUE' "$out") values)"
+  else
+    fail "python-$kind-$tag/values-match:"
+    echo "$diffs" | tee -a "$MAIN_LOG"
+  fi
+  n=$(sed -n 's/^SHIM_ALLOCS //p' "$out")
+  if [ -z "$n" ]; then
+    fail "python-$kind-$tag/shim-served: vmmshim_get_stats not found in the process"
+  elif [ "$kind" = jax ]; then
+    # XLA's platform allocator maps most buffers itself; the shim sees its few cuMemAlloc calls.
+    say "INFO python-jax-$tag: the shim served $n allocations; $(sed -n 's/^VMM sample/sample buffer VMM:/p' "$out")"
+  elif [ "$n" -gt 0 ]; then
+    pass "python-$kind-$tag/shim-served ($n allocations)"
+  else
+    fail "python-$kind-$tag/shim-served: the shim served no allocation"
+  fi
+  if [ "$kind" != jax ] && [ -n "$n" ]; then
+    if grep -q '^VMM sample yes' "$out"; then
+      pass "python-$kind-$tag/buffer-is-vmm"
+    else
+      fail "python-$kind-$tag/buffer-is-vmm: a sample buffer is not VMM memory"
+    fi
+  fi
+  grep '^SHIM ' "$out" | sed "s/^SHIM /INFO python-$kind-$tag: /" | tee -a "$MAIN_LOG"
+}
+
+rm -f "$LOGDIR"/py-*.done
+py_case torch shim
+py_case torch shim-deferred VMMSHIM_FREE_MODE=deferred
+py_case cupy shim
+py_case jax shim
+rm -f "$LOGDIR"/py-*.done
+# The stats the shim printed at exit of the PyTorch run (quoted in reports).
+if [ -s "$LOGDIR/py-torch-shim.stderr" ]; then
+  cp "$LOGDIR/py-torch-shim.stderr" "$LOGDIR/torch-shim-stats.txt"
+  say "PyTorch under the shim, VMMSHIM_STATS=1 (from $LOGDIR/torch-shim-stats.txt):"
+  grep '^vmmshim' "$LOGDIR/torch-shim-stats.txt" | tail -n 30 | tee -a "$MAIN_LOG"
+fi
+say "total time $(($(date +%s) - t0)) s"
+finish

@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Tests of scripts/vmmshim-report: golden text on hand-built traces (native and rmm),
+format-version refusal, partial last line, memory_viz pickle, Perfetto JSON, a 100k
+event synthetic trace, and the HTML page rendered by headless chromium (each chart
+screenshotted on its own and checked for drawn pixels). Ends with "N passed, N failed"."""
+import json
+import os
+import pickle
+import pickletools
+import random
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
+DATA = os.path.join("tests", "data")
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+        print("ok   " + what)
+    else:
+        failed += 1
+        print("FAIL " + what)
+
+
+def report(*args, **kw):
+    return subprocess.run([sys.executable, REPORT] + list(args), cwd=ROOT, capture_output=True, text=True, **kw)
+
+
+def golden(trace, expected):
+    r = report(trace)
+    want = open(os.path.join(ROOT, expected)).read()
+    if r.stdout != want:
+        import difflib
+        sys.stdout.writelines(difflib.unified_diff(want.splitlines(True), r.stdout.splitlines(True), expected, "got"))
+    check(r.returncode == 0 and r.stdout == want, "golden output for %s" % trace)
+    return r
+
+
+def test_golden():
+    r = golden(os.path.join(DATA, "small.trace"), os.path.join(DATA, "small.expected"))
+    check(r.stderr.count("unknown record type 'z'") == 1, "unknown record type: one warning")
+    golden(os.path.join(DATA, "small.csv"), os.path.join(DATA, "small-csv.expected"))
+
+
+def test_refusals(tmp):
+    newer = os.path.join(tmp, "newer.trace")
+    with open(newer, "w") as f:
+        f.write("v 2 vmmshim 9.9.9\na 0 1 0 0 - 1000 10 10\n")
+    r = report(newer)
+    check(r.returncode == 2 and "newer" in r.stderr, "a newer format version is refused with a clear message")
+    junk = os.path.join(tmp, "junk.trace")
+    with open(junk, "w") as f:
+        f.write("hello\n")
+    r = report(junk)
+    check(r.returncode == 2 and "not a vmmshim trace" in r.stderr, "a file that is no trace is refused")
+    # A trace cut mid-line (kill -9 during a write): the fragment is ignored.
+    lines = open(os.path.join(ROOT, DATA, "small.trace")).read().splitlines(True)
+    cut = os.path.join(tmp, "cut.trace")
+    with open(cut, "w") as f:
+        f.writelines(lines[:10])
+        f.write(lines[10][:9])
+    r = report(cut)
+    check(r.returncode == 0 and "cut short" in r.stdout and "no end record" in r.stdout
+          and "5 events" in r.stdout, "partial last line ignored, missing end record reported")
+
+
+def test_exports(tmp):
+    pk, pf, ht = (os.path.join(tmp, n) for n in ("s.pickle", "s.json", "s.html"))
+    r = report(os.path.join(DATA, "small.trace"), "--memory-viz", pk, "--perfetto", pf, "--html", ht)
+    check(r.returncode == 0, "exports written")
+    snap = pickle.load(open(pk, "rb"))
+    check(set(snap) >= {"segments", "device_traces"}, "memory_viz: segments and device_traces")
+    segs = snap["segments"]
+    # At the end 4 MiB stay mapped at 0x7f0000000000 holding the two leaked blocks.
+    ok = len(segs) == 1 and segs[0]["address"] == 0x7f0000000000 and segs[0]["total_size"] == 4 << 20
+    if ok:
+        blocks = segs[0]["blocks"]
+        at = segs[0]["address"]
+        for b in blocks:  # memory_viz places blocks one after the other: they must tile the segment
+            ok = ok and b["address"] == at
+            at += b["size"]
+        ok = ok and at == segs[0]["address"] + segs[0]["total_size"]
+        active = [b for b in blocks if b["state"] == "active_allocated"]
+        ok = ok and len(active) == 2 and segs[0]["allocated_size"] == (1 << 20) + (3 << 19)
+    check(ok, "memory_viz: the mapped segment is tiled by its blocks, two active")
+    actions = [e["action"] for e in snap["device_traces"][0]]
+    check(actions.count("alloc") == 5 and actions.count("free_completed") == 3 and actions.count("segment_map") == 2
+          and actions.count("segment_unmap") == 1 and actions.count("oom") == 1, "memory_viz: trace events")
+    # memory_viz decodes pickles itself and knows only protocols 2-4 and a subset of opcodes.
+    known = {"PROTO", "FRAME", "EMPTY_DICT", "EMPTY_LIST", "MEMOIZE", "MARK", "SHORT_BINUNICODE", "BINUNICODE",
+             "BININT", "BININT1", "BININT2", "LONG1", "SETITEM", "SETITEMS", "APPEND", "APPENDS", "BINGET",
+             "LONG_BINGET", "BINPUT", "LONG_BINPUT", "STOP", "NONE", "NEWTRUE", "NEWFALSE", "BINFLOAT",
+             "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "DICT", "LIST"}
+    used = {op.name for op, arg, pos in pickletools.genops(open(pk, "rb").read())}
+    check(used <= known, "memory_viz: only opcodes its decoder knows (extra: %s)" % sorted(used - known))
+    pj = json.load(open(pf))
+    live = [e["args"]["live"] for e in pj["traceEvents"] if e.get("ph") == "C" and e["name"] == "live bytes"]
+    mapped = [e["args"]["mapped"] for e in pj["traceEvents"] if e.get("ph") == "C" and e["name"] == "mapped bytes"]
+    check(live and max(live) == 6 << 20 and max(mapped) == 8 << 20, "perfetto: counter tracks peak at 6 and 8 MiB")
+    page = open(ht).read()
+    check(all('id="%s"' % c in page for c in ("chart-timeline", "chart-sizes", "chart-lifetimes"))
+          and "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page,
+          "html: three charts, no external resources")
+    return ht
+
+
+def synth(path, n, seed=1):
+    """A native trace of about n events: random allocations and frees, pool growth."""
+    rnd = random.Random(seed)
+    live = {}
+    peak = cur = 0
+    t = 0
+    next_ptr = 0x7f0000000000
+    mapped = 0
+    with open(path, "w") as f:
+        f.write("v 1 vmmshim 0.1.0\nx /synthetic\nc synthetic\np 1 0 0\ns 0 0\n")
+        for i in range(n):
+            t += rnd.randint(100, 5000)
+            if live and (rnd.random() < 0.48 or len(live) > 500):
+                ptr = rnd.choice(list(live)) if len(live) < 64 else next(iter(live))
+                size = live.pop(ptr)
+                cur -= size
+                f.write("f %x 1 1 0 5 %x %x\n" % (t, ptr, size))
+            else:
+                size = 1 << rnd.randint(8, 22)
+                if cur + size > mapped:
+                    f.write("m %x 1 2 0 %x 4000000 1 0 0 1000\n" % (t, 0x7e0000000000 + mapped))
+                    mapped += 64 << 20
+                ptr = next_ptr
+                next_ptr += size
+                live[ptr] = size
+                cur += size
+                peak = max(peak, cur)
+                f.write("a %x 1 1 0 5 %x %x %x\n" % (t, ptr, size, size))
+        f.write("e %x\n" % (t + 1))
+    return peak, len(live)
+
+
+def test_synthetic(tmp):
+    path = os.path.join(tmp, "synth.trace")
+    peak, leaks = synth(path, 100000)
+    t0 = time.time()
+    r = report(path)
+    dt = time.time() - t0
+    m = re.search(r"peak live: .*\((\d+) B\)", r.stdout)
+    ml = re.search(r"leaks \(never freed\): (\d+) allocations", r.stdout)
+    check(r.returncode == 0 and m and int(m.group(1)) == peak and ml and int(ml.group(1)) == leaks,
+          "100k synthetic events: peak and leaks match the generator")
+    check(dt < 30, "100k events read in %.2f s" % dt)
+
+
+# ---------------------------------------------------------------- PNG (zlib only)
+def png_pixels(path):
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, w = 8, b"", 0
+    while pos < len(data):
+        ln, typ = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + ln]
+        if typ == b"IHDR":
+            w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and interlace == 0 and ctype in (2, 6), (depth, ctype, interlace)
+            bpp = 3 if ctype == 2 else 4
+        elif typ == b"IDAT":
+            idat += body
+        pos += 12 + ln
+    raw = zlib.decompress(idat)
+    stride = w * bpp
+    rows, prev = [], bytearray(stride)
+    for y in range(h):
+        ft = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b = prev[i]
+            c = prev[i - bpp] if i >= bpp else 0
+            if ft == 1:
+                line[i] = (line[i] + a) & 255
+            elif ft == 2:
+                line[i] = (line[i] + b) & 255
+            elif ft == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif ft == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        prev = line
+    return w, h, bpp, rows
+
+
+def colored_pixels(path):
+    """Pixels clearly coloured (not white, grey or black): drawn data, not axes or text."""
+    w, h, bpp, rows = png_pixels(path)
+    n = 0
+    for row in rows:
+        for x in range(0, w * bpp, bpp):
+            r, g, b = row[x], row[x + 1], row[x + 2]
+            if max(r, g, b) - min(r, g, b) > 40:
+                n += 1
+    return n
+
+
+def test_html_render(page, tmp):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not browser:
+        if os.environ.get("CI") == "true":
+            check(False, "chromium is needed to render the HTML report (tests/setup.sh installs it)")
+        else:
+            print("SKIP html rendering: no chromium (tests/setup.sh installs it); not counted")
+        return
+    text = open(page).read()
+    for cid in ("chart-timeline", "chart-sizes", "chart-lifetimes"):
+        m = re.search(r'<svg id="%s".*?</svg>' % cid, text, re.S)
+        if not m:
+            check(False, "html: %s present" % cid)
+            continue
+        one = os.path.join(tmp, cid + ".html")
+        with open(one, "w") as f:
+            f.write("<!DOCTYPE html><html><body style=\"margin:0;background:#fff\">%s</body></html>" % m.group(0))
+        png = os.path.join(tmp, cid + ".png")
+        cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               "--screenshot=" + png, "--window-size=1000,320", "file://" + one]
+        try:
+            subprocess.run(cmd, capture_output=True, timeout=120, cwd=tmp)
+        except subprocess.TimeoutExpired:
+            pass
+        if not os.path.exists(png):
+            check(False, "html: chromium screenshot of %s" % cid)
+            continue
+        n = colored_pixels(png)
+        check(n > 2000, "html: %s rendered by chromium shows data (%d coloured pixels)" % (cid, n))
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="vmmshim-report-test-")
+    try:
+        test_golden()
+        test_refusals(tmp)
+        page = test_exports(tmp)
+        test_synthetic(tmp)
+        test_html_render(page, tmp)
+    finally:
+        if failed == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print("files kept in " + tmp)
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
