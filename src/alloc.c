@@ -167,13 +167,11 @@ static bool free_in(vs_pool_t *pool, vmmshim_api_t api, CUdeviceptr ptr, CUstrea
   size_t size = 0;
   CUcontext saved = NULL;
   if (switch_ctx) _vs_cu.cuCtxPushCurrent(_vs_pool_context(pool));
-  vs_pool_status_t st = _vs_pool_free(pool, ptr, stream, api, &size);
+  vs_pool_status_t st = _vs_pool_free(pool, ptr, stream, api, &size, err);
   if (switch_ctx) _vs_cu.cuCtxPopCurrent(&saved);
   if (st != VS_POOL_OK) return false;
-  *err = CUDA_SUCCESS;
   VS_STAT_ADD(frees[api], 1);
   VS_STAT_SUB(bytes_in_use, size);
-  if (vs_unlikely(_vs_trace_on)) _vs_trace_free(api, ptr, size, stream, _vs_pool_device(pool));
   _vs_debug("free api %d 0x%llx (%zu bytes)", (int)api, (unsigned long long)ptr, size);
   return true;
 }

@@ -788,12 +788,15 @@ static vs_block_t *take_from_stream(vs_pool_t *p, vs_stream_t *s, size_t size, s
   return best;
 }
 
-/* Carves [pad, pad+size) out of b (removed from its list), returns the USED block. */
-static vs_block_t *carve(vs_pool_t *p, vs_block_t *b, size_t size, size_t align, bool from_pending) {
+/* Carves [pad, pad+size) out of b (already taken off its list) and returns it USED. The
+ * pieces are BUSY while split, so giving the leftovers back never merges them into the
+ * block being handed out. */
+static vs_block_t *carve(vs_pool_t *p, vs_block_t *b, size_t size, size_t align) {
+  b->state = B_BUSY;
   size_t pad = align_pad(b->addr, align);
   if (pad) {
     vs_block_t *r = split(p, b, pad);
-    if (!r) { if (from_pending) make_free(p, b); else bin_insert(p, b); return NULL; }
+    if (!r) { make_free(p, b); return NULL; }
     make_free(p, b);
     b = r;
   }
@@ -823,19 +826,15 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
   for (;;) {
     pthread_mutex_lock(&p->lock);
     vs_block_t *b = NULL;
-    bool from_pending = false;
     if (stream != VS_NO_STREAM) {
       vs_stream_t *s = stream_get(p, key, stream, owner, false);
-      if (s && s->pending.head) {
-        b = take_from_stream(p, s, size, align);
-        from_pending = b != NULL;
-      }
+      if (s && s->pending.head) b = take_from_stream(p, s, size, align);
     }
     if (!b) {
       b = bin_find(p, size, align);
       if (b) bin_remove(p, b);
     }
-    if (b) b = carve(p, b, size, align, from_pending);
+    if (b) b = carve(p, b, size, align);
     if (vs_likely(b != NULL)) {
       b->requested = req;
       HASH_ADD(hh, p->map, addr, sizeof b->addr, b);
@@ -900,8 +899,9 @@ static void start_reclaimer_locked(vs_pool_t *p) {
   pthread_attr_destroy(&at);
 }
 
-vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out) {
-  (void)api;
+vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out,
+                               CUresult *err_out) {
+  *err_out = CUDA_SUCCESS;
   const void *owner = NULL;
   CUstream key = stream == VS_NO_STREAM ? NULL : stream_key(stream, &owner);
   bool sync_mode = stream == VS_NO_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC;
@@ -913,12 +913,16 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
     HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
     pthread_mutex_unlock(&p->lock);
     if (!b) return VS_POOL_NOT_OWNED;
-    CUresult r = sync_and_reclaim(p);
+    /* A sync while another thread captures a graph would invalidate its capture. */
+    CUresult r = atomic_load(&_vs_captures_active) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : sync_and_reclaim(p);
     if (r != CUDA_SUCCESS) {
-      /* Not waited for (a capture in progress, a failed context): reuse only after a later sync. */
+      /* Not waited for: the block is reused only after a later synchronisation succeeds. */
       _vs_debug("free 0x%llx: cuCtxSynchronize: %s; block reused after a later synchronisation",
                 (unsigned long long)ptr, _vs_cu_error_name(r));
       sync_mode = false;
+      if (r != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT &&
+          r != CUDA_ERROR_DEINITIALIZED && r != CUDA_ERROR_CONTEXT_IS_DESTROYED)
+        *err_out = r; /* a sticky context error: the real cudaFree reports it too */
     }
   }
   pthread_mutex_lock(&p->lock);
@@ -931,6 +935,8 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
   HASH_DELETE(hh, p->map, b);
   p->used -= b->size;
   *size_out = b->size;
+  /* The trace line goes out before the range can be handed to another thread. */
+  if (vs_unlikely(_vs_trace_on)) _vs_trace_free(api, ptr, b->size, stream, (int)p->caps.device);
   bool wake = false;
   if (sync_mode) {
     make_free(p, b);
@@ -947,7 +953,7 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
       wake = true;
     }
   }
-  if (wake) {
+  if (wake && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED) {
     start_reclaimer_locked(p);
     pthread_cond_signal(&p->wake);
   }
@@ -975,8 +981,11 @@ static void *reclaimer_main(void *arg) {
       CUresult r = sync_and_reclaim(p);
       if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
           r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
-        _vs_warn("reclaimer: cuCtxSynchronize: %s; deferred frees stay pending", _vs_cu_error_name(r));
+        /* The context failed or is being torn down: its frees can never be reused. */
+        if (r != CUDA_ERROR_DEINITIALIZED && r != CUDA_ERROR_CONTEXT_IS_DESTROYED)
+          _vs_warn("reclaimer: cuCtxSynchronize: %s; deferred frees stay pending", _vs_cu_error_name(r));
         pthread_mutex_lock(&p->lock);
+        p->stopping = true;
         break;
       }
     }

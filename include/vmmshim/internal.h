@@ -195,7 +195,7 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *pool, size_t size, CUstream stream, v
 /* Frees a block. For VS_NO_STREAM, the free mode decides (sync: the context is synchronised
  * first; deferred: the block is reused after a later synchronisation). */
 vs_pool_status_t _vs_pool_free(vs_pool_t *pool, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api,
-                               size_t *size_out);
+                               size_t *size_out, CUresult *err_out);
 /* The live block holding addr (interior pointers too). Returns false if none. */
 bool _vs_pool_range(vs_pool_t *pool, CUdeviceptr addr, CUdeviceptr *base_out, size_t *size_out);
 /* Bytes mapped by all pools together. */

@@ -6,6 +6,7 @@
  * go through an exported symbol, so a preloaded library that overrides the exported
  * names (the shim) is never re-entered by the emulation. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -229,6 +230,7 @@ static CUresult enter(int fn) {
     if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;    \
   } while (0)
 
+static int fcntl_dupfd(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 0); }
 static int is_pow2(size_t x) { return x && !(x & (x - 1)); }
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -864,8 +866,7 @@ static CUresult e_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alig
     violation("cuMemAddressReserve on a device without VMM support");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
-  if (!ptr || size == 0 || size % g_gran || flags != 0 || (alignment && !is_pow2(alignment)) ||
-      (alignment && alignment < g_gran && alignment % 4096)) {
+  if (!ptr || size == 0 || size % g_gran || flags != 0 || (alignment && !is_pow2(alignment))) {
     violation("cuMemAddressReserve(size %zu, alignment %zu, flags %llu): size must be a nonzero multiple of "
               "the granularity %zu, alignment 0 or a power of two, flags 0",
               size, alignment, flags, g_gran);
@@ -1272,4 +1273,1144 @@ static CUresult e_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h
   CUresult r = new_handle(nfd, (size_t)st.st_size, &prop, handle);
   if (r) close(nfd);
   return r;
+}
+
+/* ------------------------------------------------------------------ plain memory API */
+
+static CUresult e_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+  ENTER(cuMemAlloc);
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  r = check_unsafe("cuMemAlloc");
+  if (r) return r;
+  return plain_alloc(c, size, 0, dptr);
+}
+static CUresult e_cuMemAlloc_v1(unsigned int *dptr, unsigned int size) {
+  (void)dptr;
+  (void)size;
+  ENTER(cuMemAlloc);
+  return CUDA_ERROR_NOT_SUPPORTED; /* 32-bit device pointers */
+}
+
+static CUresult e_cuMemFree_v2(CUdeviceptr p) {
+  ENTER(cuMemFree);
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (p == 0) return CUDA_SUCCESS;
+  r = check_unsafe("cuMemFree");
+  if (r) return r;
+  plain_t *a = find_plain_base(p);
+  if (!a || a->free_pending) return CUDA_ERROR_INVALID_VALUE;
+  plain_free(a);
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMemFree_v1(unsigned int p) {
+  (void)p;
+  ENTER(cuMemFree);
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+static CUresult mem_alloc_async(CUdeviceptr *dptr, size_t size, CUstream hs, int ptsz) {
+  ENTER(cuMemAllocAsync);
+  LOCKED();
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(hs, ptsz, &s);
+  if (r) return r;
+  if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  r = check_legacy_use(s, "cuMemAllocAsync");
+  if (r) return r;
+  uint64_t cap_id = 0;
+  if (s->cap) {
+    if (s->cap == 2) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    cap_id = s->cap_origin->cap_id;
+    s->cap_items++;
+  }
+  return plain_alloc(s->ctx, size, cap_id, dptr);
+}
+static CUresult e_cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return mem_alloc_async(d, n, s, 0); }
+static CUresult e_cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { return mem_alloc_async(d, n, s, 1); }
+
+static CUresult mem_free_async(CUdeviceptr p, CUstream hs, int ptsz) {
+  ENTER(cuMemFreeAsync);
+  LOCKED();
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(hs, ptsz, &s);
+  if (r) return r;
+  r = check_legacy_use(s, "cuMemFreeAsync");
+  if (r) return r;
+  plain_t *a = find_plain_base(p);
+  if (!a || a->free_pending) return CUDA_ERROR_INVALID_VALUE;
+  if (s->cap) {
+    if (s->cap == 2) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    struct CUstream_st *o = s->cap_origin;
+    if (o->cap_nfrees == o->cap_capfrees) {
+      size_t n = o->cap_capfrees ? o->cap_capfrees * 2 : 16;
+      CUdeviceptr *v = realloc(o->cap_frees, n * sizeof *v);
+      if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+      o->cap_frees = v;
+      o->cap_capfrees = n;
+    }
+    o->cap_frees[o->cap_nfrees++] = p;
+    if (a->cap_id == o->cap_id) a->free_pending = 1;
+    s->cap_items++;
+    return CUDA_SUCCESS;
+  }
+  item_t *it = enqueue(s, K_FREE);
+  if (!it) return CUDA_ERROR_OUT_OF_MEMORY;
+  it->ptr = p;
+  a->free_pending = 1;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMemFreeAsync(CUdeviceptr p, CUstream s) { return mem_free_async(p, s, 0); }
+static CUresult e_cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return mem_free_async(p, s, 1); }
+
+static CUresult e_cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
+  ENTER(cuMemGetInfo);
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!free_b || !total_b) return CUDA_ERROR_INVALID_VALUE;
+  device_t *d = &g_dev[c->dev];
+  *total_b = d->total;
+  *free_b = d->used >= d->total ? 0 : d->total - d->used;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMemGetInfo_v1(unsigned int *free_b, unsigned int *total_b) {
+  size_t f = 0, t = 0;
+  CUresult r = e_cuMemGetInfo_v2(&f, &t);
+  if (r == CUDA_SUCCESS) {
+    *free_b = f > UINT_MAX ? UINT_MAX : (unsigned)f;
+    *total_b = t > UINT_MAX ? UINT_MAX : (unsigned)t;
+  }
+  return r;
+}
+
+/* The allocation holding p: a plain allocation or a VMM mapping. */
+static int range_of(CUdeviceptr p, CUdeviceptr *base, size_t *size, int *dev, struct CUctx_st **ctx, int *vmm) {
+  plain_t *a = find_plain_in(p);
+  if (a) {
+    *base = a->base;
+    *size = a->size;
+    *dev = a->dev;
+    *ctx = a->ctx;
+    *vmm = 0;
+    return 1;
+  }
+  mapping_t *m = map_holding(p);
+  if (m) {
+    *base = m->va;
+    *size = m->size;
+    *dev = m->h->dev;
+    *ctx = NULL;
+    *vmm = 1;
+    return 1;
+  }
+  return 0;
+}
+
+static CUresult e_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr p) {
+  ENTER(cuMemGetAddressRange);
+  NEED_INIT();
+  LOCKED();
+  CUdeviceptr b;
+  size_t n;
+  int dev, vmm;
+  struct CUctx_st *c;
+  if (!range_of(p, &b, &n, &dev, &c, &vmm)) return CUDA_ERROR_NOT_FOUND;
+  if (pbase) *pbase = b;
+  if (psize) *psize = n;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMemGetAddressRange_v1(unsigned int *pbase, unsigned int *psize, unsigned int p) {
+  (void)pbase;
+  (void)psize;
+  (void)p;
+  ENTER(cuMemGetAddressRange);
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+static CUresult pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr p, int found, CUdeviceptr b, size_t n,
+                             int dev, struct CUctx_st *c, int vmm) {
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = found ? c : NULL; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data = found ? CU_MEMORYTYPE_DEVICE : 0; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = found ? p : 0; break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER: *(void **)data = NULL; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = found ? dev : -2; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = found ? b : 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = found ? n : 0; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *(unsigned int *)data = found ? 1 : 0; break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(unsigned int *)data = found && !vmm; break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = found ? (unsigned long long)b : 0; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+static CUresult e_cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p) {
+  ENTER(cuPointerGetAttribute);
+  NEED_INIT();
+  LOCKED();
+  if (!data) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr b = 0;
+  size_t n = 0;
+  int dev = 0, vmm = 0;
+  struct CUctx_st *c = NULL;
+  if (!range_of(p, &b, &n, &dev, &c, &vmm)) return CUDA_ERROR_INVALID_VALUE;
+  return pointer_attr(data, attr, p, 1, b, n, dev, c, vmm);
+}
+
+static CUresult e_cuPointerGetAttributes(unsigned int num, CUpointer_attribute *attrs, void **data, CUdeviceptr p) {
+  ENTER(cuPointerGetAttributes);
+  NEED_INIT();
+  LOCKED();
+  if (!attrs || !data) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr b = 0;
+  size_t n = 0;
+  int dev = 0, vmm = 0;
+  struct CUctx_st *c = NULL;
+  int found = range_of(p, &b, &n, &dev, &c, &vmm);
+  for (unsigned i = 0; i < num; i++) {
+    if (!data[i]) continue;
+    CUresult r = pointer_attr(data[i], attrs[i], p, found, b, n, dev, c, vmm);
+    if (r) return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ streams */
+
+static CUresult stream_create(CUstream *ph, unsigned flags, int prio) {
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING)) {
+    violation("cuStreamCreate: bad arguments (flags 0x%x)", flags);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  struct CUstream_st *s = new_stream(c, S_USER, flags, prio);
+  if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+  *ph = s;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuStreamCreate(CUstream *ph, unsigned int flags) {
+  ENTER(cuStreamCreate);
+  return stream_create(ph, flags, 0);
+}
+static CUresult e_cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int prio) {
+  ENTER(cuStreamCreateWithPriority);
+  return stream_create(ph, flags, prio);
+}
+
+static CUresult stream_destroy(CUstream h) {
+  ENTER(cuStreamDestroy);
+  LOCKED();
+  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+    violation("cuStreamDestroy of a default stream");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, 0, &s);
+  if (r) return r;
+  destroy_stream(s);
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuStreamDestroy_v2(CUstream h) { return stream_destroy(h); }
+static CUresult e_cuStreamDestroy_v1(CUstream h) { return stream_destroy(h); }
+
+static CUresult capture_sync_check(struct CUstream_st *s, const char *what) {
+  if (s->cap) {
+    violation("%s on a capturing stream", what);
+    invalidate_capture(s);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  return check_legacy_use(s, what);
+}
+
+static CUresult stream_query(CUstream h, int ptsz) {
+  ENTER(cuStreamQuery);
+  LOCKED();
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  r = capture_sync_check(s, "cuStreamQuery");
+  if (r) return r;
+  if (s->head) return CUDA_ERROR_NOT_READY;
+  if (s->kind == S_LEGACY)
+    for (struct CUstream_st *p = g_streams; p; p = p->next)
+      if (p->ctx == s->ctx && is_blocking(p) && p->head) return CUDA_ERROR_NOT_READY;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuStreamQuery(CUstream h) { return stream_query(h, 0); }
+static CUresult e_cuStreamQuery_ptsz(CUstream h) { return stream_query(h, 1); }
+
+static CUresult stream_sync(CUstream h, int ptsz) {
+  ENTER(cuStreamSynchronize);
+  LOCKED();
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  r = capture_sync_check(s, "cuStreamSynchronize");
+  if (r) return r;
+  force(s, s->enq);
+  if (s->kind == S_LEGACY) {
+    uint64_t now = g_gseq;
+    for (struct CUstream_st *p = g_streams; p; p = p->next)
+      if (p->ctx == s->ctx && is_blocking(p)) force_gseq(p, now);
+  }
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuStreamSynchronize(CUstream h) { return stream_sync(h, 0); }
+static CUresult e_cuStreamSynchronize_ptsz(CUstream h) { return stream_sync(h, 1); }
+
+static int valid_event(struct CUevent_st *e) {
+  for (struct CUevent_st *p = g_events; p; p = p->next)
+    if (p == e) return 1;
+  return 0;
+}
+
+static CUresult stream_wait_event(CUstream h, CUevent ev, unsigned int flags, int ptsz) {
+  ENTER(cuStreamWaitEvent);
+  LOCKED();
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  if (!ev || !valid_event(ev)) {
+    violation("cuStreamWaitEvent with an invalid event %p", (void *)ev);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  (void)flags;
+  r = check_legacy_use(s, "cuStreamWaitEvent");
+  if (r) return r;
+  struct CUevent_st *e = ev;
+  if (e->captured && e->stream && e->stream->cap == 1 && !s->cap) {
+    /* fork into the capture */
+    struct CUstream_st *o = e->stream->cap_origin;
+    s->cap = 1;
+    s->cap_origin = o;
+    s->cap_mode = o->cap_mode;
+    s->cap_tid = o->cap_tid;
+    s->cap_id = o->cap_id;
+    s->cap_items = 0;
+    return CUDA_SUCCESS;
+  }
+  if (s->cap) {
+    s->cap_items++;
+    return CUDA_SUCCESS;
+  }
+  if (e->captured) {
+    violation("cuStreamWaitEvent on an event recorded in a capture that has ended");
+    return CUDA_ERROR_CAPTURED_EVENT;
+  }
+  if (e->stream && e->stream != s && e->stream->done < e->target) {
+    item_t *it = enqueue(s, K_WAIT);
+    if (!it) return CUDA_ERROR_OUT_OF_MEMORY;
+    it->wstream = e->stream;
+    it->wtarget = e->target;
+  }
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuStreamWaitEvent(CUstream h, CUevent e, unsigned int f) { return stream_wait_event(h, e, f, 0); }
+static CUresult e_cuStreamWaitEvent_ptsz(CUstream h, CUevent e, unsigned int f) {
+  return stream_wait_event(h, e, f, 1);
+}
+
+static CUresult stream_get_ctx(CUstream h, CUcontext *pctx, int ptsz) {
+  ENTER(cuStreamGetCtx);
+  LOCKED();
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = s->ctx;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuStreamGetCtx(CUstream h, CUcontext *c) { return stream_get_ctx(h, c, 0); }
+static CUresult e_cuStreamGetCtx_ptsz(CUstream h, CUcontext *c) { return stream_get_ctx(h, c, 1); }
+
+/* ------------------------------------------------------------------ events */
+
+static CUresult e_cuEventCreate(CUevent *ph, unsigned int flags) {
+  ENTER(cuEventCreate);
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!ph || (flags & ~(unsigned)(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS))) {
+    violation("cuEventCreate: bad arguments (flags 0x%x)", flags);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  struct CUevent_st *e = calloc(1, sizeof *e);
+  if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+  e->magic = MAGIC_EVENT;
+  e->flags = flags;
+  e->ctx = c;
+  e->next = g_events;
+  g_events = e;
+  *ph = e;
+  return CUDA_SUCCESS;
+}
+
+static CUresult event_record(CUevent ev, CUstream h, int ptsz) {
+  ENTER(cuEventRecord);
+  LOCKED();
+  if (!ev || !valid_event(ev)) {
+    violation("cuEventRecord with an invalid event %p", (void *)ev);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  r = check_legacy_use(s, "cuEventRecord");
+  if (r) return r;
+  struct CUevent_st *e = ev;
+  if (s->cap) {
+    e->captured = 1;
+    e->stream = s;
+    e->target = 0;
+    s->cap_items++;
+    return CUDA_SUCCESS;
+  }
+  if (!enqueue(s, K_MARK)) return CUDA_ERROR_OUT_OF_MEMORY;
+  e->captured = 0;
+  e->stream = s;
+  e->target = s->enq;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuEventRecord(CUevent e, CUstream s) { return event_record(e, s, 0); }
+static CUresult e_cuEventRecord_ptsz(CUevent e, CUstream s) { return event_record(e, s, 1); }
+
+static CUresult e_cuEventQuery(CUevent ev) {
+  ENTER(cuEventQuery);
+  NEED_INIT();
+  LOCKED();
+  if (!ev || !valid_event(ev)) {
+    violation("cuEventQuery with an invalid event %p", (void *)ev);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  struct CUevent_st *e = ev;
+  if (e->captured) {
+    violation("cuEventQuery on an event last recorded in a capturing stream");
+    return CUDA_ERROR_CAPTURED_EVENT;
+  }
+  if (!e->stream || e->stream->done >= e->target) return CUDA_SUCCESS;
+  return CUDA_ERROR_NOT_READY;
+}
+
+static CUresult e_cuEventSynchronize(CUevent ev) {
+  ENTER(cuEventSynchronize);
+  NEED_INIT();
+  LOCKED();
+  if (!ev || !valid_event(ev)) {
+    violation("cuEventSynchronize with an invalid event %p", (void *)ev);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  struct CUevent_st *e = ev;
+  if (e->captured) {
+    violation("cuEventSynchronize on an event last recorded in a capturing stream");
+    return CUDA_ERROR_CAPTURED_EVENT;
+  }
+  if (e->stream) force(e->stream, e->target);
+  return CUDA_SUCCESS;
+}
+
+static CUresult event_destroy(CUevent ev) {
+  ENTER(cuEventDestroy);
+  NEED_INIT();
+  LOCKED();
+  for (struct CUevent_st **pp = &g_events; *pp; pp = &(*pp)->next)
+    if (*pp == ev) {
+      *pp = ev->next;
+      ev->magic = 0;
+      free(ev);
+      return CUDA_SUCCESS;
+    }
+  violation("cuEventDestroy of an invalid event %p", (void *)ev);
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+static CUresult e_cuEventDestroy_v2(CUevent e) { return event_destroy(e); }
+static CUresult e_cuEventDestroy_v1(CUevent e) { return event_destroy(e); }
+
+/* ------------------------------------------------------------------ capture */
+
+static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, int ptsz) {
+  ENTER(cuStreamBeginCapture);
+  LOCKED();
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  if (s->kind == S_LEGACY) {
+    violation("cuStreamBeginCapture on the legacy stream");
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (s->cap) {
+    violation("cuStreamBeginCapture on a stream already capturing");
+    return CUDA_ERROR_ILLEGAL_STATE;
+  }
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+    violation("cuStreamBeginCapture: mode %d", (int)mode);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  s->cap = 1;
+  s->cap_mode = mode;
+  s->cap_tid = my_tid();
+  s->cap_id = g_cap_next++;
+  s->cap_origin = s;
+  s->cap_items = 0;
+  s->cap_nfrees = 0;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode m) { return begin_capture(h, m, 0); }
+static CUresult e_cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode m) { return begin_capture(h, m, 1); }
+static CUresult e_cuStreamBeginCapture_v1(CUstream h) { return begin_capture(h, CU_STREAM_CAPTURE_MODE_GLOBAL, 0); }
+static CUresult e_cuStreamBeginCapture_v1_ptsz(CUstream h) {
+  return begin_capture(h, CU_STREAM_CAPTURE_MODE_GLOBAL, 1);
+}
+
+static CUresult end_capture(CUstream h, CUgraph *pg, int ptsz) {
+  ENTER(cuStreamEndCapture);
+  LOCKED();
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  if (!pg) return CUDA_ERROR_INVALID_VALUE;
+  if (!s->cap) {
+    violation("cuStreamEndCapture on a stream that is not capturing");
+    return CUDA_ERROR_ILLEGAL_STATE;
+  }
+  if (s->cap_origin != s) {
+    violation("cuStreamEndCapture on a stream that did not begin the capture");
+    return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+  }
+  if (s->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED && s->cap_tid != my_tid()) {
+    violation("cuStreamEndCapture from another thread than the one that began the capture");
+    invalidate_capture(s);
+    return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  }
+  int status = s->cap;
+  struct CUgraph_st *g = NULL;
+  if (status == 1) {
+    g = calloc(1, sizeof *g);
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    g->magic = MAGIC_GRAPH;
+    g->cap_id = s->cap_id;
+    g->frees = s->cap_frees;
+    g->nfrees = s->cap_nfrees;
+    g->next = g_graphs;
+    g_graphs = g;
+  } else {
+    free(s->cap_frees);
+  }
+  s->cap_frees = NULL;
+  s->cap_nfrees = s->cap_capfrees = 0;
+  for (struct CUstream_st *p = g_streams; p; p = p->next)
+    if (p->cap && p->cap_origin == s && p != s) {
+      p->cap = 0;
+      p->cap_origin = NULL;
+      p->cap_items = 0;
+    }
+  s->cap = 0;
+  s->cap_origin = NULL;
+  s->cap_items = 0;
+  *pg = g;
+  return status == 1 ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+}
+static CUresult e_cuStreamEndCapture(CUstream h, CUgraph *g) { return end_capture(h, g, 0); }
+static CUresult e_cuStreamEndCapture_ptsz(CUstream h, CUgraph *g) { return end_capture(h, g, 1); }
+
+static CUresult capture_status(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, int ptsz) {
+  LOCKED();
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  if (!st) return CUDA_ERROR_INVALID_VALUE;
+  if (s->kind == S_LEGACY && blocking_capture(s->ctx)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  *st = s->cap == 1 ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                    : s->cap == 2 ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_NONE;
+  if (id && s->cap) *id = s->cap_id;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st) {
+  ENTER(cuStreamIsCapturing);
+  return capture_status(h, st, NULL, 0);
+}
+static CUresult e_cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st) {
+  ENTER(cuStreamIsCapturing);
+  return capture_status(h, st, NULL, 1);
+}
+static CUresult capture_info(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                             const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *n, int ptsz) {
+  ENTER(cuStreamGetCaptureInfo);
+  CUresult r = capture_status(h, st, id, ptsz);
+  if (r) return r;
+  if (g) *g = NULL;
+  if (deps) *deps = NULL;
+  if (edges) *edges = NULL;
+  if (n) *n = 0;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                            const CUgraphNode **d, size_t *n) {
+  return capture_info(h, st, id, g, d, NULL, n, 0);
+}
+static CUresult e_cuStreamGetCaptureInfo_v2_ptsz(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                                 const CUgraphNode **d, size_t *n) {
+  return capture_info(h, st, id, g, d, NULL, n, 1);
+}
+static CUresult e_cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                            const CUgraphNode **d, const CUgraphEdgeData **ed, size_t *n) {
+  return capture_info(h, st, id, g, d, ed, n, 0);
+}
+static CUresult e_cuStreamGetCaptureInfo_v3_ptsz(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                                 const CUgraphNode **d, const CUgraphEdgeData **ed, size_t *n) {
+  return capture_info(h, st, id, g, d, ed, n, 1);
+}
+
+static CUresult e_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+  ENTER(cuThreadExchangeStreamCaptureMode);
+  if (!mode || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                *mode != CU_STREAM_CAPTURE_MODE_RELAXED)) {
+    violation("cuThreadExchangeStreamCaptureMode: bad mode");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUstreamCaptureMode old = tl_capmode;
+  tl_capmode = *mode;
+  *mode = old;
+  return CUDA_SUCCESS;
+}
+
+static CUresult e_cuGraphDestroy(CUgraph hg) {
+  ENTER(cuGraphDestroy);
+  NEED_INIT();
+  LOCKED();
+  struct CUgraph_st **pp = &g_graphs;
+  for (; *pp; pp = &(*pp)->next)
+    if (*pp == hg) break;
+  if (!*pp) {
+    violation("cuGraphDestroy of an invalid graph %p", (void *)hg);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  struct CUgraph_st *g = *pp;
+  *pp = g->next;
+  for (size_t i = 0; i < g->nfrees; i++) {
+    plain_t *a = find_plain_base(g->frees[i]);
+    if (a && a->cap_id == g->cap_id) plain_free(a);
+  }
+  free(g->frees);
+  g->magic = 0;
+  free(g);
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ errors */
+
+static const struct {
+  CUresult r;
+  const char *name, *text;
+} g_errs[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_STREAM_CAPTURE_MERGE, "CUDA_ERROR_STREAM_CAPTURE_MERGE", "operation would result in a merge of separate capture sequences"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not ended in the same stream as it began"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"},
+    {CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION", "dependency created on uncaptured work in another stream"},
+    {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
+    {CUDA_ERROR_CAPTURED_EVENT, "CUDA_ERROR_CAPTURED_EVENT", "operation not permitted on an event last recorded in a capturing stream"},
+    {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "attempt to terminate a thread-local capture sequence from another thread"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+static CUresult e_cuGetErrorName(CUresult err, const char **str) {
+  ENTER(cuGetErrorName);
+  if (!str) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < sizeof g_errs / sizeof g_errs[0]; i++)
+    if (g_errs[i].r == err) {
+      *str = g_errs[i].name;
+      return CUDA_SUCCESS;
+    }
+  *str = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+static CUresult e_cuGetErrorString(CUresult err, const char **str) {
+  ENTER(cuGetErrorString);
+  if (!str) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < sizeof g_errs / sizeof g_errs[0]; i++)
+    if (g_errs[i].r == err) {
+      *str = g_errs[i].text;
+      return CUDA_SUCCESS;
+    }
+  *str = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ------------------------------------------------------------------ cuGetProcAddress */
+
+typedef struct sym_s {
+  const char *name;
+  int ver;
+  void *fn, *fn_ptsz;
+} sym_t;
+
+#define SYM(name, ver, fn) {name, ver, (void *)fn, NULL}
+#define SYMP(name, ver, fn, fnp) {name, ver, (void *)fn, (void *)fnp}
+static CUresult e_cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+static CUresult e_cuGetProcAddress_v1(const char *, void **, int, cuuint64_t);
+
+static const sym_t g_syms[] = {
+    SYM("cuInit", 2000, e_cuInit),
+    SYM("cuDriverGetVersion", 2020, e_cuDriverGetVersion),
+    SYM("cuGetProcAddress", 11030, e_cuGetProcAddress_v1),
+    SYM("cuGetProcAddress", 12000, e_cuGetProcAddress_v2),
+    SYM("cuDeviceGet", 2000, e_cuDeviceGet),
+    SYM("cuDeviceGetCount", 2000, e_cuDeviceGetCount),
+    SYM("cuDeviceGetName", 2000, e_cuDeviceGetName),
+    SYM("cuDeviceGetAttribute", 2000, e_cuDeviceGetAttribute),
+    SYM("cuDeviceTotalMem", 2000, e_cuDeviceTotalMem_v1),
+    SYM("cuDeviceTotalMem", 3020, e_cuDeviceTotalMem_v2),
+    SYM("cuDevicePrimaryCtxRetain", 7000, e_cuDevicePrimaryCtxRetain),
+    SYM("cuDevicePrimaryCtxRelease", 7000, e_cuDevicePrimaryCtxRelease_v1),
+    SYM("cuDevicePrimaryCtxRelease", 11000, e_cuDevicePrimaryCtxRelease_v2),
+    SYM("cuDevicePrimaryCtxReset", 7000, e_cuDevicePrimaryCtxReset_v1),
+    SYM("cuDevicePrimaryCtxReset", 11000, e_cuDevicePrimaryCtxReset_v2),
+    SYM("cuDevicePrimaryCtxGetState", 7000, e_cuDevicePrimaryCtxGetState),
+    SYM("cuDevicePrimaryCtxSetFlags", 11000, e_cuDevicePrimaryCtxSetFlags_v2),
+    SYM("cuCtxCreate", 2000, e_cuCtxCreate_v1),
+    SYM("cuCtxCreate", 3020, e_cuCtxCreate_v2),
+    SYM("cuCtxCreate", 11040, e_cuCtxCreate_v3),
+    SYM("cuCtxCreate", 12050, e_cuCtxCreate_v4),
+    SYM("cuCtxDestroy", 2000, e_cuCtxDestroy_v1),
+    SYM("cuCtxDestroy", 4000, e_cuCtxDestroy_v2),
+    SYM("cuCtxGetCurrent", 4000, e_cuCtxGetCurrent),
+    SYM("cuCtxSetCurrent", 4000, e_cuCtxSetCurrent),
+    SYM("cuCtxGetDevice", 2000, e_cuCtxGetDevice),
+    SYM("cuCtxSynchronize", 2000, e_cuCtxSynchronize),
+    SYM("cuCtxPushCurrent", 2000, e_cuCtxPushCurrent_v1),
+    SYM("cuCtxPushCurrent", 4000, e_cuCtxPushCurrent_v2),
+    SYM("cuCtxPopCurrent", 2000, e_cuCtxPopCurrent_v1),
+    SYM("cuCtxPopCurrent", 4000, e_cuCtxPopCurrent_v2),
+    SYM("cuMemGetAllocationGranularity", 10020, e_cuMemGetAllocationGranularity),
+    SYM("cuMemAddressReserve", 10020, e_cuMemAddressReserve),
+    SYM("cuMemAddressFree", 10020, e_cuMemAddressFree),
+    SYM("cuMemCreate", 10020, e_cuMemCreate),
+    SYM("cuMemRelease", 10020, e_cuMemRelease),
+    SYM("cuMemMap", 10020, e_cuMemMap),
+    SYM("cuMemUnmap", 10020, e_cuMemUnmap),
+    SYM("cuMemSetAccess", 10020, e_cuMemSetAccess),
+    SYM("cuMemGetAccess", 10020, e_cuMemGetAccess),
+    SYM("cuMemRetainAllocationHandle", 11000, e_cuMemRetainAllocationHandle),
+    SYM("cuMemGetAllocationPropertiesFromHandle", 10020, e_cuMemGetAllocationPropertiesFromHandle),
+    SYM("cuMemExportToShareableHandle", 10020, e_cuMemExportToShareableHandle),
+    SYM("cuMemImportFromShareableHandle", 10020, e_cuMemImportFromShareableHandle),
+    SYM("cuMemAlloc", 2000, e_cuMemAlloc_v1),
+    SYM("cuMemAlloc", 3020, e_cuMemAlloc_v2),
+    SYM("cuMemFree", 2000, e_cuMemFree_v1),
+    SYM("cuMemFree", 3020, e_cuMemFree_v2),
+    SYMP("cuMemAllocAsync", 11020, e_cuMemAllocAsync, e_cuMemAllocAsync_ptsz),
+    SYMP("cuMemFreeAsync", 11020, e_cuMemFreeAsync, e_cuMemFreeAsync_ptsz),
+    SYM("cuMemGetInfo", 2000, e_cuMemGetInfo_v1),
+    SYM("cuMemGetInfo", 3020, e_cuMemGetInfo_v2),
+    SYM("cuMemGetAddressRange", 2000, e_cuMemGetAddressRange_v1),
+    SYM("cuMemGetAddressRange", 3020, e_cuMemGetAddressRange_v2),
+    SYM("cuPointerGetAttribute", 4000, e_cuPointerGetAttribute),
+    SYM("cuPointerGetAttributes", 7000, e_cuPointerGetAttributes),
+    SYM("cuStreamCreate", 2000, e_cuStreamCreate),
+    SYM("cuStreamCreateWithPriority", 5050, e_cuStreamCreateWithPriority),
+    SYM("cuStreamDestroy", 2000, e_cuStreamDestroy_v1),
+    SYM("cuStreamDestroy", 4000, e_cuStreamDestroy_v2),
+    SYMP("cuStreamQuery", 2000, e_cuStreamQuery, e_cuStreamQuery_ptsz),
+    SYMP("cuStreamSynchronize", 2000, e_cuStreamSynchronize, e_cuStreamSynchronize_ptsz),
+    SYMP("cuStreamWaitEvent", 3020, e_cuStreamWaitEvent, e_cuStreamWaitEvent_ptsz),
+    SYMP("cuStreamGetCtx", 9020, e_cuStreamGetCtx, e_cuStreamGetCtx_ptsz),
+    SYM("cuEventCreate", 2000, e_cuEventCreate),
+    SYMP("cuEventRecord", 2000, e_cuEventRecord, e_cuEventRecord_ptsz),
+    SYM("cuEventQuery", 2000, e_cuEventQuery),
+    SYM("cuEventSynchronize", 2000, e_cuEventSynchronize),
+    SYM("cuEventDestroy", 2000, e_cuEventDestroy_v1),
+    SYM("cuEventDestroy", 4000, e_cuEventDestroy_v2),
+    SYMP("cuStreamBeginCapture", 10000, e_cuStreamBeginCapture_v1, e_cuStreamBeginCapture_v1_ptsz),
+    SYMP("cuStreamBeginCapture", 10010, e_cuStreamBeginCapture_v2, e_cuStreamBeginCapture_v2_ptsz),
+    SYMP("cuStreamEndCapture", 10000, e_cuStreamEndCapture, e_cuStreamEndCapture_ptsz),
+    SYMP("cuStreamIsCapturing", 10000, e_cuStreamIsCapturing, e_cuStreamIsCapturing_ptsz),
+    SYMP("cuStreamGetCaptureInfo", 11030, e_cuStreamGetCaptureInfo_v2, e_cuStreamGetCaptureInfo_v2_ptsz),
+    SYMP("cuStreamGetCaptureInfo", 12030, e_cuStreamGetCaptureInfo_v3, e_cuStreamGetCaptureInfo_v3_ptsz),
+    SYM("cuThreadExchangeStreamCaptureMode", 10010, e_cuThreadExchangeStreamCaptureMode),
+    SYM("cuGraphDestroy", 10000, e_cuGraphDestroy),
+    SYM("cuGetErrorName", 6000, e_cuGetErrorName),
+    SYM("cuGetErrorString", 6000, e_cuGetErrorString),
+};
+#define NSYMS (sizeof g_syms / sizeof g_syms[0])
+static unsigned long long g_sym_hits[NSYMS];
+
+static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                         CUdriverProcAddressQueryResult *status) {
+  LOCKED();
+  g_calls[FN_cuGetProcAddress]++;
+  g_lookups++;
+  if (g_fault[FN_cuGetProcAddress].count > 0) {
+    g_fault[FN_cuGetProcAddress].count--;
+    return g_fault[FN_cuGetProcAddress].err;
+  }
+  if (!symbol || !pfn ||
+      (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))) {
+    violation("cuGetProcAddress: bad arguments (symbol %s, flags 0x%llx)", symbol ? symbol : "(null)",
+              (unsigned long long)flags);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  int best = -1, named = 0;
+  for (size_t i = 0; i < NSYMS; i++) {
+    if (strcmp(g_syms[i].name, symbol) != 0) continue;
+    named = 1;
+    if (g_syms[i].ver <= version && (best < 0 || g_syms[i].ver > g_syms[best].ver)) best = (int)i;
+  }
+  if (best < 0) {
+    *pfn = NULL;
+    g_lookups_nf++;
+    if (status) *status = named ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  g_sym_hits[best]++;
+  if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && g_syms[best].fn_ptsz)
+    *pfn = g_syms[best].fn_ptsz;
+  else
+    *pfn = g_syms[best].fn;
+  if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+  return CUDA_SUCCESS;
+}
+
+static CUresult e_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                      CUdriverProcAddressQueryResult *status) {
+  return get_proc(symbol, pfn, version, flags, status);
+}
+static CUresult e_cuGetProcAddress_v1(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+  return get_proc(symbol, pfn, version, flags, NULL);
+}
+
+/* ------------------------------------------------------------------ exports */
+
+EXPORT(cuInit, e_cuInit)
+EXPORT(cuDriverGetVersion, e_cuDriverGetVersion)
+EXPORT(cuGetProcAddress, e_cuGetProcAddress_v1)
+EXPORT(cuGetProcAddress_v2, e_cuGetProcAddress_v2)
+EXPORT(cuDeviceGet, e_cuDeviceGet)
+EXPORT(cuDeviceGetCount, e_cuDeviceGetCount)
+EXPORT(cuDeviceGetName, e_cuDeviceGetName)
+EXPORT(cuDeviceGetAttribute, e_cuDeviceGetAttribute)
+EXPORT(cuDeviceTotalMem, e_cuDeviceTotalMem_v1)
+EXPORT(cuDeviceTotalMem_v2, e_cuDeviceTotalMem_v2)
+EXPORT(cuDevicePrimaryCtxRetain, e_cuDevicePrimaryCtxRetain)
+EXPORT(cuDevicePrimaryCtxRelease, e_cuDevicePrimaryCtxRelease_v1)
+EXPORT(cuDevicePrimaryCtxRelease_v2, e_cuDevicePrimaryCtxRelease_v2)
+EXPORT(cuDevicePrimaryCtxReset, e_cuDevicePrimaryCtxReset_v1)
+EXPORT(cuDevicePrimaryCtxReset_v2, e_cuDevicePrimaryCtxReset_v2)
+EXPORT(cuDevicePrimaryCtxGetState, e_cuDevicePrimaryCtxGetState)
+EXPORT(cuDevicePrimaryCtxSetFlags_v2, e_cuDevicePrimaryCtxSetFlags_v2)
+EXPORT(cuCtxCreate, e_cuCtxCreate_v1)
+EXPORT(cuCtxCreate_v2, e_cuCtxCreate_v2)
+EXPORT(cuCtxCreate_v3, e_cuCtxCreate_v3)
+EXPORT(cuCtxCreate_v4, e_cuCtxCreate_v4)
+EXPORT(cuCtxDestroy, e_cuCtxDestroy_v1)
+EXPORT(cuCtxDestroy_v2, e_cuCtxDestroy_v2)
+EXPORT(cuCtxGetCurrent, e_cuCtxGetCurrent)
+EXPORT(cuCtxSetCurrent, e_cuCtxSetCurrent)
+EXPORT(cuCtxGetDevice, e_cuCtxGetDevice)
+EXPORT(cuCtxSynchronize, e_cuCtxSynchronize)
+EXPORT(cuCtxPushCurrent, e_cuCtxPushCurrent_v1)
+EXPORT(cuCtxPushCurrent_v2, e_cuCtxPushCurrent_v2)
+EXPORT(cuCtxPopCurrent, e_cuCtxPopCurrent_v1)
+EXPORT(cuCtxPopCurrent_v2, e_cuCtxPopCurrent_v2)
+EXPORT(cuMemGetAllocationGranularity, e_cuMemGetAllocationGranularity)
+EXPORT(cuMemAddressReserve, e_cuMemAddressReserve)
+EXPORT(cuMemAddressFree, e_cuMemAddressFree)
+EXPORT(cuMemCreate, e_cuMemCreate)
+EXPORT(cuMemRelease, e_cuMemRelease)
+EXPORT(cuMemMap, e_cuMemMap)
+EXPORT(cuMemUnmap, e_cuMemUnmap)
+EXPORT(cuMemSetAccess, e_cuMemSetAccess)
+EXPORT(cuMemGetAccess, e_cuMemGetAccess)
+EXPORT(cuMemRetainAllocationHandle, e_cuMemRetainAllocationHandle)
+EXPORT(cuMemGetAllocationPropertiesFromHandle, e_cuMemGetAllocationPropertiesFromHandle)
+EXPORT(cuMemExportToShareableHandle, e_cuMemExportToShareableHandle)
+EXPORT(cuMemImportFromShareableHandle, e_cuMemImportFromShareableHandle)
+EXPORT(cuMemAlloc, e_cuMemAlloc_v1)
+EXPORT(cuMemAlloc_v2, e_cuMemAlloc_v2)
+EXPORT(cuMemFree, e_cuMemFree_v1)
+EXPORT(cuMemFree_v2, e_cuMemFree_v2)
+EXPORT(cuMemAllocAsync, e_cuMemAllocAsync)
+EXPORT(cuMemAllocAsync_ptsz, e_cuMemAllocAsync_ptsz)
+EXPORT(cuMemFreeAsync, e_cuMemFreeAsync)
+EXPORT(cuMemFreeAsync_ptsz, e_cuMemFreeAsync_ptsz)
+EXPORT(cuMemGetInfo, e_cuMemGetInfo_v1)
+EXPORT(cuMemGetInfo_v2, e_cuMemGetInfo_v2)
+EXPORT(cuMemGetAddressRange, e_cuMemGetAddressRange_v1)
+EXPORT(cuMemGetAddressRange_v2, e_cuMemGetAddressRange_v2)
+EXPORT(cuPointerGetAttribute, e_cuPointerGetAttribute)
+EXPORT(cuPointerGetAttributes, e_cuPointerGetAttributes)
+EXPORT(cuStreamCreate, e_cuStreamCreate)
+EXPORT(cuStreamCreateWithPriority, e_cuStreamCreateWithPriority)
+EXPORT(cuStreamDestroy, e_cuStreamDestroy_v1)
+EXPORT(cuStreamDestroy_v2, e_cuStreamDestroy_v2)
+EXPORT(cuStreamQuery, e_cuStreamQuery)
+EXPORT(cuStreamQuery_ptsz, e_cuStreamQuery_ptsz)
+EXPORT(cuStreamSynchronize, e_cuStreamSynchronize)
+EXPORT(cuStreamSynchronize_ptsz, e_cuStreamSynchronize_ptsz)
+EXPORT(cuStreamWaitEvent, e_cuStreamWaitEvent)
+EXPORT(cuStreamWaitEvent_ptsz, e_cuStreamWaitEvent_ptsz)
+EXPORT(cuStreamGetCtx, e_cuStreamGetCtx)
+EXPORT(cuStreamGetCtx_ptsz, e_cuStreamGetCtx_ptsz)
+EXPORT(cuEventCreate, e_cuEventCreate)
+EXPORT(cuEventRecord, e_cuEventRecord)
+EXPORT(cuEventRecord_ptsz, e_cuEventRecord_ptsz)
+EXPORT(cuEventQuery, e_cuEventQuery)
+EXPORT(cuEventSynchronize, e_cuEventSynchronize)
+EXPORT(cuEventDestroy, e_cuEventDestroy_v1)
+EXPORT(cuEventDestroy_v2, e_cuEventDestroy_v2)
+EXPORT(cuStreamBeginCapture, e_cuStreamBeginCapture_v1)
+EXPORT(cuStreamBeginCapture_ptsz, e_cuStreamBeginCapture_v1_ptsz)
+EXPORT(cuStreamBeginCapture_v2, e_cuStreamBeginCapture_v2)
+EXPORT(cuStreamBeginCapture_v2_ptsz, e_cuStreamBeginCapture_v2_ptsz)
+EXPORT(cuStreamEndCapture, e_cuStreamEndCapture)
+EXPORT(cuStreamEndCapture_ptsz, e_cuStreamEndCapture_ptsz)
+EXPORT(cuStreamIsCapturing, e_cuStreamIsCapturing)
+EXPORT(cuStreamIsCapturing_ptsz, e_cuStreamIsCapturing_ptsz)
+EXPORT(cuStreamGetCaptureInfo_v2, e_cuStreamGetCaptureInfo_v2)
+EXPORT(cuStreamGetCaptureInfo_v2_ptsz, e_cuStreamGetCaptureInfo_v2_ptsz)
+EXPORT(cuStreamGetCaptureInfo_v3, e_cuStreamGetCaptureInfo_v3)
+EXPORT(cuStreamGetCaptureInfo_v3_ptsz, e_cuStreamGetCaptureInfo_v3_ptsz)
+EXPORT(cuThreadExchangeStreamCaptureMode, e_cuThreadExchangeStreamCaptureMode)
+EXPORT(cuGraphDestroy, e_cuGraphDestroy)
+EXPORT(cuGetErrorName, e_cuGetErrorName)
+EXPORT(cuGetErrorString, e_cuGetErrorString)
+
+/* ------------------------------------------------------------------ test-control API */
+
+/* Stream for the control API: no violation for bad handles, a message instead. */
+static struct CUstream_st *ctl_stream(CUstream h, const char *fn) {
+  struct CUstream_st *s = NULL;
+  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+    struct CUctx_st *c = tl_ctx;
+    if (!c || !c->alive) {
+      fprintf(stderr, "emu: %s: default stream used with no current context\n", fn);
+      return NULL;
+    }
+    return h == CU_STREAM_PER_THREAD ? pts_stream(c) : c->legacy;
+  }
+  s = (struct CUstream_st *)h;
+  if (!valid_stream(s)) {
+    fprintf(stderr, "emu: %s: invalid stream %p\n", fn, (void *)h);
+    return NULL;
+  }
+  return s;
+}
+
+API void emu_launch(CUstream h, void (*fn)(void *), void *arg) {
+  LOCKED();
+  struct CUstream_st *s = ctl_stream(h, "emu_launch");
+  if (!s) return;
+  if (check_legacy_use(s, "emu_launch (a kernel launch)")) return;
+  if (s->cap) {
+    s->cap_items++;
+    return;
+  }
+  item_t *it = enqueue(s, K_USER);
+  if (!it) return;
+  it->fn = fn;
+  it->arg = arg;
+}
+
+API int emu_complete(CUstream h, int n) {
+  LOCKED();
+  struct CUstream_st *s = ctl_stream(h, "emu_complete");
+  if (!s) return 0;
+  int count = 0;
+  while (s->head) {
+    if (s->head->kind == K_USER) {
+      if (n >= 0 && count == n) break;
+      count++;
+    }
+    complete_head(s);
+  }
+  return count;
+}
+
+API int emu_pending(CUstream h) {
+  LOCKED();
+  struct CUstream_st *s = ctl_stream(h, "emu_pending");
+  return s ? s->n_user : 0;
+}
+
+API int emu_captured(CUstream h) {
+  LOCKED();
+  struct CUstream_st *s = ctl_stream(h, "emu_captured");
+  return s && s->cap ? s->cap_items : 0;
+}
+
+API void emu_complete_all(void) {
+  LOCKED();
+  int again = 1;
+  while (again) {
+    again = 0;
+    for (struct CUstream_st *p = g_streams; p; p = p->next)
+      if (p->head) {
+        force(p, p->enq);
+        again = 1;
+      }
+  }
+}
+
+API void emu_set_device_memory(int dev, size_t bytes) {
+  LOCKED();
+  if (dev < 0 || dev >= EMU_MAXDEV) {
+    fprintf(stderr, "emu: emu_set_device_memory: bad device %d\n", dev);
+    return;
+  }
+  g_dev[dev].total = bytes;
+}
+
+API void emu_set_device_count(int n) {
+  LOCKED();
+  if (n < 1 || n > EMU_MAXDEV) {
+    fprintf(stderr, "emu: emu_set_device_count: %d out of 1..%d\n", n, EMU_MAXDEV);
+    return;
+  }
+  g_devcount = n;
+}
+
+API void emu_set_caps(int vmm, int posix_fd, int rdma) {
+  LOCKED();
+  g_cap_vmm = !!vmm;
+  g_cap_fd = !!posix_fd;
+  g_cap_rdma = !!rdma;
+}
+
+API void emu_set_granularity(size_t bytes) {
+  LOCKED();
+  if (!is_pow2(bytes) || bytes < 4096) {
+    fprintf(stderr, "emu: emu_set_granularity: %zu is not a power of two >= 4096\n", bytes);
+    return;
+  }
+  g_gran = bytes;
+}
+
+static int fn_index(const char *name) {
+  if (!name) return -1;
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", name);
+  size_t n = strlen(buf);
+  if (n > 5 && strcmp(buf + n - 5, "_ptsz") == 0) buf[n -= 5] = 0;
+  if (n > 3 && buf[n - 3] == '_' && buf[n - 2] == 'v' && buf[n - 1] >= '1' && buf[n - 1] <= '9') buf[n - 3] = 0;
+  for (int i = 0; i < FN_COUNT; i++)
+    if (strcmp(g_fn_names[i], buf) == 0) return i;
+  return -1;
+}
+
+API void emu_fail_next(const char *function_name, CUresult err, int count) {
+  LOCKED();
+  int i = fn_index(function_name);
+  if (i < 0) {
+    fprintf(stderr, "emu: emu_fail_next: unknown function %s\n", function_name ? function_name : "(null)");
+    return;
+  }
+  g_fault[i].err = err;
+  g_fault[i].count = count > 0 ? count : 0;
+}
+
+API void emu_clear_faults(void) {
+  LOCKED();
+  memset(g_fault, 0, sizeof g_fault);
+}
+
+API void emu_get_counters(emu_counters_t *out) {
+  LOCKED();
+  memset(out, 0, sizeof *out);
+  out->lookups = g_lookups;
+  out->lookups_not_found = g_lookups_nf;
+#define EMU_GET(name) out->n_##name = g_calls[FN_##name];
+  EMU_FUNCS(EMU_GET)
+#undef EMU_GET
+  for (handle_t *h = g_handles; h; h = h->next) {
+    out->live_handles++;
+    out->handle_bytes += h->size;
+  }
+  for (mapping_t *m = g_maps; m; m = m->next) {
+    out->live_mappings++;
+    out->mapped_bytes += m->size;
+  }
+  for (resv_t *r = g_resv; r; r = r->next) {
+    out->live_reservations++;
+    out->reserved_bytes += r->size;
+  }
+  for (plain_t *a = g_plain; a; a = a->next) {
+    out->live_plain++;
+    out->plain_bytes += a->size;
+  }
+  for (struct CUstream_st *s = g_streams; s; s = s->next)
+    if (s->kind == S_USER) out->live_streams++;
+  for (struct CUevent_st *e = g_events; e; e = e->next) out->live_events++;
+  for (struct CUgraph_st *g = g_graphs; g; g = g->next) out->live_graphs++;
+  out->physical_bytes = out->handle_bytes + out->plain_bytes;
+  out->violations = __atomic_load_n(&g_violations, __ATOMIC_RELAXED);
+}
+
+API void emu_reset_counters(void) {
+  LOCKED();
+  memset(g_calls, 0, sizeof g_calls);
+  memset(g_sym_hits, 0, sizeof g_sym_hits);
+  g_lookups = g_lookups_nf = 0;
+}
+
+API long long emu_calls(const char *function_name) {
+  LOCKED();
+  int i = fn_index(function_name);
+  return i < 0 ? -1 : (long long)g_calls[i];
+}
+
+API long long emu_lookup_count(const char *symbol) {
+  LOCKED();
+  long long n = 0;
+  for (size_t i = 0; i < NSYMS; i++)
+    if (symbol && strcmp(g_syms[i].name, symbol) == 0) n += (long long)g_sym_hits[i];
+  return n;
+}
+
+API int emu_handle_info(CUdeviceptr addr, unsigned long long *requested_handle_types, int *rdma,
+                        unsigned *access_flags) {
+  LOCKED();
+  mapping_t *m = map_holding(addr);
+  if (!m) return -1;
+  if (requested_handle_types) *requested_handle_types = m->h->req_types;
+  if (rdma) *rdma = m->h->rdma;
+  if (access_flags) *access_flags = (unsigned)m->access[m->h->dev];
+  return 0;
+}
+
+API int emu_violations(void) { return __atomic_load_n(&g_violations, __ATOMIC_RELAXED); }
+
+API size_t emu_device_used(int dev) {
+  LOCKED();
+  return dev >= 0 && dev < EMU_MAXDEV ? g_dev[dev].used : 0;
 }

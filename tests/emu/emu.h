@@ -20,6 +20,19 @@
  * memory, freeing an unknown pointer through cuMemFree, calls before cuInit or without a
  * current context, fault injection) are not violations.
  *
+ * Capture: work, cuMemAllocAsync and cuMemFreeAsync on a capturing stream are recorded,
+ * not run (allocations are plain memory made at once; frees recorded in the capture of
+ * memory allocated by that same capture happen at cuGraphDestroy). Violations that also
+ * invalidate the capture: cuStreamSynchronize / cuStreamQuery on a capturing stream,
+ * cuCtxSynchronize while any stream of the context captures (any mode), cuMemAlloc /
+ * cuMemFree when the thread's capture mode prohibits unsafe calls (global / thread-local
+ * rules of cuThreadExchangeStreamCaptureMode; relaxed allows them), and any use of the
+ * legacy stream (cuEventRecord, cuMemAllocAsync, emu_launch, ...) while a blocking stream
+ * of its context captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; cuStreamIsCapturing on it
+ * returns that error without a violation). The VMM calls are not treated as unsafe.
+ * cuEventQuery / cuEventSynchronize on an event recorded in a capture:
+ * CUDA_ERROR_CAPTURED_EVENT, a violation.
+ *
  * Legacy-stream semantics are modelled: an item on the legacy stream first forces
  * completion of earlier items on blocking streams of its context (user streams created
  * without CU_STREAM_NON_BLOCKING, and per-thread default streams) and vice versa.

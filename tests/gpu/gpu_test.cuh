@@ -51,7 +51,7 @@ static const char *g_prog = "test";
   } while (0)
 
 /* Records one check: "PASS name" or "FAIL name: <printf reason>". */
-static void check(bool ok, const char *name, const char *fmt, ...) {
+static inline void check(bool ok, const char *name, const char *fmt, ...) {
   if (ok) {
     g_pass++;
     printf("PASS %s/%s\n", g_prog, name);
@@ -67,12 +67,12 @@ static void check(bool ok, const char *name, const char *fmt, ...) {
   fflush(stdout);
 }
 
-static int finish(void) {
+static inline int finish(void) {
   printf("%s: %d passed, %d failed\n", g_prog, g_pass, g_fail);
   return g_fail ? 1 : 0;
 }
 
-static double now_ms(void) {
+static inline double now_ms(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
@@ -82,25 +82,25 @@ static double now_ms(void) {
 typedef int (*vs_get_stats_fn)(vmmshim_stats_t *, size_t);
 
 /* Fills *s from the shim; false when the shim is not loaded. */
-static bool shim_stats(vmmshim_stats_t *s) {
+static inline bool shim_stats(vmmshim_stats_t *s) {
   vs_get_stats_fn get = (vs_get_stats_fn)dlsym(RTLD_DEFAULT, "vmmshim_get_stats");
   memset(s, 0, sizeof *s);
   return get && get(s, sizeof *s) == 0;
 }
 
-static uint64_t stats_allocs(const vmmshim_stats_t *s) {
+static inline uint64_t stats_allocs(const vmmshim_stats_t *s) {
   uint64_t n = 0;
   for (int i = 0; i < VMMSHIM_API_COUNT; i++) n += s->allocs[i];
   return n;
 }
 
-static uint64_t stats_frees(const vmmshim_stats_t *s) {
+static inline uint64_t stats_frees(const vmmshim_stats_t *s) {
   uint64_t n = 0;
   for (int i = 0; i < VMMSHIM_API_COUNT; i++) n += s->frees[i];
   return n;
 }
 
-static void print_stats(const char *label, const vmmshim_stats_t *s) {
+static inline void print_stats(const char *label, const vmmshim_stats_t *s) {
   printf("INFO %s: allocs rt=%llu rt_async=%llu drv=%llu drv_async=%llu frees rt=%llu rt_async=%llu "
          "drv=%llu drv_async=%llu passthrough=%llu in_use=%llu peak_in_use=%llu mapped=%llu "
          "peak_mapped=%llu vmm_calls=%llu syncs=%llu\n",
@@ -115,7 +115,7 @@ static void print_stats(const char *label, const vmmshim_stats_t *s) {
 }
 
 /* True when ptr lies in VMM memory: cuMemRetainAllocationHandle succeeds only there. */
-static bool is_vmm(const void *ptr) {
+static inline bool is_vmm(const void *ptr) {
   CUmemGenericAllocationHandle h;
   if (cuMemRetainAllocationHandle(&h, (void *)ptr) != CUDA_SUCCESS) return false;
   cuMemRelease(h);
@@ -170,45 +170,45 @@ __global__ void k_spin_fill(uint8_t *p, size_t n, uint32_t seed, unsigned long l
     ((uint32_t *)p)[w] = pattern_word(seed, w);
 }
 
-static int grid_for(size_t n) {
+static inline int grid_for(size_t n) {
   size_t words = n / 4 + 1;
   size_t blocks = (words + 255) / 256;
   return (int)(blocks < 1024 ? blocks : 1024);
 }
 
-static int sm_count(void) {
+static inline int sm_count(void) {
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   return sms;
 }
 
-static void fill(void *p, size_t n, uint32_t seed, cudaStream_t s) {
+static inline void fill(void *p, size_t n, uint32_t seed, cudaStream_t s) {
   k_fill<<<grid_for(n), 256, 0, s>>>((uint8_t *)p, n, seed);
   CK(cudaGetLastError());
 }
 
-static void verify(const void *p, size_t n, uint32_t seed, unsigned long long *d_errs, cudaStream_t s) {
+static inline void verify(const void *p, size_t n, uint32_t seed, unsigned long long *d_errs, cudaStream_t s) {
   k_verify<<<grid_for(n), 256, 0, s>>>((const uint8_t *)p, n, seed, d_errs);
   CK(cudaGetLastError());
 }
 
 /* A 200 ms (or ns) spinning writer on stream s: one wave of blocks, so all of them spin at once. */
-static void spin_fill(void *p, size_t n, uint32_t seed, unsigned long long ns, cudaStream_t s) {
+static inline void spin_fill(void *p, size_t n, uint32_t seed, unsigned long long ns, cudaStream_t s) {
   k_spin_fill<<<sm_count(), 256, 0, s>>>((uint8_t *)p, n, seed, ns);
   CK(cudaGetLastError());
 }
 
 /* Deterministic generator for sizes and orders (xorshift64*). */
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-static uint64_t rnd(void) {
+static inline uint64_t rnd(void) {
   g_rng ^= g_rng >> 12;
   g_rng ^= g_rng << 25;
   g_rng ^= g_rng >> 27;
   return g_rng * 0x2545F4914F6CDD1Dull;
 }
 /* Log-uniform-ish size in [lo, hi]. */
-static size_t rnd_size(size_t lo, size_t hi) {
+static inline size_t rnd_size(size_t lo, size_t hi) {
   double l = log2((double)lo), h = log2((double)hi);
   double x = l + (h - l) * (double)(rnd() >> 11) / 9007199254740992.0;
   size_t s = (size_t)exp2(x);
@@ -216,7 +216,7 @@ static size_t rnd_size(size_t lo, size_t hi) {
   return s < lo ? lo : (s > hi ? hi : s);
 }
 
-static void shuffle(int *a, int n) {
+static inline void shuffle(int *a, int n) {
   for (int i = n - 1; i > 0; i--) {
     int j = (int)(rnd() % (uint64_t)(i + 1));
     int t = a[i];
@@ -226,7 +226,7 @@ static void shuffle(int *a, int n) {
 }
 
 /* The shim must be loaded for the checks to mean anything: say so once and count it. */
-static bool require_shim(void) {
+static inline bool require_shim(void) {
   vmmshim_stats_t s;
   bool ok = shim_stats(&s);
   check(ok, "shim-loaded", "vmmshim_get_stats not found: run under LD_PRELOAD=build/libvmmshim.so");

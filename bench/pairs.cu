@@ -1,0 +1,135 @@
+/* Allocation + free pair latency and throughput.
+ *
+ *   pairs <malloc|async> <label> <threads,...> <size> [size...]
+ *
+ * malloc: cudaMalloc + cudaFree.  async: cudaMallocAsync + cudaFreeAsync on the thread's own
+ * non-blocking stream, with the device's default pool kept warm (release threshold UINT64_MAX;
+ * harmless under the shim, which serves these itself). For each size and thread count: a warm-up,
+ * then every thread times each pair with clock_gettime; prints
+ *   R pairs cfg=<label> size=<bytes> threads=<n> pairs=<total> median_us=.. p99_us=.. pairs_per_s=..
+ * pairs_per_s counts all threads' pairs over the wall time from the first start to the last end.
+ * Run by bench/run.sh once per configuration, with and without LD_PRELOAD. */
+#include <pthread.h>
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+#include "bench.cuh"
+
+static bool g_async = false;
+
+struct job {
+  size_t size;
+  int warm, iters;
+  pthread_barrier_t *bar;
+  std::vector<double> lat;
+  double start, end;
+};
+
+static void pair_loop(job *j) {
+  CK(cudaSetDevice(0));
+  cudaStream_t s = 0;
+  if (g_async) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void *p;
+  for (int i = 0; i < j->warm; i++) {
+    if (g_async) {
+      CK(cudaMallocAsync(&p, j->size, s));
+      CK(cudaFreeAsync(p, s));
+    } else {
+      CK(cudaMalloc(&p, j->size));
+      CK(cudaFree(p));
+    }
+  }
+  if (g_async) CK(cudaStreamSynchronize(s));
+  j->lat.resize(j->iters);
+  pthread_barrier_wait(j->bar);
+  j->start = now_us();
+  for (int i = 0; i < j->iters; i++) {
+    double t0 = now_us();
+    if (g_async) {
+      CK(cudaMallocAsync(&p, j->size, s));
+      CK(cudaFreeAsync(p, s));
+    } else {
+      CK(cudaMalloc(&p, j->size));
+      CK(cudaFree(p));
+    }
+    j->lat[i] = now_us() - t0;
+  }
+  j->end = now_us();
+  if (g_async) {
+    CK(cudaStreamSynchronize(s));
+    CK(cudaStreamDestroy(s));
+  }
+}
+
+/* Pairs per thread: fewer for large sizes (cudaMalloc + cudaFree of 1 GiB costs ~0.7 ms). */
+static int iters_for(size_t size, int threads) {
+  int n = size <= (1u << 20) ? 2000 : size <= (16u << 20) ? 1000 : size <= (256u << 20) ? 300 : 150;
+  if (threads > 1) n = std::max(n / 4, 40);
+  return n;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 5) {
+    fprintf(stderr, "usage: pairs <malloc|async> <label> <threads,...> <size> [size...]\n");
+    return 2;
+  }
+  g_async = strcmp(argv[1], "async") == 0;
+  const char *label = argv[2];
+  std::vector<int> tcounts;
+  for (char *t = strtok(argv[3], ","); t; t = strtok(NULL, ",")) tcounts.push_back(atoi(t));
+
+  CK(cudaSetDevice(0));
+  CK(cudaFree(0));
+  if (g_async) {
+    cudaMemPool_t pool;
+    CK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t thr = UINT64_MAX;
+    CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &thr));
+  }
+  size_t free_b = 0, total_b = 0;
+  CK(cudaMemGetInfo(&free_b, &total_b));
+
+  for (int a = 4; a < argc; a++) {
+    size_t size = parse_size(argv[a]);
+    for (int threads : tcounts) {
+      if ((double)size * threads > 0.8 * (double)free_b) {
+        printf("R pairs cfg=%s size=%zu threads=%d skipped=1\n", label, size, threads);
+        continue;
+      }
+      int iters = iters_for(size, threads);
+      int warm = size >= (256u << 20) ? 5 : 50;
+      pthread_barrier_t bar;
+      pthread_barrier_init(&bar, NULL, threads);
+      std::vector<job> jobs(threads);
+      std::vector<std::thread> th;
+      for (int t = 0; t < threads; t++) {
+        jobs[t].size = size;
+        jobs[t].warm = warm;
+        jobs[t].iters = iters;
+        jobs[t].bar = &bar;
+        th.emplace_back(pair_loop, &jobs[t]);
+      }
+      for (auto &x : th) x.join();
+      pthread_barrier_destroy(&bar);
+      std::vector<double> all;
+      double start = jobs[0].start, end = jobs[0].end;
+      for (auto &j : jobs) {
+        all.insert(all.end(), j.lat.begin(), j.lat.end());
+        start = std::min(start, j.start);
+        end = std::max(end, j.end);
+      }
+      std::sort(all.begin(), all.end());
+      size_t n = all.size();
+      double med = all[n / 2], p99 = all[std::min(n - 1, (size_t)(n * 0.99))];
+      printf("R pairs cfg=%s size=%zu threads=%d pairs=%zu median_us=%.3f p99_us=%.3f pairs_per_s=%.1f\n", label,
+             size, threads, n, med, p99, n / ((end - start) / 1e6));
+      fflush(stdout);
+    }
+  }
+  printf("R pairs_done cfg=%s", label);
+  print_shim_fields();
+  printf("\n");
+  return 0;
+}

@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""Collects the "R <section> key=value ..." lines that the benchmark programs printed into the
+logs of one bench/run.sh run and writes the results file (Markdown), growth.csv and growth.svg.
+
+    python3 bench/report.py --logs DIR --out bench/results/NAME.md
+
+DIR holds the raw logs and machine.txt (key=value lines written by run.sh). The Markdown file is
+also printed to stdout. A figure that is missing shows as FAILED (its step failed or timed out:
+see the step's log); one the program skipped on purpose shows as skipped."""
+import argparse
+import csv
+import glob
+import math
+import os
+import re
+import statistics
+
+GiB = float(1 << 30)
+MiB = float(1 << 20)
+
+PAIR_CFGS = [("cudaMalloc", "cudaMalloc/cudaFree"), ("pool", "cudaMallocAsync pool"),
+             ("shim-sync", "shim sync"), ("shim-deferred", "shim deferred"), ("shim-async", "shim async")]
+GRAN = ["2M", "64M", "512M", "2G"]
+
+
+def parse_logs(logdir):
+    recs = []
+    for path in sorted(glob.glob(os.path.join(logdir, "*.log"))):
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = re.match(r"^R (\S+)(.*)$", line.rstrip("\n"))
+                if not m:
+                    continue
+                d = {"_section": m.group(1), "_file": os.path.basename(path)}
+                for kv in m.group(2).split():
+                    if "=" in kv:
+                        k, v = kv.split("=", 1)
+                        d[k] = v
+                recs.append(d)
+    return recs
+
+
+def num(d, k):
+    try:
+        return float(d[k])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def fsize(b):
+    if b is None:
+        return "FAILED"
+    if b >= GiB:
+        return "%.2f GiB" % (b / GiB)
+    if b >= MiB:
+        return "%.1f MiB" % (b / MiB)
+    if b >= 1024:
+        return "%.0f KiB" % (b / 1024)
+    return "%d B" % b
+
+
+def fnum(x, fmt="%.2f"):
+    return "FAILED" if x is None else fmt % x
+
+
+def ratio(a, b, fmt="%.2fx"):
+    if a is None or b is None or b == 0:
+        return "-"
+    return fmt % (a / b)
+
+
+def find(recs, section, **kw):
+    out = []
+    for r in recs:
+        if r["_section"] != section:
+            continue
+        if all(r.get(k) == str(v) for k, v in kw.items()):
+            out.append(r)
+    return out
+
+
+def one(recs, section, **kw):
+    r = find(recs, section, **kw)
+    return r[-1] if r else None
+
+
+def size_label(b):
+    b = int(b)
+    for unit, n in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= n and b % n == 0:
+            return "%d %s" % (b // n, unit)
+    return "%d B" % b
+
+
+# ------------------------------------------------------------------ sections
+def sec_pairs(recs, out):
+    sizes = sorted({int(r["size"]) for r in find(recs, "pairs") if "size" in r})
+    out.append("## 1. Allocation + free pair latency\n")
+    out.append("Each pair timed with clock_gettime after warm-up. cudaMalloc and the pool run without the shim; "
+               "\"shim async\" is cudaMallocAsync/cudaFreeAsync under the shim. Ratios compare medians.\n")
+    out.append("### One thread: median / p99 (us)\n")
+    hdr = "| size | " + " | ".join(n for _, n in PAIR_CFGS) + " | shim sync / cudaMalloc | shim deferred / cudaMalloc | shim async / pool |"
+    out.append(hdr)
+    out.append("|" + " --- |" * (len(PAIR_CFGS) + 4))
+    for s in sizes:
+        row, med = [], {}
+        for c, _ in PAIR_CFGS:
+            r = one(recs, "pairs", cfg=c, size=s, threads=1)
+            if r is None:
+                row.append("FAILED")
+            elif r.get("skipped"):
+                row.append("skipped")
+            else:
+                med[c] = num(r, "median_us")
+                row.append("%.2f / %.2f" % (num(r, "median_us"), num(r, "p99_us")))
+        out.append("| %s | %s | %s | %s | %s |" % (
+            size_label(s), " | ".join(row), ratio(med.get("shim-sync"), med.get("cudaMalloc")),
+            ratio(med.get("shim-deferred"), med.get("cudaMalloc")), ratio(med.get("shim-async"), med.get("pool"))))
+    tcounts = sorted({int(r["threads"]) for r in find(recs, "pairs") if "threads" in r and int(r["threads"]) > 1})
+    for t in tcounts:
+        out.append("\n### %d threads: throughput in pairs/s (%d-thread / 1-thread throughput)\n" % (t, t))
+        out.append("| size | " + " | ".join(n for _, n in PAIR_CFGS) + " | shim sync / cudaMalloc | shim async / pool |")
+        out.append("|" + " --- |" * (len(PAIR_CFGS) + 3))
+        for s in sizes:
+            row, thr = [], {}
+            for c, _ in PAIR_CFGS:
+                r = one(recs, "pairs", cfg=c, size=s, threads=t)
+                r1 = one(recs, "pairs", cfg=c, size=s, threads=1)
+                if r is None:
+                    row.append("FAILED")
+                elif r.get("skipped"):
+                    row.append("skipped")
+                else:
+                    thr[c] = num(r, "pairs_per_s")
+                    one_t = num(r1, "pairs_per_s") if r1 else None
+                    row.append("%.0f (%s)" % (thr[c], ratio(thr[c], one_t)))
+            out.append("| %s | %s | %s | %s |" % (size_label(s), " | ".join(row),
+                                                  ratio(thr.get("shim-sync"), thr.get("cudaMalloc")),
+                                                  ratio(thr.get("shim-async"), thr.get("pool"))))
+        out.append("\nMedian / p99 latency with %d threads (us):\n" % t)
+        out.append("| size | " + " | ".join(n for _, n in PAIR_CFGS) + " |")
+        out.append("|" + " --- |" * (len(PAIR_CFGS) + 1))
+        for s in sizes:
+            row = []
+            for c, _ in PAIR_CFGS:
+                r = one(recs, "pairs", cfg=c, size=s, threads=t)
+                row.append("FAILED" if r is None else "skipped" if r.get("skipped") else
+                           "%.2f / %.2f" % (num(r, "median_us"), num(r, "p99_us")))
+            out.append("| %s | %s |" % (size_label(s), " | ".join(row)))
+    out.append("")
+
+
+def growth_rows(recs):
+    rows = []
+    for r in find(recs, "growth"):
+        rows.append({
+            "config": r.get("cfg"), "total_bytes": int(r.get("total", 0)), "request_bytes": int(r.get("request", 0)),
+            "skipped": 1 if r.get("skipped") else 0, "n": r.get("n", ""), "alloc_us": r.get("alloc_us", ""),
+            "us_per_gib": r.get("us_per_gib", ""), "first_us": r.get("first_us", ""), "free_us": r.get("free_us", ""),
+            "shim_vmm_calls": r.get("shim_vmm_calls", ""), "shim_peak_mapped": r.get("shim_peak_mapped", "")})
+    return rows
+
+
+def sec_growth(recs, out, logdir, results_dir, stem):
+    rows = growth_rows(recs)
+    cfgs = ["cudaMalloc"] + ["shim-" + g for g in GRAN]
+    totals = sorted({r["total_bytes"] for r in rows})
+    reqs = sorted({r["request_bytes"] for r in rows})
+    out.append("## 2. First-time growth: us per GiB allocated (ratio to cudaMalloc)\n")
+    out.append("Fresh process per cell; all of <total> allocated in requests of <request>; "
+               "the shim at several VMMSHIM_GRANULARITY values.\n")
+    out.append("| total | request | " + " | ".join(cfgs) + " |")
+    out.append("|" + " --- |" * (len(cfgs) + 2))
+
+    def get(cfg, t, q):
+        for r in rows:
+            if r["config"] == cfg and r["total_bytes"] == t and r["request_bytes"] == q:
+                return r
+        return None
+
+    for t in totals:
+        for q in reqs:
+            base = get("cudaMalloc", t, q)
+            bv = float(base["us_per_gib"]) if base and base["us_per_gib"] else None
+            cells = []
+            for c in cfgs:
+                r = get(c, t, q)
+                if r is None:
+                    cells.append("FAILED")
+                elif r["skipped"]:
+                    cells.append("skipped")
+                else:
+                    v = float(r["us_per_gib"])
+                    cells.append("%.0f" % v if c == "cudaMalloc" else "%.0f (%s)" % (v, ratio(v, bv)))
+            out.append("| %s | %s | %s |" % (size_label(t), size_label(q), " | ".join(cells)))
+    out.append("\nFree time of the same allocations (ms, all of them; the shim keeps its memory mapped):\n")
+    out.append("| total | request | " + " | ".join(cfgs) + " |")
+    out.append("|" + " --- |" * (len(cfgs) + 2))
+    for t in totals:
+        for q in reqs:
+            cells = []
+            for c in cfgs:
+                r = get(c, t, q)
+                cells.append("FAILED" if r is None else "skipped" if r["skipped"] else
+                             "%.1f" % (float(r["free_us"]) / 1e3))
+            out.append("| %s | %s | %s |" % (size_label(t), size_label(q), " | ".join(cells)))
+    csv_path = os.path.join(logdir, "growth.csv")
+    if rows:
+        with open(csv_path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            w.writeheader()
+            w.writerows(rows)
+        svg = growth_svg(rows, totals, reqs)
+        for d in (logdir, results_dir):
+            with open(os.path.join(d, stem + "-growth.svg" if d == results_dir else "growth.svg"), "w") as f:
+                f.write(svg)
+        out.append("\nData: growth.csv; plot: %s-growth.svg (us per GiB against granularity, "
+                   "one line per request size; dashed: cudaMalloc).\n" % stem)
+    out.append("")
+
+
+def growth_svg(rows, totals, reqs):
+    """Small multiples by hand: one panel per total, x = log2(granularity), y = log10(us/GiB)."""
+    gx = {"2M": 21, "64M": 26, "512M": 29, "2G": 31}
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+    vals = [float(r["us_per_gib"]) for r in rows if not r["skipped"] and r["us_per_gib"]]
+    if not vals:
+        return "<svg xmlns='http://www.w3.org/2000/svg' width='200' height='40'><text x='5' y='20'>no data</text></svg>"
+    lo = math.floor(math.log10(min(vals)))
+    hi = math.ceil(math.log10(max(vals)))
+    if hi == lo:
+        hi += 1
+    pw, ph, ml, mt, mb, gap = 300, 240, 60, 40, 50, 30
+    width = ml + len(totals) * (pw + gap) + 140
+    height = mt + ph + mb
+    s = ["<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>"
+         % (width, height), "<rect width='100%' height='100%' fill='white'/>",
+         "<text x='%d' y='16' font-size='13'>First-time allocation cost (us per GiB, log) vs VMMSHIM_GRANULARITY</text>"
+         % ml]
+
+    def X(p, g):
+        return ml + p * (pw + gap) + (gx[g] - 20) / (32 - 20) * pw
+
+    def Y(v):
+        return mt + ph - (math.log10(v) - lo) / (hi - lo) * ph
+
+    for p, t in enumerate(totals):
+        x0 = ml + p * (pw + gap)
+        s.append("<rect x='%d' y='%d' width='%d' height='%d' fill='none' stroke='#888'/>" % (x0, mt, pw, ph))
+        s.append("<text x='%d' y='%d' text-anchor='middle'>total %s</text>" % (x0 + pw / 2, mt - 6, size_label(t)))
+        for e in range(lo, hi + 1):
+            y = Y(10 ** e)
+            s.append("<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#eee'/>" % (x0, x0 + pw, y, y))
+            if p == 0:
+                s.append("<text x='%d' y='%.1f' text-anchor='end'>1e%d</text>" % (x0 - 4, y + 4, e))
+        for g in GRAN:
+            s.append("<text x='%.1f' y='%d' text-anchor='middle'>%s</text>" % (X(p, g), mt + ph + 16, g))
+        for i, q in enumerate(reqs):
+            col = colors[i % len(colors)]
+            pts = []
+            for g in GRAN:
+                for r in rows:
+                    if (r["config"] == "shim-" + g and r["total_bytes"] == t and r["request_bytes"] == q
+                            and not r["skipped"] and r["us_per_gib"]):
+                        pts.append((X(p, g), Y(float(r["us_per_gib"]))))
+            if len(pts) > 1:
+                s.append("<polyline fill='none' stroke='%s' stroke-width='2' points='%s'/>"
+                         % (col, " ".join("%.1f,%.1f" % xy for xy in pts)))
+            for x, y in pts:
+                s.append("<circle cx='%.1f' cy='%.1f' r='3' fill='%s'/>" % (x, y, col))
+            for r in rows:
+                if (r["config"] == "cudaMalloc" and r["total_bytes"] == t and r["request_bytes"] == q
+                        and not r["skipped"] and r["us_per_gib"]):
+                    y = Y(float(r["us_per_gib"]))
+                    s.append("<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='%s' stroke-dasharray='5,4'/>"
+                             % (x0, x0 + pw, y, y, col))
+    lx = ml + len(totals) * (pw + gap)
+    for i, q in enumerate(reqs):
+        col = colors[i % len(colors)]
+        y = mt + 20 + i * 18
+        s.append("<line x1='%d' x2='%d' y1='%d' y2='%d' stroke='%s' stroke-width='2'/>" % (lx, lx + 20, y, y, col))
+        s.append("<text x='%d' y='%d'>requests of %s</text>" % (lx + 26, y + 4, size_label(q)))
+    y = mt + 20 + len(reqs) * 18
+    s.append("<line x1='%d' x2='%d' y1='%d' y2='%d' stroke='#333' stroke-dasharray='5,4'/>" % (lx, lx + 20, y, y))
+    s.append("<text x='%d' y='%d'>cudaMalloc</text>" % (lx + 26, y + 4))
+    s.append("<text x='%d' y='%d' text-anchor='middle'>granularity</text>" % (ml + len(totals) * (pw + gap) / 2,
+                                                                            mt + ph + 36))
+    s.append("</svg>")
+    return "\n".join(s) + "\n"
+
+
+def sec_frag(recs, out):
+    out.append("## 3. Fragmentation\n")
+    out.append("### Synthetic trace (bench/traces/synthetic.csv) replayed\n")
+    out.append("| allocator | peak live (requested) | held at peak | held / live | in use at peak (served) | replay time |")
+    out.append("| --- | --- | --- | --- | --- | --- |")
+    names = [("cudaMalloc", "cudaMalloc (time only)"), ("pool", "cudaMallocAsync pool, threshold max"),
+             ("shim-sync", "shim sync"), ("shim-deferred", "shim deferred"), ("shim-async", "shim async path")]
+    for c, label in names:
+        r = one(recs, "frag", cfg=c)
+        if r is None or r.get("failed"):
+            why = "FAILED" if r is None else "FAILED at event %s (%s)" % (r.get("at_event"), r.get("error"))
+            out.append("| %s | %s | | | | |" % (label, why))
+            continue
+        live = num(r, "peak_live")
+        if c == "pool":
+            held, used = num(r, "pool_reserved_high"), num(r, "pool_used_high")
+        elif c.startswith("shim"):
+            held, used = num(r, "shim_peak_mapped"), num(r, "shim_peak_in_use")
+        else:
+            held = used = None
+        out.append("| %s | %s | %s | %s | %s | %.0f ms |" % (
+            label, fsize(live), "-" if held is None else fsize(held), ratio(held, live, "%.3f"),
+            "-" if used is None else fsize(used), num(r, "time_ms")))
+    out.append("\n### PyTorch, variable sequence length (bench/torch_frag.py)\n")
+    out.append("| configuration | held at peak | live at peak | held / live | final loss |")
+    out.append("| --- | --- | --- | --- | --- |")
+    for c, label, hk, lk in (("caching", "caching allocator", "torch_reserved", "torch_allocated"),
+                             ("expandable", "caching, expandable_segments:True", "torch_reserved", "torch_allocated"),
+                             ("shim", "shim (PYTORCH_NO_CUDA_MEMORY_CACHING=1): mapped / in use",
+                              "shim_peak_mapped", "shim_peak_in_use")):
+        r = one(recs, "tfrag", cfg=c)
+        sk = one(recs, "skip", step="tfrag-" + c)
+        if r is None:
+            out.append("| %s | %s | | | |" % (label, "skipped: " + sk.get("why", "") if sk else "FAILED"))
+            continue
+        held, live = num(r, hk), num(r, lk)
+        out.append("| %s | %s | %s | %s | %s |" % (label, fsize(held), fsize(live), ratio(held, live, "%.3f"),
+                                                  r.get("loss")))
+    out.append("")
+
+
+def sec_step(recs, out):
+    out.append("## 4. Real program: transformer training step (bench/torch_step.py)\n")
+    out.append("d_model 512, 4 layers, 8 heads, batch 32, sequence 128, AdamW; median of 30 steps after 5 of warm-up.\n")
+    cfgs = [("caching", "(a) caching allocator"), ("nocache", "(b) PYTORCH_NO_CUDA_MEMORY_CACHING=1"),
+            ("shim-sync", "(c) (b) under the shim, sync"), ("shim-deferred", "(d) (b) under the shim, deferred")]
+    got = {c: one(recs, "step", cfg=c) for c, _ in cfgs}
+    a = num(got["caching"], "median_ms") if got["caching"] else None
+    b = num(got["nocache"], "median_ms") if got["nocache"] else None
+    bloss = got["nocache"].get("loss") if got["nocache"] else None
+    out.append("| configuration | step median (ms) | p90 (ms) | vs (a) | vs (b) | peak memory | final loss | loss = (b) |")
+    out.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    mismatch = []
+    for c, label in cfgs:
+        r = got[c]
+        if r is None:
+            sk = one(recs, "skip", step="step-" + c)
+            out.append("| %s | %s | | | | | | |" % (label, "skipped: " + sk.get("why", "") if sk else "FAILED"))
+            continue
+        m = num(r, "median_ms")
+        if c == "caching":
+            peak = "%s reserved, %s allocated" % (fsize(num(r, "torch_reserved")), fsize(num(r, "torch_allocated")))
+        elif c == "nocache":
+            peak = "%s in use after forward (cudaMemGetInfo)" % fsize(num(r, "used_fwd"))
+        else:
+            peak = "%s mapped, %s in use" % (fsize(num(r, "shim_peak_mapped")), fsize(num(r, "shim_peak_in_use")))
+        same = "-"
+        if c.startswith("shim"):
+            if bloss is None:
+                same = "no (b) to compare"
+            elif r.get("loss") == bloss:
+                same = "yes"
+            else:
+                same = "**MISMATCH**"
+                mismatch.append(c)
+        elif c == "caching" and bloss is not None:
+            same = "yes" if r.get("loss") == bloss else "differs"
+        out.append("| %s | %.2f | %.2f | %s | %s | %s | %s | %s |" % (
+            label, m, num(r, "p90_ms"), ratio(m, a), ratio(m, b), peak, r.get("loss"), same))
+    if mismatch:
+        out.append("\n**Loss mismatch** between (b) and %s: the shim changed a result.\n" % ", ".join(mismatch))
+    out.append("")
+    return mismatch
+
+
+def sec_overhead(recs, out):
+    out.append("## 5. Steady-state overhead: 1 GiB allocated once, memory-bound kernel for ~2 s\n")
+    out.append("| configuration | runs | kernel time, median (ms) | whole process, median (ms) |")
+    out.append("| --- | --- | --- | --- |")
+    med = {}
+    for c, label in (("cudaMalloc", "without the shim"), ("shim", "under the shim")):
+        ks = [num(r, "kernel_ms") for r in find(recs, "overhead", cfg=c)]
+        ws = [num(r, "ms") for r in find(recs, "overhead_wall", cfg=c)]
+        ks = [k for k in ks if k is not None]
+        ws = [w for w in ws if w is not None]
+        km = statistics.median(ks) if ks else None
+        wm = statistics.median(ws) if ws else None
+        med[c] = (km, wm)
+        out.append("| %s | %d | %s | %s |" % (label, len(ks), fnum(km), fnum(wm, "%.0f")))
+    (k0, w0), (k1, w1) = med["cudaMalloc"], med["shim"]
+    out.append("\nRatio shim / without: kernel time %s, process %s.\n" % (ratio(k1, k0, "%.4f"), ratio(w1, w0, "%.4f")))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--logs", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    recs = parse_logs(a.logs)
+    machine = {}
+    mpath = os.path.join(a.logs, "machine.txt")
+    if os.path.exists(mpath):
+        for line in open(mpath):
+            if "=" in line:
+                k, v = line.rstrip("\n").split("=", 1)
+                machine[k] = v
+    results_dir = os.path.dirname(os.path.abspath(a.out))
+    stem = os.path.splitext(os.path.basename(a.out))[0]
+    os.makedirs(results_dir, exist_ok=True)
+    out = ["# vmmshim benchmarks: %s, driver %s\n" % (machine.get("gpu", "?"), machine.get("driver", "?"))]
+    out.append("| machine | |\n| --- | --- |")
+    for k, label in (("gpu", "GPU"), ("driver", "driver"), ("cuda", "CUDA (driver / nvcc)"), ("cpu", "CPU"),
+                     ("date", "date"), ("shim", "shim commit"), ("torch", "PyTorch"), ("runtime", "bench run time")):
+        if k in machine:
+            out.append("| %s | %s |" % (label, machine[k]))
+    out.append("")
+    sec_pairs(recs, out)
+    sec_growth(recs, out, a.logs, results_dir, stem)
+    sec_frag(recs, out)
+    mismatch = sec_step(recs, out)
+    sec_overhead(recs, out)
+    failed = find(recs, "failed")
+    if failed:
+        out.append("## Steps that failed\n")
+        for r in failed:
+            out.append("- %s (exit %s), log %s" % (r.get("step"), r.get("rc"), r.get("_file")))
+        out.append("")
+    text = "\n".join(out) + "\n"
+    with open(a.out, "w") as f:
+        f.write(text)
+    print(text)
+    return 1 if mismatch else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

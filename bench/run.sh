@@ -1,0 +1,201 @@
+#!/bin/sh
+# Benchmarks of vmmshim (make bench). Needs an NVIDIA GPU, nvcc and build/libvmmshim.so;
+# PyTorch for sections 3b and 4 (skipped without it). About 4-6 minutes on an H100.
+#
+#   1 pairs     alloc+free latency and 8-thread throughput: cudaMalloc, cudaMallocAsync pool
+#               (both without the shim), the shim sync, deferred and async paths  (bench/pairs.cu)
+#   2 growth    first-time allocation of 1/8/64 GiB in 2M/64M/1G requests, fresh process each:
+#               cudaMalloc vs the shim at granularity 2M/64M/512M/2G                 (bench/growth.cu)
+#   3 frag      bench/traces/synthetic.csv replayed (bench/replay.cu), and PyTorch with a varying
+#               sequence length (bench/torch_frag.py)
+#   4 step      PyTorch training step: caching allocator, no caching, no caching under the shim
+#               (sync, deferred)                                                  (bench/torch_step.py)
+#   5 overhead  a ~2 s memory-bound kernel on memory allocated once               (bench/overhead.cu)
+#
+# Each program prints "R <section> key=value ..." lines; bench/report.py turns all of them into
+# one table, printed at the end and written to bench/results/<gpu>-<driver>.md (with growth.svg).
+# Raw logs go to $OUT when it is set (the results file and plot are copied there too), else to
+# bench/out. Every step runs under a timeout; a failed step prints FAILED and the rest go on.
+BUILD=${BUILD:-build}
+NVCC=${NVCC:-nvcc}
+PYTHON=${PYTHON:-python3}
+LIB="$PWD/$BUILD/libvmmshim.so"
+BIN="$BUILD/bench"
+if [ -n "$OUT" ]; then LOGDIR="$OUT"; else LOGDIR="bench/out"; fi
+mkdir -p "$LOGDIR" "$BIN" bench/results || exit 1
+for f in bench pairs growth frag tfrag step overhead; do rm -f "$LOGDIR/$f.log"; done
+rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg"
+MAIN_LOG="$LOGDIR/bench.log"
+T_START=$(date +%s)
+BENCH_BUDGET=${BENCH_BUDGET:-420} # seconds for all steps; what is left after it is reported FAILED
+nfailed=0
+
+say() { echo "$*" | tee -a "$MAIN_LOG"; }
+die() {
+  say "bench: error: $*"
+  exit 1
+}
+
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 || die "no NVIDIA GPU (nvidia-smi missing or finds no device)"
+NVCC_PATH=$(command -v "$NVCC" 2>/dev/null) || NVCC_PATH=
+[ -n "$NVCC_PATH" ] || die "nvcc not found (NVCC=$NVCC)"
+[ -f "$LIB" ] || die "$LIB missing: run make first"
+command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found (needed for the trace and the report)"
+
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)
+CUDA_DRV=$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1)
+NVCC_VER=$("$NVCC_PATH" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+STEM=$(echo "$GPU-$DRIVER" | tr ' /' '--')
+RESULT="bench/results/$STEM.md"
+CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+case "$CAP" in [0-9][0-9] | [0-9][0-9][0-9]) ARCH="sm_$CAP" ;; *) ARCH=sm_90 ;; esac
+TORCH=$("$PYTHON" -c 'import torch; print(torch.__version__ + (" cuda " + str(torch.version.cuda) if torch.cuda.is_available() else " NO-GPU"))' 2>/dev/null)
+{
+  echo "gpu=$GPU"
+  echo "driver=$DRIVER"
+  echo "cuda=$CUDA_DRV / nvcc $NVCC_VER"
+  echo "cpu=$(sed -n 's/^model name[^:]*: *//p' /proc/cpuinfo | head -n 1) ($(nproc) CPUs)"
+  echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
+  if rev=$(git rev-parse --short HEAD 2>/dev/null); then
+    git diff --quiet HEAD -- src include 2>/dev/null || rev="$rev (+ uncommitted changes in src/ or include/)"
+    echo "shim=$rev"
+  fi
+  echo "torch=${TORCH:-not installed}"
+} >"$LOGDIR/machine.txt"
+say "bench: $GPU, driver $DRIVER, CUDA $CUDA_DRV, nvcc $NVCC_VER, torch ${TORCH:-none}; logs in $LOGDIR"
+nvidia-smi >"$LOGDIR/nvidia-smi.txt" 2>&1
+
+# ---- build ----
+for p in pairs growth replay overhead; do
+  rm -f "$BIN/$p"
+  "$NVCC_PATH" -O2 -arch="$ARCH" -std=c++17 -Iinclude -o "$BIN/$p" "bench/$p.cu" -ldl -lpthread \
+    >"$LOGDIR/build-$p.txt" 2>&1 &
+done
+wait
+for p in pairs growth replay overhead; do
+  [ -x "$BIN/$p" ] || { say "bench: build of bench/$p.cu failed:"; head -n 20 "$LOGDIR/build-$p.txt" | tee -a "$MAIN_LOG"; }
+done
+
+# step NAME LOG TIMEOUT [ENV=VALUE ...] -- COMMAND...: runs COMMAND with the given environment
+# (and without any inherited LD_PRELOAD or PyTorch allocator setting), appends its output to
+# $LOGDIR/LOG.log; on failure prints FAILED and records "R failed" for the report.
+step() {
+  name=$1
+  log="$LOGDIR/$2.log"
+  limit=$3
+  shift 3
+  envs=""
+  while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
+    envs="$envs $1"
+    shift
+  done
+  shift
+  echo "## $name: $envs $*" >>"$log"
+  left=$((BENCH_BUDGET - ($(date +%s) - T_START)))
+  if [ "$left" -le 5 ]; then
+    nfailed=$((nfailed + 1))
+    last_rc=125
+    say "FAILED $name (not run: the run's time budget of $BENCH_BUDGET s is spent)"
+    echo "R failed step=$name rc=budget" >>"$log"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  # shellcheck disable=SC2086 # envs are words without spaces
+  timeout "$limit" env -u LD_PRELOAD -u PYTORCH_NO_CUDA_MEMORY_CACHING -u PYTORCH_CUDA_ALLOC_CONF \
+    -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY $envs "$@" >>"$log" 2>&1
+  rc=$?
+  last_rc=$rc
+  if [ "$rc" != 0 ]; then
+    nfailed=$((nfailed + 1))
+    if [ "$rc" = 124 ]; then why="timed out after $limit s"; else why="exit $rc"; fi
+    say "FAILED $name ($why); see $log"
+    tail -n 4 "$log" | sed 's/^/    /' | tee -a "$MAIN_LOG"
+    echo "R failed step=$name rc=$rc" >>"$log"
+  fi
+  return 0
+}
+SHIM="LD_PRELOAD=$LIB"
+section() { say "bench: $1 (at $(($(date +%s) - T_START)) s)"; }
+
+# ---- 1. pairs ----
+section "1/5 alloc+free pairs"
+SIZES="256 4K 64K 1M 16M 256M 1G"
+step pairs-cudaMalloc pairs 120 -- "$BIN/pairs" malloc cudaMalloc 1,8 $SIZES
+step pairs-pool pairs 120 -- "$BIN/pairs" async pool 1,8 $SIZES
+step pairs-shim-sync pairs 120 "$SHIM" VMMSHIM_FREE_MODE=sync -- "$BIN/pairs" malloc shim-sync 1,8 $SIZES
+step pairs-shim-deferred pairs 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/pairs" malloc shim-deferred 1,8 $SIZES
+step pairs-shim-async pairs 120 "$SHIM" -- "$BIN/pairs" async shim-async 1,8 $SIZES
+
+# ---- 2. growth ----
+section "2/5 first-time growth"
+for total in 1G 8G 64G; do
+  for req in 2M 64M 1G; do
+    step "growth-cudaMalloc-$total-$req" growth 60 -- "$BIN/growth" cudaMalloc "$total" "$req"
+    for g in 2M 64M 512M 2G; do
+      step "growth-shim-$g-$total-$req" growth 60 "$SHIM" "VMMSHIM_GRANULARITY=$g" -- "$BIN/growth" "shim-$g" "$total" "$req"
+    done
+  done
+done
+
+# ---- 3. fragmentation ----
+section "3/5 fragmentation"
+TRACE=bench/traces/synthetic.csv
+[ -f "$TRACE" ] || "$PYTHON" bench/gen_trace.py -o "$TRACE" | tee -a "$MAIN_LOG"
+step frag-cudaMalloc frag 120 -- "$BIN/replay" "$TRACE" malloc cudaMalloc
+step frag-pool frag 120 -- "$BIN/replay" "$TRACE" async pool
+step frag-shim-sync frag 120 "$SHIM" VMMSHIM_FREE_MODE=sync -- "$BIN/replay" "$TRACE" malloc shim-sync
+step frag-shim-deferred frag 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/replay" "$TRACE" malloc shim-deferred
+step frag-shim-async frag 120 "$SHIM" -- "$BIN/replay" "$TRACE" async shim-async
+
+have_torch=0
+case "$TORCH" in *cuda*) have_torch=1 ;; esac
+if [ "$have_torch" = 1 ]; then
+  step tfrag-caching tfrag 180 -- "$PYTHON" bench/torch_frag.py caching
+  step tfrag-expandable tfrag 180 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- "$PYTHON" bench/torch_frag.py expandable
+  step tfrag-shim tfrag 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "$PYTHON" bench/torch_frag.py shim
+else
+  for c in caching expandable shim; do echo "R skip step=tfrag-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/tfrag.log"; done
+  say "SKIP PyTorch fragmentation: no PyTorch with CUDA for $PYTHON"
+fi
+
+# ---- 4. real program ----
+section "4/5 PyTorch training step"
+if [ "$have_torch" = 1 ]; then
+  step step-caching step 180 -- "$PYTHON" bench/torch_step.py caching
+  step step-nocache step 180 PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "$PYTHON" bench/torch_step.py nocache
+  step step-shim-sync step 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=sync -- "$PYTHON" bench/torch_step.py shim-sync
+  step step-shim-deferred step 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred -- "$PYTHON" bench/torch_step.py shim-deferred
+else
+  for c in caching nocache shim-sync shim-deferred; do echo "R skip step=step-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/step.log"; done
+  say "SKIP PyTorch training step: no PyTorch with CUDA for $PYTHON"
+fi
+
+# ---- 5. overhead ----
+section "5/5 steady-state overhead"
+for i in 1 2 3; do
+  for cfg in cudaMalloc shim; do
+    t0=$(date +%s%N)
+    if [ "$cfg" = shim ]; then
+      step "overhead-$cfg-$i" overhead 60 "$SHIM" -- "$BIN/overhead" "$cfg"
+    else
+      step "overhead-$cfg-$i" overhead 60 -- "$BIN/overhead" "$cfg"
+    fi
+    t1=$(date +%s%N)
+    [ "$last_rc" = 0 ] && echo "R overhead_wall cfg=$cfg run=$i ms=$(((t1 - t0) / 1000000))" >>"$LOGDIR/overhead.log"
+  done
+done
+
+# ---- report ----
+echo "runtime=$(($(date +%s) - T_START)) s" >>"$LOGDIR/machine.txt"
+section "report"
+"$PYTHON" bench/report.py --logs "$LOGDIR" --out "$RESULT" >"$LOGDIR/report.txt" 2>&1
+rrc=$?
+cat "$LOGDIR/report.txt" | tee -a "$MAIN_LOG"
+[ "$rrc" = 0 ] || say "bench: report.py exit $rrc (a loss mismatch, or an error above)"
+if [ -n "$OUT" ]; then
+  cp "$RESULT" "$OUT/" 2>/dev/null
+  cp "bench/results/$STEM-growth.svg" "$OUT/" 2>/dev/null
+fi
+say "bench: results in $RESULT; raw logs in $LOGDIR; $nfailed step(s) failed; $(($(date +%s) - T_START)) s in all"
+[ "$nfailed" = 0 ] && [ "$rrc" = 0 ]
