@@ -569,22 +569,24 @@ static CUresult map_range(vs_pool_t *p, CUdeviceptr va, size_t len, CUmemGeneric
  * Returns the BUSY block carved from the hole, or NULL. Called with the lock held. */
 static vs_block_t *claim_hole(vs_pool_t *p, size_t size, size_t align, size_t min_handle, size_t *len_out) {
   vs_block_t *pick = NULL;
-  size_t pick_len = 0;
+  size_t pick_len = 0, pick_tail = 0;
   for (vs_block_t *h = p->holes.head; h; h = h->fnext) {
-    size_t tail = 0;
-    if (h->prev && h->prev->state == B_FREE && h->prev->resv == h->resv && h->prev->addr + h->prev->size == h->addr)
-      tail = h->prev->size;
-    size_t need = size + (align > VS_MIN_ALIGN ? align : 0);
-    size_t len = need > tail ? round_up(need - tail, p->caps.min_granularity) : p->caps.min_granularity;
-    if (len < min_handle) len = min_handle;
-    if (len > h->size) {
-      len = round_up(need, p->caps.min_granularity);
-      if (len > h->size) continue;
+    /* The block will start at the free tail before the hole if there is one, else at the
+     * hole's start (a multiple of the minimum granularity, so aligned). */
+    size_t tail = 0, pad = 0;
+    vs_block_t *t = h->prev;
+    if (t && t->state == B_FREE && t->resv == h->resv && t->addr + t->size == h->addr) {
+      tail = t->size;
+      pad = align_pad(t->addr, align);
     }
-    if (!pick || (tail && len < pick_len) || (!pick_len && h->addr < pick->addr)) {
+    size_t need = size + pad;
+    size_t len = need > tail ? round_up(need - tail, p->caps.min_granularity) : p->caps.min_granularity;
+    if (len < min_handle && min_handle <= h->size) len = min_handle;
+    if (len > h->size) continue;
+    if (!pick || (tail && !pick_tail) || (!!tail == !!pick_tail && h->addr < pick->addr)) {
       pick = h;
       pick_len = len;
-      if (tail) break;
+      pick_tail = tail;
     }
   }
   if (!pick) return NULL;
@@ -611,7 +613,7 @@ static CUresult grow(vs_pool_t *p, size_t size, size_t align, bool exact) {
   vs_block_t *b = claim_hole(p, size, align, handle, &len);
   if (!b) {
     pthread_mutex_unlock(&p->lock);
-    size_t more = round_up(size + align, p->gran) * 2;
+    size_t more = round_up(size + align, p->gran) * 2; /* a new reservation starts aligned */
     size_t dflt = p->resv[0].size;
     if (more < dflt) more = dflt;
     pthread_mutex_lock(&p->lock);
