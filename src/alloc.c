@@ -53,7 +53,12 @@ bool _vs_active(void) {
 
 VS_API int vmmshim_active(void) { return _vs_active() ? 1 : 0; }
 
+/* Set when the context given to pool_create_slow is destroyed (after cudaDeviceReset the
+ * thread may still hold the old handle): the caller treats it as no context at all. */
+static _Thread_local bool tl_dead_context;
+
 static vs_pool_t *pool_create_slow(CUcontext ctx) {
+  tl_dead_context = false;
   pthread_mutex_lock(&vs_slots_lock);
   int n = atomic_load(&vs_nslots);
   for (int i = 0; i < n; i++)
@@ -66,6 +71,11 @@ static vs_pool_t *pool_create_slow(CUcontext ctx) {
   CUdevice dev = 0;
   vs_device_caps_t caps;
   CUresult r = _vs_cu.cuCtxGetDevice(&dev);
+  if (r == CUDA_ERROR_CONTEXT_IS_DESTROYED || r == CUDA_ERROR_INVALID_CONTEXT) {
+    tl_dead_context = true;
+    pthread_mutex_unlock(&vs_slots_lock);
+    return NULL;
+  }
   if (r == CUDA_SUCCESS) r = _vs_vmm_query(dev, &caps);
   if (r != CUDA_SUCCESS) {
     _vs_warn("device %d: cannot query VMM support (%s); its allocations pass through", (int)dev,
@@ -88,13 +98,8 @@ static vs_pool_t *pool_create_slow(CUcontext ctx) {
   return pool;
 }
 
-/* The pool of the calling thread's current context; NULL with *ctx_out NULL when there is
- * no current context, NULL with a context when that context passes through. */
-static vs_pool_t *current_pool(CUcontext *ctx_out) {
-  CUcontext ctx = NULL;
-  if (_vs_cu.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = NULL;
-  *ctx_out = ctx;
-  if (!ctx) return NULL;
+/* The pool of a context (created on first use); NULL when that context passes through. */
+static vs_pool_t *pool_for(CUcontext ctx) {
   unsigned gen = atomic_load_explicit(&vs_slots_gen, memory_order_acquire);
   if (vs_likely(ctx == tl_ctx && gen == tl_gen)) return tl_pool;
   vs_pool_t *pool = NULL;
@@ -106,10 +111,28 @@ static vs_pool_t *current_pool(CUcontext *ctx_out) {
       found = true;
       break;
     }
-  if (!found) pool = pool_create_slow(ctx);
+  if (!found) {
+    pool = pool_create_slow(ctx);
+    if (tl_dead_context) return NULL;
+  }
   tl_ctx = ctx;
   tl_pool = pool;
   tl_gen = gen;
+  return pool;
+}
+
+/* The pool of the calling thread's current context, or of the stream's context when the
+ * thread has none (the runtime binds no context to a thread whose first call is
+ * cudaMallocAsync: the driver takes it from the stream). */
+static vs_pool_t *current_pool(CUstream stream, CUcontext *ctx_out) {
+  CUcontext ctx = NULL;
+  if (_vs_cu.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = NULL;
+  if (!ctx && stream != VS_NO_STREAM && stream != NULL && stream != CU_STREAM_LEGACY &&
+      stream != CU_STREAM_PER_THREAD && _vs_cu.cuStreamGetCtx(stream, &ctx) != CUDA_SUCCESS)
+    ctx = NULL;
+  vs_pool_t *pool = ctx ? pool_for(ctx) : NULL;
+  if (!pool && ctx && tl_dead_context) ctx = NULL;
+  *ctx_out = ctx;
   return pool;
 }
 
@@ -128,7 +151,7 @@ vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUd
     return VS_ALLOC_PASS;
   }
   CUcontext ctx;
-  vs_pool_t *pool = current_pool(&ctx);
+  vs_pool_t *pool = current_pool(stream, &ctx);
   if (vs_unlikely(!pool)) {
     if (!ctx) return VS_ALLOC_NO_CONTEXT;
     VS_STAT_ADD(passthrough_allocs, 1);
@@ -179,10 +202,18 @@ static bool free_in(vs_pool_t *pool, vmmshim_api_t api, CUdeviceptr ptr, CUstrea
 bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err) {
   *err = CUDA_SUCCESS;
   if (vs_unlikely(_vs_guard) || !ptr || !_vs_active()) return false;
-  CUcontext ctx;
-  vs_pool_t *pool = current_pool(&ctx);
-  if (pool && free_in(pool, api, ptr, stream, err, false)) return true;
   int n = atomic_load_explicit(&vs_nslots, memory_order_acquire);
+  if (stream != VS_NO_STREAM || _vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED) {
+    /* Nothing to synchronise: the owning pool needs no current context. */
+    for (int i = 0; i < n; i++)
+      if (vs_slots[i].pool && free_in(vs_slots[i].pool, api, ptr, stream, err, false)) return true;
+    return false;
+  }
+  /* A sync-mode free synchronises the owning pool's context, made current if need be. */
+  CUcontext ctx = NULL;
+  if (_vs_cu.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = NULL;
+  vs_pool_t *pool = ctx ? pool_for(ctx) : NULL;
+  if (pool && free_in(pool, api, ptr, stream, err, false)) return true;
   for (int i = 0; i < n; i++) {
     vs_pool_t *other = vs_slots[i].pool;
     if (other && other != pool && free_in(other, api, ptr, stream, err, true)) return true;
@@ -201,7 +232,7 @@ bool _vs_lookup_range(CUdeviceptr addr, CUdeviceptr *base, size_t *size) {
 void _vs_adjust_mem_info(size_t *free_bytes, size_t *total_bytes) {
   if (_vs_guard || !_vs_active()) return;
   CUcontext ctx;
-  vs_pool_t *pool = current_pool(&ctx);
+  vs_pool_t *pool = current_pool(VS_NO_STREAM, &ctx);
   size_t idle = pool ? _vs_pool_idle_bytes(pool) : 0;
   if (free_bytes) *free_bytes += idle;
   uint64_t limit = _vs_option(VS_OPT_LIMIT);

@@ -49,7 +49,7 @@ static int resolve_locked(void) {
   do {                                                                                               \
     void *fn = NULL;                                                                                 \
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;                        \
-    CUresult r = gpa(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &st);                    \
+    CUresult r = gpa(#name, &fn, ver, CU_GET_PROC_ADDRESS_DEFAULT, &st);                                                 \
     if (r != CUDA_SUCCESS || !fn) {                                                                  \
       _vs_warn("the driver has no %s (%s)", #name, _vs_cu_error_name(r));                            \
       missing++;                                                                                     \
@@ -58,7 +58,6 @@ static int resolve_locked(void) {
   } while (0);
   VS_REAL_DRIVER(VS_RESOLVE)
 #undef VS_RESOLVE
-  (void)sizeof(int);
   if (missing) {
     _vs_warn("%d driver functions missing; passing every call through", missing);
     return -1;

@@ -83,7 +83,7 @@ static void *real_fn(vs_hook_t id) {
     fn = lib ? _vs_real_dlsym(lib, vs_hooks[id].symbol) : NULL;
   } else if (_vs_cuda_resolve() == 0 || _vs_real_get_proc_v2) {
     CUdriverProcAddressQueryResult st;
-    if (_vs_real_get_proc_v2(vs_hooks[id].base, &fn, CUDA_VERSION, vs_hooks[id].ptsz ? PTDS : 0, &st) !=
+    if (_vs_real_get_proc_v2(vs_hooks[id].base, &fn, vs_hooks[id].min_version, vs_hooks[id].ptsz ? PTDS : 0, &st) !=
         CUDA_SUCCESS)
       fn = NULL;
   }
@@ -130,11 +130,13 @@ static void answer_lookup(const char *symbol, void **pfn, int version, cuuint64_
   if (id < 0) return;
   void *hook = vs_hooks[id].hook();
   if (*pfn == hook) return;
-  if (id != VS_HOOK_GET_PROC_V2 && id != VS_HOOK_GET_PROC_V1 && version > CUDA_VERSION && _vs_real_get_proc_v2) {
-    /* A newer version asked for: wrap only if it resolves to the ABI we know. */
+  if (id != VS_HOOK_GET_PROC_V2 && id != VS_HOOK_GET_PROC_V1 && version != vs_hooks[id].min_version &&
+      _vs_real_get_proc_v2) {
+    /* Wrap only the ABI the hook was written for: a newer version may have other arguments. */
     void *known = NULL;
     CUdriverProcAddressQueryResult st;
-    if (_vs_real_get_proc_v2(symbol, &known, CUDA_VERSION, flags, &st) != CUDA_SUCCESS || known != *pfn) return;
+    if (_vs_real_get_proc_v2(symbol, &known, vs_hooks[id].min_version, flags, &st) != CUDA_SUCCESS || known != *pfn)
+      return;
   }
   void *prev = NULL;
   __atomic_compare_exchange_n(&vs_real[id], &prev, *pfn, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
@@ -151,7 +153,7 @@ VS_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   if (!_vs_real_get_proc_v2) _vs_real_get_proc_v2 = real;
   CUresult r = real(symbol, pfn, version, flags, status);
-  if (r == CUDA_SUCCESS && !_vs_guard) answer_lookup(symbol, pfn, version, flags);
+  if (r == CUDA_SUCCESS) answer_lookup(symbol, pfn, version, flags); /* even under the guard: the table outlives this call */
   return r;
 }
 
@@ -159,7 +161,7 @@ VS_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cu
   get_proc_v1_fn real = REAL(GET_PROC_V1, get_proc_v1_fn);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(symbol, pfn, version, flags);
-  if (r == CUDA_SUCCESS && !_vs_guard) answer_lookup(symbol, pfn, version, flags);
+  if (r == CUDA_SUCCESS) answer_lookup(symbol, pfn, version, flags); /* even under the guard: the table outlives this call */
   return r;
 }
 

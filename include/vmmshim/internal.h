@@ -96,7 +96,10 @@ const char *_vs_cu_error_name(CUresult r);
 
 /* ---------------------------------------------------------------- "cuda.c" */
 /* The real driver entry points, resolved once through libcuda's cuGetProcAddress_v2.
- * The shim's own driver calls go through this table, never through its own hooks. */
+ * The shim's own driver calls go through this table, never through its own hooks.
+ * Each is looked up at the version whose ABI matches the prototype in cuda.h: asking
+ * for a newer version can return a variant with other arguments (CUDA 13's
+ * cuCtxSynchronize_v2 takes a context). */
 #define VS_REAL_DRIVER(X)                                                                              \
   X(cuCtxGetCurrent, 4000, CUresult, (CUcontext *))                                                   \
   X(cuCtxSetCurrent, 4000, CUresult, (CUcontext))                                                     \
@@ -123,6 +126,7 @@ const char *_vs_cu_error_name(CUresult r);
   X(cuEventQuery, 2000, CUresult, (CUevent))                                                          \
   X(cuEventDestroy, 4000, CUresult, (CUevent))                                                        \
   X(cuStreamIsCapturing, 10000, CUresult, (CUstream, CUstreamCaptureStatus *))                        \
+  X(cuStreamGetCtx, 9020, CUresult, (CUstream, CUcontext *))                                          \
   X(cuThreadExchangeStreamCaptureMode, 10010, CUresult, (CUstreamCaptureMode *))                     \
   X(cuGetErrorName, 6000, CUresult, (CUresult, const char **))
 
