@@ -276,8 +276,17 @@ size_t _vs_trim_all(void) {
   if (!_vs_active()) return 0;
   size_t total = 0;
   int n = atomic_load_explicit(&vs_nslots, memory_order_acquire);
-  for (int i = 0; i < n; i++)
-    if (vs_slots[i].pool) total += _vs_pool_trim(vs_slots[i].pool, 0);
+  for (int i = 0; i < n; i++) {
+    vs_pool_t *pool = vs_slots[i].pool;
+    if (!pool) continue;
+    /* What is still pending (deferred frees, frees on streams) must complete first. */
+    CUcontext popped;
+    if (_vs_cu.cuCtxPushCurrent(_vs_pool_context(pool)) == CUDA_SUCCESS) {
+      _vs_pool_reclaim(pool);
+      _vs_cu.cuCtxPopCurrent(&popped);
+    }
+    total += _vs_pool_trim(pool, 0);
+  }
   return total;
 }
 

@@ -128,6 +128,10 @@ struct vs_pool_s {
   size_t mapped, used, free_bytes, pending_bytes;
   uint64_t sync_seq; /* synchronisations started */
   vs_block_t *spare_blocks;
+  /* Threads recording events on streams they copied out of the lock: a stream must not be
+   * destroyed under them (its destroy hook waits for sealers == 0). */
+  int sealers;
+  pthread_cond_t sealed;
   /* deferred-mode reclaimer */
   pthread_t reclaimer;
   pthread_cond_t wake;
@@ -376,6 +380,7 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
   if (!p) return NULL;
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->wake, NULL);
+  pthread_cond_init(&p->sealed, NULL);
   p->ctx = ctx;
   p->caps = *caps;
   size_t g = (size_t)_vs_option(VS_OPT_GRANULARITY);
@@ -505,6 +510,7 @@ static void reclaim_by_events(vs_pool_t *p, const void *self) {
   }
   check = p->batches;
   p->batches = NULL;
+  if (n) p->sealers++;
   pthread_mutex_unlock(&p->lock);
 
   /* Query the batches sealed earlier first: new ones cannot have completed yet. */
@@ -529,6 +535,7 @@ static void reclaim_by_events(vs_pool_t *p, const void *self) {
     still = bt;
   }
   pthread_mutex_lock(&p->lock);
+  if (n && --p->sealers == 0) pthread_cond_broadcast(&p->sealed);
   for (vs_batch_t *bt = done; bt; bt = bt->next) release_batch(p, bt);
   while (still) {
     vs_batch_t *bt = still;
@@ -738,7 +745,19 @@ void _vs_pool_stream_destroyed(vs_pool_t *p, CUstream stream) {
     HASH_DEL(p->streams, s);
     free(s);
   }
+  /* Another thread may have copied this stream's handle to record an event on it. */
+  while (p->sealers) pthread_cond_wait(&p->sealed, &p->lock);
   pthread_mutex_unlock(&p->lock);
+}
+
+/* Waits for the pool's pending frees (synchronising its context, which must be current)
+ * so that they become idle; skipped while a capture is active. */
+CUresult _vs_pool_reclaim(vs_pool_t *p) {
+  if (atomic_load(&_vs_captures_active)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  pthread_mutex_lock(&p->lock);
+  bool pending = p->pending_bytes != 0;
+  pthread_mutex_unlock(&p->lock);
+  return pending ? sync_and_reclaim(p) : CUDA_SUCCESS;
 }
 
 size_t _vs_pool_idle_bytes(vs_pool_t *p) {

@@ -22,9 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static int check_passed, check_failed;
+/* Everything the last check_run_child printed (stdout and stderr), for strstr. */
+static char check_child_output[1 << 16];
 
 #define CHECK(cond, ...)                                                   \
   do {                                                                     \
@@ -76,6 +79,7 @@ static inline int check_run_child(const char *name, ...) {
     for (const char *kv = va_arg(ap, const char *); kv; kv = va_arg(ap, const char *)) putenv((char *)kv);
     va_end(ap);
     dup2(fds[1], 1);
+    dup2(fds[1], 2);
     close(fds[0]);
     close(fds[1]);
     char *args[] = {(char *)"child", (char *)name, NULL};
@@ -87,9 +91,15 @@ static inline int check_run_child(const char *name, ...) {
   FILE *in = fdopen(fds[0], "r");
   char line[1024];
   int p = -1, f = -1;
-  size_t nlen = strlen(name);
+  size_t nlen = strlen(name), used = 0;
+  check_child_output[0] = 0;
   while (in && fgets(line, sizeof line, in)) {
     fputs(line, stdout);
+    size_t ln = strlen(line);
+    if (used + ln < sizeof check_child_output) {
+      memcpy(check_child_output + used, line, ln + 1);
+      used += ln;
+    }
     int a, b;
     if (!strncmp(line, name, nlen) && line[nlen] == ':' &&
         sscanf(line + nlen + 1, " %d passed, %d failed", &a, &b) == 2) {
@@ -115,6 +125,121 @@ static inline int check_run_child(const char *name, ...) {
   }
   fflush(stdout);
   return rc;
+}
+
+
+/* ---- helpers for programs that run under the shim (define CHECK_SHIM_HELPERS before
+ * including; needs emu.h and vmmshim.h) ---- */
+#ifdef CHECK_SHIM_HELPERS
+#include <dlfcn.h>
+#include <stdint.h>
+#include <time.h>
+
+/* The shim's counters, found at run time as a program would find them. */
+static inline vmmshim_stats_t shim_stats(void) {
+  static int (*fn)(vmmshim_stats_t *, size_t);
+  vmmshim_stats_t s;
+  memset(&s, 0, sizeof s);
+  if (!fn) *(void **)&fn = dlsym(RTLD_DEFAULT, "vmmshim_get_stats");
+  if (!fn || fn(&s, sizeof s) != 0) {
+    static int said;
+    if (!said++) CHECK(0, "vmmshim_get_stats not found or failed (is the shim preloaded?)");
+  }
+  return s;
+}
+
+static inline size_t shim_trim(void) {
+  size_t (*fn)(void) = NULL;
+  *(void **)&fn = dlsym(RTLD_DEFAULT, "vmmshim_trim");
+  return fn ? fn() : 0;
+}
+
+static inline int shim_active(void) {
+  int (*fn)(void) = NULL;
+  *(void **)&fn = dlsym(RTLD_DEFAULT, "vmmshim_active");
+  return fn ? fn() : -1;
+}
+
+static inline emu_counters_t emu_now(void) {
+  emu_counters_t c;
+  emu_get_counters(&c);
+  return c;
+}
+
+/* Sum of the VMM calls that change mappings (what a steady state must not make). */
+static inline unsigned long long emu_vmm_calls(const emu_counters_t *c) {
+  return c->n_cuMemCreate + c->n_cuMemMap + c->n_cuMemSetAccess + c->n_cuMemUnmap + c->n_cuMemRelease +
+         c->n_cuMemAddressReserve + c->n_cuMemAddressFree;
+}
+
+/* The file a code address lies in ("" when unknown). */
+static inline const char *lib_of(const void *fn) {
+  Dl_info di;
+  if (!fn || !dladdr(fn, &di) || !di.dli_fname) return "";
+  return di.dli_fname;
+}
+static inline int in_shim(const void *fn) { return strstr(lib_of(fn), "libvmmshim") != NULL; }
+static inline int in_libcuda(const void *fn) { return strstr(lib_of(fn), "libcuda.so") != NULL; }
+#endif
+
+/* Byte patterns: byte i of a block with seed s. */
+static inline unsigned char pat_byte(unsigned long long seed, size_t i) {
+  unsigned long long x = (seed + 1) * 0x9E3779B97F4A7C15ull ^ (i >> 3) * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return (unsigned char)(x >> (8 * (i & 7)));
+}
+static inline void pat_fill(void *p, size_t n, unsigned long long seed) {
+  unsigned char *c = (unsigned char *)p;
+  for (size_t i = 0; i < n; i++) c[i] = pat_byte(seed, i);
+}
+/* Returns the offset of the first wrong byte, or (size_t)-1. */
+static inline size_t pat_check(const void *p, size_t n, unsigned long long seed) {
+  const unsigned char *c = (const unsigned char *)p;
+  for (size_t i = 0; i < n; i++)
+    if (c[i] != pat_byte(seed, i)) return i;
+  return (size_t)-1;
+}
+/* Sparse versions for big blocks: every byte of the first and last 4 KiB, and 8 bytes
+ * of every 4 KiB page in between. */
+static inline void pat_fill_sparse(void *p, size_t n, unsigned long long seed) {
+  unsigned char *c = (unsigned char *)p;
+  if (n <= 8192) { pat_fill(p, n, seed); return; }
+  for (size_t i = 0; i < 4096; i++) c[i] = pat_byte(seed, i);
+  for (size_t i = n - 4096; i < n; i++) c[i] = pat_byte(seed, i);
+  for (size_t pg = 4096; pg + 8 <= n - 4096; pg += 4096)
+    for (size_t i = pg; i < pg + 8; i++) c[i] = pat_byte(seed, i);
+}
+static inline size_t pat_check_sparse(const void *p, size_t n, unsigned long long seed) {
+  const unsigned char *c = (const unsigned char *)p;
+  if (n <= 8192) return pat_check(p, n, seed);
+  for (size_t i = 0; i < 4096; i++) if (c[i] != pat_byte(seed, i)) return i;
+  for (size_t i = n - 4096; i < n; i++) if (c[i] != pat_byte(seed, i)) return i;
+  for (size_t pg = 4096; pg + 8 <= n - 4096; pg += 4096)
+    for (size_t i = pg; i < pg + 8; i++) if (c[i] != pat_byte(seed, i)) return i;
+  return (size_t)-1;
+}
+
+/* xorshift64* */
+static inline unsigned long long rnd_next(unsigned long long *s) {
+  unsigned long long x = *s;
+  x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+  *s = x;
+  return x * 0x2545F4914F6CDD1Dull;
+}
+/* Log-uniform size in [1, max]. */
+static inline size_t rnd_size(unsigned long long *s, size_t max) {
+  int bits = 0;
+  while ((1ull << bits) < max) bits++;
+  size_t hi = (size_t)1 << (rnd_next(s) % (unsigned)(bits + 1));
+  size_t v = hi / 2 + (size_t)(rnd_next(s) % (hi / 2 + 1)) + (hi == 1);
+  if (v < 1) v = 1;
+  return v > max ? max : v;
+}
+
+static inline double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 #endif

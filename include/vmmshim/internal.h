@@ -208,6 +208,8 @@ size_t _vs_mapped_total(void);
 void _vs_pool_stream_destroyed(vs_pool_t *pool, CUstream stream);
 /* Idle mapped bytes (mapped but not in a live block). */
 size_t _vs_pool_idle_bytes(vs_pool_t *pool);
+/* Synchronises the pool's context (which must be current) so that pending frees become idle. */
+CUresult _vs_pool_reclaim(vs_pool_t *pool);
 /* Releases every fully idle handle; returns the bytes released. */
 size_t _vs_pool_trim(vs_pool_t *pool, size_t keep_bytes);
 CUcontext _vs_pool_context(const vs_pool_t *pool);

@@ -1,0 +1,397 @@
+/* test_shim_env: scenarios that need their own process, because the shim reads its
+ * options once and the emulation's device settings must be made before first use. The
+ * parent re-executes itself once per scenario with the environment set (tests/check.h).
+ *
+ *   deferred  VMMSHIM_FREE_MODE=deferred: cudaFree does not wait for earlier work, the
+ *             range is not reused while that work is pending, and the background
+ *             reclaimer makes it reusable once the work has completed.
+ *   gran2m    VMMSHIM_GRANULARITY=2M: blocks spanning many handles, every byte written
+ *             and read back, no overlaps.
+ *   limit     VMMSHIM_LIMIT=64M: allocations beyond fail with out-of-memory,
+ *             cudaMemGetInfo reports the cap.
+ *   oom       a 256 MiB device: allocation failure codes, recovery by releasing idle
+ *             handles.
+ *   novmm     a device without VMM support: everything passes through.
+ *   nofd      no POSIX-fd / RDMA support: handles are created without those properties.
+ *   disable   VMMSHIM_DISABLE=1: pure pass-through.
+ *   badgran   VMMSHIM_GRANULARITY=12Q: a message naming the variable and the value, the
+ *             default used. */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "cudart_emu.h"
+#include "emu.h"
+#include "vmmshim.h"
+#define CHECK_SHIM_HELPERS
+#include "check.h"
+
+#define MiB (1ull << 20)
+
+static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
+
+typedef struct {
+  unsigned char *p;
+  size_t n;
+  pthread_t main;
+  volatile int ran;
+  volatile int on_main;
+} work_t;
+
+static void work_fill(void *arg) {
+  work_t *w = arg;
+  pat_fill(w->p, w->n, 3);
+  w->on_main = pthread_equal(pthread_self(), w->main);
+  __atomic_store_n(&w->ran, 1, __ATOMIC_RELEASE);
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {0, ms * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------------ deferred */
+/* True once no freed block is waiting (idle bytes = mapped - in use), polled up to t s. */
+static int wait_reclaimed(double t) {
+  double end = now_s() + t;
+  for (;;) {
+    size_t f = 0, tot = 0;
+    cudaMemGetInfo(&f, &tot);
+    vmmshim_stats_t s = shim_stats();
+    size_t idle = f - (tot - emu_device_used(0));
+    if (idle == s.bytes_mapped - s.bytes_in_use) return 1;
+    if (now_s() > end) {
+      printf("waiting: idle %zu, mapped %llu, in use %llu\n", idle, (unsigned long long)s.bytes_mapped,
+             (unsigned long long)s.bytes_in_use);
+      return 0;
+    }
+    sleep_ms(2);
+  }
+}
+
+/* n rounds of alloc 4 MiB / launch work on it / cudaFree; every `every` rounds the work
+ * completes and the reclaimer gets time to catch up. */
+static void churn(cudaStream_t s, int n, int every) {
+  for (int i = 0; i < n; i++) {
+    void *q = NULL;
+    if (cudaMalloc(&q, 4 * MiB) != cudaSuccess) {
+      CHECK(0, "alloc %d", i);
+      break;
+    }
+    static work_t wk[1024];
+    wk[i % 1024] = (work_t){q, 4096, pthread_self(), 0, 0};
+    emu_launch((CUstream)s, work_fill, &wk[i % 1024]);
+    cudaFree(q);
+    if (i % every == every - 1) {
+      emu_complete((CUstream)s, -1);
+      wait_reclaimed(1.0);
+    }
+  }
+  emu_complete((CUstream)s, -1);
+}
+
+static void scenario_deferred(void) {
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  cudaStream_t s;
+  CHECK(cudaStreamCreate(&s) == cudaSuccess, "stream");
+  void *warm = NULL;
+  CHECK(cudaMalloc(&warm, 8 * MiB) == cudaSuccess, "warm");
+  void *a = NULL;
+  CHECK(cudaMalloc(&a, MiB) == cudaSuccess, "a");
+  work_t w = {a, MiB, pthread_self(), 0, 0};
+  emu_launch((CUstream)s, work_fill, &w);
+  size_t f0 = 0, t0 = 0;
+  CHECK(cudaMemGetInfo(&f0, &t0) == cudaSuccess, "meminfo");
+  CHECK(cudaFree(a) == cudaSuccess, "cudaFree");
+  int pending_after_free = emu_pending((CUstream)s);
+  CHECK(!(w.ran && w.on_main), "cudaFree completed the work itself in deferred mode");
+  printf("deferred: pending after free %d\n", pending_after_free);
+  /* allocations while the work may still be pending never overlap a */
+  int early = 0;
+  void *b[16];
+  for (int i = 0; i < 16; i++) {
+    CHECK(cudaMalloc(&b[i], MiB) == cudaSuccess, "b");
+    int ran = __atomic_load_n(&w.ran, __ATOMIC_ACQUIRE);
+    if (!ran && overlaps((uintptr_t)b[i], MiB, (uintptr_t)a, MiB)) early++;
+  }
+  CHECK(early == 0, "a's range handed out while the work writing it was pending");
+  for (int i = 0; i < 16; i++) CHECK(cudaFree(b[i]) == cudaSuccess, "free b");
+  emu_complete((CUstream)s, -1);
+  /* the reclaimer synchronises in the background: every deferred free becomes idle */
+  CHECK(wait_reclaimed(1.0), "deferred frees not reclaimed within 1 s");
+  size_t f1 = 0, t1 = 0;
+  cudaMemGetInfo(&f1, &t1);
+  CHECK(f1 == f0 + MiB, "free %zu -> %zu after freeing a (1 MiB) and 16 later blocks", f0, f1);
+  /* the steady state reuses memory: once the work is done, mapped bytes stop growing */
+  churn(s, 100, 100);
+  CHECK(wait_reclaimed(1.0), "not reclaimed within 1 s");
+  vmmshim_stats_t s0 = shim_stats();
+  churn(s, 200, 10);
+  vmmshim_stats_t s1 = shim_stats();
+  printf("deferred: mapped %llu -> %llu MiB, syncs %llu\n", (unsigned long long)(s0.bytes_mapped >> 20),
+         (unsigned long long)(s1.bytes_mapped >> 20), (unsigned long long)s1.syncs);
+  CHECK(s1.bytes_mapped <= s0.bytes_mapped, "mapped bytes kept growing: %llu -> %llu",
+        (unsigned long long)s0.bytes_mapped, (unsigned long long)s1.bytes_mapped);
+  CHECK(s1.syncs > 0, "no synchronisations counted");
+  CHECK(cudaFree(warm) == cudaSuccess, "free warm");
+  CHECK(cudaStreamDestroy(s) == cudaSuccess, "destroy");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* ------------------------------------------------------------------ gran2m */
+static void scenario_gran2m(void) {
+  enum { N = 120 };
+  static uintptr_t p[N];
+  static size_t n[N];
+  unsigned long long rs = 99;
+  int bad = 0, unmapped = 0;
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  for (int i = 0; i < N; i++) {
+    n[i] = i % 4 == 0 ? (size_t)(rnd_next(&rs) % (9 * MiB)) + 1 : rnd_size(&rs, 3 * MiB);
+    void *v = NULL;
+    if (cudaMalloc(&v, n[i]) != cudaSuccess || (uintptr_t)v % 256) {
+      bad++;
+      p[i] = 0;
+      continue;
+    }
+    p[i] = (uintptr_t)v;
+    for (size_t off = 0; off < n[i]; off += 64 * 1024)
+      if (emu_handle_info(p[i] + off, NULL, NULL, NULL) != 0) unmapped++;
+    if (emu_handle_info(p[i] + n[i] - 1, NULL, NULL, NULL) != 0) unmapped++;
+    if (!unmapped) pat_fill(v, n[i], (unsigned long long)i);
+    if (i % 5 == 4) { /* free one now and then, so later blocks land in gaps */
+      int j = (int)(rnd_next(&rs) % (unsigned)i);
+      if (p[j]) {
+        if (pat_check((void *)p[j], n[j], (unsigned long long)j) != (size_t)-1) bad++;
+        cudaFree((void *)p[j]);
+        p[j] = 0;
+      }
+    }
+  }
+  CHECK(bad == 0, "%d failed or corrupt", bad);
+  CHECK(unmapped == 0, "%d unmapped pages inside blocks", unmapped);
+  int corrupt = 0, ov = 0;
+  for (int i = 0; i < N; i++)
+    if (p[i] && pat_check((void *)p[i], n[i], (unsigned long long)i) != (size_t)-1) corrupt++;
+  for (int i = 0; i < N; i++)
+    for (int j = i + 1; j < N; j++)
+      if (p[i] && p[j] && overlaps(p[i], n[i], p[j], n[j])) ov++;
+  CHECK(corrupt == 0, "%d blocks corrupt", corrupt);
+  CHECK(ov == 0, "%d overlaps", ov);
+  emu_counters_t e = emu_now();
+  CHECK(e.live_mappings > 8, "with 2 MiB handles there should be many mappings (%ld)", e.live_mappings);
+  vmmshim_stats_t s = shim_stats();
+  CHECK(s.bytes_mapped % (2 * MiB) == 0 && s.bytes_mapped < 1024 * MiB, "mapped %llu",
+        (unsigned long long)s.bytes_mapped);
+  for (int i = 0; i < N; i++)
+    if (p[i]) cudaFree((void *)p[i]);
+  shim_trim();
+  CHECK(emu_now().mapped_bytes == 0, "trim left %llu bytes mapped", emu_now().mapped_bytes);
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* ------------------------------------------------------------------ limit */
+static void scenario_limit(void) {
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  void *p[16];
+  int n = 0;
+  cudaError_t last = cudaSuccess;
+  while (n < 16) {
+    last = cudaMalloc(&p[n], 16 * MiB);
+    if (last != cudaSuccess) break;
+    n++;
+  }
+  cudaGetLastError();
+  CHECK(last == cudaErrorMemoryAllocation, "allocation beyond the limit returned %d", (int)last);
+  CHECK(n >= 2 && n <= 4, "%d blocks of 16 MiB under a 64 MiB limit", n);
+  vmmshim_stats_t s = shim_stats();
+  CHECK(s.bytes_mapped <= 64 * MiB, "mapped %llu over the limit", (unsigned long long)s.bytes_mapped);
+  CHECK(s.alloc_failures >= 1, "failure not counted");
+  CUdeviceptr d = 0;
+  CHECK(cuMemAlloc(&d, 64 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc beyond the limit");
+  void *q = NULL;
+  cudaStream_t st;
+  CHECK(cudaStreamCreate(&st) == cudaSuccess, "stream");
+  CHECK(cudaMallocAsync(&q, 64 * MiB, st) == cudaErrorMemoryAllocation, "cudaMallocAsync beyond the limit");
+  cudaGetLastError();
+  size_t f = 0, t = 0;
+  CHECK(cudaMemGetInfo(&f, &t) == cudaSuccess, "meminfo");
+  CHECK(t == 64 * MiB, "total %zu, want the 64 MiB limit", t);
+  CHECK(f <= 64 * MiB, "free %zu above the limit", f);
+  size_t cf = 0, ct = 0;
+  CHECK(cuMemGetInfo(&cf, &ct) == CUDA_SUCCESS && ct == 64 * MiB && cf <= 64 * MiB, "cuMemGetInfo %zu/%zu", cf, ct);
+  for (int i = 0; i < n; i++) CHECK(cudaFree(p[i]) == cudaSuccess, "free");
+  CHECK(cudaMemGetInfo(&f, &t) == cudaSuccess && f == 64 * MiB, "free %zu with nothing allocated", f);
+  void *big = NULL;
+  CHECK(cudaMalloc(&big, 60 * MiB) == cudaSuccess, "60 MiB after freeing everything");
+  if (big) {
+    pat_fill_sparse(big, 60 * MiB, 5);
+    CHECK(pat_check_sparse(big, 60 * MiB, 5) == (size_t)-1, "data");
+    cudaFree(big);
+  }
+  CHECK(cudaStreamDestroy(st) == cudaSuccess, "destroy");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* ------------------------------------------------------------------ oom */
+static void scenario_oom(void) {
+  emu_set_device_memory(0, 256 * MiB);
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  enum { M = 64 };
+  void *p[M];
+  int n = 0;
+  cudaError_t last = cudaSuccess;
+  while (n < M) {
+    last = cudaMalloc(&p[n], 8 * MiB);
+    if (last != cudaSuccess) break;
+    pat_fill_sparse(p[n], 8 * MiB, (unsigned long long)n);
+    n++;
+  }
+  cudaGetLastError();
+  CHECK(last == cudaErrorMemoryAllocation, "cudaMalloc on a full device returned %d", (int)last);
+  CHECK(n >= 24 && n <= 32, "%d blocks of 8 MiB on a 256 MiB device", n);
+  CUdeviceptr d = 0;
+  CHECK(cuMemAlloc(&d, 16 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc on a full device");
+  int corrupt = 0;
+  for (int i = 0; i < n; i++)
+    if (pat_check_sparse(p[i], 8 * MiB, (unsigned long long)i) != (size_t)-1) corrupt++;
+  CHECK(corrupt == 0, "%d blocks corrupt after failures", corrupt);
+  for (int i = 0; i < n; i++) CHECK(cudaFree(p[i]) == cudaSuccess, "free");
+  /* many small blocks spread over every handle, freed: only a release of idle handles
+   * makes room for one large block */
+  enum { S = 400 };
+  static void *sm[S];
+  int ns = 0;
+  for (; ns < S; ns++)
+    if (cudaMalloc(&sm[ns], 512 * 1024) != cudaSuccess) break;
+  cudaGetLastError();
+  for (int i = 0; i < ns; i++) cudaFree(sm[i]);
+  void *big = NULL;
+  cudaError_t r = cudaMalloc(&big, 200 * MiB);
+  CHECK(r == cudaSuccess, "200 MiB on an idle 256 MiB device: %d (idle handles not released?)", (int)r);
+  if (r == cudaSuccess) {
+    pat_fill_sparse(big, 200 * MiB, 77);
+    CHECK(pat_check_sparse(big, 200 * MiB, 77) == (size_t)-1, "data");
+    CHECK(cudaFree(big) == cudaSuccess, "free");
+  }
+  cudaGetLastError();
+  /* async: the failure code, then success after the pending frees complete */
+  cudaStream_t st;
+  CHECK(cudaStreamCreate(&st) == cudaSuccess, "stream");
+  void *a = NULL, *b = NULL;
+  CHECK(cudaMallocAsync(&a, 150 * MiB, st) == cudaSuccess, "150 MiB async");
+  CHECK(cudaMallocAsync(&b, 150 * MiB, st) == cudaErrorMemoryAllocation, "second 150 MiB async");
+  cudaGetLastError();
+  CHECK(cudaFreeAsync(a, st) == cudaSuccess, "free async");
+  CHECK(cudaMallocAsync(&b, 150 * MiB, st) == cudaSuccess, "150 MiB again on the same stream");
+  CHECK(cudaFreeAsync(b, st) == cudaSuccess, "free");
+  CHECK(cudaStreamSynchronize(st) == cudaSuccess, "sync");
+  CHECK(cudaMalloc(&b, 200 * MiB) == cudaSuccess, "200 MiB after async frees");
+  cudaFree(b);
+  cudaGetLastError();
+  CHECK(cudaStreamDestroy(st) == cudaSuccess, "destroy");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* ------------------------------------------------------------------ pass-through */
+static void check_passthrough(const char *what) {
+  emu_counters_t e0 = emu_now();
+  vmmshim_stats_t s0 = shim_stats();
+  void *p = NULL;
+  CHECK(cudaMalloc(&p, 3 * MiB) == cudaSuccess && p, "%s: cudaMalloc", what);
+  CUdeviceptr d = 0;
+  CHECK(cuMemAlloc(&d, 5000) == CUDA_SUCCESS && d, "%s: cuMemAlloc", what);
+  cudaStream_t st;
+  CHECK(cudaStreamCreate(&st) == cudaSuccess, "stream");
+  void *a = NULL;
+  CHECK(cudaMallocAsync(&a, 5000, st) == cudaSuccess && a, "%s: cudaMallocAsync", what);
+  emu_counters_t e1 = emu_now();
+  CHECK(e1.n_cuMemAlloc == e0.n_cuMemAlloc + 2, "%s: cuMemAlloc calls +%llu, want 2", what,
+        e1.n_cuMemAlloc - e0.n_cuMemAlloc);
+  CHECK(e1.n_cuMemAllocAsync == e0.n_cuMemAllocAsync + 1, "%s: cuMemAllocAsync calls", what);
+  CHECK(e1.n_cuMemCreate == 0 && e1.n_cuMemMap == 0 && e1.n_cuMemAddressReserve == 0, "%s: VMM calls made", what);
+  if (p) {
+    pat_fill(p, 3 * MiB, 1);
+    CHECK(pat_check(p, 3 * MiB, 1) == (size_t)-1, "%s: data", what);
+  }
+  vmmshim_stats_t s1 = shim_stats();
+  for (int i = 0; i < VMMSHIM_API_COUNT; i++)
+    CHECK(s1.allocs[i] == s0.allocs[i], "%s: allocations counted as served (api %d)", what, i);
+  CHECK(cudaFree(p) == cudaSuccess && cuMemFree(d) == CUDA_SUCCESS && cudaFreeAsync(a, st) == cudaSuccess,
+        "%s: frees", what);
+  CHECK(cudaStreamSynchronize(st) == cudaSuccess && cudaStreamDestroy(st) == cudaSuccess, "stream");
+  CHECK(emu_now().live_plain == 0, "%s: plain allocations left", what);
+  CHECK(cudaFree(p) == cudaErrorInvalidValue, "%s: double free", what);
+  cudaGetLastError();
+  CHECK(emu_violations() == 0, "%s: %d violations", what, emu_violations());
+}
+
+static void scenario_novmm(void) {
+  emu_set_caps(0, 0, 0);
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  check_passthrough("no VMM");
+  CHECK(shim_stats().passthrough_allocs >= 1, "passthrough_allocs not counted");
+}
+
+static void scenario_disable(void) {
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  CHECK(shim_active() == 0, "vmmshim_active() = %d with VMMSHIM_DISABLE=1", shim_active());
+  check_passthrough("disabled");
+}
+
+static void scenario_nofd(void) {
+  emu_set_caps(1, 0, 0);
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  void *p = NULL;
+  CHECK(cudaMalloc(&p, MiB) == cudaSuccess, "alloc");
+  unsigned long long types = 99;
+  int rdma = 99;
+  unsigned acc = 0;
+  CHECK(emu_handle_info((CUdeviceptr)(uintptr_t)p, &types, &rdma, &acc) == 0, "mapped");
+  CHECK(types == 0, "requestedHandleTypes %llu without POSIX fd support", types);
+  CHECK(rdma == 0, "gpuDirectRDMACapable %d without RDMA support", rdma);
+  CHECK(acc == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "access %u", acc);
+  CHECK(cudaFree(p) == cudaSuccess, "free");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+static void scenario_badgran(void) {
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  void *p = NULL;
+  CHECK(cudaMalloc(&p, MiB) == cudaSuccess, "alloc");
+  CHECK(shim_stats().bytes_mapped == 64 * MiB, "mapped %llu, want one default (64 MiB) handle",
+        (unsigned long long)shim_stats().bytes_mapped);
+  cudaFree(p);
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  const char *sc = check_child_main(argc, argv);
+  if (sc) {
+    alarm(60);
+    if (!strcmp(sc, "deferred")) scenario_deferred();
+    else if (!strcmp(sc, "gran2m")) scenario_gran2m();
+    else if (!strcmp(sc, "limit")) scenario_limit();
+    else if (!strcmp(sc, "oom")) scenario_oom();
+    else if (!strcmp(sc, "novmm")) scenario_novmm();
+    else if (!strcmp(sc, "disable")) scenario_disable();
+    else if (!strcmp(sc, "nofd")) scenario_nofd();
+    else if (!strcmp(sc, "badgran")) scenario_badgran();
+    else CHECK(0, "unknown scenario %s", sc);
+    return check_child_summary(sc);
+  }
+  check_run_child("deferred", "VMMSHIM_FREE_MODE=deferred", NULL);
+  check_run_child("gran2m", "VMMSHIM_GRANULARITY=2M", NULL);
+  check_run_child("limit", "VMMSHIM_LIMIT=64M", NULL);
+  check_run_child("oom", NULL);
+  check_run_child("novmm", NULL);
+  check_run_child("nofd", NULL);
+  check_run_child("disable", "VMMSHIM_DISABLE=1", NULL);
+  check_run_child("badgran", "VMMSHIM_GRANULARITY=12Q", NULL);
+  CHECK(strstr(check_child_output, "VMMSHIM_GRANULARITY") && strstr(check_child_output, "12Q"),
+        "no message naming VMMSHIM_GRANULARITY and its value 12Q");
+  return check_summary();
+}

@@ -1,0 +1,188 @@
+/* test_unit_config: src/config.c linked straight in: the size and boolean parsers, and
+ * every option read from the environment, with the message a malformed value gets. */
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vmmshim/internal.h"
+#include "check.h"
+
+static void size_ok(const char *text, uint64_t want) {
+  uint64_t v = 12345;
+  int r = _vs_parse_size(text, &v);
+  CHECK(r == 0 && v == want, "_vs_parse_size(\"%s\") = %d, %llu; want %llu", text, r, (unsigned long long)v,
+        (unsigned long long)want);
+}
+
+static void size_bad(const char *text) {
+  uint64_t v = 12345;
+  int r = _vs_parse_size(text, &v);
+  CHECK(r == -1, "_vs_parse_size(\"%s\") accepted: %llu", text ? text : "(null)", (unsigned long long)v);
+  CHECK(v == 12345, "_vs_parse_size(\"%s\") wrote %llu on failure", text ? text : "(null)", (unsigned long long)v);
+}
+
+static void bool_is(const char *text, int want) {
+  uint64_t v = 7;
+  int r = _vs_parse_bool(text, &v);
+  if (want < 0) CHECK(r == -1, "_vs_parse_bool(\"%s\") accepted: %llu", text ? text : "(null)", (unsigned long long)v);
+  else CHECK(r == 0 && v == (uint64_t)want, "_vs_parse_bool(\"%s\") = %d, %llu", text, r, (unsigned long long)v);
+}
+
+/* Runs _vs_config_reload + _vs_config_report with stderr captured; returns what was printed. */
+static char captured[8192];
+static const char *reload_capture(void) {
+  fflush(stderr);
+  int fds[2];
+  if (pipe(fds) != 0) return "";
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  int saved = dup(2);
+  dup2(fds[1], 2);
+  _vs_config_reload();
+  _vs_config_report();
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(fds[1]);
+  ssize_t n = read(fds[0], captured, sizeof captured - 1);
+  close(fds[0]);
+  captured[n > 0 ? n : 0] = 0;
+  return captured;
+}
+
+static void clear_env(void) {
+  static const char *vars[] = {"VMMSHIM_DISABLE", "VMMSHIM_GRANULARITY", "VMMSHIM_FREE_MODE",
+                               "VMMSHIM_RELEASE_THRESHOLD", "VMMSHIM_LIMIT", "VMMSHIM_RESERVE",
+                               "VMMSHIM_LOG", "VMMSHIM_STATS", "VMMSHIM_VERBOSE",
+                               "VMMSHIM_TRACE", "VMMSHIM_TRACE_FORMAT"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  size_ok("64M", 64ull << 20);
+  size_ok("2GiB", 2ull << 30);
+  size_ok("1k", 1024);
+  size_ok("1K", 1024);
+  size_ok("0", 0);
+  size_ok(" 5 G", 5ull << 30);
+  size_ok("1048576", 1048576);
+  size_ok("3T", 3ull << 40);
+  size_ok("7MB", 7ull << 20);
+  size_ok("8mib", 8ull << 20);
+  size_ok("12 ", 12);
+  size_ok("18446744073709551615", UINT64_MAX);
+  size_ok("16777215T", 16777215ull << 40);
+  size_bad("garbage");
+  size_bad("-1");
+  size_bad("+1");
+  size_bad("18446744073709551616");
+  size_bad("99999999999T");
+  size_bad("16777216T");
+  size_bad("17179869184G");
+  size_bad("1.5G");
+  size_bad("");
+  size_bad("   ");
+  size_bad("12Q");
+  size_bad("M");
+  size_bad("1MM");
+  size_bad("1 M B x");
+  size_bad(NULL);
+
+  bool_is("1", 1);
+  bool_is("true", 1);
+  bool_is("TRUE", 1);
+  bool_is("yes", 1);
+  bool_is("On", 1);
+  bool_is("0", 0);
+  bool_is("false", 0);
+  bool_is("No", 0);
+  bool_is("off", 0);
+  bool_is("2", -1);
+  bool_is("", -1);
+  bool_is("maybe", -1);
+  bool_is("1 ", -1);
+  bool_is(NULL, -1);
+
+  /* defaults */
+  clear_env();
+  const char *out = reload_capture();
+  CHECK(_vs_option(VS_OPT_GRANULARITY) == 64ull << 20, "default granularity %llu",
+        (unsigned long long)_vs_option(VS_OPT_GRANULARITY));
+  CHECK(_vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC, "default free mode");
+  CHECK(_vs_option(VS_OPT_DISABLE) == 0 && _vs_option(VS_OPT_LIMIT) == 0 && _vs_option(VS_OPT_RESERVE) == 0,
+        "defaults");
+  CHECK(_vs_option(VS_OPT_RELEASE_THRESHOLD) == UINT64_MAX, "default release threshold");
+  CHECK(_vs_option(VS_OPT_LOG) == VS_LOG_WARN, "default log level %llu", (unsigned long long)_vs_option(VS_OPT_LOG));
+  CHECK(_vs_option_string(VS_OPT_TRACE) == NULL, "trace unset");
+  CHECK(out[0] == 0, "messages with no variable set: %s", out);
+
+  /* valid values */
+  setenv("VMMSHIM_GRANULARITY", "2M", 1);
+  setenv("VMMSHIM_FREE_MODE", "Deferred", 1);
+  setenv("VMMSHIM_LIMIT", "64M", 1);
+  setenv("VMMSHIM_RELEASE_THRESHOLD", "unlimited", 1);
+  setenv("VMMSHIM_RESERVE", "1T", 1);
+  setenv("VMMSHIM_DISABLE", "yes", 1);
+  setenv("VMMSHIM_LOG", "debug:/tmp/vmmshim-test.log", 1);
+  setenv("VMMSHIM_TRACE", "/tmp/t-%p.csv", 1);
+  setenv("VMMSHIM_TRACE_FORMAT", "rmm", 1);
+  out = reload_capture();
+  CHECK(out[0] == 0, "messages for valid values: %s", out);
+  CHECK(_vs_option(VS_OPT_GRANULARITY) == 2ull << 20, "granularity %llu", (unsigned long long)_vs_option(VS_OPT_GRANULARITY));
+  CHECK(_vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED, "free mode");
+  CHECK(_vs_option(VS_OPT_LIMIT) == 64ull << 20, "limit");
+  CHECK(_vs_option(VS_OPT_RELEASE_THRESHOLD) == UINT64_MAX, "release threshold");
+  CHECK(_vs_option(VS_OPT_RESERVE) == 1ull << 40, "reserve");
+  CHECK(_vs_option(VS_OPT_DISABLE) == 1, "disable");
+  CHECK(_vs_option(VS_OPT_LOG) == VS_LOG_DEBUG, "log level %llu", (unsigned long long)_vs_option(VS_OPT_LOG));
+  CHECK(_vs_option_string(VS_OPT_LOG) && !strcmp(_vs_option_string(VS_OPT_LOG), "debug:/tmp/vmmshim-test.log"),
+        "log text");
+  CHECK(_vs_option_string(VS_OPT_TRACE) && !strcmp(_vs_option_string(VS_OPT_TRACE), "/tmp/t-%p.csv"), "trace");
+  CHECK(_vs_option(VS_OPT_TRACE_FORMAT) == VS_TRACE_RMM, "trace format");
+  setenv("VMMSHIM_RELEASE_THRESHOLD", "256M", 1);
+  reload_capture();
+  CHECK(_vs_option(VS_OPT_RELEASE_THRESHOLD) == 256ull << 20, "release threshold 256M");
+
+  /* malformed values: the default, and one message naming the variable and the value */
+  clear_env();
+  setenv("VMMSHIM_GRANULARITY", "12Q", 1);
+  out = reload_capture();
+  CHECK(_vs_option(VS_OPT_GRANULARITY) == 64ull << 20, "granularity after 12Q: %llu",
+        (unsigned long long)_vs_option(VS_OPT_GRANULARITY));
+  CHECK(strstr(out, "VMMSHIM_GRANULARITY") && strstr(out, "12Q"), "message for 12Q: '%s'", out);
+  setenv("VMMSHIM_GRANULARITY", "0", 1);
+  out = reload_capture();
+  CHECK(_vs_option(VS_OPT_GRANULARITY) == 64ull << 20, "granularity after 0");
+  CHECK(strstr(out, "VMMSHIM_GRANULARITY") != NULL, "message for 0: '%s'", out);
+  setenv("VMMSHIM_GRANULARITY", "1.5G", 1);
+  out = reload_capture();
+  CHECK(_vs_option(VS_OPT_GRANULARITY) == 64ull << 20, "granularity after 1.5G");
+  CHECK(strstr(out, "VMMSHIM_GRANULARITY") && strstr(out, "1.5G"), "message for 1.5G: '%s'", out);
+  clear_env();
+  setenv("VMMSHIM_FREE_MODE", "later", 1);
+  setenv("VMMSHIM_LIMIT", "lots", 1);
+  setenv("VMMSHIM_DISABLE", "perhaps", 1);
+  setenv("VMMSHIM_LOG", "loud", 1);
+  setenv("VMMSHIM_TRACE_FORMAT", "xml", 1);
+  out = reload_capture();
+  CHECK(_vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC && _vs_option(VS_OPT_LIMIT) == 0 &&
+            _vs_option(VS_OPT_DISABLE) == 0 && _vs_option(VS_OPT_LOG) == VS_LOG_WARN &&
+            _vs_option(VS_OPT_TRACE_FORMAT) == VS_TRACE_NATIVE,
+        "defaults after malformed values");
+  CHECK(strstr(out, "VMMSHIM_FREE_MODE") && strstr(out, "later"), "free mode message: '%s'", out);
+  CHECK(strstr(out, "VMMSHIM_LIMIT") && strstr(out, "lots"), "limit message");
+  CHECK(strstr(out, "VMMSHIM_DISABLE") && strstr(out, "perhaps"), "disable message");
+  CHECK(strstr(out, "VMMSHIM_LOG") && strstr(out, "loud"), "log message");
+  CHECK(strstr(out, "VMMSHIM_TRACE_FORMAT") && strstr(out, "xml"), "trace format message");
+  /* a valid value after a malformed one: no stale message */
+  clear_env();
+  setenv("VMMSHIM_GRANULARITY", "4M", 1);
+  out = reload_capture();
+  CHECK(out[0] == 0 && _vs_option(VS_OPT_GRANULARITY) == 4ull << 20, "stale message or value: '%s'", out);
+  clear_env();
+  reload_capture();
+  return check_summary();
+}
