@@ -217,27 +217,26 @@ static bool fits(const vs_block_t *b, size_t size, size_t align) {
   return b->size >= pad && b->size - pad >= size;
 }
 
-/* A free block that holds size bytes at the alignment: the best of the first few in the
- * request's own bin, else the first of the next non-empty bin (all of which fit). */
+/* A free block that holds size bytes at the alignment. Bins from the request's own up to
+ * that of size plus the worst alignment pad may hold blocks that fit or not: the first
+ * few of each are examined (the smallest fitting one wins in the request's own bin). Any
+ * block in a higher bin fits. */
 static vs_block_t *bin_find(vs_pool_t *p, size_t size, size_t align) {
   size_t want = size + (align > VS_MIN_ALIGN ? align - VS_MIN_ALIGN : 0);
-  unsigned i = bin_of(size);
-  vs_block_t *best = NULL;
-  int n = 0;
-  for (vs_block_t *b = p->bins[i]; b && n < VS_BIN_SCAN; b = b->fnext, n++)
-    if (fits(b, size, align) && (!best || b->size < best->size)) best = b;
-  if (best) return best;
-  unsigned start = bin_of(want) + 1;
-  if (start < i + 1) start = i + 1;
+  unsigned first = bin_of(size), last = bin_of(want);
+  for (unsigned i = first; i <= last; i++) {
+    if (!(p->binmap[i / 64] & (1ull << (i % 64)))) continue;
+    vs_block_t *best = NULL;
+    int n = 0;
+    for (vs_block_t *b = p->bins[i]; b && n < VS_BIN_SCAN; b = b->fnext, n++)
+      if (fits(b, size, align) && (!best || b->size < best->size)) best = b;
+    if (best) return best;
+  }
+  unsigned start = last + 1;
   for (unsigned w = start / 64; w < VS_NBINS / 64; w++) {
     uint64_t bits = p->binmap[w];
     if (w == start / 64) bits &= ~0ull << (start % 64);
-    while (bits) {
-      unsigned j = w * 64 + (unsigned)__builtin_ctzll(bits);
-      for (vs_block_t *b = p->bins[j]; b; b = b->fnext)
-        if (fits(b, size, align)) return b;
-      bits &= bits - 1;
-    }
+    if (bits) return p->bins[w * 64 + (unsigned)__builtin_ctzll(bits)];
   }
   return NULL;
 }
@@ -612,9 +611,16 @@ static vs_block_t *claim_hole(vs_pool_t *p, size_t size, size_t align, size_t mi
   return pick;
 }
 
-/* Grows the pool so that a request of size/align fits. Called without the lock. */
+/* Grows the pool so that a request of size/align fits. Called without the lock.
+ * Idle handles that could not serve the request are released first, as many bytes as the
+ * growth maps: physical memory follows what is live, not the history of the address space. */
 static CUresult grow(vs_pool_t *p, size_t size, size_t align, bool exact) {
   size_t handle = exact ? p->caps.min_granularity : p->gran;
+  size_t want = round_up(size, handle);
+  pthread_mutex_lock(&p->lock);
+  size_t idle = p->free_bytes;
+  pthread_mutex_unlock(&p->lock);
+  if (idle >= p->caps.min_granularity) _vs_pool_trim(p, idle > want ? idle - want : 0);
   pthread_mutex_lock(&p->lock);
   size_t len = 0;
   vs_block_t *b = claim_hole(p, size, align, handle, &len);
@@ -667,43 +673,60 @@ static CUresult grow(vs_pool_t *p, size_t size, size_t align, bool exact) {
   return r;
 }
 
-/* Unmaps and releases whole handles that lie inside free blocks, until at most keep
- * idle bytes remain. Called without the lock. Returns the bytes released. */
+/* Carves every whole handle lying inside free block b out of it (BUSY pieces appended to
+ * out[], their segments to segs[]), until `want` bytes are collected or out[] is full.
+ * Leftover free pieces go back to the bins without merging: b was maximal, so its pieces
+ * have no free neighbours. Returns the bytes collected. Lock held. */
+static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_block_t **out, vs_seg_t *segs,
+                                 int *n, int max) {
+  size_t got = 0;
+  size_t i = seg_lower_bound(p, b->addr);
+  if (i == p->n_segs || p->segs[i].va + p->segs[i].size > b->addr + b->size) return 0;
+  bin_remove(p, b);
+  vs_block_t *rest = b; /* the part of b not yet looked at */
+  while (i < p->n_segs && *n < max && got < want) {
+    vs_seg_t sg = p->segs[i];
+    if (sg.va + sg.size > rest->addr + rest->size) break;
+    vs_block_t *mid = rest;
+    if (sg.va > rest->addr) {
+      mid = split(p, rest, (size_t)(sg.va - rest->addr));
+      if (!mid) break;
+      bin_insert(p, rest);
+    }
+    rest = NULL;
+    if (mid->size > sg.size) {
+      rest = split(p, mid, sg.size);
+      if (!rest) { bin_insert(p, mid); mid = NULL; break; }
+    }
+    mid->state = B_BUSY;
+    seg_remove_at(p, i); /* the next segment now sits at index i */
+    p->mapped -= sg.size;
+    segs[*n] = sg;
+    out[(*n)++] = mid;
+    got += sg.size;
+    if (!rest) break;
+  }
+  if (rest) bin_insert(p, rest);
+  return got;
+}
+
+/* Unmaps and releases whole handles that lie inside free blocks until at most `keep` idle
+ * bytes remain (or none is left to release). Called without the lock. */
 size_t _vs_pool_trim(vs_pool_t *p, size_t keep) {
-  enum { MAX_BATCH = 64 };
+  enum { MAX_BATCH = 64, MAX_CAND = 64 };
   size_t released = 0;
   for (;;) {
     vs_seg_t victims[MAX_BATCH];
     vs_block_t *busy[MAX_BATCH];
-    int n = 0;
+    vs_block_t *cand[MAX_CAND];
+    int n = 0, nc = 0;
     pthread_mutex_lock(&p->lock);
-    /* Highest addresses first: the low end stays dense for the allocations that remain. */
-    for (size_t i = p->n_segs; i-- > 0 && n < MAX_BATCH && p->free_bytes > keep;) {
-      vs_seg_t s = p->segs[i];
-      /* The free block holding the whole segment, if any (slow path: a scan is fine). */
-      vs_block_t *b = NULL;
-      for (unsigned k = 0; k < VS_NBINS && !b; k++)
-        for (vs_block_t *c = p->bins[k]; c; c = c->fnext)
-          if (c->addr <= s.va && c->addr + c->size >= s.va + s.size) { b = c; break; }
-      if (!b) continue;
-      bin_remove(p, b);
-      vs_block_t *mid = b;
-      if (b->addr < s.va) {
-        mid = split(p, b, (size_t)(s.va - b->addr));
-        if (!mid) { bin_insert(p, b); break; }
-        bin_insert(p, b);
-      }
-      if (mid->size > s.size) {
-        vs_block_t *rest = split(p, mid, s.size);
-        if (!rest) { make_free(p, mid); break; }
-        bin_insert(p, rest);
-      }
-      mid->state = B_BUSY;
-      seg_remove_at(p, i);
-      p->mapped -= s.size;
-      victims[n] = s;
-      busy[n++] = mid;
-    }
+    /* Candidates: free blocks at least one minimum handle large, biggest bins first. */
+    unsigned lo = bin_of(p->caps.min_granularity);
+    for (unsigned k = VS_NBINS; k-- > lo && nc < MAX_CAND;)
+      for (vs_block_t *c = p->bins[k]; c && nc < MAX_CAND; c = c->fnext) cand[nc++] = c;
+    for (int c = 0; c < nc && n < MAX_BATCH && p->free_bytes > keep; c++)
+      carve_idle_handles(p, cand[c], p->free_bytes - keep, busy, victims, &n, MAX_BATCH);
     pthread_mutex_unlock(&p->lock);
     if (!n) break;
     for (int i = 0; i < n; i++) {
