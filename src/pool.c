@@ -107,15 +107,28 @@ typedef struct vs_seg_s {
   CUmemGenericAllocationHandle handle;
 } vs_seg_t;
 
+/* Small and large requests live in separate heaps (own reservations, bins and holes):
+ * small blocks scattered between large ones would pin partly used handles everywhere,
+ * while large blocks alone leave whole idle handles behind when freed, which growth can
+ * give back. */
+#define VS_SMALL_MAX (1ull << 20)
+enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_NHEAPS = 2 };
+typedef struct vs_heap_s {
+  vs_block_t *bins[VS_NBINS];
+  uint64_t binmap[VS_NBINS / 64];
+  vs_list_t holes;
+  size_t free_bytes;
+} vs_heap_t;
+
 struct vs_pool_s {
   pthread_mutex_t lock;
   CUcontext ctx;
   vs_device_caps_t caps;
-  size_t gran; /* handle size the pool grows by */
+  size_t gran;  /* handle size the pool grows by */
+  size_t chunk; /* largest handle: bigger growths are stitched from several */
   vs_block_t *map;
-  vs_block_t *bins[VS_NBINS];
-  uint64_t binmap[VS_NBINS / 64];
-  vs_list_t holes;
+  vs_heap_t heaps[VS_NHEAPS];
+  uint8_t resv_heap[VS_MAX_RESV];
   vs_list_t deferred; /* sync frees in deferred mode */
   vs_stream_t *streams;
   vs_batch_t *batches;
@@ -126,6 +139,7 @@ struct vs_pool_s {
   vs_seg_t *segs; /* sorted by va */
   size_t n_segs, cap_segs;
   size_t mapped, used, free_bytes, pending_bytes;
+  size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq; /* synchronisations started */
   vs_block_t *spare_blocks;
   /* Threads recording events on streams they copied out of the lock: a stream must not be
@@ -187,24 +201,30 @@ static unsigned bin_of(size_t size) {
   return (lg << VS_SUB_BITS) | sub;
 }
 
+static vs_heap_t *heap_of(vs_pool_t *p, const vs_block_t *b) { return &p->heaps[p->resv_heap[b->resv]]; }
+
 static void bin_insert(vs_pool_t *p, vs_block_t *b) {
+  vs_heap_t *h = heap_of(p, b);
   unsigned i = bin_of(b->size);
   b->state = B_FREE;
   b->bin = (uint8_t)i;
   b->fprev = NULL;
-  b->fnext = p->bins[i];
+  b->fnext = h->bins[i];
   if (b->fnext) b->fnext->fprev = b;
-  p->bins[i] = b;
-  p->binmap[i / 64] |= 1ull << (i % 64);
+  h->bins[i] = b;
+  h->binmap[i / 64] |= 1ull << (i % 64);
+  h->free_bytes += b->size;
   p->free_bytes += b->size;
 }
 
 static void bin_remove(vs_pool_t *p, vs_block_t *b) {
+  vs_heap_t *h = heap_of(p, b);
   unsigned i = b->bin;
-  if (b->fprev) b->fprev->fnext = b->fnext; else p->bins[i] = b->fnext;
+  if (b->fprev) b->fprev->fnext = b->fnext; else h->bins[i] = b->fnext;
   if (b->fnext) b->fnext->fprev = b->fprev;
-  if (!p->bins[i]) p->binmap[i / 64] &= ~(1ull << (i % 64));
+  if (!h->bins[i]) h->binmap[i / 64] &= ~(1ull << (i % 64));
   b->fprev = b->fnext = NULL;
+  h->free_bytes -= b->size;
   p->free_bytes -= b->size;
 }
 
@@ -221,7 +241,7 @@ static bool fits(const vs_block_t *b, size_t size, size_t align) {
  * that of size plus the worst alignment pad may hold blocks that fit or not: the first
  * few of each are examined (the smallest fitting one wins in the request's own bin). Any
  * block in a higher bin fits. */
-static vs_block_t *bin_find(vs_pool_t *p, size_t size, size_t align) {
+static vs_block_t *bin_find(vs_heap_t *p, size_t size, size_t align) {
   size_t want = size + (align > VS_MIN_ALIGN ? align - VS_MIN_ALIGN : 0);
   unsigned first = bin_of(size), last = bin_of(want);
   for (unsigned i = first; i <= last; i++) {
@@ -294,10 +314,11 @@ static void make_free(vs_pool_t *p, vs_block_t *b) {
 }
 
 static void make_hole(vs_pool_t *p, vs_block_t *b) {
+  vs_list_t *holes = &heap_of(p, b)->holes;
   b->state = B_HOLE;
   if (mergeable(b->prev, b, B_HOLE)) {
     vs_block_t *a = b->prev;
-    list_remove(&p->holes, a);
+    list_remove(holes, a);
     a->size += b->size;
     unlink_block(b);
     block_put(p, b);
@@ -305,12 +326,12 @@ static void make_hole(vs_pool_t *p, vs_block_t *b) {
   }
   if (mergeable(b, b->next, B_HOLE)) {
     vs_block_t *c = b->next;
-    list_remove(&p->holes, c);
+    list_remove(holes, c);
     b->size += c->size;
     unlink_block(c);
     block_put(p, c);
   }
-  list_push(&p->holes, b);
+  list_push(holes, b);
 }
 
 /* ------------------------------------------------------------------ segments */
@@ -351,7 +372,7 @@ static vs_stream_t *stream_get(vs_pool_t *p, CUstream key, CUstream handle, cons
 static CUstream stream_key(CUstream s, const void **owner);
 static void reclaim_by_events(vs_pool_t *p, const void *self);
 
-static int add_reservation(vs_pool_t *p, size_t size) {
+static int add_reservation(vs_pool_t *p, int heap, size_t size) {
   if (p->n_resv == VS_MAX_RESV) return -1;
   CUdeviceptr va;
   if (_vs_vmm_reserve(&p->caps, size, p->gran, &va) != CUDA_SUCCESS) return -1;
@@ -365,10 +386,11 @@ static int add_reservation(vs_pool_t *p, size_t size) {
   b->addr = va;
   b->size = size;
   b->resv = (uint16_t)p->n_resv;
+  p->resv_heap[p->n_resv] = (uint8_t)heap;
   p->n_resv++;
   /* Each reservation has its own address-order chain: blocks never link or merge across. */
   b->state = B_HOLE;
-  list_push(&p->holes, b);
+  list_push(&p->heaps[heap].holes, b);
   return 0;
 }
 
@@ -390,6 +412,8 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
     g = fixed;
   }
   p->gran = g;
+  size_t mh = (size_t)_vs_option(VS_OPT_MAX_HANDLE);
+  p->chunk = mh ? round_up(mh, caps->min_granularity) : SIZE_MAX / 2;
   size_t resv = (size_t)_vs_option(VS_OPT_RESERVE);
   if (!resv) {
     /* Address space is nearly free to reserve (3-20 us for 64 TiB): room for 4x the device. */
@@ -397,7 +421,9 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
     if (resv < (64ull << 30)) resv = 64ull << 30;
   }
   resv = round_up(resv, g);
-  if (add_reservation(p, resv) != 0) {
+  if (add_reservation(p, VS_HEAP_LARGE, resv) != 0 ||
+      add_reservation(p, VS_HEAP_SMALL, round_up(caps->total_mem ? caps->total_mem : resv, g)) != 0) {
+    for (int i = 0; i < p->n_resv; i++) _vs_vmm_address_free(&p->caps, p->resv[i].va, p->resv[i].size);
     _vs_warn("device %d: cannot reserve %zu bytes of address space; this context is passed through",
              (int)caps->device, resv);
     pthread_mutex_destroy(&p->lock);
@@ -530,6 +556,12 @@ static void reclaim_by_events(vs_pool_t *p, const void *self) {
       /* No event (stream gone, capture...): the batch waits for a context sync. */
       if (bt->event) { _vs_cu.cuEventDestroy(bt->event); bt->event = NULL; }
     }
+    /* An idle stream passes its event at once: one query now saves a growth. */
+    if (bt->event && _vs_cu.cuEventQuery(bt->event) == CUDA_SUCCESS) {
+      bt->next = done;
+      done = bt;
+      continue;
+    }
     bt->next = still;
     still = bt;
   }
@@ -553,30 +585,49 @@ static bool over_limit(size_t add) {
   return limit && atomic_load_explicit(&vs_mapped_total, memory_order_relaxed) + add > limit;
 }
 
-/* Maps `len` bytes at the start of hole h (already BUSY, detached from the hole list). */
-static CUresult map_range(vs_pool_t *p, CUdeviceptr va, size_t len, CUmemGenericAllocationHandle *h) {
-  CUresult r = _vs_vmm_create(&p->caps, len, h);
-  if (r != CUDA_SUCCESS) return r;
-  r = _vs_vmm_map(&p->caps, va, len, *h);
-  if (r != CUDA_SUCCESS) {
-    _vs_vmm_release(&p->caps, *h, len);
-    return r;
+/* Maps [va, va+len) with handles of at most `chunk` bytes each, back to back. Bounded
+ * handles keep a large block that is later partly reused from pinning all of its memory:
+ * the handles it no longer touches can be released. Lock not held; segments recorded
+ * by the caller through segs_out (at most max). */
+static CUresult map_range(vs_pool_t *p, CUdeviceptr va, size_t len, size_t chunk, vs_seg_t *segs_out, int max,
+                          int *n_out) {
+  CUresult r = CUDA_SUCCESS;
+  int n = 0;
+  size_t off = 0;
+  while (off < len) {
+    size_t piece = len - off;
+    if (piece > chunk && n < max - 1) piece = chunk;
+    CUmemGenericAllocationHandle h = 0;
+    r = _vs_vmm_create(&p->caps, piece, &h);
+    if (r != CUDA_SUCCESS) break;
+    r = _vs_vmm_map(&p->caps, va + off, piece, h);
+    if (r != CUDA_SUCCESS) {
+      _vs_vmm_release(&p->caps, h, piece);
+      break;
+    }
+    segs_out[n++] = (vs_seg_t){va + off, piece, h};
+    off += piece;
   }
-  r = _vs_vmm_set_access(&p->caps, va, len);
+  if (r == CUDA_SUCCESS) r = _vs_vmm_set_access(&p->caps, va, len); /* one call: cost follows handles */
   if (r != CUDA_SUCCESS) {
-    _vs_vmm_unmap(&p->caps, va, len);
-    _vs_vmm_release(&p->caps, *h, len);
+    for (int i = n; i-- > 0;) {
+      _vs_vmm_unmap(&p->caps, segs_out[i].va, segs_out[i].size);
+      _vs_vmm_release(&p->caps, segs_out[i].handle, segs_out[i].size);
+    }
+    n = 0;
   }
+  *n_out = n;
   return r;
 }
 
 /* Picks where to map `len` more bytes for a request of `size`: right after a free block
  * ending at a hole (so the two join), else the lowest hole that is large enough.
  * Returns the BUSY block carved from the hole, or NULL. Called with the lock held. */
-static vs_block_t *claim_hole(vs_pool_t *p, size_t size, size_t align, size_t min_handle, size_t *len_out) {
+static vs_block_t *claim_hole(vs_pool_t *p, vs_heap_t *heap, size_t size, size_t align, size_t min_handle,
+                              size_t *len_out) {
   vs_block_t *pick = NULL;
   size_t pick_len = 0, pick_tail = 0;
-  for (vs_block_t *h = p->holes.head; h; h = h->fnext) {
+  for (vs_block_t *h = heap->holes.head; h; h = h->fnext) {
     /* The block will start at the free tail before the hole if there is one, else at the
      * hole's start (a multiple of the minimum granularity, so aligned). */
     size_t tail = 0, pad = 0;
@@ -596,15 +647,15 @@ static vs_block_t *claim_hole(vs_pool_t *p, size_t size, size_t align, size_t mi
     }
   }
   if (!pick) return NULL;
-  list_remove(&p->holes, pick);
+  list_remove(&heap->holes, pick);
   if (pick_len < pick->size) {
     vs_block_t *rest = split(p, pick, pick_len);
     if (!rest) {
-      list_push(&p->holes, pick);
+      list_push(&heap->holes, pick);
       return NULL;
     }
     rest->state = B_HOLE;
-    list_push(&p->holes, rest);
+    list_push(&heap->holes, rest);
   }
   pick->state = B_BUSY;
   *len_out = pick_len;
@@ -614,7 +665,10 @@ static vs_block_t *claim_hole(vs_pool_t *p, size_t size, size_t align, size_t mi
 /* Grows the pool so that a request of size/align fits. Called without the lock.
  * Idle handles that could not serve the request are released first, as many bytes as the
  * growth maps: physical memory follows what is live, not the history of the address space. */
-static CUresult grow(vs_pool_t *p, size_t size, size_t align, bool exact) {
+static CUresult grow(vs_pool_t *p, int hi, size_t size, size_t align, bool exact) {
+  vs_heap_t *heap = &p->heaps[hi];
+  /* Large requests get handles of their own size (at least the pool granularity), so that
+   * freeing them leaves whole handles; small ones share handles of the granularity. */
   size_t handle = exact ? p->caps.min_granularity : p->gran;
   size_t want = round_up(size, handle);
   pthread_mutex_lock(&p->lock);
@@ -623,15 +677,15 @@ static CUresult grow(vs_pool_t *p, size_t size, size_t align, bool exact) {
   if (idle >= p->caps.min_granularity) _vs_pool_trim(p, idle > want ? idle - want : 0);
   pthread_mutex_lock(&p->lock);
   size_t len = 0;
-  vs_block_t *b = claim_hole(p, size, align, handle, &len);
+  vs_block_t *b = claim_hole(p, heap, size, align, handle, &len);
   if (!b) {
     pthread_mutex_unlock(&p->lock);
     size_t more = round_up(size + align, p->gran) * 2; /* a new reservation starts aligned */
-    size_t dflt = p->resv[0].size;
+    size_t dflt = p->resv[hi == VS_HEAP_LARGE ? 0 : 1].size;
     if (more < dflt) more = dflt;
     pthread_mutex_lock(&p->lock);
-    int rr = add_reservation(p, more);
-    if (rr == 0) b = claim_hole(p, size, align, handle, &len);
+    int rr = add_reservation(p, hi, more);
+    if (rr == 0) b = claim_hole(p, heap, size, align, handle, &len);
     if (!b) {
       pthread_mutex_unlock(&p->lock);
       _vs_warn("device %d: no address space for %zu bytes", (int)p->caps.device, size);
@@ -640,21 +694,32 @@ static CUresult grow(vs_pool_t *p, size_t size, size_t align, bool exact) {
   }
   pthread_mutex_unlock(&p->lock);
 
+  enum { MAX_PIECES = 256 };
+  vs_seg_t pieces[MAX_PIECES];
+  int np = 0;
+  size_t chunk = p->chunk;
+  if (len / chunk >= MAX_PIECES) chunk = round_up(len / (MAX_PIECES - 1), p->caps.min_granularity);
   CUresult r;
-  CUmemGenericAllocationHandle h = 0;
   if (over_limit(len)) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
     atomic_fetch_add(&vs_mapped_total, len);
-    r = map_range(p, b->addr, len, &h);
+    r = map_range(p, b->addr, len, chunk, pieces, MAX_PIECES, &np);
     if (r != CUDA_SUCCESS) atomic_fetch_sub(&vs_mapped_total, len);
   }
 
   pthread_mutex_lock(&p->lock);
-  if (r == CUDA_SUCCESS && seg_add(p, b->addr, len, h) != 0) {
+  int added = 0;
+  while (r == CUDA_SUCCESS && added < np && seg_add(p, pieces[added].va, pieces[added].size, pieces[added].handle) == 0)
+    added++;
+  if (r == CUDA_SUCCESS && added < np) {
+    /* No host memory for the segment table: undo the whole growth. */
+    for (int i = 0; i < added; i++) seg_remove_at(p, seg_lower_bound(p, pieces[i].va));
     pthread_mutex_unlock(&p->lock);
-    _vs_vmm_unmap(&p->caps, b->addr, len);
-    _vs_vmm_release(&p->caps, h, len);
+    for (int i = np; i-- > 0;) {
+      _vs_vmm_unmap(&p->caps, pieces[i].va, pieces[i].size);
+      _vs_vmm_release(&p->caps, pieces[i].handle, pieces[i].size);
+    }
     atomic_fetch_sub(&vs_mapped_total, len);
     pthread_mutex_lock(&p->lock);
     r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -723,8 +788,9 @@ size_t _vs_pool_trim(vs_pool_t *p, size_t keep) {
     pthread_mutex_lock(&p->lock);
     /* Candidates: free blocks at least one minimum handle large, biggest bins first. */
     unsigned lo = bin_of(p->caps.min_granularity);
-    for (unsigned k = VS_NBINS; k-- > lo && nc < MAX_CAND;)
-      for (vs_block_t *c = p->bins[k]; c && nc < MAX_CAND; c = c->fnext) cand[nc++] = c;
+    for (int hi = 0; hi < VS_NHEAPS; hi++)
+      for (unsigned k = VS_NBINS; k-- > lo && nc < MAX_CAND;)
+        for (vs_block_t *c = p->heaps[hi].bins[k]; c && nc < MAX_CAND; c = c->fnext) cand[nc++] = c;
     for (int c = 0; c < nc && n < MAX_BATCH && p->free_bytes > keep; c++)
       carve_idle_handles(p, cand[c], p->free_bytes - keep, busy, victims, &n, MAX_BATCH);
     pthread_mutex_unlock(&p->lock);
@@ -817,11 +883,11 @@ static CUstream stream_key(CUstream s, const void **owner) {
   return s;
 }
 
-static vs_block_t *take_from_stream(vs_pool_t *p, vs_stream_t *s, size_t size, size_t align) {
+static vs_block_t *take_from_stream(vs_pool_t *p, vs_stream_t *s, int hi, size_t size, size_t align) {
   int n = 0;
   vs_block_t *best = NULL;
   for (vs_block_t *b = s->pending.tail; b && n < VS_STREAM_SCAN; b = b->fprev, n++) {
-    if (!fits(b, size, align)) continue;
+    if (p->resv_heap[b->resv] != hi || !fits(b, size, align)) continue;
     if (!best || b->size < best->size) best = b;
     if (b->size - align_pad(b->addr, align) - size < VS_MIN_ALIGN) break;
   }
@@ -864,6 +930,7 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
   }
   size_t size = round_up(req, VS_MIN_ALIGN);
   size_t align = request_align(size);
+  int hi = size < VS_SMALL_MAX ? VS_HEAP_SMALL : VS_HEAP_LARGE;
   const void *owner = NULL;
   CUstream key = stream == VS_NO_STREAM ? NULL : stream_key(stream, &owner);
   int attempt = 0;
@@ -872,10 +939,10 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
     vs_block_t *b = NULL;
     if (stream != VS_NO_STREAM) {
       vs_stream_t *s = stream_get(p, key, stream, owner, false);
-      if (s && s->pending.head) b = take_from_stream(p, s, size, align);
+      if (s && s->pending.head) b = take_from_stream(p, s, hi, size, align);
     }
     if (!b) {
-      b = bin_find(p, size, align);
+      b = bin_find(&p->heaps[hi], size, align);
       if (b) bin_remove(p, b);
     }
     if (b) b = carve(p, b, size, align);
@@ -902,7 +969,7 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
       attempt++;
       /* fall through */
     case 1:
-      r = grow(p, size, align, false);
+      r = grow(p, hi, size, align, false);
       if (r == CUDA_SUCCESS) { attempt = 1; continue; }
       if (r != CUDA_ERROR_OUT_OF_MEMORY) { *cu_err = r; return VS_POOL_ERROR; }
       continue;
@@ -914,7 +981,7 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
       /* fall through */
     case 3:
       _vs_pool_trim(p, 0);
-      r = grow(p, size, align, true);
+      r = grow(p, hi, size, align, true);
       if (r == CUDA_SUCCESS) continue;
       if (r != CUDA_ERROR_OUT_OF_MEMORY) { *cu_err = r; return VS_POOL_ERROR; }
       *cu_err = CUDA_ERROR_OUT_OF_MEMORY;
@@ -1001,7 +1068,19 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
     start_reclaimer_locked(p);
     pthread_cond_signal(&p->wake);
   }
+  /* VMMSHIM_RELEASE_THRESHOLD: idle memory above it goes back to the device. Retried only
+   * once idle memory has grown by a handle since the last try, so a pool whose idle memory
+   * sits in partly used handles does not rescan on every free. */
+  uint64_t threshold = _vs_option(VS_OPT_RELEASE_THRESHOLD);
+  bool trim = vs_unlikely(p->free_bytes > threshold) && p->free_bytes >= p->trim_retry_at;
+  if (trim) p->trim_retry_at = p->free_bytes + p->gran;
   pthread_mutex_unlock(&p->lock);
+  if (trim) {
+    _vs_pool_trim(p, (size_t)threshold);
+    pthread_mutex_lock(&p->lock);
+    if (p->free_bytes <= threshold) p->trim_retry_at = 0;
+    pthread_mutex_unlock(&p->lock);
+  }
   return VS_POOL_OK;
 }
 
@@ -1102,12 +1181,17 @@ int _vs_pool_check(vs_pool_t *p) {
   int bad = 0;
   pthread_mutex_lock(&p->lock);
   size_t free_sum = 0;
-  for (unsigned i = 0; i < VS_NBINS; i++)
-    for (vs_block_t *b = p->bins[i]; b; b = b->fnext) {
-      if (b->state != B_FREE || b->bin != i) bad++;
-      if (mergeable(b->prev, b, B_FREE) || mergeable(b, b->next, B_FREE)) bad++; /* unmerged neighbours */
-      free_sum += b->size;
-    }
+  for (int hi = 0; hi < VS_NHEAPS; hi++) {
+    size_t heap_sum = 0;
+    for (unsigned i = 0; i < VS_NBINS; i++)
+      for (vs_block_t *b = p->heaps[hi].bins[i]; b; b = b->fnext) {
+        if (b->state != B_FREE || b->bin != i || p->resv_heap[b->resv] != hi) bad++;
+        if (mergeable(b->prev, b, B_FREE) || mergeable(b, b->next, B_FREE)) bad++; /* unmerged neighbours */
+        heap_sum += b->size;
+      }
+    if (heap_sum != p->heaps[hi].free_bytes) bad++;
+    free_sum += heap_sum;
+  }
   if (free_sum != p->free_bytes) bad++;
   size_t used_sum = 0;
   for (vs_block_t *b = p->map; b; b = b->hh.next) {

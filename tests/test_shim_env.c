@@ -193,6 +193,43 @@ static void scenario_gran2m(void) {
   CHECK(emu_violations() == 0, "%d violations", emu_violations());
 }
 
+/* ------------------------------------------------------------------ threshold */
+/* VMMSHIM_RELEASE_THRESHOLD=0: idle whole handles go back to the device at the free. */
+static void scenario_threshold(void) {
+  void *a = NULL, *b = NULL;
+  CHECK(cudaMalloc(&a, 200 * MiB) == cudaSuccess && cudaMalloc(&b, 4 * MiB) == cudaSuccess, "alloc");
+  unsigned long long before = emu_now().mapped_bytes;
+  CHECK(cudaFree(a) == cudaSuccess, "free");
+  unsigned long long after = emu_now().mapped_bytes;
+  CHECK(after + 128 * MiB <= before, "mapped %llu -> %llu: idle handles not released", before, after);
+  CHECK(shim_stats().trims > 0, "no trims counted");
+  pat_fill(b, 4 * MiB, 5);
+  CHECK(pat_check(b, 4 * MiB, 5) == (size_t)-1, "live block damaged");
+  CHECK(cudaFree(b) == cudaSuccess, "free b");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* VMMSHIM_MAX_HANDLE=4M: a large block is stitched from handles of at most 4 MiB, and a
+ * block placed over several handles works. The default (unlimited) maps it as one. */
+static void scenario_maxhandle(void) {
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  unsigned long long c0 = emu_now().n_cuMemCreate;
+  void *a = NULL;
+  CHECK(cudaMalloc(&a, 100 * MiB) == cudaSuccess, "alloc");
+  unsigned long long made = emu_now().n_cuMemCreate - c0;
+  const char *mh = getenv("VMMSHIM_MAX_HANDLE");
+  if (mh) CHECK(made >= 25, "100 MiB with 4 MiB handles made %llu handles", made);
+  else CHECK(made == 1, "100 MiB with unlimited handles made %llu handles", made);
+  for (size_t off = 0; off < 100 * MiB; off += 2 * MiB)
+    CHECK(emu_handle_info((CUdeviceptr)(uintptr_t)a + off, NULL, NULL, NULL) == 0, "unmapped at %zu", off);
+  pat_fill(a, 100 * MiB, 9);
+  CHECK(pat_check(a, 100 * MiB, 9) == (size_t)-1, "data");
+  CHECK(cudaFree(a) == cudaSuccess, "free");
+  shim_trim();
+  CHECK(emu_now().mapped_bytes == 0, "trim left %llu bytes", emu_now().mapped_bytes);
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
 /* ------------------------------------------------------------------ limit */
 static void scenario_limit(void) {
   CHECK(cudaFree(NULL) == cudaSuccess, "init");
@@ -380,12 +417,17 @@ int main(int argc, char **argv) {
     else if (!strcmp(sc, "disable")) scenario_disable();
     else if (!strcmp(sc, "nofd")) scenario_nofd();
     else if (!strcmp(sc, "badgran")) scenario_badgran();
+    else if (!strcmp(sc, "threshold")) scenario_threshold();
+    else if (!strcmp(sc, "maxhandle")) scenario_maxhandle();
     else CHECK(0, "unknown scenario %s", sc);
     return check_child_summary(sc);
   }
   check_run_child("deferred", "VMMSHIM_FREE_MODE=deferred", NULL);
   check_run_child("gran2m", "VMMSHIM_GRANULARITY=2M", NULL);
   check_run_child("limit", "VMMSHIM_LIMIT=64M", NULL);
+  check_run_child("threshold", "VMMSHIM_RELEASE_THRESHOLD=0", NULL);
+  check_run_child("maxhandle", "VMMSHIM_MAX_HANDLE=4M", NULL);
+  check_run_child("maxhandle", NULL);
   check_run_child("oom", NULL);
   check_run_child("novmm", NULL);
   check_run_child("nofd", NULL);

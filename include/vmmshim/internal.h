@@ -32,6 +32,7 @@ typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trac
 #define VS_OPTIONS(X)                                                                       \
   X(DISABLE, VS_KIND_BOOL, 0)                    /* 1: pure pass-through */                 \
   X(GRANULARITY, VS_KIND_SIZE, 64ull << 20)      /* size of the handles a pool grows by */ \
+  X(MAX_HANDLE, VS_KIND_SIZE, 0)                 /* largest handle, 0 = unlimited */        \
   X(FREE_MODE, VS_KIND_FREE_MODE, VS_FREE_SYNC)  /* sync | deferred */                      \
   X(RELEASE_THRESHOLD, VS_KIND_SIZE_OR_UNLIMITED, UINT64_MAX) /* idle bytes kept mapped */  \
   X(LIMIT, VS_KIND_SIZE, 0)                      /* cap on mapped bytes, 0 = none */        \
