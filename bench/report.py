@@ -164,6 +164,8 @@ def growth_rows(recs):
 def sec_growth(recs, out, logdir, results_dir, stem):
     rows = growth_rows(recs)
     cfgs = ["cudaMalloc"] + ["shim-" + g for g in GRAN]
+    if any(r["config"] == "shim-64M-max16M" for r in rows):
+        cfgs.append("shim-64M-max16M")
     totals = sorted({r["total_bytes"] for r in rows})
     reqs = sorted({r["request_bytes"] for r in rows})
     out.append("## 2. First-time growth: us per GiB allocated (ratio to cudaMalloc)\n")
@@ -295,7 +297,9 @@ def sec_frag(recs, out):
     out.append("| allocator | peak live (requested) | held at peak | held / live | in use at peak (served) | replay time |")
     out.append("| --- | --- | --- | --- | --- | --- |")
     names = [("cudaMalloc", "cudaMalloc (time only)"), ("pool", "cudaMallocAsync pool, threshold max"),
-             ("shim-sync", "shim sync"), ("shim-deferred", "shim deferred"), ("shim-async", "shim async path")]
+             ("shim-sync", "shim sync"), ("shim-sync-max64M", "shim sync, VMMSHIM_MAX_HANDLE=64M"),
+             ("shim-sync-max16M", "shim sync, VMMSHIM_MAX_HANDLE=16M"), ("shim-deferred", "shim deferred"),
+             ("shim-async", "shim async path")]
     for c, label in names:
         r = one(recs, "frag", cfg=c)
         if r is None or r.get("failed"):

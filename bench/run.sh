@@ -135,6 +135,7 @@ for total in 1G 8G 64G; do
     for g in 2M 64M 512M 2G; do
       step "growth-shim-$g-$total-$req" growth 60 "$SHIM" "VMMSHIM_GRANULARITY=$g" -- "$BIN/growth" "shim-$g" "$total" "$req"
     done
+    step "growth-shim-64M-max16M-$total-$req" growth 60 "$SHIM" VMMSHIM_MAX_HANDLE=16M -- "$BIN/growth" "shim-64M-max16M" "$total" "$req"
   done
 done
 
@@ -145,6 +146,8 @@ TRACE=bench/traces/synthetic.csv
 step frag-cudaMalloc frag 120 -- "$BIN/replay" "$TRACE" malloc cudaMalloc
 step frag-pool frag 120 -- "$BIN/replay" "$TRACE" async pool
 step frag-shim-sync frag 120 "$SHIM" VMMSHIM_FREE_MODE=sync -- "$BIN/replay" "$TRACE" malloc shim-sync
+step frag-shim-sync-max64M frag 120 "$SHIM" VMMSHIM_FREE_MODE=sync VMMSHIM_MAX_HANDLE=64M -- "$BIN/replay" "$TRACE" malloc shim-sync-max64M
+step frag-shim-sync-max16M frag 120 "$SHIM" VMMSHIM_FREE_MODE=sync VMMSHIM_MAX_HANDLE=16M -- "$BIN/replay" "$TRACE" malloc shim-sync-max16M
 step frag-shim-deferred frag 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/replay" "$TRACE" malloc shim-deferred
 step frag-shim-async frag 120 "$SHIM" -- "$BIN/replay" "$TRACE" async shim-async
 
