@@ -125,6 +125,28 @@ static cudaError_t free_async(void **slot, const char *name, void *devPtr, cudaS
   return _vs_guard ? r : rt_bad_free(name, devPtr, r);
 }
 
+/* cudaDeviceReset destroys every allocation of the device's primary context. The runtime
+ * does it through private driver entry points the shim cannot see, so the pool of the
+ * current context is dropped here first (a statically linked runtime's reset stays
+ * invisible: see README). */
+VS_API cudaError_t cudaDeviceReset(void) {
+  typedef cudaError_t (*reset_fn)(void);
+  static void *real_reset;
+  reset_fn real = (reset_fn)rt_real(&real_reset, "cudaDeviceReset");
+  if (!real) return cudaErrorInitializationError;
+  if (!_vs_guard && _vs_active()) {
+    CUcontext ctx = NULL;
+    if (_vs_cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx) {
+      _vs_cu.cuCtxSynchronize(); /* nothing may still run on memory about to be unmapped */
+      _vs_drop_context(ctx, -1);
+    }
+  }
+  _vs_guard++;
+  cudaError_t r = real();
+  _vs_guard--;
+  return r;
+}
+
 /* Stream 0 means the legacy default stream, or in the _ptsz variants the thread's own. */
 VS_API cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t s) {
   return malloc_async(&real_malloc_async, "cudaMallocAsync", devPtr, size, s, s ? (CUstream)s : CU_STREAM_LEGACY);

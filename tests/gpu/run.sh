@@ -7,7 +7,8 @@
 # Prints "PASS run/check", "FAIL run/check: reason" or "SKIP ..." per check and closes with
 # "gpu-test: N passed, N failed, N skipped"; exits non-zero when a check failed.
 # Logs (one file per run, plus this script's own output in gpu-test.log) go to $OUT when it is
-# set, else to $BUILD/gpu-logs. Takes about 1-2 minutes on an H100.
+# set, else to $BUILD/gpu-logs. Takes about 3-4 minutes on an H100 (the traces of
+# tests/gpu/trace_torch.sh and the robustness runs of tests/gpu/t_robust.cu come last).
 BUILD=${BUILD:-build}
 NVCC=${NVCC:-nvcc}
 PYTHON=${PYTHON:-python3}
@@ -58,7 +59,7 @@ nvidia-smi >"$LOGDIR/nvidia-smi.txt" 2>&1
 
 # ---- build: every test twice, in parallel ----
 t0=$(date +%s)
-TEST_BUDGET=${TEST_BUDGET:-200} # seconds for the whole run; checks left after it count as failed
+TEST_BUDGET=${TEST_BUDGET:-230} # seconds for the whole run; checks left after it count as failed
 for src in tests/gpu/t_*.cu; do
   name=$(basename "$src" .cu)
   for rt in static shared; do
@@ -68,6 +69,12 @@ for src in tests/gpu/t_*.cu; do
       >"$LOGDIR/build-$name.$rt.log" 2>&1 &
   done
 done
+# The replayer of scripts/vmmshim-replay (tests/gpu/trace_torch.sh), built as bench/run.sh builds it.
+if [ ! -x "$BIN/replay" ] || [ bench/replay.cu -nt "$BIN/replay" ] || [ bench/bench.cuh -nt "$BIN/replay" ]; then
+  rm -f "$BIN/replay"
+  "$NVCC_PATH" -O2 -arch="$ARCH" -std=c++17 -Iinclude -o "$BIN/replay" bench/replay.cu -ldl -lpthread \
+    >"$LOGDIR/build-replay.log" 2>&1 &
+fi
 wait
 say "built in $(($(date +%s) - t0)) s with $ARCH"
 
@@ -213,6 +220,131 @@ if [ -s "$LOGDIR/py-torch-shim.stderr" ]; then
   cp "$LOGDIR/py-torch-shim.stderr" "$LOGDIR/torch-shim-stats.txt"
   say "PyTorch under the shim, VMMSHIM_STATS=1 (from $LOGDIR/torch-shim-stats.txt):"
   grep '^vmmshim' "$LOGDIR/torch-shim-stats.txt" | tail -n 30 | tee -a "$MAIN_LOG"
+fi
+
+# ---- traces: PyTorch, a static-runtime program, rmm format; report, memory_viz, perfetto, replay ----
+. tests/gpu/trace_torch.sh
+
+# ---- robustness (tests/gpu/t_robust.cu, one ROBUST_MODE per run) ----
+# run_plain: run_prog without the shim (LD_PRELOAD empty), for reference runs.
+run_plain() {
+  _saved_lib=$LIB
+  LIB=
+  run_prog "$@"
+  LIB=$_saved_lib
+}
+# robust_value LOG KEY: KEY=value of the "RESULT pressure" line.
+robust_value() { sed -n "s/^RESULT pressure .*$2=\([^ ]*\).*/\1/p" "$1" | head -n 1; }
+# Memory pressure: the failing cudaMalloc's error and the number of 1 GiB blocks, with and without.
+run_plain "plain/robust-pressure" "$BIN/t_robust.static" ROBUST_MODE=pressure
+run_prog "static/robust-pressure" "$BIN/t_robust.static" ROBUST_MODE=pressure
+e_plain=$(robust_value "$LOGDIR/plain-robust-pressure.log" error)
+e_shim=$(robust_value "$LOGDIR/static-robust-pressure.log" error)
+b_plain=$(robust_value "$LOGDIR/plain-robust-pressure.log" blocks)
+b_shim=$(robust_value "$LOGDIR/static-robust-pressure.log" blocks)
+say "INFO robust-pressure: without the shim $b_plain blocks of 1 GiB then $e_plain; with it $b_shim then $e_shim"
+if [ -n "$e_shim" ] && [ "$e_shim" = "$e_plain" ]; then
+  pass "robust-pressure/same-error-as-without-shim ($e_shim)"
+else
+  fail "robust-pressure/same-error-as-without-shim: '$e_shim' under the shim, '$e_plain' without it"
+fi
+if [ -n "$b_shim" ] && [ -n "$b_plain" ] && [ $((b_shim + 2)) -ge "$b_plain" ]; then
+  pass "robust-pressure/capacity ($b_shim GiB under the shim, $b_plain GiB without)"
+else
+  fail "robust-pressure/capacity: '$b_shim' blocks of 1 GiB under the shim, '$b_plain' without (at most 2 fewer allowed)"
+fi
+run_prog "shared/robust-limit-2G" "$BIN/t_robust.shared" ROBUST_MODE=limit ROBUST_CAP_MB=2048 VMMSHIM_LIMIT=2G
+run_prog "static/robust-stress" "$BIN/t_robust.static" ROBUST_MODE=stress ROBUST_SECONDS=${ROBUST_SECONDS:-20}
+run_prog "shared/robust-fork" "$BIN/t_robust.shared" ROBUST_MODE=fork VMMSHIM_STATS=1 ROBUST_TMP="$LOGDIR" \
+  ROBUST_PYTHON="$PYTHON" "VMMSHIM_TRACE=$LOGDIR/robust-fork.%p.trace"
+run_prog "static/robust-fork" "$BIN/t_robust.static" ROBUST_MODE=fork VMMSHIM_STATS=1 ROBUST_TMP="$LOGDIR" \
+  ROBUST_PYTHON="$PYTHON"
+# The same children straight from here: LD_PRELOAD (and VMMSHIM_STATS=1) on a program without CUDA.
+for cmd in /bin/true "$PYTHON -c pass"; do
+  # shellcheck disable=SC2086 # cmd is a command line
+  errtxt=$(env LD_PRELOAD="$LIB" VMMSHIM_STATS=1 $cmd 2>&1 >/dev/null)
+  rc=$?
+  if [ "$rc" = 0 ] && [ -z "$errtxt" ]; then
+    pass "robust-preload-no-cuda/$(echo "$cmd" | cut -d' ' -f1 | sed 's#.*/##')"
+  else
+    fail "robust-preload-no-cuda/$(echo "$cmd" | cut -d' ' -f1 | sed 's#.*/##'): '$cmd' exit $rc, stderr: $(echo "$errtxt" | head -n 3)"
+  fi
+done
+# Two processes at once, each capped at 4 GiB, each filling its cap while the other holds its own.
+left=$((TEST_BUDGET - ($(date +%s) - t0)))
+if [ "$left" -le 10 ] || [ ! -x "$BIN/t_robust.shared" ]; then
+  fail "robust-two-procs: not run (time budget spent, or t_robust not built)"
+else
+  [ "$left" -gt 90 ] && left=90
+  rm -f "$LOGDIR"/robust-peer-a.ready "$LOGDIR"/robust-peer-b.ready
+  for who in a b; do
+    other=b
+    [ "$who" = b ] && other=a
+    timeout "$left" env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY ROBUST_MODE=limit ROBUST_CAP_MB=4096 VMMSHIM_LIMIT=4G \
+      ROBUST_PEER_ME="$LOGDIR/robust-peer-$who.ready" ROBUST_PEER_OTHER="$LOGDIR/robust-peer-$other.ready" \
+      LD_PRELOAD="$LIB" "$BIN/t_robust.shared" >"$LOGDIR/robust-two-procs-$who.log" 2>&1 &
+  done
+  wait
+  for who in a b; do
+    log="$LOGDIR/robust-two-procs-$who.log"
+    sed -n 's#^\(PASS\|FAIL\) #\1 robust-two-procs-'"$who"'/#p' "$log" | tee -a "$MAIN_LOG"
+    npass=$((npass + $(grep -c '^PASS ' "$log")))
+    f=$(grep -c '^FAIL ' "$log")
+    nfail=$((nfail + f))
+    if [ "$f" = 0 ] && ! grep -q '^robust: [0-9]* passed, 0 failed' "$log"; then
+      fail "robust-two-procs-$who: no summary line (crashed or timed out); last lines of $log:"
+      tail -n 6 "$log" | tee -a "$MAIN_LOG"
+    fi
+    grep '^INFO limit: [0-9]* blocks' "$log" | sed "s/^INFO /INFO robust-two-procs-$who: /" | tee -a "$MAIN_LOG"
+  done
+fi
+# cudaDeviceReset and cuDevicePrimaryCtxReset in the middle; the reference run without the shim
+# tells whether a failure is the shim's.
+run_plain "plain/robust-reset" "$BIN/t_robust.static" ROBUST_MODE=reset
+run_prog "static/robust-reset" "$BIN/t_robust.static" ROBUST_MODE=reset
+run_prog "shared/robust-reset" "$BIN/t_robust.shared" ROBUST_MODE=reset
+# compute-sanitizer memcheck on shim memory.
+CSAN=$(command -v compute-sanitizer 2>/dev/null)
+[ -z "$CSAN" ] && [ -x "$CUDA_HOME/bin/compute-sanitizer" ] && CSAN="$CUDA_HOME/bin/compute-sanitizer"
+if [ -z "$CSAN" ]; then
+  skip "robust-sanitizer: compute-sanitizer not found (PATH, $CUDA_HOME/bin)"
+elif [ ! -x "$BIN/t_robust.shared" ]; then
+  fail "robust-sanitizer: t_robust.shared not built"
+else
+  for what in clean far near; do
+    log="$LOGDIR/robust-sanitize-$what.log"
+    left=$((TEST_BUDGET - ($(date +%s) - t0)))
+    if [ "$left" -le 10 ]; then
+      fail "robust-sanitizer-$what: not run, the time budget of $TEST_BUDGET s is spent"
+      continue
+    fi
+    [ "$left" -gt 90 ] && left=90
+    timeout "$left" env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY ROBUST_MODE="sanitize-$what" LD_PRELOAD="$LIB" \
+      "$CSAN" --tool memcheck --error-exitcode 99 "$BIN/t_robust.shared" >"$log" 2>&1
+    rc=$?
+    nerr=$(sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$log" | tail -n 1)
+    loaded=$(grep -c '^PASS robust/shim-loaded' "$log")
+    first=$(grep -m 1 -E 'Invalid|ERROR' "$log" | sed 's/^========= *//')
+    case $what in
+      clean)
+        if [ "$loaded" = 1 ] && [ "$nerr" = 0 ] && grep -q '^PASS robust/clean-data' "$log"; then
+          pass "robust-sanitizer-clean (memcheck: 0 errors on shim memory)"
+        else
+          fail "robust-sanitizer-clean: exit $rc, shim loaded: $loaded, memcheck errors: '${nerr}'; first: $first"
+          grep -E '^(FAIL|INFO)' "$log" | head -n 4 | tee -a "$MAIN_LOG"
+        fi ;;
+      far)
+        if [ "$loaded" = 1 ] && [ -n "$nerr" ] && [ "$nerr" -gt 0 ]; then
+          pass "robust-sanitizer-far (memcheck reports the write at block + 2 GiB: $nerr errors; $first)"
+        else
+          fail "robust-sanitizer-far: exit $rc, shim loaded: $loaded, memcheck errors: '${nerr}' (expected > 0)"
+          grep -E '^(FAIL|INFO)' "$log" | head -n 4 | tee -a "$MAIN_LOG"
+        fi ;;
+      near)
+        say "INFO robust-sanitizer-near: a write just past a 1 MiB block (inside the pool's mapping): memcheck reports ${nerr:-?} errors (exit $rc, shim loaded: $loaded)${first:+; first: $first}"
+        grep '^INFO sanitize-near' "$log" | tee -a "$MAIN_LOG" ;;
+    esac
+  done
 fi
 say "total time $(($(date +%s) - t0)) s"
 finish
