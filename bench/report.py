@@ -116,6 +116,21 @@ def sec_pairs(recs, out):
         out.append("| %s | %s | %s | %s | %s |" % (
             size_label(s), " | ".join(row), ratio(med.get("shim-sync"), med.get("cudaMalloc")),
             ratio(med.get("shim-deferred"), med.get("cudaMalloc")), ratio(med.get("shim-async"), med.get("pool"))))
+    traced = [("shim-deferred", "shim-deferred-traced"), ("shim-async", "shim-async-traced")]
+    if any(one(recs, "pairs", cfg=t, size=s, threads=1) for _, t in traced for s in sizes):
+        out.append("\n### Cost of tracing (VMMSHIM_TRACE on), one thread: median pair (us) and the difference (ns)\n")
+        out.append("| size | shim deferred | traced | + ns | shim async | traced | + ns |")
+        out.append("| --- | --- | --- | --- | --- | --- | --- |")
+        for s in sizes:
+            cells = []
+            for c, t in traced:
+                a, b = one(recs, "pairs", cfg=c, size=s, threads=1), one(recs, "pairs", cfg=t, size=s, threads=1)
+                if a is None or b is None or a.get("skipped") or b.get("skipped"):
+                    cells += ["FAILED" if a is None else "%.2f" % num(a, "median_us"), "FAILED", "-"]
+                    continue
+                ma, mb = num(a, "median_us"), num(b, "median_us")
+                cells += ["%.2f" % ma, "%.2f" % mb, "%+.0f" % ((mb - ma) * 1000.0)]
+            out.append("| %s | %s |" % (size_label(s), " | ".join(cells)))
     tcounts = sorted({int(r["threads"]) for r in find(recs, "pairs") if "threads" in r and int(r["threads"]) > 1})
     for t in tcounts:
         out.append("\n### %d threads: throughput in pairs/s (%d-thread / 1-thread throughput)\n" % (t, t))

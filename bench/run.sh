@@ -126,6 +126,10 @@ step pairs-pool pairs 120 -- "$BIN/pairs" async pool 1,8 $SIZES
 step pairs-shim-sync pairs 120 "$SHIM" VMMSHIM_FREE_MODE=sync -- "$BIN/pairs" malloc shim-sync 1,8 $SIZES
 step pairs-shim-deferred pairs 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/pairs" malloc shim-deferred 1,8 $SIZES
 step pairs-shim-async pairs 120 "$SHIM" -- "$BIN/pairs" async shim-async 1,8 $SIZES
+# Cost of tracing (VMMSHIM_TRACE): the same pairs, one thread, with every event written to a trace.
+step pairs-shim-deferred-traced pairs 120 "$SHIM" VMMSHIM_FREE_MODE=deferred "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" malloc shim-deferred-traced 1 $SIZES
+step pairs-shim-async-traced pairs 120 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" async shim-async-traced 1 $SIZES
+rm -f "$LOGDIR"/pairs-trace.*
 
 # ---- 2. growth ----
 section "2/5 first-time growth"
