@@ -14,7 +14,7 @@
  *   - fork: the child drops the inherited buffer and the parent's file; it opens its
  *     own file when the path holds %p, and stops tracing otherwise.
  *
- * The native format is documented column by column in doc/trace-format.md. */
+ * The native format is documented column by column in README.md ("Trace format"). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
