@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -598,6 +599,41 @@ static void test_trim(void) {
   CHECK(cudaStreamDestroy(s) == cudaSuccess, "destroy");
 }
 
+/* ------------------------------------------------------------------ frees from elsewhere */
+/* A block allocated by one thread and freed by another, and a block freed after the stream
+ * it was allocated on is gone: the real calls accept both, so must the shim. */
+static void *free_from_thread(void *arg) {
+  uintptr_t rc = cudaFree(arg) == cudaSuccess;
+  return (void *)rc;
+}
+
+static void test_foreign_frees(void) {
+  void *p = NULL;
+  CHECK(cudaMalloc(&p, 3 * MiB) == cudaSuccess, "alloc");
+  pat_fill(p, 3 * MiB, 77);
+  pthread_t t;
+  void *ok = NULL;
+  CHECK(pthread_create(&t, NULL, free_from_thread, p) == 0 && pthread_join(t, &ok) == 0, "thread");
+  CHECK(ok == (void *)1, "cudaFree from another thread failed");
+  CHECK(cudaFree(p) == cudaErrorInvalidValue, "the block is gone after the other thread's free");
+
+  cudaStream_t s;
+  CHECK(cudaStreamCreate(&s) == cudaSuccess, "stream");
+  void *q = NULL;
+  CHECK(cudaMallocAsync(&q, 5 * MiB, s) == cudaSuccess, "alloc async");
+  pat_fill(q, 5 * MiB, 78);
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess && cudaStreamDestroy(s) == cudaSuccess, "destroy stream");
+  CHECK(pat_check(q, 5 * MiB, 78) == (size_t)-1, "data survives the stream");
+  CHECK(cudaFree(q) == cudaSuccess, "cudaFree after the stream was destroyed");
+  /* and the pool is intact */
+  void *r = NULL;
+  CHECK(cudaMalloc(&r, 5 * MiB) == cudaSuccess, "alloc after");
+  pat_fill(r, 5 * MiB, 79);
+  CHECK(pat_check(r, 5 * MiB, 79) == (size_t)-1, "data after");
+  CHECK(cudaFree(r) == cudaSuccess, "free after");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
 /* ------------------------------------------------------------------ context teardown */
 
 static void test_device_reset(void) {
@@ -640,6 +676,7 @@ int main(void) {
   test_errors();
   test_queries();
   test_trim();
+  test_foreign_frees();
   test_device_reset();
   CHECK(emu_violations() == 0, "%d contract violations", emu_violations());
   return check_summary();

@@ -435,5 +435,9 @@ int main(int argc, char **argv) {
   check_run_child("badgran", "VMMSHIM_GRANULARITY=12Q", NULL);
   CHECK(strstr(check_child_output, "VMMSHIM_GRANULARITY") && strstr(check_child_output, "12Q"),
         "no message naming VMMSHIM_GRANULARITY and its value 12Q");
+  /* Not a multiple of the driver's 2 MiB: rounded up, with a message naming both. */
+  check_run_child("maxhandle", "VMMSHIM_GRANULARITY=3M", NULL);
+  CHECK(strstr(check_child_output, "VMMSHIM_GRANULARITY=3145728") && strstr(check_child_output, "4194304"),
+        "no message for a granularity that is not a multiple of the minimum");
   return check_summary();
 }
