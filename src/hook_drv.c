@@ -324,40 +324,38 @@ static void capture_began(CUresult r) {
   if (r == CUDA_SUCCESS) atomic_fetch_add(&_vs_captures_active, 1);
 }
 
-VS_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
-  typedef CUresult (*fn_t)(CUstream, CUstreamCaptureMode);
-  fn_t real = REAL(BEGIN_CAPTURE, fn_t);
+typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+static CUresult begin_capture(vs_hook_t id, CUstream s, CUstreamCaptureMode mode) {
+  begin_fn real = (begin_fn)real_fn(id);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(s, mode);
   capture_began(r);
   return r;
 }
+VS_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+  return begin_capture(VS_HOOK_BEGIN_CAPTURE, s, mode);
+}
 VS_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
-  typedef CUresult (*fn_t)(CUstream, CUstreamCaptureMode);
-  fn_t real = REAL(BEGIN_CAPTURE_PTSZ, fn_t);
-  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult r = real(s, mode);
-  capture_began(r);
-  return r;
+  return begin_capture(VS_HOOK_BEGIN_CAPTURE_PTSZ, s, mode);
 }
 
 typedef CUresult (*begin_graph_fn)(CUstream, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t,
                                    CUstreamCaptureMode);
-VS_API CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
-                                            const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode) {
-  begin_graph_fn real = REAL(BEGIN_CAPTURE_GRAPH, begin_graph_fn);
+static CUresult begin_capture_to_graph(vs_hook_t id, CUstream s, CUgraph g, const CUgraphNode *deps,
+                                       const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode) {
+  begin_graph_fn real = (begin_graph_fn)real_fn(id);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(s, g, deps, edges, n, mode);
   capture_began(r);
   return r;
 }
+VS_API CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
+                                            const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode) {
+  return begin_capture_to_graph(VS_HOOK_BEGIN_CAPTURE_GRAPH, s, g, deps, edges, n, mode);
+}
 VS_API CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
                                                  const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode) {
-  begin_graph_fn real = REAL(BEGIN_CAPTURE_GRAPH_PTSZ, begin_graph_fn);
-  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult r = real(s, g, deps, edges, n, mode);
-  capture_began(r);
-  return r;
+  return begin_capture_to_graph(VS_HOOK_BEGIN_CAPTURE_GRAPH_PTSZ, s, g, deps, edges, n, mode);
 }
 
 typedef CUresult (*end_capture_fn)(CUstream, CUgraph *);

@@ -1046,6 +1046,7 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
   HASH_DELETE(hh, p->map, b);
   p->used -= b->size;
   *size_out = b->size;
+  VS_STAT_SUB(bytes_requested_in_use, b->requested);
   /* The trace line goes out before the range can be handed to another thread. */
   if (vs_unlikely(_vs_trace_on)) _vs_trace_free(api, ptr, b->size, stream, (int)p->caps.device);
   bool wake = false;
@@ -1158,7 +1159,9 @@ void _vs_pool_destroy(vs_pool_t *p) {
     VS_STAT_SUB(bytes_mapped, p->segs[i].size);
   }
   for (int i = 0; i < p->n_resv; i++) _vs_vmm_address_free(&p->caps, p->resv[i].va, p->resv[i].size);
-  VS_STAT_SUB(bytes_in_use, 0);
+  /* The live blocks die with the context, as cudaMalloc memory does. */
+  VS_STAT_SUB(bytes_in_use, p->used);
+  for (vs_block_t *b = p->map; b; b = b->hh.next) VS_STAT_SUB(bytes_requested_in_use, b->requested);
   HASH_CLEAR(hh, p->map);
   vs_stream_t *s, *tmp;
   HASH_ITER(hh, p->streams, s, tmp) {

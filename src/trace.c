@@ -339,11 +339,18 @@ static void install_signal_handlers(void) {
 
 /* ------------------------------------------------------------------ open, header, fork */
 
+/* The job rank as the launchers set it (torchrun, Open MPI, Slurm), "0" when none does. */
+static const char *job_rank(void) {
+  static const char *vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return v;
+  }
+  return "0";
+}
+
 static void expand_path(const char *tmpl, char *out, size_t cap) {
-  const char *rank = getenv("RANK");
-  if (!rank || !*rank) rank = getenv("OMPI_COMM_WORLD_RANK");
-  if (!rank || !*rank) rank = getenv("SLURM_PROCID");
-  if (!rank || !*rank) rank = "0";
+  const char *rank = job_rank();
   size_t o = 0;
   for (const char *s = tmpl; *s && o + 1 < cap; s++) {
     char num[24];
@@ -401,10 +408,7 @@ static void write_header(void) {
     if (cmd[i] == '\0' || cmd[i] == '\n' || cmd[i] == '\r') cmd[i] = ' ';
   cmd[c] = '\0';
   n += (size_t)snprintf(h + n, sizeof h - n, "c %s\n", cmd);
-  const char *rank = getenv("RANK");
-  if (!rank || !*rank) rank = getenv("OMPI_COMM_WORLD_RANK");
-  if (!rank || !*rank) rank = getenv("SLURM_PROCID");
-  long rk = rank ? strtol(rank, NULL, 10) : 0;
+  long rk = strtol(job_rank(), NULL, 10);
   n += (size_t)snprintf(h + n, sizeof h - n, "p %x %x %lx\n", (unsigned)getpid(), (unsigned)getppid(),
                         (unsigned long)(rk < 0 ? 0 : rk));
   n += (size_t)snprintf(h + n, sizeof h - n, "s %llx %llx\n", (unsigned long long)vs_trace_real0,

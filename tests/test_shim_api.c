@@ -608,6 +608,7 @@ static void *free_from_thread(void *arg) {
 }
 
 static void test_foreign_frees(void) {
+  uint64_t req0 = shim_stats().bytes_requested_in_use;
   void *p = NULL;
   CHECK(cudaMalloc(&p, 3 * MiB) == cudaSuccess, "alloc");
   pat_fill(p, 3 * MiB, 77);
@@ -631,6 +632,8 @@ static void test_foreign_frees(void) {
   pat_fill(r, 5 * MiB, 79);
   CHECK(pat_check(r, 5 * MiB, 79) == (size_t)-1, "data after");
   CHECK(cudaFree(r) == cudaSuccess, "free after");
+  CHECK(shim_stats().bytes_requested_in_use == req0, "requested bytes in use %llu, %llu before",
+        (unsigned long long)shim_stats().bytes_requested_in_use, (unsigned long long)req0);
   CHECK(emu_violations() == 0, "%d violations", emu_violations());
 }
 
