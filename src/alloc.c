@@ -1,7 +1,8 @@
 /* alloc.c: what both hook layers call. Finds the pool of the current context (creating
  * it on first use), serves or frees through it, and keeps stats, log and trace.
  *
- * Where cudaFree lands: hook_rt.c cudaFree -> _vs_free (here) -> _vs_pool_free (pool.c).
+ * Where cudaFree lands: hook_rt.c cudaFree -> _vs_free (here: directory.c names the arena)
+ *   -> _vs_pool_free (pool.c).
  * A static runtime's cudaFree arrives at hook_drv.c cuMemFree_v2 -> _vs_free. */
 #include <pthread.h>
 #include <string.h>
@@ -12,21 +13,34 @@ atomic_int _vs_state;
 _Thread_local int _vs_guard;
 atomic_int _vs_captures_active;
 
-#define VS_MAX_POOLS 64
+#define VS_MAX_POOLS 64 /* contexts */
 
+/* A context's pools: its arenas. A thread allocates from one arena; when it finds that
+ * arena's lock taken too often, it moves to another (created on first use), so threads
+ * that allocate at the same time stop sharing a lock, while a program whose threads do
+ * not contend keeps all its memory in arena 0. Frees go to the arena that owns the
+ * address, whichever thread frees. */
 typedef struct vs_pool_slot_s {
-  CUcontext ctx;
-  vs_pool_t *pool; /* NULL: this context is passed through (no VMM support, no address space) */
+  CUcontext ctx;           /* NULL: free slot (its context was dropped) */
+  bool passthrough;        /* no VMM support, no address space: allocations pass through */
+  vs_device_caps_t caps;
+  vs_pool_t *_Atomic arenas[VS_MAX_ARENAS];
 } vs_pool_slot_t;
 
 static vs_pool_slot_t vs_slots[VS_MAX_POOLS];
-static atomic_int vs_nslots;
-static atomic_uint vs_slots_gen; /* bumped when a pool is dropped: invalidates thread caches */
+static atomic_int vs_nslots;      /* slots ever used; dropped ones have ctx NULL */
+static atomic_uint vs_slots_gen;  /* bumped when a pool is dropped: invalidates thread caches */
+static atomic_uint vs_arena_next; /* where the next thread that moves goes */
 static pthread_mutex_t vs_slots_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static _Thread_local CUcontext tl_ctx;
 static _Thread_local vs_pool_t *tl_pool;
 static _Thread_local unsigned tl_gen;
+static _Thread_local unsigned tl_arena;          /* this thread's arena index */
+static _Thread_local unsigned tl_window, tl_hits; /* allocations and contended ones, this window */
+
+#define VS_CONTEND_WINDOW 64
+#define VS_CONTEND_MOVE 8 /* contended allocations per window that make a thread move */
 
 static bool activate_slow(void) {
   _vs_init_once();
@@ -53,29 +67,35 @@ bool _vs_active(void) {
 
 VS_API int vmmshim_active(void) { return _vs_active() ? 1 : 0; }
 
-/* Set when the context given to pool_create_slow is destroyed (after cudaDeviceReset the
+/* Set when the context given to slot_create_slow is destroyed (after cudaDeviceReset the
  * thread may still hold the old handle): the caller treats it as no context at all. */
 static _Thread_local bool tl_dead_context;
 
-static vs_pool_t *pool_create_slow(CUcontext ctx) {
+static vs_pool_slot_t *slot_find(CUcontext ctx) {
+  int n = atomic_load_explicit(&vs_nslots, memory_order_acquire);
+  for (int i = 0; i < n; i++)
+    if (vs_slots[i].ctx == ctx) return &vs_slots[i];
+  return NULL;
+}
+
+static vs_pool_slot_t *slot_create_slow(CUcontext ctx) {
   tl_dead_context = false;
   pthread_mutex_lock(&vs_slots_lock);
-  int n = atomic_load(&vs_nslots);
-  for (int i = 0; i < n; i++)
-    if (vs_slots[i].ctx == ctx) {
-      vs_pool_t *p = vs_slots[i].pool;
-      pthread_mutex_unlock(&vs_slots_lock);
-      return p;
-    }
-  vs_pool_t *pool = NULL;
+  vs_pool_slot_t *slot = slot_find(ctx);
+  if (slot) {
+    pthread_mutex_unlock(&vs_slots_lock);
+    return slot;
+  }
   CUdevice dev = 0;
   vs_device_caps_t caps;
+  memset(&caps, 0, sizeof caps);
   CUresult r = _vs_cu.cuCtxGetDevice(&dev);
   if (r == CUDA_ERROR_CONTEXT_IS_DESTROYED || r == CUDA_ERROR_INVALID_CONTEXT) {
     tl_dead_context = true;
     pthread_mutex_unlock(&vs_slots_lock);
     return NULL;
   }
+  vs_pool_t *pool = NULL;
   if (r == CUDA_SUCCESS) r = _vs_vmm_query(dev, &caps);
   if (r != CUDA_SUCCESS) {
     _vs_warn("device %d: cannot query VMM support (%s); its allocations pass through", (int)dev,
@@ -85,40 +105,77 @@ static vs_pool_t *pool_create_slow(CUcontext ctx) {
   } else {
     pool = _vs_pool_create(ctx, &caps);
   }
-  if (n < VS_MAX_POOLS) {
-    vs_slots[n].ctx = ctx;
-    vs_slots[n].pool = pool;
-    atomic_store(&vs_nslots, n + 1);
+  int n = atomic_load(&vs_nslots), i;
+  for (i = 0; i < n && vs_slots[i].ctx; i++) {
+  }
+  if (i < VS_MAX_POOLS) {
+    slot = &vs_slots[i];
+    slot->caps = caps;
+    slot->passthrough = pool == NULL;
+    for (int a = 0; a < VS_MAX_ARENAS; a++) atomic_store(&slot->arenas[a], NULL);
+    atomic_store(&slot->arenas[0], pool);
+    slot->ctx = ctx;
+    if (i == n) atomic_store(&vs_nslots, n + 1);
   } else {
     _vs_warn("more than %d contexts; context %p passes through", VS_MAX_POOLS, (void *)ctx);
     if (pool) _vs_pool_destroy(pool);
-    pool = NULL;
   }
   pthread_mutex_unlock(&vs_slots_lock);
-  return pool;
+  return slot;
 }
 
-/* The pool of a context (created on first use); NULL when that context passes through. */
+/* Arena idx of a slot, created on first use; arena 0 if it cannot be. */
+static vs_pool_t *arena_get(vs_pool_slot_t *slot, unsigned idx) {
+  vs_pool_t *pool = atomic_load_explicit(&slot->arenas[idx], memory_order_acquire);
+  if (vs_likely(pool != NULL) || idx == 0) return pool;
+  pthread_mutex_lock(&vs_slots_lock);
+  pool = atomic_load(&slot->arenas[idx]);
+  if (!pool && slot->ctx) {
+    pool = _vs_pool_create(slot->ctx, &slot->caps);
+    if (pool) atomic_store_explicit(&slot->arenas[idx], pool, memory_order_release);
+  }
+  pthread_mutex_unlock(&vs_slots_lock);
+  return pool ? pool : atomic_load(&slot->arenas[0]);
+}
+
+/* The calling thread's arena of a context (created on first use); NULL when that context
+ * passes through. */
 static vs_pool_t *pool_for(CUcontext ctx) {
   unsigned gen = atomic_load_explicit(&vs_slots_gen, memory_order_acquire);
   if (vs_likely(ctx == tl_ctx && gen == tl_gen)) return tl_pool;
-  vs_pool_t *pool = NULL;
-  bool found = false;
-  int n = atomic_load_explicit(&vs_nslots, memory_order_acquire);
-  for (int i = 0; i < n; i++)
-    if (vs_slots[i].ctx == ctx) {
-      pool = vs_slots[i].pool;
-      found = true;
-      break;
-    }
-  if (!found) {
-    pool = pool_create_slow(ctx);
-    if (tl_dead_context) return NULL;
+  vs_pool_slot_t *slot = slot_find(ctx);
+  if (!slot) {
+    slot = slot_create_slow(ctx);
+    if (tl_dead_context || !slot) return NULL;
   }
+  vs_pool_t *pool = slot->passthrough ? NULL : arena_get(slot, tl_arena % (unsigned)_vs_option(VS_OPT_ARENAS));
   tl_ctx = ctx;
   tl_pool = pool;
   tl_gen = gen;
   return pool;
+}
+
+/* Counts how often this thread found its arena's lock taken; past a threshold it moves
+ * to the next arena in turn. */
+static void note_contention(bool contended) {
+  tl_hits += contended;
+  if (vs_unlikely(tl_hits >= VS_CONTEND_MOVE)) {
+    if (_vs_option(VS_OPT_ARENAS) > 1) {
+      tl_arena = 1 + atomic_fetch_add_explicit(&vs_arena_next, 1, memory_order_relaxed);
+      tl_ctx = NULL; /* resolve the arena again on the next allocation */
+    }
+    tl_window = tl_hits = 0;
+  } else if (++tl_window >= VS_CONTEND_WINDOW) {
+    tl_window = tl_hits = 0;
+  }
+}
+
+/* Puts the calling thread on arena idx (modulo VMMSHIM_ARENAS) from its next allocation,
+ * as contention would; lets tests place threads where they want them. */
+void _vs_arena_select(unsigned idx) {
+  tl_arena = idx;
+  tl_ctx = NULL;
+  tl_window = tl_hits = 0;
 }
 
 /* The pool of the calling thread's current context, or of the stream's context when the
@@ -143,6 +200,21 @@ static bool stream_capturing(CUstream stream) {
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* Out of memory in one arena: the context's other arenas give back what they hold idle
+ * (after their pending frees complete), and the allocation is tried once more. */
+static bool release_sibling_arenas(vs_pool_t *self) {
+  vs_pool_slot_t *slot = slot_find(_vs_pool_context(self));
+  if (!slot) return false;
+  size_t got = 0;
+  for (int a = 0; a < VS_MAX_ARENAS; a++) {
+    vs_pool_t *other = atomic_load(&slot->arenas[a]);
+    if (!other || other == self) continue;
+    _vs_pool_reclaim(other);
+    got += _vs_pool_trim(other, 0);
+  }
+  return got > 0;
+}
+
 vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUdeviceptr *ptr, CUresult *err) {
   if (vs_unlikely(_vs_guard) || !_vs_active() || size == 0 || !ptr) return VS_ALLOC_PASS;
   if (stream != VS_NO_STREAM && stream_capturing(stream)) {
@@ -159,13 +231,14 @@ vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUd
   }
   size_t served = 0;
   CUresult cerr = CUDA_SUCCESS;
-  vs_pool_status_t st = _vs_pool_alloc(pool, size, stream, api, ptr, &served, &cerr);
+  bool contended = false;
+  vs_pool_status_t st = _vs_pool_alloc(pool, size, stream, api, ptr, &served, &cerr, &contended);
+  if (vs_unlikely(st == VS_POOL_OOM || st == VS_POOL_LIMIT) && release_sibling_arenas(pool))
+    st = _vs_pool_alloc(pool, size, stream, api, ptr, &served, &cerr, &contended);
+  note_contention(contended);
   int dev = _vs_pool_device(pool);
   if (vs_likely(st == VS_POOL_OK)) {
-    VS_STAT_ADD(allocs[api], 1);
-    uint64_t in_use = VS_STAT_ADD(bytes_in_use, served) + served;
-    VS_STAT_ADD(bytes_requested_in_use, size);
-    _vs_stat_peak(&_vs_stats_data.peak_bytes_in_use, in_use);
+    _vs_stat_alloc(api, served, size);
     if (vs_unlikely(_vs_trace_on)) _vs_trace_alloc(api, size, served, *ptr, stream, dev);
     _vs_debug("alloc api %d size %zu -> 0x%llx (%zu bytes)", (int)api, size, (unsigned long long)*ptr, served);
     return VS_ALLOC_SERVED;
@@ -184,56 +257,54 @@ vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUd
   return VS_ALLOC_FAILED;
 }
 
-/* The pool that owns ptr: the current context's first, then the others. */
-static bool free_in(vs_pool_t *pool, vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err,
-                    bool switch_ctx) {
-  size_t size = 0;
+/* Where cudaFree lands: the directory names the arena that reserved the address, and that
+ * arena frees the block (or says it is not the start of a live one). A sync-mode free
+ * synchronises the arena's context, made current for the call if another one is. */
+bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err) {
+  *err = CUDA_SUCCESS;
+  if (vs_unlikely(_vs_guard) || !ptr || !_vs_active()) return false;
+  vs_pool_t *pool = _vs_dir_lookup(ptr);
+  if (!pool) return false;
+  bool switch_ctx = false;
+  if (stream == VS_NO_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC) {
+    CUcontext cur = NULL;
+    if (_vs_cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS) cur = NULL;
+    switch_ctx = cur != _vs_pool_context(pool);
+  }
+  size_t size = 0, requested = 0;
   CUcontext saved = NULL;
   if (switch_ctx) _vs_cu.cuCtxPushCurrent(_vs_pool_context(pool));
-  vs_pool_status_t st = _vs_pool_free(pool, ptr, stream, api, &size, err);
+  vs_pool_status_t st = _vs_pool_free(pool, ptr, stream, api, &size, &requested, err);
   if (switch_ctx) _vs_cu.cuCtxPopCurrent(&saved);
   if (st != VS_POOL_OK) return false;
-  VS_STAT_ADD(frees[api], 1);
-  VS_STAT_SUB(bytes_in_use, size);
+  _vs_stat_free(api, size, requested);
   _vs_debug("free api %d 0x%llx (%zu bytes)", (int)api, (unsigned long long)ptr, size);
   return true;
 }
 
-bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err) {
-  *err = CUDA_SUCCESS;
-  if (vs_unlikely(_vs_guard) || !ptr || !_vs_active()) return false;
-  int n = atomic_load_explicit(&vs_nslots, memory_order_acquire);
-  if (stream != VS_NO_STREAM || _vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED) {
-    /* Nothing to synchronise: the owning pool needs no current context. */
-    for (int i = 0; i < n; i++)
-      if (vs_slots[i].pool && free_in(vs_slots[i].pool, api, ptr, stream, err, false)) return true;
-    return false;
-  }
-  /* A sync-mode free synchronises the owning pool's context, made current if need be. */
-  CUcontext ctx = NULL;
-  if (_vs_cu.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = NULL;
-  vs_pool_t *pool = ctx ? pool_for(ctx) : NULL;
-  if (pool && free_in(pool, api, ptr, stream, err, false)) return true;
-  for (int i = 0; i < n; i++) {
-    vs_pool_t *other = vs_slots[i].pool;
-    if (other && other != pool && free_in(other, api, ptr, stream, err, true)) return true;
-  }
-  return false;
-}
+/* Every arena of every live context, for the rare paths that visit them all. */
+#define FOR_EACH_ARENA(pool)                                                          \
+  for (int s_ = 0, n_ = atomic_load_explicit(&vs_nslots, memory_order_acquire); s_ < n_; s_++) \
+    for (int a_ = 0; a_ < VS_MAX_ARENAS; a_++)                                            \
+      if (!vs_slots[s_].ctx || !((pool) = atomic_load(&vs_slots[s_].arenas[a_]))) {      \
+      } else
 
 bool _vs_lookup_range(CUdeviceptr addr, CUdeviceptr *base, size_t *size) {
   if (_vs_guard || atomic_load(&_vs_state) != 1) return false;
-  int n = atomic_load_explicit(&vs_nslots, memory_order_acquire);
-  for (int i = 0; i < n; i++)
-    if (vs_slots[i].pool && _vs_pool_range(vs_slots[i].pool, addr, base, size)) return true;
-  return false;
+  vs_pool_t *pool = _vs_dir_lookup(addr);
+  return pool && _vs_pool_range(pool, addr, base, size);
 }
 
 void _vs_adjust_mem_info(size_t *free_bytes, size_t *total_bytes) {
   if (_vs_guard || !_vs_active()) return;
   CUcontext ctx;
-  vs_pool_t *pool = current_pool(VS_NO_STREAM, &ctx);
-  size_t idle = pool ? _vs_pool_idle_bytes(pool) : 0;
+  current_pool(VS_NO_STREAM, &ctx);
+  vs_pool_slot_t *slot = ctx ? slot_find(ctx) : NULL;
+  size_t idle = 0;
+  for (int a = 0; slot && a < VS_MAX_ARENAS; a++) {
+    vs_pool_t *pool = atomic_load(&slot->arenas[a]);
+    if (pool) idle += _vs_pool_idle_bytes(pool);
+  }
   if (free_bytes) *free_bytes += idle;
   uint64_t limit = _vs_option(VS_OPT_LIMIT);
   if (limit) {
@@ -246,9 +317,8 @@ void _vs_adjust_mem_info(size_t *free_bytes, size_t *total_bytes) {
 
 void _vs_stream_destroyed(CUstream stream) {
   if (_vs_guard || atomic_load(&_vs_state) != 1) return;
-  int n = atomic_load_explicit(&vs_nslots, memory_order_acquire);
-  for (int i = 0; i < n; i++)
-    if (vs_slots[i].pool) _vs_pool_stream_destroyed(vs_slots[i].pool, stream);
+  vs_pool_t *pool;
+  FOR_EACH_ARENA(pool) _vs_pool_stream_destroyed(pool, stream);
 }
 
 /* The context is going away (cuCtxDestroy, cuDevicePrimaryCtxReset): its memory goes
@@ -256,18 +326,15 @@ void _vs_stream_destroyed(CUstream stream) {
 void _vs_drop_context(CUcontext ctx, int dev) {
   if (_vs_guard || atomic_load(&_vs_state) != 1) return;
   pthread_mutex_lock(&vs_slots_lock);
-  int n = atomic_load(&vs_nslots);
-  for (int i = 0; i < n; i++) {
-    if (vs_slots[i].ctx != ctx) continue;
-    vs_pool_t *pool = vs_slots[i].pool;
-    vs_slots[i] = vs_slots[n - 1];
-    atomic_store(&vs_nslots, n - 1);
+  vs_pool_slot_t *slot = slot_find(ctx);
+  if (slot) {
+    slot->ctx = NULL;
     atomic_fetch_add(&vs_slots_gen, 1);
-    if (pool) {
-      _vs_info("context %p on device %d is going away: dropping its pool", (void *)ctx, dev);
-      _vs_pool_destroy(pool);
+    if (!slot->passthrough) _vs_info("context %p on device %d is going away: dropping its pools", (void *)ctx, dev);
+    for (int a = 0; a < VS_MAX_ARENAS; a++) {
+      vs_pool_t *pool = atomic_exchange(&slot->arenas[a], NULL);
+      if (pool) _vs_pool_destroy(pool);
     }
-    break;
   }
   pthread_mutex_unlock(&vs_slots_lock);
 }
@@ -275,10 +342,8 @@ void _vs_drop_context(CUcontext ctx, int dev) {
 size_t _vs_trim_all(void) {
   if (!_vs_active()) return 0;
   size_t total = 0;
-  int n = atomic_load_explicit(&vs_nslots, memory_order_acquire);
-  for (int i = 0; i < n; i++) {
-    vs_pool_t *pool = vs_slots[i].pool;
-    if (!pool) continue;
+  vs_pool_t *pool;
+  FOR_EACH_ARENA(pool) {
     /* What is still pending (deferred frees, frees on streams) must complete first. */
     CUcontext popped;
     if (_vs_cu.cuCtxPushCurrent(_vs_pool_context(pool)) == CUDA_SUCCESS) {

@@ -99,6 +99,7 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
     snprintf(buf, n, "%llu", (unsigned long long)o->init);
     return buf;
   case VS_KIND_FREE_MODE: return "sync";
+  case VS_KIND_ARENAS: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
   case VS_KIND_LOG: return "warn";
   case VS_KIND_TRACE_FORMAT: return "native";
   case VS_KIND_STRING: return "unset";
@@ -119,6 +120,13 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     if (!strcasecmp(text, "sync")) { *v = VS_FREE_SYNC; return 0; }
     if (!strcasecmp(text, "deferred")) { *v = VS_FREE_DEFERRED; return 0; }
     return -1;
+  case VS_KIND_ARENAS: {
+    *expect = "a whole number from 1 to " VS_STR(VS_MAX_ARENAS);
+    uint64_t n;
+    if (_vs_parse_size(text, &n) != 0 || n < 1 || n > VS_MAX_ARENAS || strpbrk(text, "kKmMgGtTbB")) return -1;
+    *v = n;
+    return 0;
+  }
   case VS_KIND_LOG: *expect = "error, warn, info or debug, optionally followed by :FILE"; return parse_log_level(text, v);
   case VS_KIND_TRACE_FORMAT:
     *expect = "native or rmm";

@@ -377,7 +377,8 @@ static int add_reservation(vs_pool_t *p, int heap, size_t size) {
   CUdeviceptr va;
   if (_vs_vmm_reserve(&p->caps, size, p->gran, &va) != CUDA_SUCCESS) return -1;
   vs_block_t *b = block_new(p);
-  if (!b) {
+  if (!b || _vs_dir_add(va, size, p) != 0) {
+    if (b) block_put(p, b);
     _vs_vmm_address_free(&p->caps, va, size);
     return -1;
   }
@@ -423,6 +424,7 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
   resv = round_up(resv, g);
   if (add_reservation(p, VS_HEAP_LARGE, resv) != 0 ||
       add_reservation(p, VS_HEAP_SMALL, round_up(caps->total_mem ? caps->total_mem : resv, g)) != 0) {
+    _vs_dir_remove_pool(p);
     for (int i = 0; i < p->n_resv; i++) _vs_vmm_address_free(&p->caps, p->resv[i].va, p->resv[i].size);
     _vs_warn("device %d: cannot reserve %zu bytes of address space; this context is passed through",
              (int)caps->device, resv);
@@ -921,7 +923,7 @@ static vs_block_t *carve(vs_pool_t *p, vs_block_t *b, size_t size, size_t align)
 static size_t request_align(size_t size) { return size >= VS_LARGE_SIZE ? VS_LARGE_ALIGN : VS_MIN_ALIGN; }
 
 vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmshim_api_t api, CUdeviceptr *ptr_out,
-                                size_t *served_out, CUresult *cu_err) {
+                                size_t *served_out, CUresult *cu_err, bool *contended) {
   (void)api;
   *cu_err = CUDA_SUCCESS;
   if (req > (SIZE_MAX >> 2)) {
@@ -935,7 +937,10 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
   CUstream key = stream == VS_NO_STREAM ? NULL : stream_key(stream, &owner);
   int attempt = 0;
   for (;;) {
-    pthread_mutex_lock(&p->lock);
+    if (vs_unlikely(pthread_mutex_trylock(&p->lock) != 0)) {
+      *contended = true; /* the caller may move this thread to another arena */
+      pthread_mutex_lock(&p->lock);
+    }
     vs_block_t *b = NULL;
     if (stream != VS_NO_STREAM) {
       vs_stream_t *s = stream_get(p, key, stream, owner, false);
@@ -1011,7 +1016,7 @@ static void start_reclaimer_locked(vs_pool_t *p) {
 }
 
 vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out,
-                               CUresult *err_out) {
+                               size_t *requested_out, CUresult *err_out) {
   *err_out = CUDA_SUCCESS;
   const void *owner = NULL;
   CUstream key = stream == VS_NO_STREAM ? NULL : stream_key(stream, &owner);
@@ -1046,7 +1051,7 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
   HASH_DELETE(hh, p->map, b);
   p->used -= b->size;
   *size_out = b->size;
-  VS_STAT_SUB(bytes_requested_in_use, b->requested);
+  *requested_out = b->requested;
   /* The trace line goes out before the range can be handed to another thread. */
   if (vs_unlikely(_vs_trace_on)) _vs_trace_free(api, ptr, b->size, stream, (int)p->caps.device);
   bool wake = false;
@@ -1147,6 +1152,7 @@ bool _vs_pool_range(vs_pool_t *p, CUdeviceptr addr, CUdeviceptr *base_out, size_
 /* ------------------------------------------------------------------ teardown and checks */
 
 void _vs_pool_destroy(vs_pool_t *p) {
+  _vs_dir_remove_pool(p);
   pthread_mutex_lock(&p->lock);
   p->stopping = true;
   pthread_cond_broadcast(&p->wake);
@@ -1160,8 +1166,7 @@ void _vs_pool_destroy(vs_pool_t *p) {
   }
   for (int i = 0; i < p->n_resv; i++) _vs_vmm_address_free(&p->caps, p->resv[i].va, p->resv[i].size);
   /* The live blocks die with the context, as cudaMalloc memory does. */
-  VS_STAT_SUB(bytes_in_use, p->used);
-  for (vs_block_t *b = p->map; b; b = b->hh.next) VS_STAT_SUB(bytes_requested_in_use, b->requested);
+  for (vs_block_t *b = p->map; b; b = b->hh.next) _vs_stat_drop(b->size, b->requested);
   HASH_CLEAR(hh, p->map);
   vs_stream_t *s, *tmp;
   HASH_ITER(hh, p->streams, s, tmp) {

@@ -1,10 +1,72 @@
 /* stats.c: process-wide counters (include/vmmshim.h) and the report printed at exit
- * when VMMSHIM_STATS=1. Counters are relaxed atomics: exact totals, no lock. */
+ * when VMMSHIM_STATS=1.
+ *
+ * The counters touched by every allocation and free (counts per API, bytes in use,
+ * bytes requested) live in a block per thread that only its thread writes: a shared
+ * counter would bounce one cache line between every allocating thread. Readers sum the
+ * blocks. Bytes in use are also folded into one shared total every VS_FOLD bytes, from
+ * which the peak is kept; the peak is exact for one allocating thread and may miss up to
+ * VS_FOLD per other thread. Rare events (mappings, syncs, trims) stay shared atomics.
+ * A block outlives its thread: the next new thread takes it over, totals intact. */
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "vmmshim/internal.h"
 
 vmmshim_stats_t _vs_stats_data;
+
+#define VS_FOLD ((int64_t)4 << 20)
+
+typedef struct vs_tstat_s {
+  uint64_t allocs[VMMSHIM_API_COUNT];
+  uint64_t frees[VMMSHIM_API_COUNT];
+  int64_t in_use;    /* not yet folded into vs_in_use_folded */
+  int64_t requested; /* this block's share of bytes_requested_in_use */
+  struct vs_tstat_s *next;
+  atomic_bool owned;
+} vs_tstat_t;
+
+static vs_tstat_t *_Atomic vs_tstats; /* push-only list */
+static atomic_int_least64_t vs_in_use_folded;
+static pthread_mutex_t vs_tstats_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_key_t vs_tstats_key;
+static pthread_once_t vs_tstats_once = PTHREAD_ONCE_INIT;
+static _Thread_local vs_tstat_t *tl_stat;
+
+/* Written only by the owning thread; read by anyone. */
+#define OWN_ADD(field, n) __atomic_store_n(&(field), (field) + (n), __ATOMIC_RELAXED)
+
+static void tstat_release(void *arg) {
+  vs_tstat_t *t = arg;
+  atomic_store(&t->owned, false);
+}
+
+static void tstat_key_init(void) { pthread_key_create(&vs_tstats_key, tstat_release); }
+
+static vs_tstat_t *tstat_slow(void) {
+  static vs_tstat_t fallback; /* no host memory: one shared block, never worse than a miscount */
+  pthread_once(&vs_tstats_once, tstat_key_init);
+  pthread_mutex_lock(&vs_tstats_lock);
+  vs_tstat_t *t;
+  for (t = atomic_load(&vs_tstats); t; t = t->next)
+    if (t != &fallback && !atomic_load(&t->owned)) break;
+  if (!t && (t = calloc(1, sizeof *t)) != NULL) {
+    t->next = atomic_load(&vs_tstats);
+    atomic_store(&vs_tstats, t);
+  }
+  if (t) atomic_store(&t->owned, true);
+  pthread_mutex_unlock(&vs_tstats_lock);
+  if (!t) return &fallback;
+  pthread_setspecific(vs_tstats_key, t);
+  tl_stat = t;
+  return t;
+}
+
+static inline vs_tstat_t *tstat(void) {
+  vs_tstat_t *t = tl_stat;
+  return vs_likely(t != NULL) ? t : tstat_slow();
+}
 
 void _vs_stat_peak(uint64_t *peak, uint64_t value) {
   uint64_t cur = __atomic_load_n(peak, __ATOMIC_RELAXED);
@@ -12,11 +74,48 @@ void _vs_stat_peak(uint64_t *peak, uint64_t value) {
   }
 }
 
+static void in_use_add(vs_tstat_t *t, int64_t delta) {
+  int64_t d = t->in_use + delta;
+  int64_t folded = atomic_load_explicit(&vs_in_use_folded, memory_order_relaxed);
+  if (d >= VS_FOLD || d <= -VS_FOLD) {
+    folded = atomic_fetch_add_explicit(&vs_in_use_folded, d, memory_order_relaxed) + d;
+    d = 0;
+  }
+  __atomic_store_n(&t->in_use, d, __ATOMIC_RELAXED);
+  if (delta > 0 && folded + d > 0) _vs_stat_peak(&_vs_stats_data.peak_bytes_in_use, (uint64_t)(folded + d));
+}
+
+void _vs_stat_alloc(vmmshim_api_t api, size_t served, size_t requested) {
+  vs_tstat_t *t = tstat();
+  OWN_ADD(t->allocs[api], 1);
+  OWN_ADD(t->requested, (int64_t)requested);
+  in_use_add(t, (int64_t)served);
+}
+
+void _vs_stat_free(vmmshim_api_t api, size_t served, size_t requested) {
+  vs_tstat_t *t = tstat();
+  if ((unsigned)api < VMMSHIM_API_COUNT) OWN_ADD(t->frees[api], 1);
+  OWN_ADD(t->requested, -(int64_t)requested);
+  in_use_add(t, -(int64_t)served);
+}
+
 VS_API int vmmshim_get_stats(vmmshim_stats_t *out, size_t size) {
   if (!out || size != sizeof *out) return -1;
   uint64_t *dst = (uint64_t *)out;
   const uint64_t *src = (const uint64_t *)&_vs_stats_data;
   for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++) dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+  int64_t in_use = atomic_load_explicit(&vs_in_use_folded, memory_order_relaxed), requested = 0;
+  for (vs_tstat_t *t = atomic_load(&vs_tstats); t; t = t->next) {
+    for (int a = 0; a < VMMSHIM_API_COUNT; a++) {
+      out->allocs[a] += __atomic_load_n(&t->allocs[a], __ATOMIC_RELAXED);
+      out->frees[a] += __atomic_load_n(&t->frees[a], __ATOMIC_RELAXED);
+    }
+    in_use += __atomic_load_n(&t->in_use, __ATOMIC_RELAXED);
+    requested += __atomic_load_n(&t->requested, __ATOMIC_RELAXED);
+  }
+  out->bytes_in_use = in_use > 0 ? (uint64_t)in_use : 0;
+  out->bytes_requested_in_use = requested > 0 ? (uint64_t)requested : 0;
+  if (out->peak_bytes_in_use < out->bytes_in_use) out->peak_bytes_in_use = out->bytes_in_use;
   return 0;
 }
 
@@ -42,4 +141,11 @@ void _vs_stats_print(void) {
   _vs_note("stats: VMM calls %llu taking %.3f ms, synchronisations for frees %llu, handles released when idle %llu",
            (unsigned long long)s.vmm_calls, (double)s.vmm_ns / 1e6, (unsigned long long)s.syncs,
            (unsigned long long)s.trims);
+}
+
+/* Live blocks that died with their context: no longer in use, yet never freed. */
+void _vs_stat_drop(size_t served, size_t requested) {
+  vs_tstat_t *t = tstat();
+  OWN_ADD(t->requested, -(int64_t)requested);
+  in_use_add(t, -(int64_t)served);
 }

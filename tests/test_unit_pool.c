@@ -27,6 +27,8 @@ typedef struct {
 static live_t live[MAXLIVE];
 static int nlive;
 static size_t live_bytes;
+static bool g_contended; /* out-parameters the tests do not look at */
+static size_t g_freq;
 
 static int cmp_live(const void *a, const void *b) {
   CUdeviceptr x = ((const live_t *)a)->p, y = ((const live_t *)b)->p;
@@ -88,7 +90,7 @@ int main(void) {
         CUstream s = si == 3 ? VS_NO_STREAM : st[si];
         live_t *b = &live[nlive];
         CUresult err = CUDA_SUCCESS;
-        vs_pool_status_t ps = _vs_pool_alloc(pool, n, s, VMMSHIM_API_DRIVER, &b->p, &b->served, &err);
+        vs_pool_status_t ps = _vs_pool_alloc(pool, n, s, VMMSHIM_API_DRIVER, &b->p, &b->served, &err, &g_contended);
         if (ps != VS_POOL_OK) {
           if (ps == VS_POOL_OOM) oom++;
           else alloc_fail++;
@@ -120,12 +122,12 @@ int main(void) {
       if (si != 3 && (r >> 32) % 4 == 0) emu_launch(s, noop, NULL); /* work before the free */
       size_t fsz = 0;
       CUresult err = CUDA_SUCCESS;
-      if (_vs_pool_free(pool, b.p, s, VMMSHIM_API_DRIVER, &fsz, &err) != VS_POOL_OK || err != CUDA_SUCCESS ||
+      if (_vs_pool_free(pool, b.p, s, VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) != VS_POOL_OK || err != CUDA_SUCCESS ||
           fsz != b.served)
         free_fail++;
       /* freeing it again is refused */
       if ((r >> 44) % 64 == 0 &&
-          _vs_pool_free(pool, b.p, VS_NO_STREAM, VMMSHIM_API_DRIVER, &fsz, &err) != VS_POOL_NOT_OWNED)
+          _vs_pool_free(pool, b.p, VS_NO_STREAM, VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) != VS_POOL_NOT_OWNED)
         free_fail++;
     }
     if (op % 97 == 0) emu_complete(st[op % 3], -1); /* the device makes progress */
@@ -158,15 +160,15 @@ int main(void) {
     live_t b = live[--nlive];
     size_t fsz;
     CUresult err;
-    CHECK(_vs_pool_free(pool, b.p, st[nlive % 3], VMMSHIM_API_DRIVER, &fsz, &err) == VS_POOL_OK, "final free");
+    CHECK(_vs_pool_free(pool, b.p, st[nlive % 3], VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) == VS_POOL_OK, "final free");
   }
   CHECK(cuCtxSynchronize() == CUDA_SUCCESS, "sync");
   /* one synchronous free lets the pool know the device is idle */
   CUdeviceptr p;
   size_t served, fsz;
   CUresult err;
-  CHECK(_vs_pool_alloc(pool, 1, VS_NO_STREAM, VMMSHIM_API_DRIVER, &p, &served, &err) == VS_POOL_OK, "alloc");
-  CHECK(_vs_pool_free(pool, p, VS_NO_STREAM, VMMSHIM_API_DRIVER, &fsz, &err) == VS_POOL_OK, "free");
+  CHECK(_vs_pool_alloc(pool, 1, VS_NO_STREAM, VMMSHIM_API_DRIVER, &p, &served, &err, &g_contended) == VS_POOL_OK, "alloc");
+  CHECK(_vs_pool_free(pool, p, VS_NO_STREAM, VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) == VS_POOL_OK, "free");
   CHECK(_vs_pool_check(pool) == 0, "check before trim");
   size_t idle = _vs_pool_idle_bytes(pool);
   size_t released = _vs_pool_trim(pool, 0);
@@ -178,7 +180,7 @@ int main(void) {
   CHECK(_vs_mapped_total() == 0, "_vs_mapped_total %zu", _vs_mapped_total());
   CHECK(_vs_pool_check(pool) == 0, "check after trim");
   /* the pool grows again after a trim */
-  CHECK(_vs_pool_alloc(pool, 3 * MiB, VS_NO_STREAM, VMMSHIM_API_DRIVER, &p, &served, &err) == VS_POOL_OK, "regrow");
+  CHECK(_vs_pool_alloc(pool, 3 * MiB, VS_NO_STREAM, VMMSHIM_API_DRIVER, &p, &served, &err, &g_contended) == VS_POOL_OK, "regrow");
   memset((void *)(uintptr_t)p, 0x5a, 3 * MiB);
   CHECK(_vs_pool_check(pool) == 0, "check after regrow");
   /* destroy with a live block: everything goes */

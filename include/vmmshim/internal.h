@@ -3,10 +3,11 @@
  * Data path, top to bottom:
  *   hook_rt.c  (cudaMalloc, cudaFree, cudaMallocAsync, ... exported by the shim)
  *   hook_drv.c (cuMemAlloc_v2, cuMemFree_v2, ..., cuGetProcAddress, dlsym)
- *        -> alloc.c  (entry points shared by both layers: context -> pool, errors, trace)
- *        -> pool.c   (sub-allocator over one virtual reservation per context, uthash address map)
+ *        -> alloc.c  (entry points shared by both layers: context -> arena, errors, stats, trace)
+ *        -> pool.c   (one arena: sub-allocator over its own virtual reservations, uthash address map)
  *        -> vmm.c    (the only caller of cuMemAddressReserve/Create/Map/SetAccess/Unmap/Release/AddressFree)
- *   beside them: config.c (options), log.c (messages), trace.c (allocation trace), stats.c, init.c. */
+ *   beside them: config.c (options), log.c (messages), trace.c (allocation trace), stats.c,
+ *   directory.c (address -> arena, for frees), init.c. */
 #ifndef VMMSHIM_INTERNAL_H
 #define VMMSHIM_INTERNAL_H
 
@@ -25,6 +26,10 @@
 
 /* ---------------------------------------------------------------- "config.c" */
 
+#define VS_MAX_ARENAS 64 /* per context: threads that contend spread over at most this many pools */
+#define VS_STR_(x) #x
+#define VS_STR(x) VS_STR_(x)
+
 typedef enum vs_free_mode_e { VS_FREE_SYNC = 0, VS_FREE_DEFERRED = 1 } vs_free_mode_t;
 typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trace_format_t;
 
@@ -37,6 +42,7 @@ typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trac
   X(RELEASE_THRESHOLD, VS_KIND_SIZE_OR_UNLIMITED, UINT64_MAX) /* idle bytes kept mapped */  \
   X(LIMIT, VS_KIND_SIZE, 0)                      /* cap on mapped bytes, 0 = none */        \
   X(RESERVE, VS_KIND_SIZE, 0)                    /* VA per pool, 0 = auto */                \
+  X(ARENAS, VS_KIND_ARENAS, 8)                   /* arenas per context (1..VS_MAX_ARENAS) */ \
   X(LOG, VS_KIND_LOG, 1)                         /* level[:file] */                         \
   X(STATS, VS_KIND_BOOL, 0)                      /* print stats at exit */                  \
   X(VERBOSE, VS_KIND_BOOL, 0)                    /* print version and options at start */   \
@@ -48,6 +54,7 @@ typedef enum vs_option_kind_e {
   VS_KIND_SIZE,
   VS_KIND_SIZE_OR_UNLIMITED,
   VS_KIND_FREE_MODE,
+  VS_KIND_ARENAS,
   VS_KIND_LOG,
   VS_KIND_STRING,
   VS_KIND_TRACE_FORMAT
@@ -195,12 +202,13 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps);
 void _vs_pool_destroy(vs_pool_t *pool);
 /* stream: CU_STREAM_LEGACY-like sentinel VS_NO_STREAM for synchronous allocations. */
 #define VS_NO_STREAM ((CUstream)(uintptr_t)UINTPTR_MAX)
+/* *contended is set when the pool's lock was held by another thread at the first try. */
 vs_pool_status_t _vs_pool_alloc(vs_pool_t *pool, size_t size, CUstream stream, vmmshim_api_t api,
-                                CUdeviceptr *ptr_out, size_t *served_out, CUresult *cu_err);
+                                CUdeviceptr *ptr_out, size_t *served_out, CUresult *cu_err, bool *contended);
 /* Frees a block. For VS_NO_STREAM, the free mode decides (sync: the context is synchronised
  * first; deferred: the block is reused after a later synchronisation). */
 vs_pool_status_t _vs_pool_free(vs_pool_t *pool, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api,
-                               size_t *size_out, CUresult *err_out);
+                               size_t *size_out, size_t *requested_out, CUresult *err_out);
 /* The live block holding addr (interior pointers too). Returns false if none. */
 bool _vs_pool_range(vs_pool_t *pool, CUdeviceptr addr, CUdeviceptr *base_out, size_t *size_out);
 /* Bytes mapped by all pools together. */
@@ -217,6 +225,12 @@ CUcontext _vs_pool_context(const vs_pool_t *pool);
 int _vs_pool_device(const vs_pool_t *pool);
 /* Debug check that map, bins and block list agree; returns the number of problems found. */
 int _vs_pool_check(vs_pool_t *pool);
+
+/* ---------------------------------------------------------------- "directory.c" */
+/* Address -> owning pool, over every reservation of every pool; lock-free lookups. */
+int _vs_dir_add(CUdeviceptr va, size_t size, vs_pool_t *pool); /* -1 when full */
+void _vs_dir_remove_pool(vs_pool_t *pool);
+vs_pool_t *_vs_dir_lookup(CUdeviceptr addr); /* NULL: no pool reserved this address */
 
 /* ---------------------------------------------------------------- "alloc.c" */
 /* Entry points shared by the runtime and driver hooks. They return CUresult values;
@@ -248,12 +262,19 @@ void _vs_stream_destroyed(CUstream stream);
 /* Drop the pools of a context that is being destroyed or reset (ctx NULL: all of device dev). */
 void _vs_drop_context(CUcontext ctx, int dev);
 size_t _vs_trim_all(void);
+/* Moves the calling thread to arena idx (mod VMMSHIM_ARENAS); contention does it by itself. */
+void _vs_arena_select(unsigned idx);
 
 /* ---------------------------------------------------------------- "stats.c" */
-extern vmmshim_stats_t _vs_stats_data; /* updated with relaxed atomics */
+/* Rare events (mappings, syncs, trims, failures): shared relaxed atomics. */
+extern vmmshim_stats_t _vs_stats_data;
 #define VS_STAT_ADD(field, n) __atomic_fetch_add(&_vs_stats_data.field, (uint64_t)(n), __ATOMIC_RELAXED)
 #define VS_STAT_SUB(field, n) __atomic_fetch_sub(&_vs_stats_data.field, (uint64_t)(n), __ATOMIC_RELAXED)
 void _vs_stat_peak(uint64_t *peak, uint64_t value);
+/* Per-allocation counters: written to the calling thread's own block, no shared write. */
+void _vs_stat_alloc(vmmshim_api_t api, size_t served, size_t requested);
+void _vs_stat_free(vmmshim_api_t api, size_t served, size_t requested);
+void _vs_stat_drop(size_t served, size_t requested); /* live blocks of a dropped pool */
 void _vs_stats_print(void);
 
 /* ---------------------------------------------------------------- "trace.c" */
