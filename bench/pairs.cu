@@ -1,10 +1,13 @@
 /* Allocation + free pair latency and throughput.
  *
- *   pairs <malloc|async> <label> <threads,...> <size> [size...]
+ *   pairs <malloc|async|drv|drvasync|floor> <label> <threads,...> <size> [size...]
  *
  * malloc: cudaMalloc + cudaFree.  async: cudaMallocAsync + cudaFreeAsync on the thread's own
  * non-blocking stream, with the device's default pool kept warm (release threshold UINT64_MAX;
- * harmless under the shim, which serves these itself). For each size and thread count: a warm-up,
+ * harmless under the shim, which serves these itself). drv / drvasync: the same through the
+ * driver API (cuMemAlloc_v2 + cuMemFree_v2, cuMemAllocAsync + cuMemFreeAsync, looked up with
+ * cudaGetDriverEntryPointByVersion): the runtime's own cost left out. floor: an empty pair,
+ * what the clock reads alone add to every median. For each size and thread count: a warm-up,
  * then every thread times each pair with clock_gettime; prints
  *   R pairs cfg=<label> size=<bytes> threads=<n> pairs=<total> median_us=.. p99_us=.. pairs_per_s=..
  * pairs_per_s counts all threads' pairs over the wall time from the first start to the last end.
@@ -17,7 +20,50 @@
 
 #include "bench.cuh"
 
-static bool g_async = false;
+#include <cuda.h>
+
+enum mode_t_ { M_MALLOC, M_ASYNC, M_DRV, M_DRVASYNC, M_FLOOR };
+static int g_mode = M_MALLOC;
+static bool g_async = false; /* the mode uses a stream */
+typedef CUresult (*alloc_v2_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_v2_fn)(CUdeviceptr);
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+static alloc_v2_fn d_alloc;
+static free_v2_fn d_free;
+static alloc_async_fn d_alloc_async;
+static free_async_fn d_free_async;
+
+#define DK(call)                                                                 \
+  do {                                                                           \
+    CUresult dk_r_ = (call);                                                     \
+    if (dk_r_ != CUDA_SUCCESS) {                                                 \
+      printf("ERROR %s: CUresult %d\n", #call, (int)dk_r_);                      \
+      exit(1);                                                                   \
+    }                                                                            \
+  } while (0)
+
+static void *driver_fn(const char *name, int version) {
+  void *fn = NULL;
+  cudaDriverEntryPointQueryResult q;
+  CK(cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &q));
+  if (!fn || q != cudaDriverEntryPointSuccess) {
+    printf("ERROR driver entry point %s not found\n", name);
+    exit(1);
+  }
+  return fn;
+}
+
+static inline void one_pair(void **p, size_t size, cudaStream_t s) {
+  CUdeviceptr d;
+  switch (g_mode) {
+  case M_MALLOC: CK(cudaMalloc(p, size)); CK(cudaFree(*p)); break;
+  case M_ASYNC: CK(cudaMallocAsync(p, size, s)); CK(cudaFreeAsync(*p, s)); break;
+  case M_DRV: DK(d_alloc(&d, size)); DK(d_free(d)); break;
+  case M_DRVASYNC: DK(d_alloc_async(&d, size, (CUstream)s)); DK(d_free_async(d, (CUstream)s)); break;
+  default: break;
+  }
+}
 
 struct job {
   size_t size;
@@ -32,28 +78,14 @@ static void pair_loop(job *j) {
   cudaStream_t s = 0;
   if (g_async) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   void *p;
-  for (int i = 0; i < j->warm; i++) {
-    if (g_async) {
-      CK(cudaMallocAsync(&p, j->size, s));
-      CK(cudaFreeAsync(p, s));
-    } else {
-      CK(cudaMalloc(&p, j->size));
-      CK(cudaFree(p));
-    }
-  }
+  for (int i = 0; i < j->warm; i++) one_pair(&p, j->size, s);
   if (g_async) CK(cudaStreamSynchronize(s));
   j->lat.resize(j->iters);
   pthread_barrier_wait(j->bar);
   j->start = now_us();
   for (int i = 0; i < j->iters; i++) {
     double t0 = now_us();
-    if (g_async) {
-      CK(cudaMallocAsync(&p, j->size, s));
-      CK(cudaFreeAsync(p, s));
-    } else {
-      CK(cudaMalloc(&p, j->size));
-      CK(cudaFree(p));
-    }
+    one_pair(&p, j->size, s);
     j->lat[i] = now_us() - t0;
   }
   j->end = now_us();
@@ -72,16 +104,31 @@ static int iters_for(size_t size, int threads) {
 
 int main(int argc, char **argv) {
   if (argc < 5) {
-    fprintf(stderr, "usage: pairs <malloc|async> <label> <threads,...> <size> [size...]\n");
+    fprintf(stderr, "usage: pairs <malloc|async|drv|drvasync|floor> <label> <threads,...> <size> [size...]\n");
     return 2;
   }
-  g_async = strcmp(argv[1], "async") == 0;
+  static const char *modes[] = {"malloc", "async", "drv", "drvasync", "floor"};
+  g_mode = -1;
+  for (int m = 0; m < 5; m++)
+    if (!strcmp(argv[1], modes[m])) g_mode = m;
+  if (g_mode < 0) {
+    fprintf(stderr, "pairs: unknown mode %s\n", argv[1]);
+    return 2;
+  }
+  g_async = g_mode == M_ASYNC || g_mode == M_DRVASYNC;
   const char *label = argv[2];
   std::vector<int> tcounts;
   for (char *t = strtok(argv[3], ","); t; t = strtok(NULL, ",")) tcounts.push_back(atoi(t));
 
   CK(cudaSetDevice(0));
   CK(cudaFree(0));
+  if (g_mode == M_DRV) {
+    d_alloc = (alloc_v2_fn)driver_fn("cuMemAlloc", 3020);
+    d_free = (free_v2_fn)driver_fn("cuMemFree", 3020);
+  } else if (g_mode == M_DRVASYNC) {
+    d_alloc_async = (alloc_async_fn)driver_fn("cuMemAllocAsync", 11020);
+    d_free_async = (free_async_fn)driver_fn("cuMemFreeAsync", 11020);
+  }
   if (g_async) {
     cudaMemPool_t pool;
     CK(cudaDeviceGetDefaultMemPool(&pool, 0));

@@ -19,7 +19,8 @@ GiB = float(1 << 30)
 MiB = float(1 << 20)
 
 PAIR_CFGS = [("cudaMalloc", "cudaMalloc/cudaFree"), ("pool", "cudaMallocAsync pool"),
-             ("shim-sync", "shim sync"), ("shim-deferred", "shim deferred"), ("shim-async", "shim async")]
+             ("shim-sync", "shim sync"), ("shim-deferred", "shim deferred"), ("shim-async", "shim async"),
+             ("shim-drv-deferred", "shim deferred, driver API"), ("shim-drv-async", "shim async, driver API")]
 GRAN = ["2M", "64M", "512M", "2G"]
 
 
@@ -131,6 +132,22 @@ def sec_pairs(recs, out):
                 ma, mb = num(a, "median_us"), num(b, "median_us")
                 cells += ["%.2f" % ma, "%.2f" % mb, "%+.0f" % ((mb - ma) * 1000.0)]
             out.append("| %s | %s |" % (size_label(s), " | ".join(cells)))
+    parts = [("floor", "clock reads alone"), ("shim-deferred", "cudaMalloc+cudaFree, deferred"),
+             ("shim-drv-deferred", "cuMemAlloc+cuMemFree, deferred"), ("shim-async", "cudaMallocAsync+cudaFreeAsync"),
+             ("shim-drv-async", "cuMemAllocAsync+cuMemFreeAsync")]
+    if any(one(recs, "pairs", cfg=c, size=s, threads=1) for c, _ in parts[2:] for s in sizes):
+        out.append("\n### Where a pair's time goes, one thread: median (us) under the shim, through the runtime "
+                   "and straight through the driver API\n")
+        out.append("The runtime's own work is the difference between a runtime row and the driver row next to it; "
+                   "every median includes the clock reads of the first column.\n")
+        out.append("| size | " + " | ".join(n for _, n in parts) + " |")
+        out.append("|" + " --- |" * (len(parts) + 1))
+        for s in sizes:
+            row = []
+            for c, _ in parts:
+                r = one(recs, "pairs", cfg=c, size=s, threads=1)
+                row.append("FAILED" if r is None else "skipped" if r.get("skipped") else "%.3f" % num(r, "median_us"))
+            out.append("| %s | %s |" % (size_label(s), " | ".join(row)))
     tcounts = sorted({int(r["threads"]) for r in find(recs, "pairs") if "threads" in r and int(r["threads"]) > 1})
     for t in tcounts:
         out.append("\n### %d threads: throughput in pairs/s (%d-thread / 1-thread throughput)\n" % (t, t))

@@ -126,6 +126,11 @@ step pairs-pool pairs 120 -- "$BIN/pairs" async pool 1,8 $SIZES
 step pairs-shim-sync pairs 120 "$SHIM" VMMSHIM_FREE_MODE=sync -- "$BIN/pairs" malloc shim-sync 1,8 $SIZES
 step pairs-shim-deferred pairs 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/pairs" malloc shim-deferred 1,8 $SIZES
 step pairs-shim-async pairs 120 "$SHIM" -- "$BIN/pairs" async shim-async 1,8 $SIZES
+# Where the time of a pair goes: the clock alone, and the shim reached through the driver API
+# (no runtime in between), in both non-waiting modes.
+step pairs-floor pairs 60 -- "$BIN/pairs" floor floor 1 $SIZES
+step pairs-shim-drv-deferred pairs 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/pairs" drv shim-drv-deferred 1,8 $SIZES
+step pairs-shim-drv-async pairs 120 "$SHIM" -- "$BIN/pairs" drvasync shim-drv-async 1,8 $SIZES
 # Cost of tracing (VMMSHIM_TRACE): the same pairs, one thread, with every event written to a trace.
 step pairs-shim-deferred-traced pairs 120 "$SHIM" VMMSHIM_FREE_MODE=deferred "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" malloc shim-deferred-traced 1 $SIZES
 step pairs-shim-async-traced pairs 120 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" async shim-async-traced 1 $SIZES

@@ -127,6 +127,10 @@ struct vs_pool_s {
   size_t gran;  /* handle size the pool grows by */
   size_t chunk; /* largest handle: bigger growths are stitched from several */
   vs_block_t *map;
+  /* Always in the map (address 0, size 0): uthash frees its table when the last entry
+   * goes, which would cost a malloc and a free per allocation of a pool with one block. */
+  vs_block_t map_anchor;
+  vs_stream_t *last_stream; /* the stream of the last lookup: most programs use one or two */
   vs_heap_t heaps[VS_NHEAPS];
   uint8_t resv_heap[VS_MAX_RESV];
   vs_list_t deferred; /* sync frees in deferred mode */
@@ -405,6 +409,8 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
   pthread_cond_init(&p->sealed, NULL);
   p->ctx = ctx;
   p->caps = *caps;
+  p->map_anchor.state = B_USED;
+  HASH_ADD(hh, p->map, addr, sizeof p->map_anchor.addr, &p->map_anchor);
   size_t g = (size_t)_vs_option(VS_OPT_GRANULARITY);
   if (g % caps->min_granularity) {
     size_t fixed = round_up(g, caps->min_granularity);
@@ -834,6 +840,7 @@ void _vs_pool_stream_destroyed(vs_pool_t *p, CUstream stream) {
       list_push(&p->deferred, b);
     }
     HASH_DEL(p->streams, s);
+    if (p->last_stream == s) p->last_stream = NULL;
     free(s);
   }
   /* Another thread may have copied this stream's handle to record an event on it. */
@@ -861,8 +868,10 @@ size_t _vs_pool_idle_bytes(vs_pool_t *p) {
 /* ------------------------------------------------------------------ allocation */
 
 static vs_stream_t *stream_get(vs_pool_t *p, CUstream key, CUstream handle, const void *owner, bool create) {
-  vs_stream_t *s;
+  vs_stream_t *s = p->last_stream;
+  if (vs_likely(s && s->key == key)) return s;
   HASH_FIND(hh, p->streams, &key, sizeof key, s);
+  if (s) p->last_stream = s;
   if (s || !create) return s;
   s = calloc(1, sizeof *s);
   if (!s) return NULL;
@@ -870,6 +879,7 @@ static vs_stream_t *stream_get(vs_pool_t *p, CUstream key, CUstream handle, cons
   s->handle = handle;
   s->owner = owner;
   HASH_ADD(hh, p->streams, key, sizeof s->key, s);
+  p->last_stream = s;
   return s;
 }
 
@@ -1018,6 +1028,7 @@ static void start_reclaimer_locked(vs_pool_t *p) {
 vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out,
                                size_t *requested_out, CUresult *err_out) {
   *err_out = CUDA_SUCCESS;
+  if (!ptr) return VS_POOL_NOT_OWNED; /* address 0 is the map's anchor */
   const void *owner = NULL;
   CUstream key = stream == VS_NO_STREAM ? NULL : stream_key(stream, &owner);
   bool sync_mode = stream == VS_NO_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC;
@@ -1132,6 +1143,7 @@ static void *reclaimer_main(void *arg) {
 
 bool _vs_pool_range(vs_pool_t *p, CUdeviceptr addr, CUdeviceptr *base_out, size_t *size_out) {
   bool found = false;
+  if (!addr) return false;
   pthread_mutex_lock(&p->lock);
   vs_block_t *b;
   HASH_FIND(hh, p->map, &addr, sizeof addr, b);

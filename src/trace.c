@@ -4,7 +4,7 @@
  * and the three moments the buffer leaves the process early (exit, fatal signal, fork).
  *
  *   - Records are formatted by hand into a small stack buffer (no printf, no allocation)
- *     and copied into one shared 4 KiB buffer under a tiny lock whose word holds the
+ *     and copied into one shared 8 KiB buffer under a tiny lock whose word holds the
  *     owner's thread id. The buffer goes out with write(2) when the next record does
  *     not fit, so every write(2) carries whole lines: after kill -9 the file is a
  *     prefix of complete records (readers ignore a final partial line all the same).
@@ -31,7 +31,7 @@
 #include "vmmshim/internal.h"
 
 #define VS_TRACE_FORMAT_VERSION 1
-#define VS_TRACE_BUF_SIZE 4096
+#define VS_TRACE_BUF_SIZE 8192
 #define VS_TRACE_REC_MAX 192 /* longest hot record: 'm' with ten 16-digit fields */
 
 int _vs_trace_on;
@@ -59,11 +59,90 @@ static inline uint32_t trace_tid(void) {
   return t;
 }
 
-static inline uint64_t mono_ns(void) {
+static inline uint64_t clock_mono_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+/* Record times come from the CPU's time-stamp counter where it ticks at a constant rate
+ * on every core (Linux's constant_tsc and nonstop_tsc flags): reading it costs a few ns,
+ * a third of clock_gettime, and a pair of records reads it twice. Ticks become
+ * CLOCK_MONOTONIC nanoseconds through base + (ticks - base_tsc) * mult; every flush
+ * re-measures mult over the whole time since the trace opened and moves the base so that
+ * times stay continuous. The three values sit under a sequence count: a reader that
+ * raced an update reads again. Without a usable counter, clock_gettime is used. */
+#if defined(__x86_64__)
+#include <x86intrin.h>
+static bool vs_tsc_ok;
+static uint64_t vs_tsc_open, vs_mono_open; /* first calibration point */
+static uint64_t vs_clk_base_tsc, vs_clk_base_ns, vs_clk_mult; /* mult: ns per tick << 32 */
+static atomic_uint vs_clk_seq;
+
+static bool tsc_invariant(void) {
+  int fd = open("/proc/cpuinfo", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[8192];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  char *flags = strstr(buf, "\nflags");
+  if (!flags) return false;
+  char *eol = strchr(flags + 1, '\n');
+  if (eol) *eol = 0;
+  return strstr(flags, " constant_tsc") && strstr(flags, " nonstop_tsc");
+}
+
+/* Called with the trace lock held (or before tracing starts). */
+static void clock_calibrate(void) {
+  if (!vs_tsc_ok) return;
+  uint64_t t = __rdtsc(), ns = clock_mono_ns();
+  if (t <= vs_tsc_open) return;
+  uint64_t mult = (uint64_t)(((unsigned __int128)(ns - vs_mono_open) << 32) / (t - vs_tsc_open));
+  uint64_t now_old = vs_clk_base_ns + (uint64_t)(((unsigned __int128)(t - vs_clk_base_tsc) * vs_clk_mult) >> 32);
+  unsigned seq = atomic_load_explicit(&vs_clk_seq, memory_order_relaxed);
+  atomic_store_explicit(&vs_clk_seq, seq + 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+  __atomic_store_n(&vs_clk_base_tsc, t, __ATOMIC_RELAXED);
+  __atomic_store_n(&vs_clk_base_ns, now_old, __ATOMIC_RELAXED);
+  __atomic_store_n(&vs_clk_mult, mult, __ATOMIC_RELAXED);
+  atomic_store_explicit(&vs_clk_seq, seq + 2, memory_order_release);
+}
+
+static void clock_open(void) {
+  vs_tsc_ok = tsc_invariant();
+  if (!vs_tsc_ok) return;
+  /* A first rate over 1 ms; every flush refines it. */
+  vs_tsc_open = __rdtsc();
+  vs_mono_open = clock_mono_ns();
+  uint64_t until = vs_mono_open + 1000000;
+  while (clock_mono_ns() < until) {
+  }
+  uint64_t t = __rdtsc(), ns = clock_mono_ns();
+  vs_clk_mult = (uint64_t)(((unsigned __int128)(ns - vs_mono_open) << 32) / (t - vs_tsc_open));
+  vs_clk_base_tsc = t;
+  vs_clk_base_ns = ns;
+}
+
+static inline uint64_t mono_ns(void) {
+  if (!vs_tsc_ok) return clock_mono_ns();
+  for (;;) {
+    unsigned seq = atomic_load_explicit(&vs_clk_seq, memory_order_acquire);
+    uint64_t t = __rdtsc();
+    uint64_t bt = __atomic_load_n(&vs_clk_base_tsc, __ATOMIC_RELAXED);
+    uint64_t bn = __atomic_load_n(&vs_clk_base_ns, __ATOMIC_RELAXED);
+    uint64_t m = __atomic_load_n(&vs_clk_mult, __ATOMIC_RELAXED);
+    atomic_thread_fence(memory_order_acquire);
+    if (vs_likely(!(seq & 1) && atomic_load_explicit(&vs_clk_seq, memory_order_relaxed) == seq))
+      return t > bt ? bn + (uint64_t)(((unsigned __int128)(t - bt) * m) >> 32) : bn;
+  }
+}
+#else
+static void clock_calibrate(void) {}
+static void clock_open(void) {}
+static inline uint64_t mono_ns(void) { return clock_mono_ns(); }
+#endif
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -99,7 +178,7 @@ static int write_all(int fd, const char *p, size_t n) {
   return 0;
 }
 
-/* Caller holds the lock. */
+/* Caller holds the lock. Async-signal-safe. */
 static void flush_locked(void) {
   if (vs_buf_len && vs_trace_fd >= 0 && write_all(vs_trace_fd, vs_buf, vs_buf_len) != 0)
     atomic_fetch_add_explicit(&vs_trace_write_errors, 1, memory_order_relaxed);
@@ -109,7 +188,10 @@ static void flush_locked(void) {
 static void emit(const char *rec, size_t n) {
   lock_take(trace_tid());
   if (vs_likely(vs_trace_fd >= 0)) {
-    if (vs_unlikely(vs_buf_len + n > sizeof vs_buf)) flush_locked();
+    if (vs_unlikely(vs_buf_len + n > sizeof vs_buf)) {
+      flush_locked();
+      clock_calibrate();
+    }
     memcpy(vs_buf + vs_buf_len, rec, n);
     vs_buf_len += n;
   }
@@ -374,6 +456,7 @@ static void expand_path(const char *tmpl, char *out, size_t cap) {
 static void write_header(void) {
   struct timespec rt;
   clock_gettime(CLOCK_REALTIME, &rt);
+  clock_open();
   vs_trace_mono0 = mono_ns();
   vs_trace_real0 = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec;
   struct tm tm;

@@ -55,7 +55,7 @@ static const char *reload_capture(void) {
 static void clear_env(void) {
   static const char *vars[] = {"VMMSHIM_DISABLE", "VMMSHIM_GRANULARITY", "VMMSHIM_FREE_MODE",
                                "VMMSHIM_RELEASE_THRESHOLD", "VMMSHIM_LIMIT", "VMMSHIM_RESERVE",
-                               "VMMSHIM_LOG", "VMMSHIM_STATS", "VMMSHIM_VERBOSE",
+                               "VMMSHIM_ARENAS", "VMMSHIM_LOG", "VMMSHIM_STATS", "VMMSHIM_VERBOSE",
                                "VMMSHIM_TRACE", "VMMSHIM_TRACE_FORMAT"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
@@ -115,6 +115,7 @@ int main(void) {
   CHECK(_vs_option(VS_OPT_DISABLE) == 0 && _vs_option(VS_OPT_LIMIT) == 0 && _vs_option(VS_OPT_RESERVE) == 0,
         "defaults");
   CHECK(_vs_option(VS_OPT_RELEASE_THRESHOLD) == UINT64_MAX, "default release threshold");
+  CHECK(_vs_option(VS_OPT_ARENAS) == 8, "default arenas %llu", (unsigned long long)_vs_option(VS_OPT_ARENAS));
   CHECK(_vs_option(VS_OPT_LOG) == VS_LOG_WARN, "default log level %llu", (unsigned long long)_vs_option(VS_OPT_LOG));
   CHECK(_vs_option_string(VS_OPT_TRACE) == NULL, "trace unset");
   CHECK(out[0] == 0, "messages with no variable set: %s", out);
@@ -145,6 +146,18 @@ int main(void) {
   setenv("VMMSHIM_RELEASE_THRESHOLD", "256M", 1);
   reload_capture();
   CHECK(_vs_option(VS_OPT_RELEASE_THRESHOLD) == 256ull << 20, "release threshold 256M");
+
+  /* arenas: a whole number from 1 to VS_MAX_ARENAS, else the default with a message */
+  static const struct { const char *text; unsigned long long want; int msg; } arenas[] = {
+      {"1", 1, 0}, {"64", 64, 0}, {" 3", 3, 0}, {"0", 8, 1}, {"65", 8, 1}, {"2K", 8, 1}, {"-1", 8, 1}, {"four", 8, 1}};
+  for (size_t i = 0; i < sizeof arenas / sizeof arenas[0]; i++) {
+    clear_env();
+    setenv("VMMSHIM_ARENAS", arenas[i].text, 1);
+    out = reload_capture();
+    CHECK(_vs_option(VS_OPT_ARENAS) == arenas[i].want, "VMMSHIM_ARENAS='%s' -> %llu", arenas[i].text,
+          (unsigned long long)_vs_option(VS_OPT_ARENAS));
+    CHECK(!!strstr(out, "VMMSHIM_ARENAS") == arenas[i].msg, "VMMSHIM_ARENAS='%s' message: '%s'", arenas[i].text, out);
+  }
 
   /* malformed values: the default, and one message naming the variable and the value */
   clear_env();

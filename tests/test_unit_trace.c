@@ -318,7 +318,7 @@ static void test_kill9(void) {
   CHECK(r == 1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "kill -9: status %#x", status);
   bool in_order, whole;
   int n = count_allocs(path, &in_order, &whole);
-  CHECK(n >= 20000 - 4096 / 20, "kill -9: %d records survive (at least all but one buffer of the first 20000)", n);
+  CHECK(n >= 20000 - 8192 / 20, "kill -9: %d records survive (at least all but one buffer of the first 20000)", n);
   CHECK(in_order && whole, "kill -9: a valid prefix: records in order, whole lines only");
   run_report(path);
 }

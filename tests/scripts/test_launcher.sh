@@ -61,9 +61,9 @@ check "a missing library is an error" test $? != 0
 
 # options -> variables
 out=$("$L" -q --trace-format rmm --log info:/tmp/x.%p --stats --granularity 2M --free-mode deferred \
-  --limit 1G --release-threshold 256M --reserve 1T --disable -v -- \
-  sh -c 'echo "$VMMSHIM_TRACE_FORMAT|$VMMSHIM_LOG|$VMMSHIM_STATS|$VMMSHIM_GRANULARITY|$VMMSHIM_FREE_MODE|$VMMSHIM_LIMIT|$VMMSHIM_RELEASE_THRESHOLD|$VMMSHIM_RESERVE|$VMMSHIM_DISABLE|$VMMSHIM_VERBOSE"')
-check "every option sets its variable" test "$out" = "rmm|info:/tmp/x.%p|1|2M|deferred|1G|256M|1T|1|1"
+  --limit 1G --release-threshold 256M --reserve 1T --arenas 3 --disable -v -- \
+  sh -c 'echo "$VMMSHIM_TRACE_FORMAT|$VMMSHIM_LOG|$VMMSHIM_STATS|$VMMSHIM_GRANULARITY|$VMMSHIM_FREE_MODE|$VMMSHIM_LIMIT|$VMMSHIM_RELEASE_THRESHOLD|$VMMSHIM_RESERVE|$VMMSHIM_ARENAS|$VMMSHIM_DISABLE|$VMMSHIM_VERBOSE"')
+check "every option sets its variable" test "$out" = "rmm|info:/tmp/x.%p|1|2M|deferred|1G|256M|1T|3|1|1"
 out=$("$L" -q --trace=my.%p.trace sh -c 'echo "$VMMSHIM_TRACE"')
 check "--trace=PATH sets VMMSHIM_TRACE" test "$out" = "my.%p.trace"
 out=$(VMMSHIM_TRACE=x "$L" -q --no-trace sh -c 'echo "[${VMMSHIM_TRACE-unset}]"')
