@@ -72,6 +72,7 @@ typedef struct vs_block_s {
   struct vs_block_s *fprev, *fnext; /* bin, hole list or pending list */
   size_t requested;                 /* USED: what the program asked for */
   uint64_t freed_seq;               /* PENDING: pool->sync_seq at the free */
+  uint64_t idle_since;              /* FREE: pool->allocs when it became free */
   vs_stream_t *stream;              /* PENDING on a stream's list */
   uint16_t resv;                    /* reservation index: blocks never merge across */
   uint8_t state;
@@ -107,12 +108,23 @@ typedef struct vs_seg_s {
   CUmemGenericAllocationHandle handle;
 } vs_seg_t;
 
-/* Small and large requests live in separate heaps (own reservations, bins and holes):
- * small blocks scattered between large ones would pin partly used handles everywhere,
- * while large blocks alone leave whole idle handles behind when freed, which growth can
- * give back. */
+/* Requests live in three heaps by size (own reservations, bins and holes):
+ *   small (< 1 MiB) and large (up to the granularity) share handles of the granularity;
+ *   whole (the granularity and more): each block is exactly its own handle(s), never split
+ *   for a smaller request and never merged with a free neighbour. A freed whole block is
+ *   reused by a request of its size (up to 1/16 smaller); otherwise its handle is given
+ *   back when memory is needed. So the physical memory of big blocks follows what is live,
+ *   where a shared handle stays mapped as long as any block in it lives, and growth still
+ *   costs one handle per request, as cudaMalloc does.
+ * Small blocks scattered between large ones would pin partly used handles everywhere. */
 #define VS_SMALL_MAX (1ull << 20)
-enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_NHEAPS = 2 };
+enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_HEAP_WHOLE = 2, VS_NHEAPS = 3 };
+#define VS_WHOLE_SLACK 16
+/* Growth gives back idle handles first, but leaves up to mapped/VS_IDLE_BUDGET idle, and
+ * keeps whole blocks freed within the last VS_WHOLE_AGE allocations: a program that cycles
+ * through a few large sizes finds them again instead of releasing and creating handles. */
+#define VS_IDLE_BUDGET 32
+#define VS_WHOLE_AGE 8 /* a whole block serves requests down to 1/16 smaller than it */
 typedef struct vs_heap_s {
   vs_block_t *bins[VS_NBINS];
   uint64_t binmap[VS_NBINS / 64];
@@ -133,6 +145,7 @@ struct vs_pool_s {
   vs_stream_t *last_stream; /* the stream of the last lookup: most programs use one or two */
   vs_heap_t heaps[VS_NHEAPS];
   uint8_t resv_heap[VS_MAX_RESV];
+  size_t heap_resv_size[VS_NHEAPS]; /* size of each heap's first reservation */
   vs_list_t deferred; /* sync frees in deferred mode */
   vs_stream_t *streams;
   vs_batch_t *batches;
@@ -145,6 +158,8 @@ struct vs_pool_s {
   size_t mapped, used, free_bytes, pending_bytes;
   size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq; /* synchronisations started */
+  uint64_t allocs;   /* allocations served: the clock idle whole blocks age by */
+  const void *last_allocator; /* thread tag of the last allocation */
   vs_block_t *spare_blocks;
   /* Threads recording events on streams they copied out of the lock: a stream must not be
    * destroyed under them (its destroy hook waits for sealers == 0). */
@@ -245,6 +260,18 @@ static bool fits(const vs_block_t *b, size_t size, size_t align) {
  * that of size plus the worst alignment pad may hold blocks that fit or not: the first
  * few of each are examined (the smallest fitting one wins in the request's own bin). Any
  * block in a higher bin fits. */
+static vs_block_t *whole_find(vs_heap_t *p, size_t size) {
+  size_t most = size + size / (VS_WHOLE_SLACK - 1);
+  vs_block_t *best = NULL;
+  for (unsigned i = bin_of(size), last = bin_of(most); i <= last; i++) {
+    if (!(p->binmap[i / 64] & (1ull << (i % 64)))) continue;
+    int n = 0;
+    for (vs_block_t *b = p->bins[i]; b && n < VS_BIN_SCAN; b = b->fnext, n++)
+      if (b->size >= size && b->size <= most && (!best || b->size < best->size)) best = b;
+  }
+  return best;
+}
+
 static vs_block_t *bin_find(vs_heap_t *p, size_t size, size_t align) {
   size_t want = size + (align > VS_MIN_ALIGN ? align - VS_MIN_ALIGN : 0);
   unsigned first = bin_of(size), last = bin_of(want);
@@ -253,14 +280,22 @@ static vs_block_t *bin_find(vs_heap_t *p, size_t size, size_t align) {
     vs_block_t *best = NULL;
     int n = 0;
     for (vs_block_t *b = p->bins[i]; b && n < VS_BIN_SCAN; b = b->fnext, n++)
-      if (fits(b, size, align) && (!best || b->size < best->size)) best = b;
+      if (fits(b, size, align) && (!best || b->size < best->size || (b->size == best->size && b->addr < best->addr)))
+        best = b;
     if (best) return best;
   }
   unsigned start = last + 1;
   for (unsigned w = start / 64; w < VS_NBINS / 64; w++) {
     uint64_t bits = p->binmap[w];
     if (w == start / 64) bits &= ~0ull << (start % 64);
-    if (bits) return p->bins[w * 64 + (unsigned)__builtin_ctzll(bits)];
+    if (bits) {
+      /* Lowest address among the first few: memory packs low, high handles empty out. */
+      vs_block_t *best = NULL;
+      int n = 0;
+      for (vs_block_t *b = p->bins[w * 64 + (unsigned)__builtin_ctzll(bits)]; b && n < VS_BIN_SCAN; b = b->fnext, n++)
+        if (!best || b->addr < best->addr) best = b;
+      return best;
+    }
   }
   return NULL;
 }
@@ -292,14 +327,16 @@ static vs_block_t *split(vs_pool_t *p, vs_block_t *b, size_t off) {
   return r;
 }
 
-static bool mergeable(const vs_block_t *a, const vs_block_t *b, vs_block_state_t st) {
-  return a && b && a->state == st && b->state == st && a->resv == b->resv && a->addr + a->size == b->addr;
+static bool mergeable(const vs_pool_t *p, const vs_block_t *a, const vs_block_t *b, vs_block_state_t st) {
+  return a && b && a->state == st && b->state == st && a->resv == b->resv && a->addr + a->size == b->addr &&
+         (st != B_FREE || p->resv_heap[a->resv] != VS_HEAP_WHOLE);
 }
 
 /* Puts a block (no longer USED or PENDING) into the bins, merged with free neighbours. */
 static void make_free(vs_pool_t *p, vs_block_t *b) {
   b->state = B_FREE;
-  if (mergeable(b->prev, b, B_FREE)) {
+  b->idle_since = p->allocs;
+  if (mergeable(p, b->prev, b, B_FREE)) {
     vs_block_t *a = b->prev;
     bin_remove(p, a);
     a->size += b->size;
@@ -307,7 +344,7 @@ static void make_free(vs_pool_t *p, vs_block_t *b) {
     block_put(p, b);
     b = a;
   }
-  if (mergeable(b, b->next, B_FREE)) {
+  if (mergeable(p, b, b->next, B_FREE)) {
     vs_block_t *c = b->next;
     bin_remove(p, c);
     b->size += c->size;
@@ -320,7 +357,7 @@ static void make_free(vs_pool_t *p, vs_block_t *b) {
 static void make_hole(vs_pool_t *p, vs_block_t *b) {
   vs_list_t *holes = &heap_of(p, b)->holes;
   b->state = B_HOLE;
-  if (mergeable(b->prev, b, B_HOLE)) {
+  if (mergeable(p, b->prev, b, B_HOLE)) {
     vs_block_t *a = b->prev;
     list_remove(holes, a);
     a->size += b->size;
@@ -328,7 +365,7 @@ static void make_hole(vs_pool_t *p, vs_block_t *b) {
     block_put(p, b);
     b = a;
   }
-  if (mergeable(b, b->next, B_HOLE)) {
+  if (mergeable(p, b, b->next, B_HOLE)) {
     vs_block_t *c = b->next;
     list_remove(holes, c);
     b->size += c->size;
@@ -375,6 +412,7 @@ static void *reclaimer_main(void *arg);
 static vs_stream_t *stream_get(vs_pool_t *p, CUstream key, CUstream handle, const void *owner, bool create);
 static CUstream stream_key(CUstream s, const void **owner);
 static void reclaim_by_events(vs_pool_t *p, const void *self);
+static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after);
 
 static int add_reservation(vs_pool_t *p, int heap, size_t size) {
   if (p->n_resv == VS_MAX_RESV) return -1;
@@ -392,6 +430,7 @@ static int add_reservation(vs_pool_t *p, int heap, size_t size) {
   b->size = size;
   b->resv = (uint16_t)p->n_resv;
   p->resv_heap[p->n_resv] = (uint8_t)heap;
+  if (!p->heap_resv_size[heap]) p->heap_resv_size[heap] = size;
   p->n_resv++;
   /* Each reservation has its own address-order chain: blocks never link or merge across. */
   b->state = B_HOLE;
@@ -428,8 +467,9 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
     if (resv < (64ull << 30)) resv = 64ull << 30;
   }
   resv = round_up(resv, g);
-  if (add_reservation(p, VS_HEAP_LARGE, resv) != 0 ||
-      add_reservation(p, VS_HEAP_SMALL, round_up(caps->total_mem ? caps->total_mem : resv, g)) != 0) {
+  size_t dev_size = round_up(caps->total_mem ? caps->total_mem : resv, g);
+  if (add_reservation(p, VS_HEAP_WHOLE, resv) != 0 || add_reservation(p, VS_HEAP_LARGE, dev_size) != 0 ||
+      add_reservation(p, VS_HEAP_SMALL, dev_size) != 0) {
     _vs_dir_remove_pool(p);
     for (int i = 0; i < p->n_resv; i++) _vs_vmm_address_free(&p->caps, p->resv[i].va, p->resv[i].size);
     _vs_warn("device %d: cannot reserve %zu bytes of address space; this context is passed through",
@@ -640,7 +680,7 @@ static vs_block_t *claim_hole(vs_pool_t *p, vs_heap_t *heap, size_t size, size_t
      * hole's start (a multiple of the minimum granularity, so aligned). */
     size_t tail = 0, pad = 0;
     vs_block_t *t = h->prev;
-    if (t && t->state == B_FREE && t->resv == h->resv && t->addr + t->size == h->addr) {
+    if (t && mergeable(p, t, &(vs_block_t){.addr = h->addr, .resv = h->resv, .state = B_FREE}, B_FREE)) {
       tail = t->size;
       pad = align_pad(t->addr, align);
     }
@@ -675,21 +715,24 @@ static vs_block_t *claim_hole(vs_pool_t *p, vs_heap_t *heap, size_t size, size_t
  * growth maps: physical memory follows what is live, not the history of the address space. */
 static CUresult grow(vs_pool_t *p, int hi, size_t size, size_t align, bool exact) {
   vs_heap_t *heap = &p->heaps[hi];
-  /* Large requests get handles of their own size (at least the pool granularity), so that
-   * freeing them leaves whole handles; small ones share handles of the granularity. */
-  size_t handle = exact ? p->caps.min_granularity : p->gran;
+  /* Whole-heap requests get handles of their own size, so that freeing them leaves whole
+   * handles; the others share handles of the granularity. */
+  size_t handle = exact || hi == VS_HEAP_WHOLE ? p->caps.min_granularity : p->gran;
   size_t want = round_up(size, handle);
   pthread_mutex_lock(&p->lock);
-  size_t idle = p->free_bytes;
+  size_t idle = p->free_bytes, budget = p->mapped / VS_IDLE_BUDGET;
+  uint64_t old = p->allocs > VS_WHOLE_AGE ? p->allocs - VS_WHOLE_AGE : 0;
   pthread_mutex_unlock(&p->lock);
-  if (idle >= p->caps.min_granularity) _vs_pool_trim(p, idle > want ? idle - want : 0);
+  size_t keep = idle > want ? idle - want : 0;
+  if (keep < budget) keep = budget;
+  if (idle > keep && idle >= p->caps.min_granularity) trim_some(p, keep, old);
   pthread_mutex_lock(&p->lock);
   size_t len = 0;
   vs_block_t *b = claim_hole(p, heap, size, align, handle, &len);
   if (!b) {
     pthread_mutex_unlock(&p->lock);
     size_t more = round_up(size + align, p->gran) * 2; /* a new reservation starts aligned */
-    size_t dflt = p->resv[hi == VS_HEAP_LARGE ? 0 : 1].size;
+    size_t dflt = p->heap_resv_size[hi];
     if (more < dflt) more = dflt;
     pthread_mutex_lock(&p->lock);
     int rr = add_reservation(p, hi, more);
@@ -784,8 +827,9 @@ static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_bl
 }
 
 /* Unmaps and releases whole handles that lie inside free blocks until at most `keep` idle
- * bytes remain (or none is left to release). Called without the lock. */
-size_t _vs_pool_trim(vs_pool_t *p, size_t keep) {
+ * bytes remain, leaving whole-heap blocks that became idle after allocation number
+ * `young_after`. Called without the lock. */
+static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after) {
   enum { MAX_BATCH = 64, MAX_CAND = 64 };
   size_t released = 0;
   for (;;) {
@@ -798,7 +842,8 @@ size_t _vs_pool_trim(vs_pool_t *p, size_t keep) {
     unsigned lo = bin_of(p->caps.min_granularity);
     for (int hi = 0; hi < VS_NHEAPS; hi++)
       for (unsigned k = VS_NBINS; k-- > lo && nc < MAX_CAND;)
-        for (vs_block_t *c = p->heaps[hi].bins[k]; c && nc < MAX_CAND; c = c->fnext) cand[nc++] = c;
+        for (vs_block_t *c = p->heaps[hi].bins[k]; c && nc < MAX_CAND; c = c->fnext)
+          if (hi != VS_HEAP_WHOLE || c->idle_since <= young_after) cand[nc++] = c;
     for (int c = 0; c < nc && n < MAX_BATCH && p->free_bytes > keep; c++)
       carve_idle_handles(p, cand[c], p->free_bytes - keep, busy, victims, &n, MAX_BATCH);
     pthread_mutex_unlock(&p->lock);
@@ -817,6 +862,8 @@ size_t _vs_pool_trim(vs_pool_t *p, size_t keep) {
   }
   return released;
 }
+
+size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return trim_some(p, keep, UINT64_MAX); }
 
 size_t _vs_mapped_total(void) { return atomic_load_explicit(&vs_mapped_total, memory_order_relaxed); }
 
@@ -900,6 +947,7 @@ static vs_block_t *take_from_stream(vs_pool_t *p, vs_stream_t *s, int hi, size_t
   vs_block_t *best = NULL;
   for (vs_block_t *b = s->pending.tail; b && n < VS_STREAM_SCAN; b = b->fprev, n++) {
     if (p->resv_heap[b->resv] != hi || !fits(b, size, align)) continue;
+    if (hi == VS_HEAP_WHOLE && b->size > size + size / (VS_WHOLE_SLACK - 1)) continue;
     if (!best || b->size < best->size) best = b;
     if (b->size - align_pad(b->addr, align) - size < VS_MIN_ALIGN) break;
   }
@@ -914,6 +962,10 @@ static vs_block_t *take_from_stream(vs_pool_t *p, vs_stream_t *s, int hi, size_t
  * pieces are BUSY while split, so giving the leftovers back never merges them into the
  * block being handed out. */
 static vs_block_t *carve(vs_pool_t *p, vs_block_t *b, size_t size, size_t align) {
+  if (p->resv_heap[b->resv] == VS_HEAP_WHOLE) { /* starts on a handle; served whole */
+    b->state = B_USED;
+    return b;
+  }
   b->state = B_BUSY;
   size_t pad = align_pad(b->addr, align);
   if (pad) {
@@ -942,14 +994,22 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
   }
   size_t size = round_up(req, VS_MIN_ALIGN);
   size_t align = request_align(size);
-  int hi = size < VS_SMALL_MAX ? VS_HEAP_SMALL : VS_HEAP_LARGE;
+  int hi = size < VS_SMALL_MAX ? VS_HEAP_SMALL : size < p->gran ? VS_HEAP_LARGE : VS_HEAP_WHOLE;
+  if (hi == VS_HEAP_WHOLE) size = round_up(size, p->caps.min_granularity);
   const void *owner = NULL;
   CUstream key = stream == VS_NO_STREAM ? NULL : stream_key(stream, &owner);
   int attempt = 0;
   for (;;) {
+    bool waited = false;
     if (vs_unlikely(pthread_mutex_trylock(&p->lock) != 0)) {
-      *contended = true; /* the caller may move this thread to another arena */
+      waited = true;
       pthread_mutex_lock(&p->lock);
+    }
+    /* Contention counts only against another allocating thread (the caller may then move
+     * to another arena); the reclaimer and cross-thread frees take the lock too. */
+    if (vs_unlikely(p->last_allocator != &vs_thread_tag)) {
+      *contended |= waited && p->last_allocator != NULL;
+      p->last_allocator = &vs_thread_tag;
     }
     vs_block_t *b = NULL;
     if (stream != VS_NO_STREAM) {
@@ -957,7 +1017,7 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
       if (s && s->pending.head) b = take_from_stream(p, s, hi, size, align);
     }
     if (!b) {
-      b = bin_find(&p->heaps[hi], size, align);
+      b = hi == VS_HEAP_WHOLE ? whole_find(&p->heaps[hi], size) : bin_find(&p->heaps[hi], size, align);
       if (b) bin_remove(p, b);
     }
     if (b) b = carve(p, b, size, align);
@@ -965,6 +1025,7 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
       b->requested = req;
       HASH_ADD(hh, p->map, addr, sizeof b->addr, b);
       p->used += b->size;
+      p->allocs++;
       pthread_mutex_unlock(&p->lock);
       *ptr_out = b->addr;
       *served_out = b->size;
@@ -1206,7 +1267,7 @@ int _vs_pool_check(vs_pool_t *p) {
     for (unsigned i = 0; i < VS_NBINS; i++)
       for (vs_block_t *b = p->heaps[hi].bins[i]; b; b = b->fnext) {
         if (b->state != B_FREE || b->bin != i || p->resv_heap[b->resv] != hi) bad++;
-        if (mergeable(b->prev, b, B_FREE) || mergeable(b, b->next, B_FREE)) bad++; /* unmerged neighbours */
+        if (mergeable(p, b->prev, b, B_FREE) || mergeable(p, b, b->next, B_FREE)) bad++; /* unmerged neighbours */
         heap_sum += b->size;
       }
     if (heap_sum != p->heaps[hi].free_bytes) bad++;

@@ -1,0 +1,121 @@
+/* test_unit_whole: blocks of at least the granularity (the whole heap), on the host
+ * emulation: each is exactly its own handle, is reused only by a request of about its size,
+ * is never split for a smaller one, and is given back when growth needs memory, except
+ * when it was freed within the last few allocations (a program cycling through a few sizes
+ * finds them again). */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "emu.h"
+#include "vmmshim/internal.h"
+#include "check.h"
+
+#define MiB (1024ull * 1024)
+
+static vs_pool_t *pool;
+static bool g_contended;
+
+static CUdeviceptr palloc(size_t n, size_t *served) {
+  CUdeviceptr p = 0;
+  CUresult err;
+  size_t s = 0;
+  if (_vs_pool_alloc(pool, n, VS_NO_STREAM, VMMSHIM_API_DRIVER, &p, &s, &err, &g_contended) != VS_POOL_OK) return 0;
+  if (served) *served = s;
+  return p;
+}
+
+static bool pfree(CUdeviceptr p) {
+  size_t sz, req;
+  CUresult err;
+  return _vs_pool_free(pool, p, VS_NO_STREAM, VMMSHIM_API_DRIVER, &sz, &req, &err) == VS_POOL_OK;
+}
+
+static unsigned long long creates(void) {
+  emu_counters_t e;
+  emu_get_counters(&e);
+  return e.n_cuMemCreate;
+}
+
+static unsigned long long handle_bytes(void) {
+  emu_counters_t e;
+  emu_get_counters(&e);
+  return e.handle_bytes;
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  alarm(60);
+  CUcontext ctx = NULL;
+  CHECK(cuInit(0) == CUDA_SUCCESS, "cuInit");
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS && ctx, "retain");
+  CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "set current");
+  CHECK(_vs_cuda_resolve() == 0, "_vs_cuda_resolve");
+  vs_device_caps_t caps;
+  CHECK(_vs_vmm_query(0, &caps) == CUDA_SUCCESS, "query");
+  pool = _vs_pool_create(ctx, &caps); /* granularity 64 MiB: the whole heap starts there */
+  CHECK(pool != NULL, "pool");
+  if (!pool) return check_summary();
+
+  /* exactly its own handle: 2 MiB rounding, no share of the granularity */
+  size_t served = 0;
+  unsigned long long c0 = creates();
+  CUdeviceptr a = palloc(200 * MiB + 1, &served);
+  CHECK(a && served == 202 * MiB, "200 MiB + 1 served as %zu", served);
+  CHECK(creates() == c0 + 1 && handle_bytes() == 202 * MiB, "one handle of 202 MiB (%llu creates, %llu bytes)",
+        creates() - c0, handle_bytes());
+  CHECK(a % (2 * MiB) == 0, "starts on a handle boundary");
+  memset((void *)(uintptr_t)a, 0x11, served);
+
+  /* reused by a request of about its size, without a driver call */
+  CHECK(pfree(a), "free a");
+  c0 = creates();
+  CUdeviceptr a2 = palloc(192 * MiB, &served);
+  CHECK(a2 == a && served == 202 * MiB, "192 MiB reuses the 202 MiB block (%s, served %zu)", a2 == a ? "same" : "other",
+        served);
+  CHECK(creates() == c0, "no handle created for the reuse");
+  CHECK(pfree(a2), "free a2");
+
+  /* a much smaller request does not split it; the young idle block is kept */
+  c0 = creates();
+  CUdeviceptr b = palloc(100 * MiB, &served);
+  CHECK(b && b != a && served == 100 * MiB, "100 MiB gets a handle of its own (served %zu)", served);
+  CHECK(creates() == c0 + 1, "one new handle");
+  CHECK(handle_bytes() == 302 * MiB, "a's idle block, freed just now, is kept: %llu MiB of handles",
+        handle_bytes() / MiB);
+  CHECK(pfree(b), "free b");
+  /* cycling between the two sizes makes no driver call */
+  c0 = creates();
+  for (int i = 0; i < 10; i++) {
+    CUdeviceptr x = palloc(200 * MiB, NULL), y;
+    CHECK(x == a, "round %d: 200 MiB finds its block", i);
+    CHECK(pfree(x), "free x");
+    y = palloc(100 * MiB, NULL);
+    CHECK(y == b, "round %d: 100 MiB finds its block", i);
+    CHECK(pfree(y), "free y");
+  }
+  CHECK(creates() == c0, "no handle created while cycling (%llu)", creates() - c0);
+
+  /* once aged, idle whole blocks that do not fit are given back when the pool grows */
+  CUdeviceptr small[16];
+  for (int i = 0; i < 16; i++) small[i] = palloc(4096, NULL);
+  for (int i = 0; i < 16; i++) CHECK(pfree(small[i]), "free small %d", i);
+  CHECK(handle_bytes() == 302 * MiB + 64 * MiB, "idle: the two whole blocks and a small-heap handle");
+  CUdeviceptr c = palloc(400 * MiB, &served);
+  CHECK(c && served == 400 * MiB, "400 MiB");
+  CHECK(handle_bytes() == 400 * MiB, "every aged idle handle went back: %llu MiB of handles", handle_bytes() / MiB);
+  CHECK(_vs_pool_check(pool) == 0, "pool consistent");
+  CHECK(pfree(c), "free c");
+
+  /* below the granularity: shared handles, split as before */
+  c0 = creates();
+  CUdeviceptr d = palloc(8 * MiB, &served), e = palloc(8 * MiB, NULL);
+  CHECK(d && e && served == 8 * MiB, "8 MiB blocks");
+  CHECK(creates() == c0 + 1, "two 8 MiB blocks share one handle (%llu created)", creates() - c0);
+  CHECK(pfree(d) && pfree(e), "free d, e");
+  CHECK(_vs_pool_check(pool) == 0, "pool consistent at the end");
+  _vs_pool_destroy(pool);
+  CHECK(emu_violations() == 0, "%d contract violations", emu_violations());
+  return check_summary();
+}
