@@ -54,10 +54,10 @@ static inline void print_shim_fields(void) {
     return;
   }
   printf(" shim=1 shim_allocs=%llu shim_peak_mapped=%llu shim_peak_in_use=%llu shim_vmm_calls=%llu shim_vmm_ms=%.3f "
-         "shim_syncs=%llu shim_passthrough=%llu",
+         "shim_syncs=%llu shim_passthrough=%llu shim_pools=%llu",
          shim_allocs(&s), (unsigned long long)s.peak_bytes_mapped, (unsigned long long)s.peak_bytes_in_use,
          (unsigned long long)s.vmm_calls, s.vmm_ns / 1e6, (unsigned long long)s.syncs,
-         (unsigned long long)s.passthrough_allocs);
+         (unsigned long long)s.passthrough_allocs, (unsigned long long)s.pools);
 }
 
 /* Parses 256, 4K, 64M, 1G. */

@@ -40,6 +40,7 @@ typedef struct vmmshim_stats_s {
   uint64_t vmm_ns;                     /* time spent inside those calls */
   uint64_t syncs;                      /* context synchronisations made for frees */
   uint64_t trims;                      /* handles released because they were idle */
+  uint64_t pools;                      /* pools alive: one per context and arena in use */
 } vmmshim_stats_t;
 
 /* Fills *out (size = sizeof(vmmshim_stats_t)); returns 0, or -1 if size is wrong. */

@@ -478,6 +478,7 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
     free(p);
     return NULL;
   }
+  VS_STAT_ADD(pools, 1);
   _vs_info("pool for context %p on device %d: reserved %zu GiB, handles of %zu MiB, free mode %s", (void *)ctx,
            (int)caps->device, resv >> 30, g >> 20,
            _vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED ? "deferred" : "sync");
@@ -1226,6 +1227,7 @@ bool _vs_pool_range(vs_pool_t *p, CUdeviceptr addr, CUdeviceptr *base_out, size_
 
 void _vs_pool_destroy(vs_pool_t *p) {
   _vs_dir_remove_pool(p);
+  VS_STAT_SUB(pools, 1);
   pthread_mutex_lock(&p->lock);
   p->stopping = true;
   pthread_cond_broadcast(&p->wake);

@@ -141,6 +141,7 @@ void _vs_stats_print(void) {
   _vs_note("stats: VMM calls %llu taking %.3f ms, synchronisations for frees %llu, handles released when idle %llu",
            (unsigned long long)s.vmm_calls, (double)s.vmm_ns / 1e6, (unsigned long long)s.syncs,
            (unsigned long long)s.trims);
+  _vs_note("stats: pools %llu (one per context and arena in use)", (unsigned long long)s.pools);
 }
 
 /* Live blocks that died with their context: no longer in use, yet never freed. */

@@ -352,6 +352,9 @@ static int mode_stress(void) {
   check(fails == 0, "stress-no-alloc-failure", "%llu allocations failed", fails);
   check(min_ops >= 1000, "stress-progress", "a thread made only %llu ops", min_ops);
   check(true, "stress-no-deadlock", "");
+  vmmshim_stats_t sp;
+  shim_stats(&sp);
+  printf("INFO stress: the threads allocated from %llu pools (arenas)\n", (unsigned long long)sp.pools);
   CK(cudaDeviceSynchronize());
   typedef size_t (*trim_fn)(void);
   trim_fn trim = (trim_fn)dlsym(RTLD_DEFAULT, "vmmshim_trim");

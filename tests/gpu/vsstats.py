@@ -22,6 +22,7 @@ class VmmshimStats(ctypes.Structure):
         ("vmm_ns", _U64),
         ("syncs", _U64),
         ("trims", _U64),
+        ("pools", _U64),
     ]
 
 
