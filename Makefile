@@ -61,7 +61,7 @@ T_SHIM    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_shim_*.
 T_STATIC  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_static_*.c))
 T_UNIT    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_unit_*.c))
 T_EMU     := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_emu_*.c))
-T_HDR     := $(wildcard tests/*.h) $(EMU_HDR)
+T_HDR     := $(wildcard tests/*.h) $(EMU_HDR) include/vmmshim.h include/vmmshim/internal.h
 T_CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -Itests -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
 T_RPATH   := -Wl,-rpath,'$$ORIGIN/../emu'
 
