@@ -25,6 +25,7 @@ typedef struct vs_pool_slot_s {
   bool passthrough;        /* no VMM support, no address space: allocations pass through */
   vs_device_caps_t caps;
   vs_pool_t *_Atomic arenas[VS_MAX_ARENAS];
+  atomic_uint_least64_t taken; /* arenas a thread has moved to (bit i: arena i) */
 } vs_pool_slot_t;
 
 static vs_pool_slot_t vs_slots[VS_MAX_POOLS];
@@ -34,13 +35,14 @@ static atomic_uint vs_arena_next; /* where the next thread that moves goes */
 static pthread_mutex_t vs_slots_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static _Thread_local CUcontext tl_ctx;
+static _Thread_local vs_pool_slot_t *tl_slot;
 static _Thread_local vs_pool_t *tl_pool;
 static _Thread_local unsigned tl_gen;
 static _Thread_local unsigned tl_arena;          /* this thread's arena index */
 static _Thread_local unsigned tl_window, tl_hits; /* allocations and contended ones, this window */
 
 #define VS_CONTEND_WINDOW 64
-#define VS_CONTEND_MOVE 8 /* contended allocations per window that make a thread move */
+#define VS_CONTEND_MOVE 4 /* contended allocations per window that make a thread move */
 
 static bool activate_slow(void) {
   _vs_init_once();
@@ -114,6 +116,7 @@ static vs_pool_slot_t *slot_create_slow(CUcontext ctx) {
     slot->passthrough = pool == NULL;
     for (int a = 0; a < VS_MAX_ARENAS; a++) atomic_store(&slot->arenas[a], NULL);
     atomic_store(&slot->arenas[0], pool);
+    atomic_store(&slot->taken, 1);
     slot->ctx = ctx;
     if (i == n) atomic_store(&vs_nslots, n + 1);
   } else {
@@ -150,18 +153,34 @@ static vs_pool_t *pool_for(CUcontext ctx) {
   }
   vs_pool_t *pool = slot->passthrough ? NULL : arena_get(slot, tl_arena % (unsigned)_vs_option(VS_OPT_ARENAS));
   tl_ctx = ctx;
+  tl_slot = slot;
   tl_pool = pool;
   tl_gen = gen;
   return pool;
 }
 
-/* Counts how often this thread found its arena's lock taken; past a threshold it moves
- * to the next arena in turn. */
+/* The arena a contending thread moves to: one no other thread has moved to yet, so that
+ * N contending threads end up on N arenas; once all are taken, the next in turn. */
+static unsigned arena_to_move_to(vs_pool_slot_t *slot, unsigned n) {
+  for (unsigned i = 1; slot && i < n; i++) {
+    uint64_t bit = 1ull << i;
+    if (!(atomic_load_explicit(&slot->taken, memory_order_relaxed) & bit) &&
+        !(atomic_fetch_or_explicit(&slot->taken, bit, memory_order_relaxed) & bit))
+      return i;
+  }
+  return atomic_fetch_add_explicit(&vs_arena_next, 1, memory_order_relaxed) % n;
+}
+
+/* Counts how often this thread found its arena's lock taken by another allocating thread;
+ * past a threshold it moves to another arena. */
 static void note_contention(bool contended) {
   tl_hits += contended;
   if (vs_unlikely(tl_hits >= VS_CONTEND_MOVE)) {
-    if (_vs_option(VS_OPT_ARENAS) > 1) {
-      tl_arena = 1 + atomic_fetch_add_explicit(&vs_arena_next, 1, memory_order_relaxed);
+    unsigned n = (unsigned)_vs_option(VS_OPT_ARENAS);
+    if (n > 1) {
+      unsigned to = arena_to_move_to(tl_ctx ? tl_slot : NULL, n);
+      if (to == tl_arena % n) to = (to + 1) % n;
+      tl_arena = to;
       tl_ctx = NULL; /* resolve the arena again on the next allocation */
     }
     tl_window = tl_hits = 0;
@@ -173,6 +192,7 @@ static void note_contention(bool contended) {
 /* Puts the calling thread on arena idx (modulo VMMSHIM_ARENAS) from its next allocation,
  * as contention would; lets tests place threads where they want them. */
 void _vs_arena_select(unsigned idx) {
+  if (tl_ctx && tl_slot && idx < 64) atomic_fetch_or(&tl_slot->taken, 1ull << idx);
   tl_arena = idx;
   tl_ctx = NULL;
   tl_window = tl_hits = 0;

@@ -4,9 +4,9 @@
  * The counters touched by every allocation and free (counts per API, bytes in use,
  * bytes requested) live in a block per thread that only its thread writes: a shared
  * counter would bounce one cache line between every allocating thread. Readers sum the
- * blocks. Bytes in use are also folded into one shared total every VS_FOLD bytes, from
- * which the peak is kept; the peak is exact for one allocating thread and may miss up to
- * VS_FOLD per other thread. Rare events (mappings, syncs, trims) stay shared atomics.
+ * blocks (each on cache lines of its own). Bytes in use are also folded into one shared
+ * total every VS_FOLD bytes, from which the peak is kept; the peak is exact for one
+ * allocating thread and may miss up to VS_FOLD per other thread. Rare events (mappings, syncs, trims) stay shared atomics.
  * A block outlives its thread: the next new thread takes it over, totals intact. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -16,9 +16,9 @@
 
 vmmshim_stats_t _vs_stats_data;
 
-#define VS_FOLD ((int64_t)4 << 20)
+#define VS_FOLD ((int64_t)64 << 20)
 
-typedef struct vs_tstat_s {
+typedef struct __attribute__((aligned(128))) vs_tstat_s {
   uint64_t allocs[VMMSHIM_API_COUNT];
   uint64_t frees[VMMSHIM_API_COUNT];
   int64_t in_use;    /* not yet folded into vs_in_use_folded */
@@ -51,7 +51,8 @@ static vs_tstat_t *tstat_slow(void) {
   vs_tstat_t *t;
   for (t = atomic_load(&vs_tstats); t; t = t->next)
     if (t != &fallback && !atomic_load(&t->owned)) break;
-  if (!t && (t = calloc(1, sizeof *t)) != NULL) {
+  if (!t && (t = aligned_alloc(128, sizeof *t)) != NULL) {
+    memset(t, 0, sizeof *t);
     t->next = atomic_load(&vs_tstats);
     atomic_store(&vs_tstats, t);
   }
