@@ -124,12 +124,14 @@ enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_HEAP_WHOLE = 2, VS_NHEAPS = 3 };
  * keeps whole blocks freed within the last VS_WHOLE_AGE allocations: a program that cycles
  * through a few large sizes finds them again instead of releasing and creating handles. */
 #define VS_IDLE_BUDGET 32
+#define VS_GROW_FRACTION 8
 #define VS_WHOLE_AGE 8 /* a whole block serves requests down to 1/16 smaller than it */
 typedef struct vs_heap_s {
   vs_block_t *bins[VS_NBINS];
   uint64_t binmap[VS_NBINS / 64];
   vs_list_t holes;
   size_t free_bytes;
+  size_t mapped;
 } vs_heap_t;
 
 struct vs_pool_s {
@@ -717,8 +719,18 @@ static vs_block_t *claim_hole(vs_pool_t *p, vs_heap_t *heap, size_t size, size_t
 static CUresult grow(vs_pool_t *p, int hi, size_t size, size_t align, bool exact) {
   vs_heap_t *heap = &p->heaps[hi];
   /* Whole-heap requests get handles of their own size, so that freeing them leaves whole
-   * handles; the others share handles of the granularity. */
-  size_t handle = exact || hi == VS_HEAP_WHOLE ? p->caps.min_granularity : p->gran;
+   * handles. The others share handles of the granularity, or of 1/VS_GROW_FRACTION of what
+   * their heap maps while that is smaller: a small program then maps little more than it
+   * uses, and a growing one reaches the granularity after a few handles. */
+  size_t handle = p->gran;
+  if (exact || hi == VS_HEAP_WHOLE) {
+    handle = p->caps.min_granularity;
+  } else {
+    pthread_mutex_lock(&p->lock);
+    size_t step = round_up(heap->mapped / VS_GROW_FRACTION, p->caps.min_granularity);
+    pthread_mutex_unlock(&p->lock);
+    if (step < handle) handle = step > p->caps.min_granularity ? step : p->caps.min_granularity;
+  }
   size_t want = round_up(size, handle);
   pthread_mutex_lock(&p->lock);
   size_t idle = p->free_bytes, budget = p->mapped / VS_IDLE_BUDGET;
@@ -778,6 +790,7 @@ static CUresult grow(vs_pool_t *p, int hi, size_t size, size_t align, bool exact
   }
   if (r == CUDA_SUCCESS) {
     p->mapped += len;
+    heap->mapped += len;
     make_free(p, b);
   } else {
     make_hole(p, b);
@@ -818,6 +831,7 @@ static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_bl
     mid->state = B_BUSY;
     seg_remove_at(p, i); /* the next segment now sits at index i */
     p->mapped -= sg.size;
+    heap_of(p, mid)->mapped -= sg.size;
     segs[*n] = sg;
     out[(*n)++] = mid;
     got += sg.size;

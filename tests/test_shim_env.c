@@ -397,10 +397,16 @@ static void scenario_nofd(void) {
 
 static void scenario_badgran(void) {
   CHECK(cudaFree(NULL) == cudaSuccess, "init");
-  void *p = NULL;
-  CHECK(cudaMalloc(&p, MiB) == cudaSuccess, "alloc");
-  CHECK(shim_stats().bytes_mapped == 64 * MiB, "mapped %llu, want one default (64 MiB) handle",
-        (unsigned long long)shim_stats().bytes_mapped);
+  /* 64 MiB is the smallest request with a handle of its own at the default granularity. */
+  void *p = NULL, *q = NULL;
+  CHECK(cudaMalloc(&p, 64 * MiB) == cudaSuccess, "alloc 64 MiB");
+  CHECK(cudaMalloc(&q, 64 * MiB - 2 * MiB) == cudaSuccess, "alloc 62 MiB");
+  CHECK(shim_stats().bytes_mapped == 126 * MiB, "mapped %llu MiB, want 64 + 62", shim_stats().bytes_mapped / MiB);
+  cudaFree(q);
+  void *r = NULL;
+  CHECK(cudaMalloc(&r, 60 * MiB) == cudaSuccess, "alloc 60 MiB");
+  CHECK(r == q, "60 MiB split from the freed 62 MiB block: below the default granularity, shared handles");
+  cudaFree(r);
   cudaFree(p);
 }
 

@@ -101,19 +101,28 @@ int main(void) {
   CUdeviceptr small[16];
   for (int i = 0; i < 16; i++) small[i] = palloc(4096, NULL);
   for (int i = 0; i < 16; i++) CHECK(pfree(small[i]), "free small %d", i);
-  CHECK(handle_bytes() == 302 * MiB + 64 * MiB, "idle: the two whole blocks and a small-heap handle");
+  CHECK(handle_bytes() == 302 * MiB + 2 * MiB, "idle: the two whole blocks and a first small-heap handle of 2 MiB");
   CUdeviceptr c = palloc(400 * MiB, &served);
   CHECK(c && served == 400 * MiB, "400 MiB");
   CHECK(handle_bytes() == 400 * MiB, "every aged idle handle went back: %llu MiB of handles", handle_bytes() / MiB);
   CHECK(_vs_pool_check(pool) == 0, "pool consistent");
   CHECK(pfree(c), "free c");
 
-  /* below the granularity: shared handles, split as before */
+  /* below the granularity: shared handles, 1/8 of what the heap maps (at most the
+   * granularity), so a small heap maps little more than it uses and a big one few handles */
+  _vs_pool_trim(pool, 0);
+  CHECK(handle_bytes() == 0, "nothing mapped after a trim (%llu MiB)", handle_bytes() / MiB);
   c0 = creates();
-  CUdeviceptr d = palloc(8 * MiB, &served), e = palloc(8 * MiB, NULL);
-  CHECK(d && e && served == 8 * MiB, "8 MiB blocks");
-  CHECK(creates() == c0 + 1, "two 8 MiB blocks share one handle (%llu created)", creates() - c0);
-  CHECK(pfree(d) && pfree(e), "free d, e");
+  unsigned long long h0 = handle_bytes();
+  CUdeviceptr d[100];
+  int ok = 0;
+  for (int i = 0; i < 100; i++) ok += (d[i] = palloc(8 * MiB, NULL)) != 0;
+  unsigned long long grown = handle_bytes() - h0, made = creates() - c0;
+  CHECK(ok == 100, "100 blocks of 8 MiB");
+  CHECK(grown >= 800 * MiB && grown <= 800 * MiB + 100 * MiB, "mapped %llu MiB for 800 MiB: at most 1/8 more",
+        grown / MiB);
+  CHECK(made >= 15 && made <= 40, "%llu handles for 800 MiB (8 MiB each at first, growing towards 64 MiB)", made);
+  for (int i = 0; i < 100; i++) CHECK(pfree(d[i]), "free d%d", i);
   CHECK(_vs_pool_check(pool) == 0, "pool consistent at the end");
   _vs_pool_destroy(pool);
   CHECK(emu_violations() == 0, "%d contract violations", emu_violations());
