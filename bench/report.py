@@ -117,20 +117,30 @@ def sec_pairs(recs, out):
         out.append("| %s | %s | %s | %s | %s |" % (
             size_label(s), " | ".join(row), ratio(med.get("shim-sync"), med.get("cudaMalloc")),
             ratio(med.get("shim-deferred"), med.get("cudaMalloc")), ratio(med.get("shim-async"), med.get("pool"))))
-    traced = [("shim-deferred", "shim-deferred-traced"), ("shim-async", "shim-async-traced")]
-    if any(one(recs, "pairs", cfg=t, size=s, threads=1) for _, t in traced for s in sizes):
-        out.append("\n### Cost of tracing (VMMSHIM_TRACE on), one thread: median pair (us) and the difference (ns)\n")
-        out.append("| size | shim deferred | traced | + ns | shim async | traced | + ns |")
+    if any(one(recs, "pairs", cfg="trace-%s-1" % m, size=s, threads=1) for m in ("deferred", "async") for s in sizes):
+        out.append("\n### Cost of tracing (VMMSHIM_TRACE on), one thread: median pair (us) without and with a trace "
+                   "file, and the difference (ns)\n")
+        out.append("Three rounds alternate an untraced and a traced process; each cell is the median over the rounds "
+                   "(of each round's median pair, and of each round's difference).\n")
+        out.append("| size | deferred | traced | + ns | async | traced | + ns |")
         out.append("| --- | --- | --- | --- | --- | --- | --- |")
         for s in sizes:
             cells = []
-            for c, t in traced:
-                a, b = one(recs, "pairs", cfg=c, size=s, threads=1), one(recs, "pairs", cfg=t, size=s, threads=1)
-                if a is None or b is None or a.get("skipped") or b.get("skipped"):
-                    cells += ["FAILED" if a is None else "%.2f" % num(a, "median_us"), "FAILED", "-"]
+            for m in ("deferred", "async"):
+                base, on, diff = [], [], []
+                for r in (1, 2, 3):
+                    a = one(recs, "pairs", cfg="trbase-%s-%d" % (m, r), size=s, threads=1)
+                    b = one(recs, "pairs", cfg="trace-%s-%d" % (m, r), size=s, threads=1)
+                    if a is None or b is None or a.get("skipped") or b.get("skipped"):
+                        continue
+                    base.append(num(a, "median_us"))
+                    on.append(num(b, "median_us"))
+                    diff.append((num(b, "median_us") - num(a, "median_us")) * 1000.0)
+                if not diff:
+                    cells += ["FAILED", "FAILED", "-"]
                     continue
-                ma, mb = num(a, "median_us"), num(b, "median_us")
-                cells += ["%.2f" % ma, "%.2f" % mb, "%+.0f" % ((mb - ma) * 1000.0)]
+                med = lambda v: sorted(v)[len(v) // 2]
+                cells += ["%.2f" % med(base), "%.2f" % med(on), "%+.0f" % med(diff)]
             out.append("| %s | %s |" % (size_label(s), " | ".join(cells)))
     parts = [("floor", "clock reads alone"), ("shim-deferred", "cudaMalloc+cudaFree, deferred"),
              ("shim-drv-deferred", "cuMemAlloc+cuMemFree, deferred"), ("shim-async", "cudaMallocAsync+cudaFreeAsync"),

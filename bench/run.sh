@@ -57,7 +57,10 @@ TORCH=$("$PYTHON" -c 'import torch; print(torch.__version__ + (" cuda " + str(to
   echo "cuda=$CUDA_DRV / nvcc $NVCC_VER"
   echo "cpu=$(sed -n 's/^model name[^:]*: *//p' /proc/cpuinfo | head -n 1) ($(nproc) CPUs)"
   echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
-  if rev=$(git rev-parse --short HEAD 2>/dev/null); then
+  # BENCH_COMMIT names the commit when the tree was copied here without its history.
+  if [ -n "$BENCH_COMMIT" ]; then
+    echo "shim=$BENCH_COMMIT"
+  elif rev=$(git rev-parse --short HEAD 2>/dev/null); then
     git diff --quiet HEAD -- src include 2>/dev/null || rev="$rev (+ uncommitted changes in src/ or include/)"
     echo "shim=$rev"
   fi
@@ -131,10 +134,16 @@ step pairs-shim-async pairs 120 "$SHIM" -- "$BIN/pairs" async shim-async 1,8 $SI
 step pairs-floor pairs 60 -- "$BIN/pairs" floor floor 1 $SIZES
 step pairs-shim-drv-deferred pairs 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/pairs" drv shim-drv-deferred 1,8 $SIZES
 step pairs-shim-drv-async pairs 120 "$SHIM" -- "$BIN/pairs" drvasync shim-drv-async 1,8 $SIZES
-# Cost of tracing (VMMSHIM_TRACE): the same pairs, one thread, with every event written to a trace.
-step pairs-shim-deferred-traced pairs 120 "$SHIM" VMMSHIM_FREE_MODE=deferred "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" malloc shim-deferred-traced 1 $SIZES
-step pairs-shim-async-traced pairs 120 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" async shim-async-traced 1 $SIZES
-rm -f "$LOGDIR"/pairs-trace.*
+# Cost of tracing (VMMSHIM_TRACE): the same pairs, one thread, with every event written to a
+# trace file, in three rounds that alternate untraced and traced processes (a single pair of
+# runs differs by up to ~100 ns from one process to the next on this kind of machine).
+for r in 1 2 3; do
+  step "pairs-trace-base-deferred-$r" pairs 60 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/pairs" malloc "trbase-deferred-$r" 1 $SIZES
+  step "pairs-trace-on-deferred-$r" pairs 60 "$SHIM" VMMSHIM_FREE_MODE=deferred "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" malloc "trace-deferred-$r" 1 $SIZES
+  step "pairs-trace-base-async-$r" pairs 60 "$SHIM" -- "$BIN/pairs" async "trbase-async-$r" 1 $SIZES
+  step "pairs-trace-on-async-$r" pairs 60 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" async "trace-async-$r" 1 $SIZES
+  rm -f "$LOGDIR"/pairs-trace.*
+done
 
 # ---- 2. growth ----
 section "2/5 first-time growth"

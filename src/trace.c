@@ -200,11 +200,27 @@ static void emit(const char *rec, size_t n) {
 
 static const char vs_hex[16] = "0123456789abcdef";
 
+/* Two digits per step from a 512-byte table: half the loop of one digit at a time, and
+ * formatting is most of what a record costs. */
+static char vs_hex2[256][2];
+
+static void hex2_init(void) {
+  for (int i = 0; i < 256; i++) {
+    vs_hex2[i][0] = vs_hex[i >> 4];
+    vs_hex2[i][1] = vs_hex[i & 15];
+  }
+}
+
 static inline char *put_hex(char *p, uint64_t v) {
   if (v == 0) { *p++ = '0'; return p; }
   unsigned digits = (unsigned)(67 - __builtin_clzll(v)) / 4;
-  char *end = p + digits;
-  for (char *q = end; q > p; v >>= 4) *--q = vs_hex[v & 15];
+  char *end = p + digits, *q = end;
+  while (q - p >= 2) {
+    q -= 2;
+    memcpy(q, vs_hex2[v & 0xff], 2);
+    v >>= 8;
+  }
+  if (q > p) *--q = vs_hex[v & 15];
   return end;
 }
 
@@ -539,6 +555,7 @@ static void atfork_child(void) {
 
 void _vs_trace_open(void) {
   static bool atfork_done;
+  hex2_init();
   if (vs_trace_fd >= 0) return;
   const char *tmpl = _vs_option_string(VS_OPT_TRACE);
   if (!tmpl || !*tmpl) return;
