@@ -7,8 +7,11 @@
  * harmless under the shim, which serves these itself). drv / drvasync: the same through the
  * driver API (cuMemAlloc_v2 + cuMemFree_v2, cuMemAllocAsync + cuMemFreeAsync, looked up with
  * cudaGetDriverEntryPointByVersion): the runtime's own cost left out. floor: an empty pair,
- * what the clock reads alone add to every median. For each size and thread count: a warm-up,
- * then every thread times each pair with clock_gettime; prints
+ * what the clock reads alone add to every median. For each size and thread count, every
+ * thread warms up (all threads together, after a barrier, so that an allocator that spreads
+ * contending threads has done so: at least 100 pairs and 20 ms), waits at a second barrier,
+ * then runs pairs for 100 ms (at least 20, at most 2 million), timing each with clock_gettime;
+ * prints
  *   R pairs cfg=<label> size=<bytes> threads=<n> pairs=<total> median_us=.. p99_us=.. pairs_per_s=..
  * pairs_per_s counts all threads' pairs over the wall time from the first start to the last end.
  * Run by bench/run.sh once per configuration, with and without LD_PRELOAD. */
@@ -65,9 +68,11 @@ static inline void one_pair(void **p, size_t size, cudaStream_t s) {
   }
 }
 
+static const double WARM_US = 20000, RUN_US = 100000;
+static const int WARM_MIN = 100, RUN_MIN = 20, RUN_MAX = 2000000;
+
 struct job {
   size_t size;
-  int warm, iters;
   pthread_barrier_t *bar;
   std::vector<double> lat;
   double start, end;
@@ -78,28 +83,25 @@ static void pair_loop(job *j) {
   cudaStream_t s = 0;
   if (g_async) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   void *p;
-  for (int i = 0; i < j->warm; i++) one_pair(&p, j->size, s);
+  j->lat.reserve(RUN_MAX);
+  pthread_barrier_wait(j->bar);
+  double w0 = now_us();
+  for (int i = 0; i < WARM_MIN || now_us() - w0 < WARM_US; i++) one_pair(&p, j->size, s);
   if (g_async) CK(cudaStreamSynchronize(s));
-  j->lat.resize(j->iters);
   pthread_barrier_wait(j->bar);
   j->start = now_us();
-  for (int i = 0; i < j->iters; i++) {
+  double t1 = j->start;
+  for (int i = 0; i < RUN_MAX && (i < RUN_MIN || t1 - j->start < RUN_US); i++) {
     double t0 = now_us();
     one_pair(&p, j->size, s);
-    j->lat[i] = now_us() - t0;
+    t1 = now_us();
+    j->lat.push_back(t1 - t0);
   }
-  j->end = now_us();
+  j->end = t1;
   if (g_async) {
     CK(cudaStreamSynchronize(s));
     CK(cudaStreamDestroy(s));
   }
-}
-
-/* Pairs per thread: fewer for large sizes (cudaMalloc + cudaFree of 1 GiB costs ~0.7 ms). */
-static int iters_for(size_t size, int threads) {
-  int n = size <= (1u << 20) ? 2000 : size <= (16u << 20) ? 1000 : size <= (256u << 20) ? 300 : 150;
-  if (threads > 1) n = std::max(n / 4, 40);
-  return n;
 }
 
 int main(int argc, char **argv) {
@@ -145,16 +147,12 @@ int main(int argc, char **argv) {
         printf("R pairs cfg=%s size=%zu threads=%d skipped=1\n", label, size, threads);
         continue;
       }
-      int iters = iters_for(size, threads);
-      int warm = size >= (256u << 20) ? 5 : 50;
       pthread_barrier_t bar;
       pthread_barrier_init(&bar, NULL, threads);
       std::vector<job> jobs(threads);
       std::vector<std::thread> th;
       for (int t = 0; t < threads; t++) {
         jobs[t].size = size;
-        jobs[t].warm = warm;
-        jobs[t].iters = iters;
         jobs[t].bar = &bar;
         th.emplace_back(pair_loop, &jobs[t]);
       }

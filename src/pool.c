@@ -119,13 +119,18 @@ typedef struct vs_seg_s {
  * Small blocks scattered between large ones would pin partly used handles everywhere. */
 #define VS_SMALL_MAX (1ull << 20)
 enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_HEAP_WHOLE = 2, VS_NHEAPS = 3 };
-#define VS_WHOLE_SLACK 16
-/* Growth gives back idle handles first, but leaves up to mapped/VS_IDLE_BUDGET idle, and
- * keeps whole blocks freed within the last VS_WHOLE_AGE allocations: a program that cycles
- * through a few large sizes finds them again instead of releasing and creating handles. */
-#define VS_IDLE_BUDGET 32
+#define VS_WHOLE_SLACK 16 /* a whole block serves requests down to 1/16 smaller than it */
+/* Shared heaps grow by 1/VS_GROW_FRACTION of what they map, from 2 MiB up to the granularity. */
 #define VS_GROW_FRACTION 8
-#define VS_WHOLE_AGE 8 /* a whole block serves requests down to 1/16 smaller than it */
+/* Before growing, idle handles are given back (as many bytes as the growth maps), except:
+ *   - up to mapped/VS_IDLE_BUDGET idle bytes stay;
+ *   - whole blocks freed within the last VS_WHOLE_AGE allocations stay: a program that
+ *     cycles through a few large sizes finds them again;
+ *   - nothing is given back while frees still pending cover the growth: that memory
+ *     returns as soon as the work before those frees completes.
+ * Out of memory, VMMSHIM_LIMIT and vmmshim_trim give back everything idle. */
+#define VS_IDLE_BUDGET 32
+#define VS_WHOLE_AGE 8
 typedef struct vs_heap_s {
   vs_block_t *bins[VS_NBINS];
   uint64_t binmap[VS_NBINS / 64];
@@ -733,12 +738,12 @@ static CUresult grow(vs_pool_t *p, int hi, size_t size, size_t align, bool exact
   }
   size_t want = round_up(size, handle);
   pthread_mutex_lock(&p->lock);
-  size_t idle = p->free_bytes, budget = p->mapped / VS_IDLE_BUDGET;
+  size_t idle = p->free_bytes, budget = p->mapped / VS_IDLE_BUDGET, pending = p->pending_bytes;
   uint64_t old = p->allocs > VS_WHOLE_AGE ? p->allocs - VS_WHOLE_AGE : 0;
   pthread_mutex_unlock(&p->lock);
   size_t keep = idle > want ? idle - want : 0;
   if (keep < budget) keep = budget;
-  if (idle > keep && idle >= p->caps.min_granularity) trim_some(p, keep, old);
+  if (idle > keep && idle >= p->caps.min_granularity && pending < want) trim_some(p, keep, old);
   pthread_mutex_lock(&p->lock);
   size_t len = 0;
   vs_block_t *b = claim_hole(p, heap, size, align, handle, &len);
