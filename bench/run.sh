@@ -183,10 +183,14 @@ fi
 # ---- 4. real program ----
 section "4/5 PyTorch training step"
 if [ "$have_torch" = 1 ]; then
-  step step-caching step 180 -- "$PYTHON" bench/torch_step.py caching
+  # The caching allocator and the shim's deferred mode are compared in three alternating
+  # rounds: one run's median step moves by up to 20% from one process to the next.
   step step-nocache step 180 PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "$PYTHON" bench/torch_step.py nocache
   step step-shim-sync step 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=sync -- "$PYTHON" bench/torch_step.py shim-sync
-  step step-shim-deferred step 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred -- "$PYTHON" bench/torch_step.py shim-deferred
+  for r in 1 2 3; do
+    step "step-caching-$r" step 180 -- "$PYTHON" bench/torch_step.py caching
+    step "step-shim-deferred-$r" step 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred -- "$PYTHON" bench/torch_step.py shim-deferred
+  done
 else
   for c in caching nocache shim-sync shim-deferred; do echo "R skip step=step-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/step.log"; done
   say "SKIP PyTorch training step: no PyTorch with CUDA for $PYTHON"

@@ -62,8 +62,10 @@ def main():
     if st is None:
         line += " shim=0"
     else:
-        line += " shim=1 shim_allocs=%d shim_peak_mapped=%d shim_peak_in_use=%d shim_syncs=%d" % (
-            st["allocs_total"], st["peak_bytes_mapped"], st["peak_bytes_in_use"], st["syncs"])
+        line += (" shim=1 shim_allocs=%d shim_peak_mapped=%d shim_peak_in_use=%d shim_syncs=%d shim_vmm_calls=%d"
+                 " shim_vmm_ms=%.3f shim_pools=%d" % (
+                     st["allocs_total"], st["peak_bytes_mapped"], st["peak_bytes_in_use"], st["syncs"],
+                     st["vmm_calls"], st["vmm_ns"] / 1e6, st["pools"]))
     print(line, flush=True)
 
 
