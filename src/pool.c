@@ -419,7 +419,7 @@ static void *reclaimer_main(void *arg);
 static vs_stream_t *stream_get(vs_pool_t *p, CUstream key, CUstream handle, const void *owner, bool create);
 static CUstream stream_key(CUstream s, const void **owner);
 static void reclaim_by_events(vs_pool_t *p, const void *self);
-static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after);
+static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, int only_heap);
 
 static int add_reservation(vs_pool_t *p, int heap, size_t size) {
   if (p->n_resv == VS_MAX_RESV) return -1;
@@ -738,12 +738,14 @@ static CUresult grow(vs_pool_t *p, int hi, size_t size, size_t align, bool exact
   }
   size_t want = round_up(size, handle);
   pthread_mutex_lock(&p->lock);
-  size_t idle = p->free_bytes, budget = p->mapped / VS_IDLE_BUDGET, pending = p->pending_bytes;
+  size_t idle = heap->free_bytes, budget = heap->mapped / VS_IDLE_BUDGET, pending = p->pending_bytes;
   uint64_t old = p->allocs > VS_WHOLE_AGE ? p->allocs - VS_WHOLE_AGE : 0;
   pthread_mutex_unlock(&p->lock);
   size_t keep = idle > want ? idle - want : 0;
   if (keep < budget) keep = budget;
-  if (idle > keep && idle >= p->caps.min_granularity && pending < want) trim_some(p, keep, old);
+  /* Only this heap's idle memory: giving back another heap's would be re-created by the next
+   * growth there, a release-and-create cycle in a program's steady state. */
+  if (idle > keep && idle >= p->caps.min_granularity && pending < want) trim_some(p, keep, old, hi);
   pthread_mutex_lock(&p->lock);
   size_t len = 0;
   vs_block_t *b = claim_hole(p, heap, size, align, handle, &len);
@@ -847,9 +849,9 @@ static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_bl
 }
 
 /* Unmaps and releases whole handles that lie inside free blocks until at most `keep` idle
- * bytes remain, leaving whole-heap blocks that became idle after allocation number
- * `young_after`. Called without the lock. */
-static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after) {
+ * bytes remain (in heap only_heap, or in the pool when it is -1), leaving whole-heap blocks
+ * that became idle after allocation number `young_after`. Called without the lock. */
+static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, int only_heap) {
   enum { MAX_BATCH = 64, MAX_CAND = 64 };
   size_t released = 0;
   for (;;) {
@@ -861,11 +863,12 @@ static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after) {
     /* Candidates: free blocks at least one minimum handle large, biggest bins first. */
     unsigned lo = bin_of(p->caps.min_granularity);
     for (int hi = 0; hi < VS_NHEAPS; hi++)
-      for (unsigned k = VS_NBINS; k-- > lo && nc < MAX_CAND;)
+      for (unsigned k = VS_NBINS; k-- > lo && nc < MAX_CAND && (only_heap < 0 || hi == only_heap);)
         for (vs_block_t *c = p->heaps[hi].bins[k]; c && nc < MAX_CAND; c = c->fnext)
           if (hi != VS_HEAP_WHOLE || c->idle_since <= young_after) cand[nc++] = c;
-    for (int c = 0; c < nc && n < MAX_BATCH && p->free_bytes > keep; c++)
-      carve_idle_handles(p, cand[c], p->free_bytes - keep, busy, victims, &n, MAX_BATCH);
+    const size_t *idle = only_heap < 0 ? &p->free_bytes : &p->heaps[only_heap].free_bytes;
+    for (int c = 0; c < nc && n < MAX_BATCH && *idle > keep; c++)
+      carve_idle_handles(p, cand[c], *idle - keep, busy, victims, &n, MAX_BATCH);
     pthread_mutex_unlock(&p->lock);
     if (!n) break;
     for (int i = 0; i < n; i++) {
@@ -883,7 +886,7 @@ static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after) {
   return released;
 }
 
-size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return trim_some(p, keep, UINT64_MAX); }
+size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return trim_some(p, keep, UINT64_MAX, -1); }
 
 size_t _vs_mapped_total(void) { return atomic_load_explicit(&vs_mapped_total, memory_order_relaxed); }
 
