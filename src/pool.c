@@ -126,8 +126,8 @@ enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_HEAP_WHOLE = 2, VS_NHEAPS = 3 };
  *   - up to mapped/VS_IDLE_BUDGET idle bytes stay;
  *   - whole blocks freed within the last VS_WHOLE_AGE allocations stay: a program that
  *     cycles through a few large sizes finds them again;
- *   - nothing is given back while frees still pending cover the growth: that memory
- *     returns as soon as the work before those frees completes.
+ *   - only the growing heap's memory: giving back another heap's would be re-created by
+ *     the next growth there.
  * Out of memory, VMMSHIM_LIMIT and vmmshim_trim give back everything idle. */
 #define VS_IDLE_BUDGET 32
 #define VS_WHOLE_AGE 8
@@ -738,14 +738,14 @@ static CUresult grow(vs_pool_t *p, int hi, size_t size, size_t align, bool exact
   }
   size_t want = round_up(size, handle);
   pthread_mutex_lock(&p->lock);
-  size_t idle = heap->free_bytes, budget = heap->mapped / VS_IDLE_BUDGET, pending = p->pending_bytes;
+  size_t idle = heap->free_bytes, budget = heap->mapped / VS_IDLE_BUDGET;
   uint64_t old = p->allocs > VS_WHOLE_AGE ? p->allocs - VS_WHOLE_AGE : 0;
   pthread_mutex_unlock(&p->lock);
   size_t keep = idle > want ? idle - want : 0;
   if (keep < budget) keep = budget;
   /* Only this heap's idle memory: giving back another heap's would be re-created by the next
    * growth there, a release-and-create cycle in a program's steady state. */
-  if (idle > keep && idle >= p->caps.min_granularity && pending < want) trim_some(p, keep, old, hi);
+  if (idle > keep && idle >= p->caps.min_granularity) trim_some(p, keep, old, hi);
   pthread_mutex_lock(&p->lock);
   size_t len = 0;
   vs_block_t *b = claim_hole(p, heap, size, align, handle, &len);
@@ -1022,6 +1022,7 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
   const void *owner = NULL;
   CUstream key = stream == VS_NO_STREAM ? NULL : stream_key(stream, &owner);
   int attempt = 0;
+  bool synced = false;
   for (;;) {
     bool waited = false;
     if (vs_unlikely(pthread_mutex_trylock(&p->lock) != 0)) {
@@ -1054,7 +1055,7 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
       *served_out = b->size;
       return VS_POOL_OK;
     }
-    size_t pending = p->pending_bytes;
+    size_t pending = p->pending_bytes, deferred = p->deferred.bytes, mapped = p->mapped;
     pthread_mutex_unlock(&p->lock);
 
     /* Slow path: reclaim what can be had without waiting, then grow, then wait, then trim. */
@@ -1068,6 +1069,14 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
       attempt++;
       /* fall through */
     case 1:
+      /* Deferred frees holding half the pool or more, enough for this request: waiting for
+       * them (the reclaimer's synchronisation, made now) is cheaper than mapping more, and
+       * keeps a program that frees faster than the reclaimer catches up from growing without
+       * bound. */
+      if (!synced && deferred >= size && deferred * 2 >= mapped && !atomic_load(&_vs_captures_active)) {
+        synced = true;
+        if (sync_and_reclaim(p) == CUDA_SUCCESS) { attempt = 1; continue; }
+      }
       r = grow(p, hi, size, align, false);
       if (r == CUDA_SUCCESS) { attempt = 1; continue; }
       if (r != CUDA_ERROR_OUT_OF_MEMORY) { *cu_err = r; return VS_POOL_ERROR; }
