@@ -123,11 +123,11 @@ enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_HEAP_WHOLE = 2, VS_NHEAPS = 3 };
 /* Shared heaps grow by 1/VS_GROW_FRACTION of what they map, from 2 MiB up to the granularity. */
 #define VS_GROW_FRACTION 8
 /* Before growing, idle handles are given back (as many bytes as the growth maps), except:
- *   - up to mapped/VS_IDLE_BUDGET idle bytes stay;
+ *   - up to mapped/VS_IDLE_BUDGET idle bytes stay, plus one handle of the granularity:
+ *     a pool in its steady state that grows now and then would otherwise give back the
+ *     handle it maps again a moment later;
  *   - whole blocks freed within the last VS_WHOLE_AGE allocations stay: a program that
  *     cycles through a few large sizes finds them again;
- *   - only the growing heap's memory: giving back another heap's would be re-created by
- *     the next growth there.
  * Out of memory, VMMSHIM_LIMIT and vmmshim_trim give back everything idle. */
 #define VS_IDLE_BUDGET 32
 #define VS_WHOLE_AGE 8
@@ -738,14 +738,12 @@ static CUresult grow(vs_pool_t *p, int hi, size_t size, size_t align, bool exact
   }
   size_t want = round_up(size, handle);
   pthread_mutex_lock(&p->lock);
-  size_t idle = heap->free_bytes, budget = heap->mapped / VS_IDLE_BUDGET;
+  size_t idle = p->free_bytes, budget = p->mapped / VS_IDLE_BUDGET + p->gran;
   uint64_t old = p->allocs > VS_WHOLE_AGE ? p->allocs - VS_WHOLE_AGE : 0;
   pthread_mutex_unlock(&p->lock);
   size_t keep = idle > want ? idle - want : 0;
   if (keep < budget) keep = budget;
-  /* Only this heap's idle memory: giving back another heap's would be re-created by the next
-   * growth there, a release-and-create cycle in a program's steady state. */
-  if (idle > keep && idle >= p->caps.min_granularity) trim_some(p, keep, old, hi);
+  if (idle > keep && idle >= p->caps.min_granularity) trim_some(p, keep, old, -1);
   pthread_mutex_lock(&p->lock);
   size_t len = 0;
   vs_block_t *b = claim_hole(p, heap, size, align, handle, &len);
@@ -1069,11 +1067,12 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
       attempt++;
       /* fall through */
     case 1:
-      /* Deferred frees holding half the pool or more, enough for this request: waiting for
-       * them (the reclaimer's synchronisation, made now) is cheaper than mapping more, and
-       * keeps a program that frees faster than the reclaimer catches up from growing without
-       * bound. */
-      if (!synced && deferred >= size && deferred * 2 >= mapped && !atomic_load(&_vs_captures_active)) {
+      /* A whole-heap request while deferred frees hold half the pool or more, enough for
+       * it: waiting for them (the reclaimer's synchronisation, made now: ~1 us on an idle
+       * GPU) is far cheaper than mapping a large handle, and keeps a program that frees big
+       * blocks faster than the reclaimer catches up from growing without bound. */
+      if (!synced && hi == VS_HEAP_WHOLE && deferred >= size && deferred * 2 >= mapped &&
+          !atomic_load(&_vs_captures_active)) {
         synced = true;
         if (sync_and_reclaim(p) == CUDA_SUCCESS) { attempt = 1; continue; }
       }
