@@ -128,9 +128,14 @@ enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_HEAP_WHOLE = 2, VS_NHEAPS = 3 };
  *     handle it maps again a moment later;
  *   - whole blocks freed within the last VS_WHOLE_AGE allocations stay: a program that
  *     cycles through a few large sizes finds them again;
+ *   - whole blocks whose last request was made, to the byte, at least twice among the last
+ *     VS_WHOLE_RECENT whole-heap requests stay: a training loop asks for the same tensor
+ *     sizes every step (it would otherwise give back and re-create them each step), a random
+ *     mix of sizes hardly ever repeats one exactly;
  * Out of memory, VMMSHIM_LIMIT and vmmshim_trim give back everything idle. */
 #define VS_IDLE_BUDGET 32
 #define VS_WHOLE_AGE 8
+#define VS_WHOLE_RECENT 32
 typedef struct vs_heap_s {
   vs_block_t *bins[VS_NBINS];
   uint64_t binmap[VS_NBINS / 64];
@@ -166,6 +171,8 @@ struct vs_pool_s {
   size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq; /* synchronisations started */
   uint64_t allocs;   /* allocations served: the clock idle whole blocks age by */
+  size_t whole_recent[VS_WHOLE_RECENT]; /* sizes of the last whole-heap requests (ring) */
+  unsigned whole_next;
   const void *last_allocator; /* thread tag of the last allocation */
   vs_block_t *spare_blocks;
   /* Threads recording events on streams they copied out of the lock: a stream must not be
@@ -849,6 +856,14 @@ static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_bl
 /* Unmaps and releases whole handles that lie inside free blocks until at most `keep` idle
  * bytes remain (in heap only_heap, or in the pool when it is -1), leaving whole-heap blocks
  * that became idle after allocation number `young_after`. Called without the lock. */
+/* True when the last request idle whole block b served was made, to the byte, at least twice
+ * among the recent whole-heap requests. */
+static bool whole_recurring(const vs_pool_t *p, const vs_block_t *b) {
+  int n = 0;
+  for (unsigned i = 0; i < VS_WHOLE_RECENT && n < 2; i++) n += p->whole_recent[i] == b->requested;
+  return n >= 2;
+}
+
 static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, int only_heap) {
   enum { MAX_BATCH = 64, MAX_CAND = 64 };
   size_t released = 0;
@@ -863,7 +878,9 @@ static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, int onl
     for (int hi = 0; hi < VS_NHEAPS; hi++)
       for (unsigned k = VS_NBINS; k-- > lo && nc < MAX_CAND && (only_heap < 0 || hi == only_heap);)
         for (vs_block_t *c = p->heaps[hi].bins[k]; c && nc < MAX_CAND; c = c->fnext)
-          if (hi != VS_HEAP_WHOLE || c->idle_since <= young_after) cand[nc++] = c;
+          if (hi != VS_HEAP_WHOLE || young_after == UINT64_MAX ||
+              (c->idle_since <= young_after && !whole_recurring(p, c)))
+            cand[nc++] = c;
     const size_t *idle = only_heap < 0 ? &p->free_bytes : &p->heaps[only_heap].free_bytes;
     for (int c = 0; c < nc && n < MAX_BATCH && *idle > keep; c++)
       carve_idle_handles(p, cand[c], *idle - keep, busy, victims, &n, MAX_BATCH);
@@ -1017,6 +1034,7 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
   size_t align = request_align(size);
   int hi = size < VS_SMALL_MAX ? VS_HEAP_SMALL : size < p->gran ? VS_HEAP_LARGE : VS_HEAP_WHOLE;
   if (hi == VS_HEAP_WHOLE) size = round_up(size, p->caps.min_granularity);
+  bool noted = hi != VS_HEAP_WHOLE;
   const void *owner = NULL;
   CUstream key = stream == VS_NO_STREAM ? NULL : stream_key(stream, &owner);
   int attempt = 0;
@@ -1029,6 +1047,10 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
     }
     /* Contention counts only against another allocating thread (the caller may then move
      * to another arena); the reclaimer and cross-thread frees take the lock too. */
+    if (!noted) {
+      p->whole_recent[p->whole_next++ % VS_WHOLE_RECENT] = req;
+      noted = true;
+    }
     if (vs_unlikely(p->last_allocator != &vs_thread_tag)) {
       *contended |= waited && p->last_allocator != NULL;
       p->last_allocator = &vs_thread_tag;
