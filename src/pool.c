@@ -131,11 +131,13 @@ enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_HEAP_WHOLE = 2, VS_NHEAPS = 3 };
  *   - whole blocks whose last request was made, to the byte, at least twice among the last
  *     VS_WHOLE_RECENT whole-heap requests stay: a training loop asks for the same tensor
  *     sizes every step (it would otherwise give back and re-create them each step), a random
- *     mix of sizes hardly ever repeats one exactly;
+ *     mix of sizes hardly ever repeats one exactly; but only while idle memory stays
+ *     under mapped/VS_RECUR_BUDGET;
  * Out of memory, VMMSHIM_LIMIT and vmmshim_trim give back everything idle. */
 #define VS_IDLE_BUDGET 32
 #define VS_WHOLE_AGE 8
 #define VS_WHOLE_RECENT 32
+#define VS_RECUR_BUDGET 8
 typedef struct vs_heap_s {
   vs_block_t *bins[VS_NBINS];
   uint64_t binmap[VS_NBINS / 64];
@@ -426,7 +428,7 @@ static void *reclaimer_main(void *arg);
 static vs_stream_t *stream_get(vs_pool_t *p, CUstream key, CUstream handle, const void *owner, bool create);
 static CUstream stream_key(CUstream s, const void **owner);
 static void reclaim_by_events(vs_pool_t *p, const void *self);
-static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, int only_heap);
+static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, bool keep_recurring);
 
 static int add_reservation(vs_pool_t *p, int heap, size_t size) {
   if (p->n_resv == VS_MAX_RESV) return -1;
@@ -750,7 +752,17 @@ static CUresult grow(vs_pool_t *p, int hi, size_t size, size_t align, bool exact
   pthread_mutex_unlock(&p->lock);
   size_t keep = idle > want ? idle - want : 0;
   if (keep < budget) keep = budget;
-  if (idle > keep && idle >= p->caps.min_granularity) trim_some(p, keep, old, -1);
+  if (idle > keep && idle >= p->caps.min_granularity) {
+    trim_some(p, keep, old, true);
+    /* Recurring sizes are kept only up to mapped/VS_RECUR_BUDGET idle: a program whose sizes
+     * vary over a wide set (a variable sequence length) must not hold them all. */
+    pthread_mutex_lock(&p->lock);
+    size_t cap = p->mapped / VS_RECUR_BUDGET;
+    idle = p->free_bytes;
+    pthread_mutex_unlock(&p->lock);
+    if (keep < cap) keep = cap;
+    if (idle > keep) trim_some(p, keep, old, false);
+  }
   pthread_mutex_lock(&p->lock);
   size_t len = 0;
   vs_block_t *b = claim_hole(p, heap, size, align, handle, &len);
@@ -854,8 +866,8 @@ static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_bl
 }
 
 /* Unmaps and releases whole handles that lie inside free blocks until at most `keep` idle
- * bytes remain (in heap only_heap, or in the pool when it is -1), leaving whole-heap blocks
- * that became idle after allocation number `young_after`. Called without the lock. */
+ * bytes remain, leaving whole-heap blocks that became idle after allocation number
+ * `young_after` and, with keep_recurring, those of recurring sizes. Called without the lock. */
 /* True when the last request idle whole block b served was made, to the byte, at least twice
  * among the recent whole-heap requests. */
 static bool whole_recurring(const vs_pool_t *p, const vs_block_t *b) {
@@ -864,7 +876,7 @@ static bool whole_recurring(const vs_pool_t *p, const vs_block_t *b) {
   return n >= 2;
 }
 
-static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, int only_heap) {
+static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, bool keep_recurring) {
   enum { MAX_BATCH = 64, MAX_CAND = 64 };
   size_t released = 0;
   for (;;) {
@@ -876,14 +888,13 @@ static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, int onl
     /* Candidates: free blocks at least one minimum handle large, biggest bins first. */
     unsigned lo = bin_of(p->caps.min_granularity);
     for (int hi = 0; hi < VS_NHEAPS; hi++)
-      for (unsigned k = VS_NBINS; k-- > lo && nc < MAX_CAND && (only_heap < 0 || hi == only_heap);)
+      for (unsigned k = VS_NBINS; k-- > lo && nc < MAX_CAND;)
         for (vs_block_t *c = p->heaps[hi].bins[k]; c && nc < MAX_CAND; c = c->fnext)
           if (hi != VS_HEAP_WHOLE || young_after == UINT64_MAX ||
-              (c->idle_since <= young_after && !whole_recurring(p, c)))
+              (c->idle_since <= young_after && !(keep_recurring && whole_recurring(p, c))))
             cand[nc++] = c;
-    const size_t *idle = only_heap < 0 ? &p->free_bytes : &p->heaps[only_heap].free_bytes;
-    for (int c = 0; c < nc && n < MAX_BATCH && *idle > keep; c++)
-      carve_idle_handles(p, cand[c], *idle - keep, busy, victims, &n, MAX_BATCH);
+    for (int c = 0; c < nc && n < MAX_BATCH && p->free_bytes > keep; c++)
+      carve_idle_handles(p, cand[c], p->free_bytes - keep, busy, victims, &n, MAX_BATCH);
     pthread_mutex_unlock(&p->lock);
     if (!n) break;
     for (int i = 0; i < n; i++) {
@@ -901,7 +912,7 @@ static size_t trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, int onl
   return released;
 }
 
-size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return trim_some(p, keep, UINT64_MAX, -1); }
+size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return trim_some(p, keep, UINT64_MAX, false); }
 
 size_t _vs_mapped_total(void) { return atomic_load_explicit(&vs_mapped_total, memory_order_relaxed); }
 

@@ -99,13 +99,16 @@ int main(void) {
 
   /* once aged, idle whole blocks are given back when the pool grows, except those whose size
    * recurs (200 and 100 MiB were each asked for ten times above: a training loop's tensors) */
+  CUdeviceptr big = palloc(3072 * MiB, NULL); /* live: idle recurring blocks stay under mapped/8 */
+  CHECK(big != 0, "3 GiB live");
   CUdeviceptr small[16];
   for (int i = 0; i < 16; i++) small[i] = palloc(4096, NULL);
   for (int i = 0; i < 16; i++) CHECK(pfree(small[i]), "free small %d", i);
-  CHECK(handle_bytes() == 302 * MiB + 2 * MiB, "idle: the two whole blocks and a first small-heap handle of 2 MiB");
+  CHECK(handle_bytes() == 3072 * MiB + 302 * MiB + 2 * MiB,
+        "the live 3 GiB, the two idle whole blocks and a first small-heap handle of 2 MiB");
   CUdeviceptr c = palloc(400 * MiB, &served);
   CHECK(c && served == 400 * MiB, "400 MiB");
-  CHECK(handle_bytes() == 302 * MiB + 400 * MiB, "the recurring sizes stay mapped: %llu MiB of handles",
+  CHECK(handle_bytes() == 3072 * MiB + 302 * MiB + 400 * MiB, "the recurring sizes stay mapped: %llu MiB of handles",
         handle_bytes() / MiB);
   CHECK(palloc(200 * MiB, NULL) == a && pfree(a), "and 200 MiB finds its block again");
   CHECK(pfree(c), "free c");
@@ -119,6 +122,20 @@ int main(void) {
         h1 / MiB);
   CHECK(_vs_pool_check(pool) == 0, "pool consistent");
   CHECK(pfree(u), "free u");
+  CHECK(pfree(big), "free big");
+  /* recurring blocks are kept only while idle memory stays under mapped/8: here they are
+   * the whole pool, and go back like any other */
+  _vs_pool_trim(pool, 0);
+  for (int i = 0; i < 3; i++) {
+    CUdeviceptr x = palloc(200 * MiB, NULL), y = palloc(100 * MiB, NULL);
+    CHECK(x && y && pfree(x) && pfree(y), "recurring round %d", i);
+  }
+  for (int i = 0; i < 16; i++) small[i] = palloc(4096, NULL);
+  for (int i = 0; i < 16; i++) CHECK(pfree(small[i]), "free small %d", i);
+  CUdeviceptr v = palloc(400 * MiB, NULL);
+  CHECK(v && handle_bytes() == 400 * MiB, "idle recurring blocks over mapped/8 went back: %llu MiB of handles",
+        handle_bytes() / MiB);
+  CHECK(pfree(v), "free v");
 
   /* below the granularity: shared handles, 1/8 of what the heap maps (at most the
    * granularity), so a small heap maps little more than it uses and a big one few handles */
