@@ -591,7 +591,9 @@ static void reclaim_by_events(vs_pool_t *p, const void *self) {
     vs_batch_t *bt = calloc(1, sizeof *bt);
     if (!bt) break;
     bt->blocks = s->pending;
-    bt->max_seq = s->pending.tail->freed_seq;
+    /* Not necessarily the tail's: pieces carved off a reused block go back at the end. */
+    for (vs_block_t *b = s->pending.head; b; b = b->fnext)
+      if (b->freed_seq > bt->max_seq) bt->max_seq = b->freed_seq;
     s->pending = (vs_list_t){0};
     for (vs_block_t *b = bt->blocks.head; b; b = b->fnext) b->stream = NULL;
     if (p->n_spare_events) bt->event = p->spare_events[--p->n_spare_events];
@@ -1031,6 +1033,40 @@ static vs_block_t *carve(vs_pool_t *p, vs_block_t *b, size_t size, size_t align)
   return b;
 }
 
+/* Like carve, for a block taken from stream s's pending list: the work queued on s before
+ * its free may still touch all of it, so the pieces not handed out go back on s's list
+ * (same free sequence number) instead of to the bins, where another stream, or a trim that
+ * unmaps idle handles, could take them before that work is done. */
+static void put_back_pending(vs_pool_t *p, vs_block_t *piece, vs_stream_t *s, uint64_t freed_seq) {
+  piece->state = B_PENDING;
+  piece->freed_seq = freed_seq;
+  piece->stream = s;
+  list_push(&s->pending, piece);
+  p->pending_bytes += piece->size;
+}
+
+static vs_block_t *carve_pending(vs_pool_t *p, vs_block_t *b, size_t size, size_t align, vs_stream_t *s) {
+  uint64_t seq = b->freed_seq;
+  if (p->resv_heap[b->resv] == VS_HEAP_WHOLE) {
+    b->state = B_USED;
+    return b;
+  }
+  b->state = B_BUSY;
+  size_t pad = align_pad(b->addr, align);
+  if (pad) {
+    vs_block_t *r = split(p, b, pad);
+    if (!r) { put_back_pending(p, b, s, seq); return NULL; }
+    put_back_pending(p, b, s, seq);
+    b = r;
+  }
+  if (b->size - size >= VS_MIN_ALIGN) {
+    vs_block_t *r = split(p, b, size);
+    if (r) put_back_pending(p, r, s, seq);
+  }
+  b->state = B_USED;
+  return b;
+}
+
 static size_t request_align(size_t size) { return size >= VS_LARGE_SIZE ? VS_LARGE_ALIGN : VS_MIN_ALIGN; }
 
 vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmshim_api_t api, CUdeviceptr *ptr_out,
@@ -1069,13 +1105,16 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
     vs_block_t *b = NULL;
     if (stream != VS_NO_STREAM) {
       vs_stream_t *s = stream_get(p, key, stream, owner, false);
-      if (s && s->pending.head) b = take_from_stream(p, s, hi, size, align);
+      if (s && s->pending.head) {
+        b = take_from_stream(p, s, hi, size, align);
+        if (b) b = carve_pending(p, b, size, align, s);
+      }
     }
     if (!b) {
       b = hi == VS_HEAP_WHOLE ? whole_find(&p->heaps[hi], size) : bin_find(&p->heaps[hi], size, align);
       if (b) bin_remove(p, b);
+      if (b) b = carve(p, b, size, align);
     }
-    if (b) b = carve(p, b, size, align);
     if (vs_likely(b != NULL)) {
       b->requested = req;
       HASH_ADD(hh, p->map, addr, sizeof b->addr, b);
