@@ -1009,10 +1009,27 @@ static vs_block_t *take_from_stream(vs_pool_t *p, vs_stream_t *s, int hi, size_t
   return best;
 }
 
-/* Carves [pad, pad+size) out of b (already taken off its list) and returns it USED. The
- * pieces are BUSY while split, so giving the leftovers back never merges them into the
- * block being handed out. */
-static vs_block_t *carve(vs_pool_t *p, vs_block_t *b, size_t size, size_t align) {
+/* A piece of a carved block that is not handed out. From the bins it goes back to the bins.
+ * From stream s's pending list it goes back to that list (same free sequence number): the
+ * work queued on s before the free may still touch all of the block, and in the bins another
+ * stream, or a trim that unmaps idle handles, could take it before that work is done. */
+static void give_back_piece(vs_pool_t *p, vs_block_t *piece, vs_stream_t *s, uint64_t freed_seq) {
+  if (!s) {
+    make_free(p, piece);
+    return;
+  }
+  piece->state = B_PENDING;
+  piece->freed_seq = freed_seq;
+  piece->stream = s;
+  list_push(&s->pending, piece);
+  p->pending_bytes += piece->size;
+}
+
+/* Carves [pad, pad+size) out of b (already taken off the bins, or off stream s's pending
+ * list when s is not NULL) and returns it USED. The pieces are BUSY while split, so giving
+ * the leftovers back never merges them into the block being handed out. */
+static vs_block_t *carve(vs_pool_t *p, vs_block_t *b, size_t size, size_t align, vs_stream_t *s) {
+  uint64_t seq = b->freed_seq;
   if (p->resv_heap[b->resv] == VS_HEAP_WHOLE) { /* starts on a handle; served whole */
     b->state = B_USED;
     return b;
@@ -1021,47 +1038,13 @@ static vs_block_t *carve(vs_pool_t *p, vs_block_t *b, size_t size, size_t align)
   size_t pad = align_pad(b->addr, align);
   if (pad) {
     vs_block_t *r = split(p, b, pad);
-    if (!r) { make_free(p, b); return NULL; }
-    make_free(p, b);
+    give_back_piece(p, b, s, seq);
+    if (!r) return NULL;
     b = r;
   }
   if (b->size - size >= VS_MIN_ALIGN) {
     vs_block_t *r = split(p, b, size);
-    if (r) make_free(p, r);
-  }
-  b->state = B_USED;
-  return b;
-}
-
-/* Like carve, for a block taken from stream s's pending list: the work queued on s before
- * its free may still touch all of it, so the pieces not handed out go back on s's list
- * (same free sequence number) instead of to the bins, where another stream, or a trim that
- * unmaps idle handles, could take them before that work is done. */
-static void put_back_pending(vs_pool_t *p, vs_block_t *piece, vs_stream_t *s, uint64_t freed_seq) {
-  piece->state = B_PENDING;
-  piece->freed_seq = freed_seq;
-  piece->stream = s;
-  list_push(&s->pending, piece);
-  p->pending_bytes += piece->size;
-}
-
-static vs_block_t *carve_pending(vs_pool_t *p, vs_block_t *b, size_t size, size_t align, vs_stream_t *s) {
-  uint64_t seq = b->freed_seq;
-  if (p->resv_heap[b->resv] == VS_HEAP_WHOLE) {
-    b->state = B_USED;
-    return b;
-  }
-  b->state = B_BUSY;
-  size_t pad = align_pad(b->addr, align);
-  if (pad) {
-    vs_block_t *r = split(p, b, pad);
-    if (!r) { put_back_pending(p, b, s, seq); return NULL; }
-    put_back_pending(p, b, s, seq);
-    b = r;
-  }
-  if (b->size - size >= VS_MIN_ALIGN) {
-    vs_block_t *r = split(p, b, size);
-    if (r) put_back_pending(p, r, s, seq);
+    if (r) give_back_piece(p, r, s, seq);
   }
   b->state = B_USED;
   return b;
@@ -1107,13 +1090,13 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
       vs_stream_t *s = stream_get(p, key, stream, owner, false);
       if (s && s->pending.head) {
         b = take_from_stream(p, s, hi, size, align);
-        if (b) b = carve_pending(p, b, size, align, s);
+        if (b) b = carve(p, b, size, align, s);
       }
     }
     if (!b) {
       b = hi == VS_HEAP_WHOLE ? whole_find(&p->heaps[hi], size) : bin_find(&p->heaps[hi], size, align);
       if (b) bin_remove(p, b);
-      if (b) b = carve(p, b, size, align);
+      if (b) b = carve(p, b, size, align, NULL);
     }
     if (vs_likely(b != NULL)) {
       b->requested = req;
