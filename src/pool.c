@@ -738,20 +738,15 @@ static CUresult grow(vs_pool_t *p, int hi, size_t size, size_t align, bool exact
    * handles. The others share handles of the granularity, or of 1/VS_GROW_FRACTION of what
    * their heap maps while that is smaller: a small program then maps little more than it
    * uses, and a growing one reaches the granularity after a few handles. */
-  size_t handle = p->gran;
-  if (exact || hi == VS_HEAP_WHOLE) {
-    handle = p->caps.min_granularity;
-  } else {
-    pthread_mutex_lock(&p->lock);
-    size_t step = round_up(heap->mapped / VS_GROW_FRACTION, p->caps.min_granularity);
-    pthread_mutex_unlock(&p->lock);
-    if (step < handle) handle = step > p->caps.min_granularity ? step : p->caps.min_granularity;
-  }
-  size_t want = round_up(size, handle);
   pthread_mutex_lock(&p->lock);
+  size_t step = round_up(heap->mapped / VS_GROW_FRACTION, p->caps.min_granularity);
   size_t idle = p->free_bytes, budget = p->mapped / VS_IDLE_BUDGET + p->gran;
   uint64_t old = p->allocs > VS_WHOLE_AGE ? p->allocs - VS_WHOLE_AGE : 0;
   pthread_mutex_unlock(&p->lock);
+  size_t handle = p->gran;
+  if (exact || hi == VS_HEAP_WHOLE) handle = p->caps.min_granularity;
+  else if (step < handle) handle = step > p->caps.min_granularity ? step : p->caps.min_granularity;
+  size_t want = round_up(size, handle);
   size_t keep = idle > want ? idle - want : 0;
   if (keep < budget) keep = budget;
   if (idle > keep && idle >= p->caps.min_granularity) {

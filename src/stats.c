@@ -48,7 +48,8 @@ static void tstat_release(void *arg) {
 static void tstat_key_init(void) { pthread_key_create(&vs_tstats_key, tstat_release); }
 
 static vs_tstat_t *tstat_slow(void) {
-  static vs_tstat_t fallback; /* no host memory: one shared block, never worse than a miscount */
+  /* No host memory: one shared block, never worse than a miscount. */
+  static vs_tstat_t fallback = {.fold_at = VS_FOLD};
   pthread_once(&vs_tstats_once, tstat_key_init);
   pthread_mutex_lock(&vs_tstats_lock);
   vs_tstat_t *t;
@@ -59,7 +60,10 @@ static vs_tstat_t *tstat_slow(void) {
     t->next = atomic_load(&vs_tstats);
     atomic_store(&vs_tstats, t);
   }
-  if (t) atomic_store(&t->owned, true);
+  if (t) {
+    if (t->fold_at < VS_FOLD) t->fold_at = VS_FOLD;
+    atomic_store(&t->owned, true);
+  }
   pthread_mutex_unlock(&vs_tstats_lock);
   if (!t) return &fallback;
   pthread_setspecific(vs_tstats_key, t);
@@ -80,7 +84,6 @@ void _vs_stat_peak(uint64_t *peak, uint64_t value) {
 
 static void in_use_add(vs_tstat_t *t, int64_t delta) {
   if (vs_unlikely(delta > t->fold_at / 2)) t->fold_at = 2 * delta;
-  if (vs_unlikely(t->fold_at < VS_FOLD)) t->fold_at = VS_FOLD;
   int64_t d = t->in_use + delta;
   int64_t folded = atomic_load_explicit(&vs_in_use_folded, memory_order_relaxed);
   if (d >= t->fold_at || d <= -t->fold_at) {
