@@ -119,15 +119,17 @@ def sec_pairs(recs, out):
             ratio(med.get("shim-deferred"), med.get("cudaMalloc")), ratio(med.get("shim-async"), med.get("pool"))))
     if any(one(recs, "pairs", cfg="trace-%s-1" % m, size=s, threads=1) for m in ("deferred", "async") for s in sizes):
         out.append("\n### Cost of tracing (VMMSHIM_TRACE on), one thread: median pair (us) without and with a trace "
-                   "file, and the difference (ns)\n")
+                   "file, the difference of the medians and of the means (ns)\n")
         out.append("Three rounds alternate an untraced and a traced process; each cell is the median over the rounds "
-                   "(of each round's median pair, and of each round's difference).\n")
-        out.append("| size | deferred | traced | + ns | async | traced | + ns |")
-        out.append("| --- | --- | --- | --- | --- | --- | --- |")
+                   "(of each round's median pair, and of each round's difference). The mean pair is one over the "
+                   "pairs per second: it includes the records' formatting and writing, which every 96th record "
+                   "does for the records before it.\n")
+        out.append("| size | deferred | traced | + ns | + ns mean | async | traced | + ns | + ns mean |")
+        out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for s in sizes:
             cells = []
             for m in ("deferred", "async"):
-                base, on, diff = [], [], []
+                base, on, diff, mdiff = [], [], [], []
                 for r in (1, 2, 3):
                     a = one(recs, "pairs", cfg="trbase-%s-%d" % (m, r), size=s, threads=1)
                     b = one(recs, "pairs", cfg="trace-%s-%d" % (m, r), size=s, threads=1)
@@ -136,12 +138,27 @@ def sec_pairs(recs, out):
                     base.append(num(a, "median_us"))
                     on.append(num(b, "median_us"))
                     diff.append((num(b, "median_us") - num(a, "median_us")) * 1000.0)
+                    mdiff.append((1e9 / num(b, "pairs_per_s") - 1e9 / num(a, "pairs_per_s")))
                 if not diff:
-                    cells += ["FAILED", "FAILED", "-"]
+                    cells += ["FAILED", "FAILED", "-", "-"]
                     continue
                 med = lambda v: sorted(v)[len(v) // 2]
-                cells += ["%.2f" % med(base), "%.2f" % med(on), "%+.0f" % med(diff)]
+                cells += ["%.2f" % med(base), "%.2f" % med(on), "%+.0f" % med(diff), "%+.0f" % med(mdiff)]
             out.append("| %s | %s |" % (size_label(s), " | ".join(cells)))
+        rows8 = []
+        for s in sizes:
+            a = one(recs, "pairs", cfg="trbase8-async", size=s, threads=8)
+            b = one(recs, "pairs", cfg="trace8-async", size=s, threads=8)
+            if a is None or b is None or a.get("skipped") or b.get("skipped"):
+                continue
+            rows8.append("| %s | %.2f | %.2f | %.1f | %.1f |" % (
+                size_label(s), num(a, "median_us"), num(b, "median_us"), num(a, "pairs_per_s") / 1e6,
+                num(b, "pairs_per_s") / 1e6))
+        if rows8:
+            out.append("\n8 threads, async (all records go through the one ring):\n")
+            out.append("| size | median us | traced | M pairs/s | traced |")
+            out.append("| --- | --- | --- | --- | --- |")
+            out += rows8
     parts = [("floor", "clock reads alone"), ("shim-deferred", "cudaMalloc+cudaFree, deferred"),
              ("shim-drv-deferred", "cuMemAlloc+cuMemFree, deferred"), ("shim-async", "cudaMallocAsync+cudaFreeAsync"),
              ("shim-drv-async", "cuMemAllocAsync+cuMemFreeAsync")]

@@ -144,6 +144,9 @@ for r in 1 2 3; do
   step "pairs-trace-on-async-$r" pairs 60 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" async "trace-async-$r" 1 $SIZES
   rm -f "$LOGDIR"/pairs-trace.*
 done
+step pairs-trace-base8-async pairs 60 "$SHIM" -- "$BIN/pairs" async trbase8-async 8 4K 1M
+step pairs-trace-on8-async pairs 60 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" async trace8-async 8 4K 1M
+rm -f "$LOGDIR"/pairs-trace.*
 
 # ---- 2. growth ----
 section "2/5 first-time growth"

@@ -1,18 +1,24 @@
 /* trace.c: the allocation trace (VMMSHIM_TRACE=path, VMMSHIM_TRACE_FORMAT=native|rmm).
  *
- * Owns the trace file: its header, one line per event, the buffer the lines wait in,
- * and the three moments the buffer leaves the process early (exit, fatal signal, fork).
+ * Owns the trace file: its header, one line per event, the ring the events wait in,
+ * and the moments the ring leaves the process early (exit, fatal signal, fork).
  *
- *   - Records are formatted by hand into a small stack buffer (no printf, no allocation)
- *     and copied into one shared 8 KiB buffer under a tiny lock whose word holds the
- *     owner's thread id. The buffer goes out with write(2) when the next record does
- *     not fit, so every write(2) carries whole lines: after kill -9 the file is a
- *     prefix of complete records (readers ignore a final partial line all the same).
- *   - Fatal signals (SEGV, BUS, ABRT, FPE, ILL, TERM, INT) flush the buffer with
- *     write(2) only, then chain to the handler the program had, or restore the default
- *     action and re-raise so the process dies the way it would have.
- *   - fork: the child drops the inherited buffer and the parent's file; it opens its
- *     own file when the path holds %p, and stops tracing otherwise.
+ *   - An event is a fixed 64-byte binary record in a ring of 128 shared by all threads.
+ *     A thread takes the next position with one atomic add, reads the raw clock, fills
+ *     the record and publishes it through the slot's sequence number: no lock, no
+ *     formatting, no syscall. Text is made later, in batches: the thread whose record
+ *     is the 96th since the last trigger drains every published record in position
+ *     order (formatting the lines, converting the times) and writes them with write(2);
+ *     a thread that finds the ring full drains it first. A quarter of the ring stays
+ *     free for the other threads while one drains. Each write(2) carries whole lines,
+ *     so after kill -9 the file is a prefix of complete records (readers ignore a final
+ *     partial line all the same), missing at most the records still in the ring and
+ *     the lines of a drain in progress.
+ *   - Fatal signals (SEGV, BUS, ABRT, FPE, ILL, TERM, INT) drain the ring with write(2)
+ *     only, then chain to the handler the program had, or restore the default action
+ *     and re-raise so the process dies the way it would have.
+ *   - fork: the child drops the inherited ring and the parent's file; it opens its own
+ *     file when the path holds %p, and stops tracing otherwise.
  *
  * The native format is documented column by column in README.md ("Trace format"). */
 #include <errno.h>
@@ -31,8 +37,10 @@
 #include "vmmshim/internal.h"
 
 #define VS_TRACE_FORMAT_VERSION 1
-#define VS_TRACE_BUF_SIZE 8192
-#define VS_TRACE_REC_MAX 192 /* longest hot record: 'm' with ten 16-digit fields */
+#define VS_TRACE_SLOTS 128      /* records the ring holds (a power of two): 8 KiB */
+#define VS_TRACE_DRAIN_EVERY 96 /* the record at every 96th position drains the ring */
+#define VS_TRACE_TEXT_SIZE 8192 /* lines go out in write(2)s of at most this */
+#define VS_TRACE_REC_MAX 192    /* longest line: 'm' with ten 16-digit fields */
 
 int _vs_trace_on;
 
@@ -45,9 +53,30 @@ static uint64_t vs_trace_real0;                /* CLOCK_REALTIME at open */
 static int64_t vs_trace_tzoff;                 /* local time offset (s), for the rmm clock */
 static atomic_int vs_trace_write_errors;
 
-static char vs_buf[VS_TRACE_BUF_SIZE];
-static size_t vs_buf_len;
-static atomic_uint vs_lock_owner; /* 0: free; else the owner's thread id */
+/* One event, as the hot path leaves it. seq == pos: the slot is free for the record at
+ * position pos; seq == pos + 1: that record is published. The fields by record type:
+ *   'a' alloc: a ptr, b requested, c served, d stream, sub api
+ *   'f' free:  a ptr, c served, d stream, sub api
+ *   'o' failed allocation: b requested, d stream, e CUresult, sub api
+ *   'm' pool event: a va, b size, c handle, d duration ns, e CUresult, sub op, flags */
+typedef struct vs_trace_rec_s {
+  _Alignas(64) atomic_uint_least64_t seq;
+  uint64_t t; /* raw clock: TSC ticks or CLOCK_MONOTONIC ns; made ns when drained */
+  uint64_t a, b, c, d;
+  uint32_t tid, e;
+  int32_t dev;
+  uint8_t type, sub, flags;
+} vs_trace_rec_t;
+
+static vs_trace_rec_t vs_ring[VS_TRACE_SLOTS];
+/* The next position to hand out, alone on its cache line: every record's one atomic. */
+static struct {
+  _Alignas(64) atomic_uint_least64_t pos;
+} vs_ring_next;
+static uint64_t vs_ring_drained; /* next position to drain; under the lock */
+
+static char vs_text[VS_TRACE_TEXT_SIZE]; /* lines of one drain; under the lock */
+static atomic_uint vs_lock_owner;        /* the drain lock. 0: free; else the owner's thread id */
 
 static _Thread_local uint32_t vs_tid; /* cached gettid(); reset in a forked child */
 
@@ -67,17 +96,22 @@ static inline uint64_t clock_mono_ns(void) {
 
 /* Record times come from the CPU's time-stamp counter where it ticks at a constant rate
  * on every core (Linux's constant_tsc and nonstop_tsc flags): reading it costs a few ns,
- * a third of clock_gettime, and a pair of records reads it twice. Ticks become
- * CLOCK_MONOTONIC nanoseconds through base + (ticks - base_tsc) * mult; every flush
- * re-measures mult over the whole time since the trace opened and moves the base so that
- * times stay continuous. The three values sit under a sequence count: a reader that
- * raced an update reads again. Without a usable counter, clock_gettime is used. */
+ * a third of clock_gettime. Records keep the raw ticks; the drain, under the lock, turns
+ * them into CLOCK_MONOTONIC nanoseconds. After every drain the rate is measured again over
+ * the whole time since the trace opened, and a new segment starts: ns = base_ns + (ticks
+ * - base_tsc) * mult, its base_ns where the previous segment ends. A record converts with
+ * the segment its ticks fall in, so times stay continuous and never go back within a
+ * thread, also for a record drained a few segments after it was taken. Without a usable
+ * counter, clock_gettime is used. */
 #if defined(__x86_64__)
 #include <x86intrin.h>
+#define VS_CLK_SEGMENTS 8 /* a power of two */
 static bool vs_tsc_ok;
 static uint64_t vs_tsc_open, vs_mono_open; /* first calibration point */
-static uint64_t vs_clk_base_tsc, vs_clk_base_ns, vs_clk_mult; /* mult: ns per tick << 32 */
-static atomic_uint vs_clk_seq;
+static struct {
+  uint64_t base_tsc, base_ns, mult; /* mult: ns per tick << 32 */
+} vs_clk_seg[VS_CLK_SEGMENTS];      /* under the lock */
+static unsigned vs_clk_newest, vs_clk_count;
 
 static bool tsc_invariant(void) {
   int fd = open("/proc/cpuinfo", O_RDONLY | O_CLOEXEC);
@@ -94,54 +128,77 @@ static bool tsc_invariant(void) {
   return strstr(flags, " constant_tsc") && strstr(flags, " nonstop_tsc");
 }
 
-/* Called with the trace lock held (or before tracing starts). */
+static inline uint64_t raw_clock(void) { return vs_likely(vs_tsc_ok) ? __rdtsc() : clock_mono_ns(); }
+
+/* Caller holds the lock. Ticks older than the oldest segment extend it backwards. */
+static uint64_t raw_to_mono(uint64_t raw) {
+  if (!vs_tsc_ok) return raw;
+  unsigned i = vs_clk_newest;
+  for (unsigned k = 1; k < vs_clk_count && raw < vs_clk_seg[i].base_tsc; k++) i = (i - 1) & (VS_CLK_SEGMENTS - 1);
+  __int128 dt = (__int128)(int64_t)(raw - vs_clk_seg[i].base_tsc) * (__int128)vs_clk_seg[i].mult;
+  return vs_clk_seg[i].base_ns + (uint64_t)(int64_t)(dt >> 32);
+}
+
+/* A (ticks, ns) pair read close together: the tighter of three tries, or false when the
+ * thread was interrupted in each (a pair read across a preemption would skew the rate). */
+static bool clock_sample(uint64_t *tsc, uint64_t *ns) {
+  uint64_t best = UINT64_MAX;
+  for (int i = 0; i < 3; i++) {
+    uint64_t t1 = __rdtsc(), n = clock_mono_ns(), t2 = __rdtsc();
+    if (t2 - t1 < best) {
+      best = t2 - t1;
+      *tsc = t1 + (t2 - t1) / 2;
+      *ns = n;
+    }
+  }
+  return best < 20000; /* ~5-10 us at today's rates; clock_gettime takes ~50 ns */
+}
+
+/* Caller holds the lock (or tracing has not started). */
 static void clock_calibrate(void) {
-  if (!vs_tsc_ok) return;
-  uint64_t t = __rdtsc(), ns = clock_mono_ns();
-  if (t <= vs_tsc_open) return;
+  uint64_t t, ns;
+  if (!vs_tsc_ok || !clock_sample(&t, &ns)) return;
+  if (t <= vs_clk_seg[vs_clk_newest].base_tsc || ns <= vs_mono_open) return;
   uint64_t mult = (uint64_t)(((unsigned __int128)(ns - vs_mono_open) << 32) / (t - vs_tsc_open));
-  uint64_t now_old = vs_clk_base_ns + (uint64_t)(((unsigned __int128)(t - vs_clk_base_tsc) * vs_clk_mult) >> 32);
-  unsigned seq = atomic_load_explicit(&vs_clk_seq, memory_order_relaxed);
-  atomic_store_explicit(&vs_clk_seq, seq + 1, memory_order_relaxed);
-  atomic_thread_fence(memory_order_release);
-  __atomic_store_n(&vs_clk_base_tsc, t, __ATOMIC_RELAXED);
-  __atomic_store_n(&vs_clk_base_ns, now_old, __ATOMIC_RELAXED);
-  __atomic_store_n(&vs_clk_mult, mult, __ATOMIC_RELAXED);
-  atomic_store_explicit(&vs_clk_seq, seq + 2, memory_order_release);
+  uint64_t base_ns = raw_to_mono(t);
+  unsigned i = (vs_clk_newest + 1) & (VS_CLK_SEGMENTS - 1);
+  vs_clk_seg[i].base_tsc = t;
+  vs_clk_seg[i].base_ns = base_ns;
+  vs_clk_seg[i].mult = mult;
+  vs_clk_newest = i;
+  if (vs_clk_count < VS_CLK_SEGMENTS) vs_clk_count++;
 }
 
 static void clock_open(void) {
   vs_tsc_ok = tsc_invariant();
   if (!vs_tsc_ok) return;
-  /* A first rate over 1 ms; every flush refines it. */
-  vs_tsc_open = __rdtsc();
-  vs_mono_open = clock_mono_ns();
-  uint64_t until = vs_mono_open + 1000000;
-  while (clock_mono_ns() < until) {
+  /* A first rate over 1 ms; every drain refines it. */
+  if (!clock_sample(&vs_tsc_open, &vs_mono_open)) {
+    vs_tsc_ok = false; /* never an undisturbed read: use clock_gettime */
+    return;
   }
-  uint64_t t = __rdtsc(), ns = clock_mono_ns();
-  vs_clk_mult = (uint64_t)(((unsigned __int128)(ns - vs_mono_open) << 32) / (t - vs_tsc_open));
-  vs_clk_base_tsc = t;
-  vs_clk_base_ns = ns;
-}
-
-static inline uint64_t mono_ns(void) {
-  if (!vs_tsc_ok) return clock_mono_ns();
-  for (;;) {
-    unsigned seq = atomic_load_explicit(&vs_clk_seq, memory_order_acquire);
-    uint64_t t = __rdtsc();
-    uint64_t bt = __atomic_load_n(&vs_clk_base_tsc, __ATOMIC_RELAXED);
-    uint64_t bn = __atomic_load_n(&vs_clk_base_ns, __ATOMIC_RELAXED);
-    uint64_t m = __atomic_load_n(&vs_clk_mult, __ATOMIC_RELAXED);
-    atomic_thread_fence(memory_order_acquire);
-    if (vs_likely(!(seq & 1) && atomic_load_explicit(&vs_clk_seq, memory_order_relaxed) == seq))
-      return t > bt ? bn + (uint64_t)(((unsigned __int128)(t - bt) * m) >> 32) : bn;
+  uint64_t t = 0, ns = 0, until = vs_mono_open + 1000000;
+  for (int tries = 0; tries < 10; tries++) {
+    while (clock_mono_ns() < until) {
+    }
+    if (clock_sample(&t, &ns) && t > vs_tsc_open) break;
+    until += 100000;
   }
+  if (t <= vs_tsc_open || ns <= vs_mono_open) {
+    vs_tsc_ok = false;
+    return;
+  }
+  vs_clk_seg[0].mult = (uint64_t)(((unsigned __int128)(ns - vs_mono_open) << 32) / (t - vs_tsc_open));
+  vs_clk_seg[0].base_tsc = t;
+  vs_clk_seg[0].base_ns = ns;
+  vs_clk_newest = 0;
+  vs_clk_count = 1;
 }
 #else
+static inline uint64_t raw_clock(void) { return clock_mono_ns(); }
+static inline uint64_t raw_to_mono(uint64_t raw) { return raw; }
 static void clock_calibrate(void) {}
 static void clock_open(void) {}
-static inline uint64_t mono_ns(void) { return clock_mono_ns(); }
 #endif
 
 static inline void cpu_relax(void) {
@@ -152,13 +209,15 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+static inline bool lock_try(uint32_t me) {
+  unsigned expected = 0;
+  return atomic_compare_exchange_strong_explicit(&vs_lock_owner, &expected, me, memory_order_acquire,
+                                                 memory_order_relaxed);
+}
+
 static inline void lock_take(uint32_t me) {
   unsigned spins = 0;
-  for (;;) {
-    unsigned expected = 0;
-    if (atomic_compare_exchange_weak_explicit(&vs_lock_owner, &expected, me, memory_order_acquire,
-                                              memory_order_relaxed))
-      return;
+  while (!lock_try(me)) {
     if (++spins < 128) cpu_relax();
     else { sched_yield(); spins = 0; }
   }
@@ -178,30 +237,11 @@ static int write_all(int fd, const char *p, size_t n) {
   return 0;
 }
 
-/* Caller holds the lock. Async-signal-safe. */
-static void flush_locked(void) {
-  if (vs_buf_len && vs_trace_fd >= 0 && write_all(vs_trace_fd, vs_buf, vs_buf_len) != 0)
-    atomic_fetch_add_explicit(&vs_trace_write_errors, 1, memory_order_relaxed);
-  vs_buf_len = 0;
-}
-
-static void emit(const char *rec, size_t n) {
-  lock_take(trace_tid());
-  if (vs_likely(vs_trace_fd >= 0)) {
-    if (vs_unlikely(vs_buf_len + n > sizeof vs_buf)) {
-      flush_locked();
-      clock_calibrate();
-    }
-    memcpy(vs_buf + vs_buf_len, rec, n);
-    vs_buf_len += n;
-  }
-  lock_drop();
-}
+/* ------------------------------------------------------------------ formatting */
 
 static const char vs_hex[16] = "0123456789abcdef";
 
-/* Two digits per step from a 512-byte table: half the loop of one digit at a time, and
- * formatting is most of what a record costs. */
+/* Two digits per step from a 512-byte table: half the loop of one digit at a time. */
 static char vs_hex2[256][2];
 
 static void hex2_init(void) {
@@ -235,10 +275,10 @@ static inline char *put_dec(char *p, uint64_t v) {
 static inline char *put_sp_hex(char *p, uint64_t v) { *p++ = ' '; return put_hex(p, v); }
 
 /* Streams: "-" for the synchronous sentinel. Devices: "-" when unknown (< 0). */
-static inline char *put_sp_stream(char *p, CUstream s) {
+static inline char *put_sp_stream(char *p, uint64_t s) {
   *p++ = ' ';
-  if (s == VS_NO_STREAM) { *p++ = '-'; return p; }
-  return put_hex(p, (uint64_t)(uintptr_t)s);
+  if (s == (uint64_t)(uintptr_t)VS_NO_STREAM) { *p++ = '-'; return p; }
+  return put_hex(p, s);
 }
 static inline char *put_sp_dev(char *p, int d) {
   *p++ = ' ';
@@ -246,18 +286,16 @@ static inline char *put_sp_dev(char *p, int d) {
   return put_hex(p, (uint64_t)d);
 }
 
-/* Common head of the native hot records: "<type> <t> <tid>". */
-static inline char *native_head(char *p, char type) {
-  *p++ = type;
-  p = put_sp_hex(p, mono_ns() - vs_trace_mono0);
-  return put_sp_hex(p, trace_tid());
+static char *put_str(char *p, const char *s) {
+  while (*s) *p++ = *s++;
+  return p;
 }
 
 /* rmm: "<tid>,<HH:MM:SS.uuuuuu>," as spdlog's "%t,%H:%M:%S.%f," (local time). */
-static char *rmm_head(char *p) {
-  p = put_dec(p, trace_tid());
+static char *rmm_head(char *p, uint32_t tid, uint64_t mono) {
+  p = put_dec(p, tid);
   *p++ = ',';
-  uint64_t real = mono_ns() - vs_trace_mono0 + vs_trace_real0;
+  uint64_t real = mono - vs_trace_mono0 + vs_trace_real0;
   int64_t secs = (int64_t)(real / 1000000000ull) + vs_trace_tzoff;
   unsigned day = (unsigned)(((secs % 86400) + 86400) % 86400);
   unsigned us = (unsigned)((real / 1000u) % 1000000u);
@@ -272,20 +310,143 @@ static char *rmm_head(char *p) {
   return p;
 }
 
-static char *rmm_tail(char *p, uint64_t ptr, uint64_t size, CUstream s) {
+static char *rmm_tail(char *p, uint64_t ptr, uint64_t size, uint64_t stream) {
   *p++ = '0'; *p++ = 'x';
   p = put_hex(p, ptr);
   *p++ = ',';
   p = put_dec(p, size);
   *p++ = ','; *p++ = '0'; *p++ = 'x';
-  p = put_hex(p, s == VS_NO_STREAM ? 0 : (uint64_t)(uintptr_t)s);
+  p = put_hex(p, stream == (uint64_t)(uintptr_t)VS_NO_STREAM ? 0 : stream);
   *p++ = '\n';
   return p;
 }
 
-static char *put_str(char *p, const char *s) {
-  while (*s) *p++ = *s++;
+/* One record as one line (at most VS_TRACE_REC_MAX bytes). Caller holds the lock. */
+static char *format_record(char *p, const vs_trace_rec_t *r) {
+  uint64_t mono = raw_to_mono(r->t);
+  if (vs_trace_format == VS_TRACE_RMM) {
+    p = rmm_head(p, r->tid, mono);
+    if (r->type == 'a') return rmm_tail(put_str(p, "allocate,"), r->a, r->c, r->d);
+    if (r->type == 'f') return rmm_tail(put_str(p, "free,"), r->a, r->c, r->d);
+    return rmm_tail(put_str(p, "allocate failure,"), 0, r->b, r->d);
+  }
+  *p++ = (char)r->type;
+  p = put_sp_hex(p, mono > vs_trace_mono0 ? mono - vs_trace_mono0 : 0);
+  p = put_sp_hex(p, r->tid);
+  p = put_sp_hex(p, r->sub);
+  p = put_sp_dev(p, r->dev);
+  switch (r->type) {
+  case 'a':
+    p = put_sp_stream(p, r->d);
+    p = put_sp_hex(p, r->a);
+    p = put_sp_hex(p, r->b);
+    p = put_sp_hex(p, r->c);
+    break;
+  case 'f':
+    p = put_sp_stream(p, r->d);
+    p = put_sp_hex(p, r->a);
+    p = put_sp_hex(p, r->c);
+    break;
+  case 'o':
+    p = put_sp_stream(p, r->d);
+    p = put_sp_hex(p, r->b);
+    p = put_sp_hex(p, r->e);
+    break;
+  default: /* 'm' */
+    p = put_sp_hex(p, r->a);
+    p = put_sp_hex(p, r->b);
+    p = put_sp_hex(p, r->c);
+    p = put_sp_hex(p, r->flags);
+    p = put_sp_hex(p, r->e);
+    p = put_sp_hex(p, r->d);
+    break;
+  }
+  *p++ = '\n';
   return p;
+}
+
+/* ------------------------------------------------------------------ the ring */
+
+static void text_out(size_t len) {
+  if (len && vs_trace_fd >= 0 && write_all(vs_trace_fd, vs_text, len) != 0)
+    atomic_fetch_add_explicit(&vs_trace_write_errors, 1, memory_order_relaxed);
+}
+
+/* Formats and writes every published record, in position order, up to the first one not
+ * yet published (its writer is between taking the position and publishing; it goes out
+ * with the next drain). With no file open the records are dropped. Caller holds the lock.
+ * Async-signal-safe: static tables, the stack, write(2). */
+static uint64_t drain_locked(void) {
+  uint64_t first = vs_ring_drained, pos = first;
+  size_t len = 0;
+  for (;; pos++) {
+    vs_trace_rec_t *r = &vs_ring[pos & (VS_TRACE_SLOTS - 1)];
+    if (atomic_load_explicit(&r->seq, memory_order_acquire) != pos + 1) break;
+    if (vs_trace_fd >= 0) {
+      if (len + VS_TRACE_REC_MAX > sizeof vs_text) {
+        text_out(len);
+        len = 0;
+      }
+      len = (size_t)(format_record(vs_text + len, r) - vs_text);
+    }
+    atomic_store_explicit(&r->seq, pos + VS_TRACE_SLOTS, memory_order_release);
+  }
+  vs_ring_drained = pos;
+  text_out(len);
+  return pos - first;
+}
+
+/* A drain of half a ring or more also starts a clock segment. No drain passes a record
+ * not yet published, and fewer than VS_TRACE_SLOTS records precede one in the ring, so
+ * at most 3 segments start between a record's clock read and its drain: the 8 kept
+ * always hold the one its ticks fall in. */
+static void drain(void) {
+  if (drain_locked() >= VS_TRACE_DRAIN_EVERY / 2) clock_calibrate();
+}
+
+/* The slot still holds the record from one lap before: drain, or wait for the thread that
+ * is draining. Only when the ring is full. */
+static __attribute__((noinline)) void wait_for_slot(vs_trace_rec_t *r, uint64_t pos) {
+  unsigned spins = 0;
+  while (atomic_load_explicit(&r->seq, memory_order_acquire) != pos) {
+    if (lock_try(trace_tid())) {
+      drain();
+      lock_drop();
+    } else if (++spins < 128) {
+      cpu_relax();
+    } else {
+      sched_yield();
+      spins = 0;
+    }
+  }
+}
+
+/* Takes the next position: the record's place in the file. */
+static inline vs_trace_rec_t *rec_take(char type, uint64_t *pos_out) {
+  uint64_t pos = atomic_fetch_add_explicit(&vs_ring_next.pos, 1, memory_order_relaxed);
+  vs_trace_rec_t *r = &vs_ring[pos & (VS_TRACE_SLOTS - 1)];
+  if (vs_unlikely(atomic_load_explicit(&r->seq, memory_order_acquire) != pos)) wait_for_slot(r, pos);
+  r->t = raw_clock();
+  r->tid = trace_tid();
+  r->type = (uint8_t)type;
+  *pos_out = pos;
+  return r;
+}
+
+static inline void rec_publish(vs_trace_rec_t *r, uint64_t pos) {
+  atomic_store_explicit(&r->seq, pos + 1, memory_order_release);
+  /* Not waiting for a drain in progress: it, the next drain or a full ring takes these. */
+  if (vs_unlikely(pos % VS_TRACE_DRAIN_EVERY == VS_TRACE_DRAIN_EVERY - 1) && lock_try(trace_tid())) {
+    drain();
+    lock_drop();
+  }
+}
+
+/* Forgets every record in the ring (a forked child; a trace opened again). */
+static void ring_reset(void) {
+  for (uint64_t i = 0; i < VS_TRACE_SLOTS; i++) atomic_store_explicit(&vs_ring[i].seq, i, memory_order_relaxed);
+  atomic_store_explicit(&vs_ring_next.pos, 0, memory_order_relaxed);
+  vs_ring_drained = 0;
 }
 
 /* ------------------------------------------------------------------ hot records */
@@ -293,83 +454,61 @@ static char *put_str(char *p, const char *s) {
 void _vs_trace_alloc(vmmshim_api_t api, size_t requested, size_t served, CUdeviceptr ptr, CUstream stream,
                      int device) {
   if (!_vs_trace_on) return;
-  char rec[VS_TRACE_REC_MAX], *p = rec;
-  if (vs_trace_format == VS_TRACE_RMM) {
-    p = rmm_head(p);
-    p = put_str(p, "allocate,");
-    p = rmm_tail(p, (uint64_t)ptr, served, stream);
-  } else {
-    p = native_head(p, 'a');
-    p = put_sp_hex(p, (uint64_t)api);
-    p = put_sp_dev(p, device);
-    p = put_sp_stream(p, stream);
-    p = put_sp_hex(p, (uint64_t)ptr);
-    p = put_sp_hex(p, requested);
-    p = put_sp_hex(p, served);
-    *p++ = '\n';
-  }
-  emit(rec, (size_t)(p - rec));
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('a', &pos);
+  r->sub = (uint8_t)api;
+  r->dev = device;
+  r->a = (uint64_t)ptr;
+  r->b = requested;
+  r->c = served;
+  r->d = (uint64_t)(uintptr_t)stream;
+  rec_publish(r, pos);
 }
 
 void _vs_trace_free(vmmshim_api_t api, CUdeviceptr ptr, size_t served, CUstream stream, int device) {
   if (!_vs_trace_on) return;
-  char rec[VS_TRACE_REC_MAX], *p = rec;
-  if (vs_trace_format == VS_TRACE_RMM) {
-    p = rmm_head(p);
-    p = put_str(p, "free,");
-    p = rmm_tail(p, (uint64_t)ptr, served, stream);
-  } else {
-    p = native_head(p, 'f');
-    p = put_sp_hex(p, (uint64_t)api);
-    p = put_sp_dev(p, device);
-    p = put_sp_stream(p, stream);
-    p = put_sp_hex(p, (uint64_t)ptr);
-    p = put_sp_hex(p, served);
-    *p++ = '\n';
-  }
-  emit(rec, (size_t)(p - rec));
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('f', &pos);
+  r->sub = (uint8_t)api;
+  r->dev = device;
+  r->a = (uint64_t)ptr;
+  r->c = served;
+  r->d = (uint64_t)(uintptr_t)stream;
+  rec_publish(r, pos);
 }
 
 void _vs_trace_alloc_fail(vmmshim_api_t api, size_t requested, CUstream stream, int device, CUresult err) {
   if (!_vs_trace_on) return;
-  char rec[VS_TRACE_REC_MAX], *p = rec;
-  if (vs_trace_format == VS_TRACE_RMM) {
-    p = rmm_head(p);
-    p = put_str(p, "allocate failure,");
-    p = rmm_tail(p, 0, requested, stream);
-  } else {
-    p = native_head(p, 'o');
-    p = put_sp_hex(p, (uint64_t)api);
-    p = put_sp_dev(p, device);
-    p = put_sp_stream(p, stream);
-    p = put_sp_hex(p, requested);
-    p = put_sp_hex(p, (uint64_t)err);
-    *p++ = '\n';
-  }
-  emit(rec, (size_t)(p - rec));
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('o', &pos);
+  r->sub = (uint8_t)api;
+  r->dev = device;
+  r->b = requested;
+  r->d = (uint64_t)(uintptr_t)stream;
+  r->e = (uint32_t)err;
+  rec_publish(r, pos);
 }
 
 void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle, unsigned access_flags, int device,
                    CUresult result, uint64_t duration_ns) {
   if (!_vs_trace_on || vs_trace_format == VS_TRACE_RMM) return; /* rmm has no pool events */
-  char rec[VS_TRACE_REC_MAX], *p = rec;
-  p = native_head(p, 'm');
-  p = put_sp_hex(p, (uint64_t)op);
-  p = put_sp_dev(p, device);
-  p = put_sp_hex(p, (uint64_t)va);
-  p = put_sp_hex(p, size);
-  p = put_sp_hex(p, handle);
-  p = put_sp_hex(p, access_flags);
-  p = put_sp_hex(p, (uint64_t)result);
-  p = put_sp_hex(p, duration_ns);
-  *p++ = '\n';
-  emit(rec, (size_t)(p - rec));
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('m', &pos);
+  r->sub = (uint8_t)op;
+  r->dev = device;
+  r->a = (uint64_t)va;
+  r->b = size;
+  r->c = handle;
+  r->d = duration_ns;
+  r->e = (uint32_t)result;
+  r->flags = (uint8_t)access_flags;
+  rec_publish(r, pos);
 }
 
 void _vs_trace_flush(void) {
   if (vs_trace_fd < 0) return;
   lock_take(trace_tid());
-  flush_locked();
+  drain();
   lock_drop();
 }
 
@@ -379,19 +518,18 @@ static const int vs_fatal_signals[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL,
 #define VS_NSIG 65
 static struct sigaction vs_old_action[VS_NSIG];
 
-/* Async-signal-safe: syscalls and atomics only. If this very thread was interrupted
- * while holding the lock, the buffer may be mid-update: skip it (at most one record's
- * worth of work is in flight). Another thread holds the lock only for a memcpy or one
- * write(2): wait for it a little, then give up rather than hang a dying process. */
+/* Async-signal-safe: syscalls and atomics only. If this very thread was interrupted while
+ * draining, the text buffer is mid-update: skip (the records stay unwritten). Another
+ * thread drains for the time of one batch: wait for it a little, then give up rather than
+ * hang a dying process. A record this thread had taken but not published stops the drain
+ * there: at most the records after it are lost. */
 static void flush_from_signal(void) {
   if (vs_trace_fd < 0) return;
   unsigned me = (unsigned)syscall(SYS_gettid);
   if (atomic_load_explicit(&vs_lock_owner, memory_order_relaxed) == me) return;
   for (int tries = 0; tries < 2000; tries++) {
-    unsigned expected = 0;
-    if (atomic_compare_exchange_strong_explicit(&vs_lock_owner, &expected, me, memory_order_acquire,
-                                                memory_order_relaxed)) {
-      flush_locked();
+    if (lock_try(me)) {
+      drain_locked();
       lock_drop();
       return;
     }
@@ -473,7 +611,7 @@ static void write_header(void) {
   struct timespec rt;
   clock_gettime(CLOCK_REALTIME, &rt);
   clock_open();
-  vs_trace_mono0 = mono_ns();
+  vs_trace_mono0 = raw_to_mono(raw_clock());
   vs_trace_real0 = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec;
   struct tm tm;
   time_t now = rt.tv_sec;
@@ -525,8 +663,10 @@ static int open_file(void) {
              strerror(e), e);
     return -1;
   }
+  lock_take(trace_tid());
+  ring_reset(); /* records of an earlier trace, or taken while none was open */
+  lock_drop();
   vs_trace_fd = fd;
-  vs_buf_len = 0;
   write_header();
   return 0;
 }
@@ -545,7 +685,7 @@ static void atfork_child(void) {
   atomic_store_explicit(&vs_lock_owner, 0, memory_order_relaxed);
   if (vs_trace_fd < 0) return;
   _vs_trace_on = 0;
-  vs_buf_len = 0; /* the parent writes these records, not us */
+  ring_reset(); /* the parent writes these records, not us */
   close(vs_trace_fd);
   vs_trace_fd = -1;
   if (!strstr(vs_trace_template, "%p")) return; /* one file per process needs %p */
@@ -581,16 +721,15 @@ void _vs_trace_close(void) {
   if (vs_trace_fd < 0) return;
   _vs_trace_on = 0;
   lock_take(trace_tid());
+  drain_locked();
   if (vs_trace_format == VS_TRACE_NATIVE) {
-    char rec[64], *p = rec;
+    uint64_t mono = raw_to_mono(raw_clock());
+    char *p = vs_text;
     *p++ = 'e';
-    p = put_sp_hex(p, mono_ns() - vs_trace_mono0);
+    p = put_sp_hex(p, mono > vs_trace_mono0 ? mono - vs_trace_mono0 : 0);
     *p++ = '\n';
-    if (vs_buf_len + (size_t)(p - rec) > sizeof vs_buf) flush_locked();
-    memcpy(vs_buf + vs_buf_len, rec, (size_t)(p - rec));
-    vs_buf_len += (size_t)(p - rec);
+    text_out((size_t)(p - vs_text));
   }
-  flush_locked();
   int fd = vs_trace_fd;
   vs_trace_fd = -1;
   lock_drop();

@@ -2,12 +2,13 @@
  *
  * Every record kind written and read back (native and rmm), %p/%r expansion, an
  * unopenable path, crashes (SIGSEGV, abort, kill -9) and a chained SIGTERM handler in
- * forked children, fork children never writing into the parent's file, and the cost of
- * one record. Runs from the repository root (tests/run.sh does); when python3 is there,
+ * forked children, fork children never writing into the parent's file, and many threads
+ * writing at once (nothing lost, each thread's records in its order). Runs from the repository root (tests/run.sh does); when python3 is there,
  * the traces it writes are also fed to scripts/vmmshim-report. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -373,6 +374,91 @@ static void test_fork(bool per_pid) {
   }
 }
 
+
+/* ------------------------------------------------------------------ threads */
+/* Threads that write at once through the shared ring: every record reaches the file once,
+ * each thread's records in the order it wrote them, times never going back within a
+ * thread; a free record written before the allocation that reuses its pointer (another
+ * thread, ordered by a handoff) precedes it in the file. */
+enum { TH_THREADS = 6, TH_RECORDS = 20000 };
+static atomic_uint_least64_t th_handoff; /* pointer freed by one thread, for the next alloc */
+
+static void *th_writer(void *arg) {
+  uint64_t id = (uint64_t)(uintptr_t)arg;
+  for (uint64_t i = 1; i <= TH_RECORDS; i++) {
+    CUdeviceptr p = (CUdeviceptr)((id << 32) | i);
+    _vs_trace_alloc(VMMSHIM_API_RUNTIME, 256, 256, p, VS_NO_STREAM, 0);
+    if (i % 100 == 0) {
+      /* Hand a freed pointer over: the free record is written before the handoff. */
+      CUdeviceptr shared = (CUdeviceptr)(0xf00000000000ull | (id << 24) | i);
+      _vs_trace_alloc(VMMSHIM_API_RUNTIME, 64, 64, shared, VS_NO_STREAM, 0);
+      _vs_trace_free(VMMSHIM_API_RUNTIME, shared, 64, VS_NO_STREAM, 0);
+      atomic_store(&th_handoff, shared);
+    } else if (i % 100 == 50) {
+      uint64_t got = atomic_exchange(&th_handoff, 0);
+      if (got) _vs_trace_alloc(VMMSHIM_API_RUNTIME, 64, 64, (CUdeviceptr)got, VS_NO_STREAM, 1);
+    }
+  }
+  return NULL;
+}
+
+static void test_threads(void) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/threads.trace", dir);
+  open_trace(path, NULL);
+  pthread_t th[TH_THREADS];
+  for (int i = 0; i < TH_THREADS; i++) pthread_create(&th[i], NULL, th_writer, (void *)(uintptr_t)(i + 1));
+  for (int i = 0; i < TH_THREADS; i++) pthread_join(th[i], NULL);
+  _vs_trace_close();
+  size_t len = 0;
+  char *text = slurp(path, &len);
+  CHECK(text != NULL, "threads: trace written");
+  if (!text) return;
+  uint64_t next[TH_THREADS + 1] = {0}, last_t[TH_THREADS + 1] = {0};
+  unsigned long long tid_of[TH_THREADS + 1] = {0};
+  int plain = 0, order_bad = 0, time_bad = 0, tid_bad = 0, reuse_bad = 0, reused = 0, ended = 0;
+  /* Pointers handed over: state 1 after its free record, 2 after the reusing alloc. */
+  static unsigned char state[TH_THREADS + 1][TH_RECORDS + 1];
+  memset(state, 0, sizeof state);
+  char *save = NULL;
+  for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+    if (l[0] == 'e') ended++;
+    if (l[0] != 'a' && l[0] != 'f') continue;
+    char *f[12];
+    int n = fields(l, f, 12);
+    if (n < 8) continue;
+    unsigned long long t = hx(f[1]), tid = hx(f[2]), ptr = hx(f[6]);
+    if ((ptr >> 44) == 0xf) {
+      uint64_t id = (ptr >> 24) & 0xfffff, i = ptr & 0xffffff;
+      if (id < 1 || id > TH_THREADS || i > TH_RECORDS) continue;
+      if (l[0] == 'f') state[id][i] = 1;
+      else if (!strcmp(f[4], "1")) { /* the reuse runs on device field 1 */
+        reused++;
+        if (state[id][i] != 1) reuse_bad++;
+        state[id][i] = 2;
+      }
+      continue;
+    }
+    uint64_t id = ptr >> 32, i = ptr & 0xffffffffu;
+    if (id < 1 || id > TH_THREADS) continue;
+    plain++;
+    if (i != next[id] + 1) order_bad++;
+    next[id] = i;
+    if (t < last_t[id]) time_bad++;
+    last_t[id] = t;
+    if (!tid_of[id]) tid_of[id] = tid;
+    else if (tid_of[id] != tid) tid_bad++;
+  }
+  CHECK(plain == TH_THREADS * TH_RECORDS, "threads: %d of %d records in the file", plain, TH_THREADS * TH_RECORDS);
+  CHECK(order_bad == 0 && tid_bad == 0, "threads: each thread's records in order (%d out of order, %d wrong tid)",
+        order_bad, tid_bad);
+  CHECK(time_bad == 0, "threads: times never go back within a thread (%d did)", time_bad);
+  CHECK(reused > 0 && reuse_bad == 0, "threads: %d handed-over pointers, %d reused before their free record",
+        reused, reuse_bad);
+  CHECK(ended == 1, "threads: one end record");
+  free(text);
+}
+
 int main(int argc, char **argv) {
   (void)argc;
   exe_arg0 = argv[0];
@@ -388,6 +474,7 @@ int main(int argc, char **argv) {
   test_crash(CRASH_ABORT, "abort");
   test_crash(CRASH_CHAINED_TERM, "term-chained");
   test_kill9();
+  test_threads();
   test_fork(false);
   test_fork(true);
   if (failed == 0) {
