@@ -120,7 +120,7 @@ def sec_pairs(recs, out):
     if any(one(recs, "pairs", cfg="trace-%s-1" % m, size=s, threads=1) for m in ("deferred", "async") for s in sizes):
         out.append("\n### Cost of tracing (VMMSHIM_TRACE on), one thread: median pair (us) without and with a trace "
                    "file, the difference of the medians and of the means (ns)\n")
-        out.append("Three rounds alternate an untraced and a traced process; each cell is the median over the rounds "
+        out.append("Five rounds alternate an untraced and a traced process; each cell is the median over the rounds "
                    "(of each round's median pair, and of each round's difference). The mean pair is one over the "
                    "pairs per second: it includes the records' formatting and writing, which every 96th record "
                    "does for the records before it.\n")
@@ -130,7 +130,7 @@ def sec_pairs(recs, out):
             cells = []
             for m in ("deferred", "async"):
                 base, on, diff, mdiff = [], [], [], []
-                for r in (1, 2, 3):
+                for r in (1, 2, 3, 4, 5):
                     a = one(recs, "pairs", cfg="trbase-%s-%d" % (m, r), size=s, threads=1)
                     b = one(recs, "pairs", cfg="trace-%s-%d" % (m, r), size=s, threads=1)
                     if a is None or b is None or a.get("skipped") or b.get("skipped"):

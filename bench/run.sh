@@ -135,9 +135,9 @@ step pairs-floor pairs 60 -- "$BIN/pairs" floor floor 1 $SIZES
 step pairs-shim-drv-deferred pairs 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/pairs" drv shim-drv-deferred 1,8 $SIZES
 step pairs-shim-drv-async pairs 120 "$SHIM" -- "$BIN/pairs" drvasync shim-drv-async 1,8 $SIZES
 # Cost of tracing (VMMSHIM_TRACE): the same pairs, one thread, with every event written to a
-# trace file, in three rounds that alternate untraced and traced processes (a single pair of
+# trace file, in five rounds that alternate untraced and traced processes (a single pair of
 # runs differs by up to ~100 ns from one process to the next on this kind of machine).
-for r in 1 2 3; do
+for r in 1 2 3 4 5; do
   step "pairs-trace-base-deferred-$r" pairs 60 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/pairs" malloc "trbase-deferred-$r" 1 $SIZES
   step "pairs-trace-on-deferred-$r" pairs 60 "$SHIM" VMMSHIM_FREE_MODE=deferred "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" malloc "trace-deferred-$r" 1 $SIZES
   step "pairs-trace-base-async-$r" pairs 60 "$SHIM" -- "$BIN/pairs" async "trbase-async-$r" 1 $SIZES

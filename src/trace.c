@@ -209,7 +209,10 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Test before the compare-and-swap: threads waiting for a drain read the word from their
+ * own cache instead of taking its line from the drainer on every try. */
 static inline bool lock_try(uint32_t me) {
+  if (atomic_load_explicit(&vs_lock_owner, memory_order_relaxed) != 0) return false;
   unsigned expected = 0;
   return atomic_compare_exchange_strong_explicit(&vs_lock_owner, &expected, me, memory_order_acquire,
                                                  memory_order_relaxed);
@@ -412,7 +415,10 @@ static __attribute__((noinline)) void wait_for_slot(vs_trace_rec_t *r, uint64_t 
     if (lock_try(trace_tid())) {
       drain();
       lock_drop();
-    } else if (++spins < 128) {
+      continue;
+    }
+    /* Someone drains: wait on our own slot, not on the lock word. */
+    if (++spins < 256) {
       cpu_relax();
     } else {
       sched_yield();
