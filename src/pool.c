@@ -1205,8 +1205,6 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
   p->used -= b->size;
   *size_out = b->size;
   *requested_out = b->requested;
-  /* The trace line goes out before the range can be handed to another thread. */
-  if (vs_unlikely(_vs_trace_on)) _vs_trace_free(api, ptr, b->size, stream, (int)p->caps.device);
   bool wake = false;
   if (sync_mode) {
     make_free(p, b);
@@ -1233,7 +1231,12 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
   uint64_t threshold = _vs_option(VS_OPT_RELEASE_THRESHOLD);
   bool trim = vs_unlikely(p->free_bytes > threshold) && p->free_bytes >= p->trim_retry_at;
   if (trim) p->trim_retry_at = p->free_bytes + p->gran;
+  /* The free's record takes its place in the trace before another thread can have the
+   * range, and is written after the unlock (nothing else is traced in between). */
+  vs_trace_place_t at = {NULL, 0};
+  if (vs_unlikely(_vs_trace_on)) at = _vs_trace_place();
   pthread_mutex_unlock(&p->lock);
+  if (vs_unlikely(at.rec != NULL)) _vs_trace_free_at(at, api, ptr, *size_out, stream, (int)p->caps.device);
   if (trim) {
     _vs_pool_trim(p, (size_t)threshold);
     pthread_mutex_lock(&p->lock);

@@ -428,14 +428,23 @@ static __attribute__((noinline)) void wait_for_slot(vs_trace_rec_t *r, uint64_t 
 }
 
 /* Takes the next position: the record's place in the file. */
-static inline vs_trace_rec_t *rec_take(char type, uint64_t *pos_out) {
+static inline vs_trace_rec_t *rec_place(uint64_t *pos_out) {
   uint64_t pos = atomic_fetch_add_explicit(&vs_ring_next.pos, 1, memory_order_relaxed);
   vs_trace_rec_t *r = &vs_ring[pos & (VS_TRACE_SLOTS - 1)];
   if (vs_unlikely(atomic_load_explicit(&r->seq, memory_order_acquire) != pos)) wait_for_slot(r, pos);
+  *pos_out = pos;
+  return r;
+}
+
+static inline void rec_head(vs_trace_rec_t *r, char type) {
   r->t = raw_clock();
   r->tid = trace_tid();
   r->type = (uint8_t)type;
-  *pos_out = pos;
+}
+
+static inline vs_trace_rec_t *rec_take(char type, uint64_t *pos_out) {
+  vs_trace_rec_t *r = rec_place(pos_out);
+  rec_head(r, type);
   return r;
 }
 
@@ -471,16 +480,28 @@ void _vs_trace_alloc(vmmshim_api_t api, size_t requested, size_t served, CUdevic
   rec_publish(r, pos);
 }
 
-void _vs_trace_free(vmmshim_api_t api, CUdeviceptr ptr, size_t served, CUstream stream, int device) {
-  if (!_vs_trace_on) return;
-  uint64_t pos;
-  vs_trace_rec_t *r = rec_take('f', &pos);
+vs_trace_place_t _vs_trace_place(void) {
+  vs_trace_place_t at = {NULL, 0};
+  if (_vs_trace_on) at.rec = rec_place(&at.pos);
+  return at;
+}
+
+void _vs_trace_free_at(vs_trace_place_t at, vmmshim_api_t api, CUdeviceptr ptr, size_t served, CUstream stream,
+                       int device) {
+  vs_trace_rec_t *r = at.rec;
+  if (!r) return;
+  rec_head(r, 'f');
   r->sub = (uint8_t)api;
   r->dev = device;
   r->a = (uint64_t)ptr;
   r->c = served;
   r->d = (uint64_t)(uintptr_t)stream;
-  rec_publish(r, pos);
+  rec_publish(r, at.pos);
+}
+
+void _vs_trace_free(vmmshim_api_t api, CUdeviceptr ptr, size_t served, CUstream stream, int device) {
+  if (!_vs_trace_on) return;
+  _vs_trace_free_at(_vs_trace_place(), api, ptr, served, stream, device);
 }
 
 void _vs_trace_alloc_fail(vmmshim_api_t api, size_t requested, CUstream stream, int device, CUresult err) {

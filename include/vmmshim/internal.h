@@ -292,6 +292,16 @@ extern int _vs_trace_on; /* checked inline before any trace call */
 void _vs_trace_open(void); /* after config: opens VMMSHIM_TRACE, writes the header */
 void _vs_trace_alloc(vmmshim_api_t api, size_t requested, size_t served, CUdeviceptr ptr, CUstream stream, int device);
 void _vs_trace_free(vmmshim_api_t api, CUdeviceptr ptr, size_t served, CUstream stream, int device);
+/* A free's record in two steps: its place in the file is taken under the pool lock (before
+ * the block can reach another thread), the record filled in after the unlock, so the lock
+ * is held for one atomic add. The thread traces nothing in between. */
+typedef struct vs_trace_place_s {
+  void *rec; /* NULL: tracing was off */
+  uint64_t pos;
+} vs_trace_place_t;
+vs_trace_place_t _vs_trace_place(void);
+void _vs_trace_free_at(vs_trace_place_t at, vmmshim_api_t api, CUdeviceptr ptr, size_t served, CUstream stream,
+                       int device);
 void _vs_trace_alloc_fail(vmmshim_api_t api, size_t requested, CUstream stream, int device, CUresult err);
 void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle, unsigned access_flags,
                    int device, CUresult result, uint64_t duration_ns);
