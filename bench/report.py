@@ -123,7 +123,9 @@ def sec_pairs(recs, out):
         out.append("Five rounds alternate an untraced and a traced process; each cell is the median over the rounds "
                    "(of each round's median pair, and of each round's difference). The mean pair is one over the "
                    "pairs per second: it includes the records' formatting and writing, which every 96th record "
-                   "does for the records before it.\n")
+                   "does for the records before it. These processes run pinned to one CPU with address-space "
+                   "randomisation off where the machine allows it (see \"trace cost runs under\" above): "
+                   "otherwise one process's median differs from the next by up to ~200 ns.\n")
         out.append("| size | deferred | traced | + ns | + ns mean | async | traced | + ns | + ns mean |")
         out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for s in sizes:
@@ -486,7 +488,8 @@ def main():
     out = ["# vmmshim benchmarks: %s, driver %s\n" % (machine.get("gpu", "?"), machine.get("driver", "?"))]
     out.append("| machine | |\n| --- | --- |")
     for k, label in (("gpu", "GPU"), ("driver", "driver"), ("cuda", "CUDA (driver / nvcc)"), ("cpu", "CPU"),
-                     ("date", "date"), ("shim", "shim commit"), ("torch", "PyTorch"), ("runtime", "bench run time")):
+                     ("date", "date"), ("shim", "shim commit"), ("torch", "PyTorch"), ("runtime", "bench run time"),
+                     ("trace_cost_runs", "trace cost runs under")):
         if k in machine:
             out.append("| %s | %s |" % (label, machine[k]))
     out.append("")
