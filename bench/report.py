@@ -119,20 +119,23 @@ def sec_pairs(recs, out):
             ratio(med.get("shim-deferred"), med.get("cudaMalloc")), ratio(med.get("shim-async"), med.get("pool"))))
     if any(one(recs, "pairs", cfg="trace-%s-1" % m, size=s, threads=1) for m in ("deferred", "async") for s in sizes):
         out.append("\n### Cost of tracing (VMMSHIM_TRACE on), one thread: median pair (us) without and with a trace "
-                   "file, the difference of the medians and of the means (ns)\n")
-        out.append("Five rounds alternate an untraced and a traced process; each cell is the median over the rounds "
-                   "(of each round's median pair, and of each round's difference). The mean pair is one over the "
-                   "pairs per second: it includes the records' formatting and writing, which every 96th record "
-                   "does for the records before it. These processes run pinned to one CPU with address-space "
-                   "randomisation off where the machine allows it (see \"trace cost runs under\" above): "
-                   "otherwise one process's median differs from the next by up to ~200 ns.\n")
-        out.append("| size | deferred | traced | + ns | + ns mean | async | traced | + ns | + ns mean |")
-        out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for s in sizes:
+                   "file, and the differences (ns)\n")
+        out.append("Seven rounds alternate an untraced and a traced process. \"+ ns\" is the median over the rounds of "
+                   "each round's difference of median pairs; \"best\" is the best traced round's median minus the best "
+                   "untraced round's (the machine switches between a fast and a slow state from one process to the "
+                   "next, which the median of differences mixes in); \"mean\" compares one over the pairs per "
+                   "second, which includes the records' formatting and writing that every 96th record does for the "
+                   "records before it. The processes run pinned to one CPU with address-space randomisation off "
+                   "where the machine allows it (see \"trace cost runs under\" above).\n")
+        out.append("| size | deferred | traced | + ns | best | mean | async | traced | + ns | best | mean |")
+        out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        tsizes = sorted({int(r["size"]) for r in find(recs, "pairs") if r.get("cfg", "").startswith("trace-")
+                         and "size" in r})
+        for s in tsizes:
             cells = []
             for m in ("deferred", "async"):
                 base, on, diff, mdiff = [], [], [], []
-                for r in (1, 2, 3, 4, 5):
+                for r in range(1, 10):
                     a = one(recs, "pairs", cfg="trbase-%s-%d" % (m, r), size=s, threads=1)
                     b = one(recs, "pairs", cfg="trace-%s-%d" % (m, r), size=s, threads=1)
                     if a is None or b is None or a.get("skipped") or b.get("skipped"):
@@ -142,10 +145,11 @@ def sec_pairs(recs, out):
                     diff.append((num(b, "median_us") - num(a, "median_us")) * 1000.0)
                     mdiff.append((1e9 / num(b, "pairs_per_s") - 1e9 / num(a, "pairs_per_s")))
                 if not diff:
-                    cells += ["FAILED", "FAILED", "-", "-"]
+                    cells += ["FAILED", "FAILED", "-", "-", "-"]
                     continue
                 med = lambda v: sorted(v)[len(v) // 2]
-                cells += ["%.2f" % med(base), "%.2f" % med(on), "%+.0f" % med(diff), "%+.0f" % med(mdiff)]
+                cells += ["%.2f" % med(base), "%.2f" % med(on), "%+.0f" % med(diff),
+                          "%+.0f" % ((min(on) - min(base)) * 1000.0), "%+.0f" % med(mdiff)]
             out.append("| %s | %s |" % (size_label(s), " | ".join(cells)))
         rows8 = []
         for s in sizes:

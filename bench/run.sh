@@ -135,7 +135,7 @@ step pairs-floor pairs 60 -- "$BIN/pairs" floor floor 1 $SIZES
 step pairs-shim-drv-deferred pairs 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/pairs" drv shim-drv-deferred 1,8 $SIZES
 step pairs-shim-drv-async pairs 120 "$SHIM" -- "$BIN/pairs" drvasync shim-drv-async 1,8 $SIZES
 # Cost of tracing (VMMSHIM_TRACE): the same pairs, one thread, with every event written to a
-# trace file, in five rounds that alternate untraced and traced processes. Measured on the
+# trace file, in seven rounds that alternate untraced and traced processes. Measured on the
 # H100 machine: the median pair of one process differs from the next by up to ~200 ns,
 # mostly with the address-space layout; pinned to one CPU with randomisation off, by ~10 ns.
 # So these runs are pinned and unrandomised where taskset and setarch exist.
@@ -145,11 +145,12 @@ if command -v taskset >/dev/null 2>&1 && command -v setarch >/dev/null 2>&1 &&
   STEADY="taskset -c 2 setarch $(uname -m) -R"
 fi
 echo "trace_cost_runs=${STEADY:-unpinned, randomised}" >>"$LOGDIR/machine.txt"
-for r in 1 2 3 4 5; do
-  step "pairs-trace-base-deferred-$r" pairs 60 "$SHIM" VMMSHIM_FREE_MODE=deferred -- $STEADY "$BIN/pairs" malloc "trbase-deferred-$r" 1 $SIZES
-  step "pairs-trace-on-deferred-$r" pairs 60 "$SHIM" VMMSHIM_FREE_MODE=deferred "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- $STEADY "$BIN/pairs" malloc "trace-deferred-$r" 1 $SIZES
-  step "pairs-trace-base-async-$r" pairs 60 "$SHIM" -- $STEADY "$BIN/pairs" async "trbase-async-$r" 1 $SIZES
-  step "pairs-trace-on-async-$r" pairs 60 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- $STEADY "$BIN/pairs" async "trace-async-$r" 1 $SIZES
+TSIZES="256 64K 16M 1G"
+for r in 1 2 3 4 5 6 7; do
+  step "pairs-trace-base-deferred-$r" pairs 60 "$SHIM" VMMSHIM_FREE_MODE=deferred -- $STEADY "$BIN/pairs" malloc "trbase-deferred-$r" 1 $TSIZES
+  step "pairs-trace-on-deferred-$r" pairs 60 "$SHIM" VMMSHIM_FREE_MODE=deferred "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- $STEADY "$BIN/pairs" malloc "trace-deferred-$r" 1 $TSIZES
+  step "pairs-trace-base-async-$r" pairs 60 "$SHIM" -- $STEADY "$BIN/pairs" async "trbase-async-$r" 1 $TSIZES
+  step "pairs-trace-on-async-$r" pairs 60 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- $STEADY "$BIN/pairs" async "trace-async-$r" 1 $TSIZES
   rm -f "$LOGDIR"/pairs-trace.*
 done
 step pairs-trace-base8-async pairs 60 "$SHIM" -- "$BIN/pairs" async trbase8-async 8 4K 1M
