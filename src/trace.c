@@ -436,15 +436,18 @@ static inline vs_trace_rec_t *rec_place(uint64_t *pos_out) {
   return r;
 }
 
-static inline void rec_head(vs_trace_rec_t *r, char type) {
+/* The fields every record has: time, thread, type, API or operation, device. */
+static inline void rec_head(vs_trace_rec_t *r, char type, unsigned sub, int device) {
   r->t = raw_clock();
   r->tid = trace_tid();
   r->type = (uint8_t)type;
+  r->sub = (uint8_t)sub;
+  r->dev = device;
 }
 
-static inline vs_trace_rec_t *rec_take(char type, uint64_t *pos_out) {
+static inline vs_trace_rec_t *rec_take(char type, unsigned sub, int device, uint64_t *pos_out) {
   vs_trace_rec_t *r = rec_place(pos_out);
-  rec_head(r, type);
+  rec_head(r, type, sub, device);
   return r;
 }
 
@@ -470,9 +473,7 @@ void _vs_trace_alloc(vmmshim_api_t api, size_t requested, size_t served, CUdevic
                      int device) {
   if (!_vs_trace_on) return;
   uint64_t pos;
-  vs_trace_rec_t *r = rec_take('a', &pos);
-  r->sub = (uint8_t)api;
-  r->dev = device;
+  vs_trace_rec_t *r = rec_take('a', api, device, &pos);
   r->a = (uint64_t)ptr;
   r->b = requested;
   r->c = served;
@@ -490,9 +491,7 @@ void _vs_trace_free_at(vs_trace_place_t at, vmmshim_api_t api, CUdeviceptr ptr, 
                        int device) {
   vs_trace_rec_t *r = at.rec;
   if (!r) return;
-  rec_head(r, 'f');
-  r->sub = (uint8_t)api;
-  r->dev = device;
+  rec_head(r, 'f', api, device);
   r->a = (uint64_t)ptr;
   r->c = served;
   r->d = (uint64_t)(uintptr_t)stream;
@@ -507,9 +506,7 @@ void _vs_trace_free(vmmshim_api_t api, CUdeviceptr ptr, size_t served, CUstream 
 void _vs_trace_alloc_fail(vmmshim_api_t api, size_t requested, CUstream stream, int device, CUresult err) {
   if (!_vs_trace_on) return;
   uint64_t pos;
-  vs_trace_rec_t *r = rec_take('o', &pos);
-  r->sub = (uint8_t)api;
-  r->dev = device;
+  vs_trace_rec_t *r = rec_take('o', api, device, &pos);
   r->b = requested;
   r->d = (uint64_t)(uintptr_t)stream;
   r->e = (uint32_t)err;
@@ -520,9 +517,7 @@ void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle,
                    CUresult result, uint64_t duration_ns) {
   if (!_vs_trace_on || vs_trace_format == VS_TRACE_RMM) return; /* rmm has no pool events */
   uint64_t pos;
-  vs_trace_rec_t *r = rec_take('m', &pos);
-  r->sub = (uint8_t)op;
-  r->dev = device;
+  vs_trace_rec_t *r = rec_take('m', op, device, &pos);
   r->a = (uint64_t)va;
   r->b = size;
   r->c = handle;

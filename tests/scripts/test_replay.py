@@ -8,19 +8,9 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import ROOT, check, summary
+
 REPLAY = os.path.join(ROOT, "scripts", "vmmshim-replay")
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-        print("ok   " + what)
-    else:
-        failed += 1
-        print("FAIL " + what)
 
 
 def run(*args, env=None):
@@ -73,8 +63,7 @@ def main():
     if "not built" in r.stderr:
         check(r.returncode == 0, "runner: a missing replayer is reported, not an error")
     shutil.rmtree(tmp, ignore_errors=True)
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -17,20 +17,10 @@ import tempfile
 import time
 import zlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import ROOT, check, failures, summary
+
 REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
 DATA = os.path.join("tests", "data")
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-        print("ok   " + what)
-    else:
-        failed += 1
-        print("FAIL " + what)
 
 
 def report(*args, **kw):
@@ -252,12 +242,11 @@ def main():
         test_synthetic(tmp)
         test_html_render(page, tmp)
     finally:
-        if failed == 0:
+        if failures() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print("files kept in " + tmp)
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -12,19 +12,9 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import ROOT, check, summary
+
 BUILD = os.environ.get("BUILD", "build")
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-        print("ok   " + what)
-    else:
-        failed += 1
-        print("FAIL " + what)
 
 
 def verify(path, label):
@@ -96,8 +86,7 @@ def main():
               "%s: the trace holds every allocation and free the shim counted (%d/%d, %d/%d)"
               % (mode, allocs, n_served, frees, n_freed))
     subprocess.run(["rm", "-rf", tmp])
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":
