@@ -128,6 +128,21 @@ static inline int check_run_child(const char *name, ...) {
 }
 
 
+/* ---- for unit tests that drive src/ directly on the host emulation (define
+ * CHECK_UNIT_HELPERS before including; needs vmmshim/internal.h): the primary context of
+ * device 0 made current, the driver entry points resolved, the device's caps. ---- */
+#ifdef CHECK_UNIT_HELPERS
+static inline CUcontext check_unit_context(vs_device_caps_t *caps) {
+  CUcontext ctx = NULL;
+  CHECK(cuInit(0) == CUDA_SUCCESS, "cuInit");
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS && ctx, "retain");
+  CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "set current");
+  CHECK(_vs_cuda_resolve() == 0, "_vs_cuda_resolve");
+  CHECK(_vs_vmm_query(0, caps) == CUDA_SUCCESS, "query");
+  return ctx;
+}
+#endif
+
 /* ---- helpers for programs that run under the shim (define CHECK_SHIM_HELPERS before
  * including; needs emu.h and vmmshim.h) ---- */
 #ifdef CHECK_SHIM_HELPERS

@@ -11,6 +11,7 @@
 
 #include "emu.h"
 #include "vmmshim/internal.h"
+#define CHECK_UNIT_HELPERS
 #include "check.h"
 
 #define MiB (1ull << 20)
@@ -59,13 +60,8 @@ static void noop(void *arg) { (void)arg; }
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   alarm(60);
-  CUcontext ctx = NULL;
-  CHECK(cuInit(0) == CUDA_SUCCESS, "cuInit");
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS && ctx, "retain");
-  CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "set current");
-  CHECK(_vs_cuda_resolve() == 0, "_vs_cuda_resolve");
   vs_device_caps_t caps;
-  CHECK(_vs_vmm_query(0, &caps) == CUDA_SUCCESS, "query");
+  CUcontext ctx = check_unit_context(&caps);
   CHECK(caps.vmm_supported && caps.min_granularity == 2 * MiB, "caps: vmm %d gran %zu", caps.vmm_supported,
         caps.min_granularity);
   vs_pool_t *pool = _vs_pool_create(ctx, &caps);

@@ -10,6 +10,7 @@
 
 #include "emu.h"
 #include "vmmshim/internal.h"
+#define CHECK_UNIT_HELPERS
 #include "check.h"
 
 #define MiB (1024ull * 1024)
@@ -47,13 +48,8 @@ static unsigned long long handle_bytes(void) {
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   alarm(60);
-  CUcontext ctx = NULL;
-  CHECK(cuInit(0) == CUDA_SUCCESS, "cuInit");
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS && ctx, "retain");
-  CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "set current");
-  CHECK(_vs_cuda_resolve() == 0, "_vs_cuda_resolve");
   vs_device_caps_t caps;
-  CHECK(_vs_vmm_query(0, &caps) == CUDA_SUCCESS, "query");
+  CUcontext ctx = check_unit_context(&caps);
   pool = _vs_pool_create(ctx, &caps); /* granularity 64 MiB: the whole heap starts there */
   CHECK(pool != NULL, "pool");
   if (!pool) return check_summary();
