@@ -399,10 +399,10 @@ static uint64_t drain_locked(void) {
   return pos - first;
 }
 
-/* A drain of half a ring or more also starts a clock segment. No drain passes a record
- * not yet published, and fewer than VS_TRACE_SLOTS records precede one in the ring, so
- * at most 3 segments start between a record's clock read and its drain: the 8 kept
- * always hold the one its ticks fall in. */
+/* A drain of at least half a drain period (48 records) also starts a clock segment. No
+ * drain passes a record not yet published, and fewer than VS_TRACE_SLOTS (128) records
+ * precede one in the ring, so at most 3 segments start between a record's clock read and
+ * its drain: the 8 kept always hold the one its ticks fall in. */
 static void drain(void) {
   if (drain_locked() >= VS_TRACE_DRAIN_EVERY / 2) clock_calibrate();
 }
