@@ -21,7 +21,7 @@ SRC       := $(wildcard src/*.c)
 OBJ       := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 LIB       := $(BUILD)/libvmmshim.so
 
-.PHONY: all demo test gpu-test bench clean deps
+.PHONY: all demo test gpu-test bench bench-cpu clean deps
 all: $(LIB)
 
 $(BUILD)/obj/%.o: src/%.c include/vmmshim.h include/vmmshim/internal.h | $(BUILD)/obj
@@ -30,7 +30,7 @@ $(BUILD)/obj/%.o: src/%.c include/vmmshim.h include/vmmshim/internal.h | $(BUILD
 $(LIB): $(OBJ)
 	$(CC) -shared -o $@ $(OBJ) $(LDLIBS)
 
-$(BUILD)/obj $(BUILD)/emu $(BUILD)/tests:
+$(BUILD)/obj $(BUILD)/emu $(BUILD)/tests $(BUILD)/bench:
 	mkdir -p $@
 
 # ---- host emulation of the CUDA driver and runtime (tests/emu) ----
@@ -92,6 +92,13 @@ gpu-test: $(LIB)
 
 bench: $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) sh bench/run.sh
+
+# The shim's own cost per pair on the host emulation: no GPU needed (bench/cpu_pairs.c)
+$(BUILD)/bench/cpu_pairs: bench/cpu_pairs.c $(EMU_DRV) $(EMU_RT) | $(BUILD)/bench
+	$(CC) $(T_CFLAGS) -O2 -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -pthread
+
+bench-cpu: $(LIB) $(BUILD)/bench/cpu_pairs
+	@BUILD=$(BUILD) sh bench/cpu_run.sh
 
 clean:
 	rm -rf $(BUILD)

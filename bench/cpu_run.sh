@@ -1,0 +1,18 @@
+#!/bin/sh
+# make bench-cpu: the shim's own cost per pair on the host emulation (bench/cpu_pairs.c),
+# no GPU needed. A proxy for the pair rows of `make bench`, for before/after comparisons of
+# changes to the hot path on any machine; it says nothing about driver costs.
+BUILD=${BUILD:-build}
+LIB="$PWD/$BUILD/libvmmshim.so"
+EMU="$PWD/$BUILD/emu"
+BIN="$BUILD/bench/cpu_pairs"
+SIZES="256 65536 16777216 1073741824"
+PIN=
+command -v taskset >/dev/null 2>&1 && PIN="taskset -c 0"
+run() { # label, env..., then the mode
+  label=$1; shift
+  env LD_LIBRARY_PATH="$EMU" LD_PRELOAD="$LIB" "$@" | sed "s/^R cpu-pairs /R cpu-pairs cfg=$label /"
+}
+echo "bench-cpu: $(sed -n 's/^model name[^:]*: *//p' /proc/cpuinfo | head -n 1), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
+run async $PIN "$BIN" async $SIZES
+run deferred VMMSHIM_FREE_MODE=deferred $PIN "$BIN" malloc $SIZES
