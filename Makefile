@@ -12,20 +12,25 @@ BUILD     ?= build
 PYTHON    ?= python3
 
 WARN      := -Wall -Wextra -Werror
-CFLAGS    ?= -O2 -g
-CFLAGS    += -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -ftls-model=initial-exec \
+LIB_FLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -ftls-model=initial-exec \
              -Iinclude -I$(CUDA_HOME)/include -pthread
+CFLAGS    ?= -O2 -g
+CFLAGS    += $(LIB_FLAGS)
 LDLIBS    := -ldl -pthread
 
-SRC       := $(wildcard src/*.c)
+# src/pool_*.c are parts of pool.c's translation unit (it includes them): not compiled alone.
+SRC       := $(filter-out src/pool_%.c,$(wildcard src/*.c))
+HDR       := include/vmmshim.h $(wildcard include/vmmshim/*.h)
 OBJ       := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 LIB       := $(BUILD)/libvmmshim.so
 
-.PHONY: all demo test gpu-test bench bench-cpu clean deps
+.PHONY: all demo test test-sanitize gpu-test bench bench-cpu clean deps
 all: $(LIB)
 
-$(BUILD)/obj/%.o: src/%.c include/vmmshim.h include/vmmshim/internal.h | $(BUILD)/obj
+$(BUILD)/obj/%.o: src/%.c $(HDR) | $(BUILD)/obj
 	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/obj/pool.o: $(wildcard src/pool_*.c)
 
 $(LIB): $(OBJ)
 	$(CC) -shared -o $@ $(OBJ) $(LDLIBS)
@@ -61,7 +66,7 @@ T_SHIM    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_shim_*.
 T_STATIC  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_static_*.c))
 T_UNIT    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_unit_*.c))
 T_EMU     := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_emu_*.c))
-T_HDR     := $(wildcard tests/*.h) $(EMU_HDR) include/vmmshim.h include/vmmshim/internal.h
+T_HDR     := $(wildcard tests/*.h) $(EMU_HDR) $(HDR)
 T_CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -Itests -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
 T_RPATH   := -Wl,-rpath,'$$ORIGIN/../emu'
 
@@ -71,7 +76,7 @@ $(BUILD)/tests/test_shim_%: tests/test_shim_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT) | 
 $(BUILD)/tests/test_static_%: tests/test_static_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT_A) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< $(EMU_RT_A) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
-$(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC) $(EMU_DRV) | $(BUILD)/tests
+$(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(wildcard src/*.c) $(EMU_DRV) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -fvisibility=hidden -o $@ $< $(filter-out src/hook_%.c,$(SRC)) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
 $(BUILD)/tests/test_emu_%: tests/test_emu_%.c $(T_HDR) $(EMU_DRV) | $(BUILD)/tests
@@ -80,8 +85,41 @@ $(BUILD)/tests/test_emu_%: tests/test_emu_%.c $(T_HDR) $(EMU_DRV) | $(BUILD)/tes
 deps:
 	@sh tests/setup.sh
 
-test: deps $(LIB) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC)
-	@BUILD=$(BUILD) PYTHON=$(PYTHON) sh tests/run.sh
+# ---- sanitizer builds: the library and the unit tests with the invariant checks compiled in
+# (VS_DEBUG=2) under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan) and
+# ThreadSanitizer (build/tsan). The shim tests' programs run unchanged, with the
+# instrumented library preloaded after the sanitizer's runtime.
+SAN_asan  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+SAN_tsan  := -fsanitize=thread
+DBG_FLAGS := -O1 -g -DVS_DEBUG=2
+T_UNIT_NAMES := $(patsubst tests/%.c,%,$(wildcard tests/test_unit_*.c))
+
+define SANITIZER_BUILD
+$(BUILD)/$(1)/obj/%.o: src/%.c $(HDR)
+	@mkdir -p $$(@D)
+	$(CC) $(DBG_FLAGS) $(SAN_$(1)) $(LIB_FLAGS) -c -o $$@ $$<
+$(BUILD)/$(1)/obj/pool.o: $(wildcard src/pool_*.c)
+$(BUILD)/$(1)/libvmmshim.so: $(SRC:src/%.c=$(BUILD)/$(1)/obj/%.o)
+	$(CC) $(SAN_$(1)) -shared -o $$@ $$^ $(LDLIBS)
+$(BUILD)/$(1)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(wildcard src/*.c) $(EMU_DRV)
+	@mkdir -p $$(@D)
+	$(CC) $(T_CFLAGS) $(DBG_FLAGS) $(SAN_$(1)) -fvisibility=hidden -o $$@ $$< $(filter-out src/hook_%.c,$(SRC)) \
+	  -L$(BUILD)/emu -Wl,-rpath,'$$$$ORIGIN/../../emu' -lcuda -ldl -pthread
+endef
+$(eval $(call SANITIZER_BUILD,asan))
+$(eval $(call SANITIZER_BUILD,tsan))
+SAN_DEPS := $(BUILD)/asan/libvmmshim.so $(BUILD)/tsan/libvmmshim.so \
+            $(T_UNIT_NAMES:%=$(BUILD)/asan/tests/%) $(T_UNIT_NAMES:%=$(BUILD)/tsan/tests/%)
+
+TEST_DEPS := deps $(LIB) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC)
+
+# Every CPU test on the release library, then the sanitizer pass (tests/run.sh says which tests).
+test: $(TEST_DEPS) $(SAN_DEPS)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) SANITIZE=1 sh tests/run.sh
+
+# The sanitizer pass alone.
+test-sanitize: $(TEST_DEPS) $(SAN_DEPS)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) SANITIZE=only sh tests/run.sh
 
 # ---- GPU (run on a machine with an NVIDIA GPU) ----
 demo: $(LIB)

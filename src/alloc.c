@@ -80,21 +80,31 @@ static vs_pool_slot_t *slot_find(CUcontext ctx) {
   return NULL;
 }
 
+static void slots_lock(void) {
+  pthread_mutex_lock(&vs_slots_lock);
+  VS_LOCK_HELD(1);
+}
+
+static void slots_unlock(void) {
+  VS_LOCK_HELD(-1);
+  pthread_mutex_unlock(&vs_slots_lock);
+}
+
+/* A context's first allocation: its device is queried and its first pool created with no
+ * lock held (both are driver calls), then the slot is filled under the lock. A thread that
+ * raced us there keeps its pool; ours is dropped. */
 static vs_pool_slot_t *slot_create_slow(CUcontext ctx) {
   tl_dead_context = false;
-  pthread_mutex_lock(&vs_slots_lock);
+  slots_lock();
   vs_pool_slot_t *slot = slot_find(ctx);
-  if (slot) {
-    pthread_mutex_unlock(&vs_slots_lock);
-    return slot;
-  }
+  slots_unlock();
+  if (slot) return slot;
   CUdevice dev = 0;
   vs_device_caps_t caps;
   memset(&caps, 0, sizeof caps);
   CUresult r = _vs_cu.cuCtxGetDevice(&dev);
   if (r == CUDA_ERROR_CONTEXT_IS_DESTROYED || r == CUDA_ERROR_INVALID_CONTEXT) {
     tl_dead_context = true;
-    pthread_mutex_unlock(&vs_slots_lock);
     return NULL;
   }
   vs_pool_t *pool = NULL;
@@ -107,37 +117,52 @@ static vs_pool_slot_t *slot_create_slow(CUcontext ctx) {
   } else {
     pool = _vs_pool_create(ctx, &caps);
   }
-  int n = atomic_load(&vs_nslots), i;
-  for (i = 0; i < n && vs_slots[i].ctx; i++) {
-  }
-  if (i < VS_MAX_POOLS) {
-    slot = &vs_slots[i];
-    slot->caps = caps;
-    slot->passthrough = pool == NULL;
-    for (int a = 0; a < VS_MAX_ARENAS; a++) atomic_store(&slot->arenas[a], NULL);
-    atomic_store(&slot->arenas[0], pool);
-    atomic_store(&slot->taken, 1);
-    slot->ctx = ctx;
-    if (i == n) atomic_store(&vs_nslots, n + 1);
+  vs_pool_t *unused = NULL;
+  slots_lock();
+  slot = slot_find(ctx);
+  if (slot) {
+    unused = pool;
   } else {
-    _vs_warn("more than %d contexts; context %p passes through", VS_MAX_POOLS, (void *)ctx);
-    if (pool) _vs_pool_destroy(pool);
+    int n = atomic_load(&vs_nslots), i;
+    for (i = 0; i < n && vs_slots[i].ctx; i++) {
+    }
+    if (i < VS_MAX_POOLS) {
+      slot = &vs_slots[i];
+      slot->caps = caps;
+      slot->passthrough = pool == NULL;
+      for (int a = 0; a < VS_MAX_ARENAS; a++) atomic_store(&slot->arenas[a], NULL);
+      atomic_store(&slot->arenas[0], pool);
+      atomic_store(&slot->taken, 1);
+      slot->ctx = ctx;
+      if (i == n) atomic_store(&vs_nslots, n + 1);
+    } else {
+      _vs_warn("more than %d contexts; context %p passes through", VS_MAX_POOLS, (void *)ctx);
+      unused = pool;
+    }
   }
-  pthread_mutex_unlock(&vs_slots_lock);
+  slots_unlock();
+  if (unused) _vs_pool_destroy(unused);
   return slot;
 }
 
-/* Arena idx of a slot, created on first use; arena 0 if it cannot be. */
+/* Arena idx of a slot, created on first use (outside the lock: creating reserves address
+ * space); arena 0 if it cannot be. */
 static vs_pool_t *arena_get(vs_pool_slot_t *slot, unsigned idx) {
   vs_pool_t *pool = atomic_load_explicit(&slot->arenas[idx], memory_order_acquire);
   if (vs_likely(pool != NULL) || idx == 0) return pool;
-  pthread_mutex_lock(&vs_slots_lock);
-  pool = atomic_load(&slot->arenas[idx]);
-  if (!pool && slot->ctx) {
-    pool = _vs_pool_create(slot->ctx, &slot->caps);
-    if (pool) atomic_store_explicit(&slot->arenas[idx], pool, memory_order_release);
+  slots_lock();
+  CUcontext ctx = slot->ctx;
+  vs_device_caps_t caps = slot->caps;
+  slots_unlock();
+  vs_pool_t *made = ctx ? _vs_pool_create(ctx, &caps) : NULL;
+  if (made) {
+    slots_lock();
+    vs_pool_t *expected = NULL;
+    if (slot->ctx == ctx && atomic_compare_exchange_strong(&slot->arenas[idx], &expected, made)) made = NULL;
+    slots_unlock();
+    if (made) _vs_pool_destroy(made); /* another thread made it first, or the context went away */
   }
-  pthread_mutex_unlock(&vs_slots_lock);
+  pool = atomic_load_explicit(&slot->arenas[idx], memory_order_acquire);
   return pool ? pool : atomic_load(&slot->arenas[0]);
 }
 
@@ -345,7 +370,9 @@ void _vs_stream_destroyed(CUstream stream) {
  * with it, as cudaMalloc memory does. */
 void _vs_drop_context(CUcontext ctx, int dev) {
   if (_vs_guard || atomic_load(&_vs_state) != 1) return;
-  pthread_mutex_lock(&vs_slots_lock);
+  vs_pool_t *dropped[VS_MAX_ARENAS];
+  int n = 0;
+  slots_lock();
   vs_pool_slot_t *slot = slot_find(ctx);
   if (slot) {
     slot->ctx = NULL;
@@ -353,10 +380,12 @@ void _vs_drop_context(CUcontext ctx, int dev) {
     if (!slot->passthrough) _vs_info("context %p on device %d is going away: dropping its pools", (void *)ctx, dev);
     for (int a = 0; a < VS_MAX_ARENAS; a++) {
       vs_pool_t *pool = atomic_exchange(&slot->arenas[a], NULL);
-      if (pool) _vs_pool_destroy(pool);
+      if (pool) dropped[n++] = pool;
     }
   }
-  pthread_mutex_unlock(&vs_slots_lock);
+  slots_unlock();
+  /* Unmapping is a driver call: outside the lock, the pools already out of every table. */
+  for (int i = 0; i < n; i++) _vs_pool_destroy(dropped[i]);
 }
 
 size_t _vs_trim_all(void) {

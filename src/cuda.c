@@ -17,7 +17,7 @@ vs_get_proc_v2_fn _vs_real_get_proc_v2;
 typedef void *(*vs_dlsym_fn)(void *, const char *);
 static vs_dlsym_fn vs_glibc_dlsym;
 
-void *_vs_real_dlsym(void *handle, const char *symbol) {
+VS_NO_SANITIZE void *_vs_real_dlsym(void *handle, const char *symbol) {
   vs_dlsym_fn fn = __atomic_load_n(&vs_glibc_dlsym, __ATOMIC_ACQUIRE);
   if (!fn) {
     /* dlvsym is not interposed; glibc 2.34 moved dlsym into libc under a new version. */

@@ -167,7 +167,7 @@ VS_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cu
 
 /* dlsym: glibc's answer, with a hook swapped in for the driver functions the shim wraps.
  * Note: dlsym(RTLD_NEXT, ...) called by the program resolves relative to the shim. */
-VS_API void *dlsym(void *handle, const char *symbol) {
+VS_API VS_NO_SANITIZE void *dlsym(void *handle, const char *symbol) {
   void *r = _vs_real_dlsym(handle, symbol);
   if (!r || symbol[0] != 'c' || symbol[1] != 'u') return r;
   for (int i = 0; i < VS_HOOK_COUNT; i++) {

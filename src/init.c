@@ -6,17 +6,10 @@
  * context, when the first allocation arrives (alloc.c). */
 #include <pthread.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "vmmshim/internal.h"
 
 static pthread_once_t vs_once = PTHREAD_ONCE_INIT;
-
-uint64_t _vs_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no system call */
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void vs_at_exit(void) {
   if (_vs_option(VS_OPT_STATS) || _vs_option(VS_OPT_VERBOSE)) _vs_stats_print();

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -91,6 +92,15 @@ void _vs_log_open(const char *spec, vs_log_level_t *level_out) {
   }
   vs_log_fd = fd;
 }
+
+#if VS_DEBUG
+_Thread_local int _vs_locks_held;
+
+void _vs_assert_fail(const char *cond, const char *file, int line, const char *func) {
+  _vs_error("assertion failed: %s (%s:%d, %s)", cond, file, line, func);
+  abort();
+}
+#endif
 
 const char *_vs_cu_error_name(CUresult r) {
   switch (r) {

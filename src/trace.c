@@ -20,7 +20,8 @@
  *   - fork: the child drops the inherited ring and the parent's file; it opens its own
  *     file when the path holds %p, and stops tracing otherwise.
  *
- * The native format is documented column by column in README.md ("Trace format"). */
+ * Records become text in trace_format.c; their times come from clock.c. The native format
+ * is documented column by column in README.md ("Trace format"). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -34,39 +35,21 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "vmmshim/clock.h"
 #include "vmmshim/internal.h"
+#include "vmmshim/trace.h"
 
-#define VS_TRACE_FORMAT_VERSION 1
 #define VS_TRACE_SLOTS 128      /* records the ring holds (a power of two): 8 KiB */
 #define VS_TRACE_DRAIN_EVERY 96 /* the record at every 96th position drains the ring */
 #define VS_TRACE_TEXT_SIZE 8192 /* lines go out in write(2)s of at most this */
-#define VS_TRACE_REC_MAX 192    /* longest line: 'm' with ten 16-digit fields */
 
 int _vs_trace_on;
 
 static int vs_trace_fd = -1;
-static int vs_trace_format;                    /* vs_trace_format_t */
+static vs_trace_fmt_t vs_fmt;                  /* format and time origin */
 static char vs_trace_template[PATH_MAX];       /* VMMSHIM_TRACE as given */
 static char vs_trace_path[PATH_MAX];           /* after %p / %r expansion */
-static uint64_t vs_trace_mono0;                /* CLOCK_MONOTONIC at open: time origin */
-static uint64_t vs_trace_real0;                /* CLOCK_REALTIME at open */
-static int64_t vs_trace_tzoff;                 /* local time offset (s), for the rmm clock */
 static atomic_int vs_trace_write_errors;
-
-/* One event, as the hot path leaves it. seq == pos: the slot is free for the record at
- * position pos; seq == pos + 1: that record is published. The fields by record type:
- *   'a' alloc: a ptr, b requested, c served, d stream, sub api
- *   'f' free:  a ptr, c served, d stream, sub api
- *   'o' failed allocation: b requested, d stream, e CUresult, sub api
- *   'm' pool event: a va, b size, c handle, d duration ns, e CUresult, sub op, flags */
-typedef struct vs_trace_rec_s {
-  _Alignas(64) atomic_uint_least64_t seq;
-  uint64_t t; /* raw clock: TSC ticks or CLOCK_MONOTONIC ns; made ns when drained */
-  uint64_t a, b, c, d;
-  uint32_t tid, e;
-  int32_t dev;
-  uint8_t type, sub, flags;
-} vs_trace_rec_t;
 
 static vs_trace_rec_t vs_ring[VS_TRACE_SLOTS];
 /* The next position to hand out, alone on its cache line: every record's one atomic. */
@@ -87,119 +70,6 @@ static inline uint32_t trace_tid(void) {
   if (vs_unlikely(t == 0)) vs_tid = t = (uint32_t)syscall(SYS_gettid);
   return t;
 }
-
-static inline uint64_t clock_mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* Record times come from the CPU's time-stamp counter where it ticks at a constant rate
- * on every core (Linux's constant_tsc and nonstop_tsc flags): reading it costs a few ns,
- * a third of clock_gettime. Records keep the raw ticks; the drain, under the lock, turns
- * them into CLOCK_MONOTONIC nanoseconds. After every drain the rate is measured again over
- * the whole time since the trace opened, and a new segment starts: ns = base_ns + (ticks
- * - base_tsc) * mult, its base_ns where the previous segment ends. A record converts with
- * the segment its ticks fall in, so times stay continuous and never go back within a
- * thread, also for a record drained a few segments after it was taken. Without a usable
- * counter, clock_gettime is used. */
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#define VS_CLK_SEGMENTS 8 /* a power of two */
-static bool vs_tsc_ok;
-static uint64_t vs_tsc_open, vs_mono_open; /* first calibration point */
-static struct {
-  uint64_t base_tsc, base_ns, mult; /* mult: ns per tick << 32 */
-} vs_clk_seg[VS_CLK_SEGMENTS];      /* under the lock */
-static unsigned vs_clk_newest, vs_clk_count;
-
-static bool tsc_invariant(void) {
-  int fd = open("/proc/cpuinfo", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[8192];
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return false;
-  buf[n] = 0;
-  char *flags = strstr(buf, "\nflags");
-  if (!flags) return false;
-  char *eol = strchr(flags + 1, '\n');
-  if (eol) *eol = 0;
-  return strstr(flags, " constant_tsc") && strstr(flags, " nonstop_tsc");
-}
-
-static inline uint64_t raw_clock(void) { return vs_likely(vs_tsc_ok) ? __rdtsc() : clock_mono_ns(); }
-
-/* Caller holds the lock. Ticks older than the oldest segment extend it backwards. */
-static uint64_t raw_to_mono(uint64_t raw) {
-  if (!vs_tsc_ok) return raw;
-  unsigned i = vs_clk_newest;
-  for (unsigned k = 1; k < vs_clk_count && raw < vs_clk_seg[i].base_tsc; k++) i = (i - 1) & (VS_CLK_SEGMENTS - 1);
-  __int128 dt = (__int128)(int64_t)(raw - vs_clk_seg[i].base_tsc) * (__int128)vs_clk_seg[i].mult;
-  return vs_clk_seg[i].base_ns + (uint64_t)(int64_t)(dt >> 32);
-}
-
-/* A (ticks, ns) pair read close together: the tighter of three tries, or false when the
- * thread was interrupted in each (a pair read across a preemption would skew the rate). */
-static bool clock_sample(uint64_t *tsc, uint64_t *ns) {
-  uint64_t best = UINT64_MAX;
-  for (int i = 0; i < 3; i++) {
-    uint64_t t1 = __rdtsc(), n = clock_mono_ns(), t2 = __rdtsc();
-    if (t2 - t1 < best) {
-      best = t2 - t1;
-      *tsc = t1 + (t2 - t1) / 2;
-      *ns = n;
-    }
-  }
-  return best < 20000; /* ~5-10 us at today's rates; clock_gettime takes ~50 ns */
-}
-
-/* Caller holds the lock (or tracing has not started). */
-static void clock_calibrate(void) {
-  uint64_t t, ns;
-  if (!vs_tsc_ok || !clock_sample(&t, &ns)) return;
-  if (t <= vs_clk_seg[vs_clk_newest].base_tsc || ns <= vs_mono_open) return;
-  uint64_t mult = (uint64_t)(((unsigned __int128)(ns - vs_mono_open) << 32) / (t - vs_tsc_open));
-  uint64_t base_ns = raw_to_mono(t);
-  unsigned i = (vs_clk_newest + 1) & (VS_CLK_SEGMENTS - 1);
-  vs_clk_seg[i].base_tsc = t;
-  vs_clk_seg[i].base_ns = base_ns;
-  vs_clk_seg[i].mult = mult;
-  vs_clk_newest = i;
-  if (vs_clk_count < VS_CLK_SEGMENTS) vs_clk_count++;
-}
-
-static void clock_open(void) {
-  vs_tsc_ok = tsc_invariant();
-  if (!vs_tsc_ok) return;
-  /* A first rate over 1 ms; every drain refines it. */
-  if (!clock_sample(&vs_tsc_open, &vs_mono_open)) {
-    vs_tsc_ok = false; /* never an undisturbed read: use clock_gettime */
-    return;
-  }
-  uint64_t t = 0, ns = 0, until = vs_mono_open + 1000000;
-  for (int tries = 0; tries < 10; tries++) {
-    while (clock_mono_ns() < until) {
-    }
-    if (clock_sample(&t, &ns) && t > vs_tsc_open) break;
-    until += 100000;
-  }
-  if (t <= vs_tsc_open || ns <= vs_mono_open) {
-    vs_tsc_ok = false;
-    return;
-  }
-  vs_clk_seg[0].mult = (uint64_t)(((unsigned __int128)(ns - vs_mono_open) << 32) / (t - vs_tsc_open));
-  vs_clk_seg[0].base_tsc = t;
-  vs_clk_seg[0].base_ns = ns;
-  vs_clk_newest = 0;
-  vs_clk_count = 1;
-}
-#else
-static inline uint64_t raw_clock(void) { return clock_mono_ns(); }
-static inline uint64_t raw_to_mono(uint64_t raw) { return raw; }
-static void clock_calibrate(void) {}
-static void clock_open(void) {}
-#endif
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -240,134 +110,6 @@ static int write_all(int fd, const char *p, size_t n) {
   return 0;
 }
 
-/* ------------------------------------------------------------------ formatting */
-
-static const char vs_hex[16] = "0123456789abcdef";
-
-/* Two digits per step from a 512-byte table: half the loop of one digit at a time. */
-static char vs_hex2[256][2];
-
-static void hex2_init(void) {
-  for (int i = 0; i < 256; i++) {
-    vs_hex2[i][0] = vs_hex[i >> 4];
-    vs_hex2[i][1] = vs_hex[i & 15];
-  }
-}
-
-static inline char *put_hex(char *p, uint64_t v) {
-  if (v == 0) { *p++ = '0'; return p; }
-  unsigned digits = (unsigned)(67 - __builtin_clzll(v)) / 4;
-  char *end = p + digits, *q = end;
-  while (q - p >= 2) {
-    q -= 2;
-    memcpy(q, vs_hex2[v & 0xff], 2);
-    v >>= 8;
-  }
-  if (q > p) *--q = vs_hex[v & 15];
-  return end;
-}
-
-static inline char *put_dec(char *p, uint64_t v) {
-  char tmp[20];
-  int n = 0;
-  do { tmp[n++] = (char)('0' + v % 10); v /= 10; } while (v);
-  while (n) *p++ = tmp[--n];
-  return p;
-}
-
-static inline char *put_sp_hex(char *p, uint64_t v) { *p++ = ' '; return put_hex(p, v); }
-
-/* Streams: "-" for the synchronous sentinel. Devices: "-" when unknown (< 0). */
-static inline char *put_sp_stream(char *p, uint64_t s) {
-  *p++ = ' ';
-  if (s == (uint64_t)(uintptr_t)VS_NO_STREAM) { *p++ = '-'; return p; }
-  return put_hex(p, s);
-}
-static inline char *put_sp_dev(char *p, int d) {
-  *p++ = ' ';
-  if (d < 0) { *p++ = '-'; return p; }
-  return put_hex(p, (uint64_t)d);
-}
-
-static char *put_str(char *p, const char *s) {
-  while (*s) *p++ = *s++;
-  return p;
-}
-
-/* rmm: "<tid>,<HH:MM:SS.uuuuuu>," as spdlog's "%t,%H:%M:%S.%f," (local time). */
-static char *rmm_head(char *p, uint32_t tid, uint64_t mono) {
-  p = put_dec(p, tid);
-  *p++ = ',';
-  uint64_t real = mono - vs_trace_mono0 + vs_trace_real0;
-  int64_t secs = (int64_t)(real / 1000000000ull) + vs_trace_tzoff;
-  unsigned day = (unsigned)(((secs % 86400) + 86400) % 86400);
-  unsigned us = (unsigned)((real / 1000u) % 1000000u);
-  unsigned f[3] = {day / 3600, day / 60 % 60, day % 60};
-  for (int i = 0; i < 3; i++) {
-    *p++ = (char)('0' + f[i] / 10);
-    *p++ = (char)('0' + f[i] % 10);
-    *p++ = i < 2 ? ':' : '.';
-  }
-  for (unsigned div = 100000; div; div /= 10) *p++ = (char)('0' + us / div % 10);
-  *p++ = ',';
-  return p;
-}
-
-static char *rmm_tail(char *p, uint64_t ptr, uint64_t size, uint64_t stream) {
-  *p++ = '0'; *p++ = 'x';
-  p = put_hex(p, ptr);
-  *p++ = ',';
-  p = put_dec(p, size);
-  *p++ = ','; *p++ = '0'; *p++ = 'x';
-  p = put_hex(p, stream == (uint64_t)(uintptr_t)VS_NO_STREAM ? 0 : stream);
-  *p++ = '\n';
-  return p;
-}
-
-/* One record as one line (at most VS_TRACE_REC_MAX bytes). Caller holds the lock. */
-static char *format_record(char *p, const vs_trace_rec_t *r) {
-  uint64_t mono = raw_to_mono(r->t);
-  if (vs_trace_format == VS_TRACE_RMM) {
-    p = rmm_head(p, r->tid, mono);
-    if (r->type == 'a') return rmm_tail(put_str(p, "allocate,"), r->a, r->c, r->d);
-    if (r->type == 'f') return rmm_tail(put_str(p, "free,"), r->a, r->c, r->d);
-    return rmm_tail(put_str(p, "allocate failure,"), 0, r->b, r->d);
-  }
-  *p++ = (char)r->type;
-  p = put_sp_hex(p, mono > vs_trace_mono0 ? mono - vs_trace_mono0 : 0);
-  p = put_sp_hex(p, r->tid);
-  p = put_sp_hex(p, r->sub);
-  p = put_sp_dev(p, r->dev);
-  switch (r->type) {
-  case 'a':
-    p = put_sp_stream(p, r->d);
-    p = put_sp_hex(p, r->a);
-    p = put_sp_hex(p, r->b);
-    p = put_sp_hex(p, r->c);
-    break;
-  case 'f':
-    p = put_sp_stream(p, r->d);
-    p = put_sp_hex(p, r->a);
-    p = put_sp_hex(p, r->c);
-    break;
-  case 'o':
-    p = put_sp_stream(p, r->d);
-    p = put_sp_hex(p, r->b);
-    p = put_sp_hex(p, r->e);
-    break;
-  default: /* 'm' */
-    p = put_sp_hex(p, r->a);
-    p = put_sp_hex(p, r->b);
-    p = put_sp_hex(p, r->c);
-    p = put_sp_hex(p, r->flags);
-    p = put_sp_hex(p, r->e);
-    p = put_sp_hex(p, r->d);
-    break;
-  }
-  *p++ = '\n';
-  return p;
-}
-
 /* ------------------------------------------------------------------ the ring */
 
 static void text_out(size_t len) {
@@ -390,7 +132,7 @@ static uint64_t drain_locked(void) {
         text_out(len);
         len = 0;
       }
-      len = (size_t)(format_record(vs_text + len, r) - vs_text);
+      len = (size_t)(_vs_trace_format_record(vs_text + len, r, _vs_clock_to_ns(r->t), &vs_fmt) - vs_text);
     }
     atomic_store_explicit(&r->seq, pos + VS_TRACE_SLOTS, memory_order_release);
   }
@@ -404,7 +146,7 @@ static uint64_t drain_locked(void) {
  * precede one in the ring, so at most 3 segments start between a record's clock read and
  * its drain: the 8 kept always hold the one its ticks fall in. */
 static void drain(void) {
-  if (drain_locked() >= VS_TRACE_DRAIN_EVERY / 2) clock_calibrate();
+  if (drain_locked() >= VS_TRACE_DRAIN_EVERY / 2) _vs_clock_calibrate();
 }
 
 /* The slot still holds the record from one lap before: drain, or wait for the thread that
@@ -438,7 +180,7 @@ static inline vs_trace_rec_t *rec_place(uint64_t *pos_out) {
 
 /* The fields every record has: time, thread, type, API or operation, device. */
 static inline void rec_head(vs_trace_rec_t *r, char type, unsigned sub, int device) {
-  r->t = raw_clock();
+  r->t = _vs_clock_raw();
   r->tid = trace_tid();
   r->type = (uint8_t)type;
   r->sub = (uint8_t)sub;
@@ -515,7 +257,7 @@ void _vs_trace_alloc_fail(vmmshim_api_t api, size_t requested, CUstream stream, 
 
 void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle, unsigned access_flags, int device,
                    CUresult result, uint64_t duration_ns) {
-  if (!_vs_trace_on || vs_trace_format == VS_TRACE_RMM) return; /* rmm has no pool events */
+  if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return; /* rmm has no pool events */
   uint64_t pos;
   vs_trace_rec_t *r = rec_take('m', op, device, &pos);
   r->a = (uint64_t)va;
@@ -632,48 +374,14 @@ static void expand_path(const char *tmpl, char *out, size_t cap) {
 static void write_header(void) {
   struct timespec rt;
   clock_gettime(CLOCK_REALTIME, &rt);
-  clock_open();
-  vs_trace_mono0 = raw_to_mono(raw_clock());
-  vs_trace_real0 = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec;
+  _vs_clock_open();
+  vs_fmt.mono0 = _vs_clock_to_ns(_vs_clock_raw());
+  vs_fmt.real0 = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec;
   struct tm tm;
   time_t now = rt.tv_sec;
-  vs_trace_tzoff = localtime_r(&now, &tm) ? (int64_t)tm.tm_gmtoff : 0;
-  if (vs_trace_format == VS_TRACE_RMM) {
-    static const char hdr[] = "Thread,Time,Action,Pointer,Size,Stream\n";
-    write_all(vs_trace_fd, hdr, sizeof hdr - 1);
-    return;
-  }
-  char h[4096];
-  size_t n = 0;
-  n += (size_t)snprintf(h + n, sizeof h - n, "v %x vmmshim %s\n", VS_TRACE_FORMAT_VERSION, VMMSHIM_VERSION);
-  char exe[PATH_MAX];
-  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (k < 0) k = 0;
-  exe[k] = '\0';
-  for (ssize_t i = 0; i < k; i++)
-    if (exe[i] == '\n') exe[i] = '?';
-  n += (size_t)snprintf(h + n, sizeof h - n, "x %s\n", exe);
-  /* The command line: arguments separated by one space (a newline inside becomes a space). */
-  char cmd[2048];
-  size_t c = 0;
-  int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    ssize_t r;
-    while (c < sizeof cmd - 1 && (r = read(fd, cmd + c, sizeof cmd - 1 - c)) > 0) c += (size_t)r;
-    close(fd);
-  }
-  while (c > 0 && cmd[c - 1] == '\0') c--;
-  for (size_t i = 0; i < c; i++)
-    if (cmd[i] == '\0' || cmd[i] == '\n' || cmd[i] == '\r') cmd[i] = ' ';
-  cmd[c] = '\0';
-  n += (size_t)snprintf(h + n, sizeof h - n, "c %s\n", cmd);
-  long rk = strtol(job_rank(), NULL, 10);
-  n += (size_t)snprintf(h + n, sizeof h - n, "p %x %x %lx\n", (unsigned)getpid(), (unsigned)getppid(),
-                        (unsigned long)(rk < 0 ? 0 : rk));
-  n += (size_t)snprintf(h + n, sizeof h - n, "s %llx %llx\n", (unsigned long long)vs_trace_real0,
-                        (unsigned long long)vs_trace_mono0);
-  if (n > sizeof h) n = sizeof h;
-  write_all(vs_trace_fd, h, n);
+  vs_fmt.tzoff = localtime_r(&now, &tm) ? (int64_t)tm.tm_gmtoff : 0;
+  char h[VS_TRACE_HEADER_MAX];
+  write_all(vs_trace_fd, h, _vs_trace_format_header(h, sizeof h, &vs_fmt, job_rank()));
 }
 
 /* Opens vs_trace_path (already expanded) and writes the header. Returns 0 or -1. */
@@ -717,7 +425,7 @@ static void atfork_child(void) {
 
 void _vs_trace_open(void) {
   static bool atfork_done;
-  hex2_init();
+  _vs_trace_format_init();
   if (vs_trace_fd >= 0) return;
   const char *tmpl = _vs_option_string(VS_OPT_TRACE);
   if (!tmpl || !*tmpl) return;
@@ -727,7 +435,7 @@ void _vs_trace_open(void) {
     return;
   }
   memcpy(vs_trace_template, tmpl, len + 1);
-  vs_trace_format = _vs_option(VS_OPT_TRACE_FORMAT) == VS_TRACE_RMM ? VS_TRACE_RMM : VS_TRACE_NATIVE;
+  vs_fmt.format = _vs_option(VS_OPT_TRACE_FORMAT) == VS_TRACE_RMM ? VS_TRACE_RMM : VS_TRACE_NATIVE;
   expand_path(vs_trace_template, vs_trace_path, sizeof vs_trace_path);
   if (open_file() != 0) return;
   if (!atfork_done) {
@@ -736,7 +444,7 @@ void _vs_trace_open(void) {
   }
   install_signal_handlers();
   _vs_trace_on = 1;
-  _vs_info("tracing to %s (%s format)", vs_trace_path, vs_trace_format == VS_TRACE_RMM ? "rmm" : "native");
+  _vs_info("tracing to %s (%s format)", vs_trace_path, vs_fmt.format == VS_TRACE_RMM ? "rmm" : "native");
 }
 
 void _vs_trace_close(void) {
@@ -744,14 +452,8 @@ void _vs_trace_close(void) {
   _vs_trace_on = 0;
   lock_take(trace_tid());
   drain_locked();
-  if (vs_trace_format == VS_TRACE_NATIVE) {
-    uint64_t mono = raw_to_mono(raw_clock());
-    char *p = vs_text;
-    *p++ = 'e';
-    p = put_sp_hex(p, mono > vs_trace_mono0 ? mono - vs_trace_mono0 : 0);
-    *p++ = '\n';
-    text_out((size_t)(p - vs_text));
-  }
+  if (vs_fmt.format == VS_TRACE_NATIVE)
+    text_out((size_t)(_vs_trace_format_end(vs_text, _vs_clock_to_ns(_vs_clock_raw()), &vs_fmt) - vs_text));
   int fd = vs_trace_fd;
   vs_trace_fd = -1;
   lock_drop();

@@ -10,6 +10,10 @@
 
 static bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
 
+/* Every driver call of this file is made with none of the shim's locks held: a VMM call
+ * takes tens of microseconds to milliseconds, and other threads must not wait behind it. */
+#define VS_DRIVER_CALL_START() vs_assert(_vs_locks_held == 0)
+
 static CUresult finish(vs_vmm_op_t op, const char *what, CUresult r, uint64_t t0, CUdeviceptr va, size_t size,
                        uint64_t handle, unsigned flags, int dev) {
   uint64_t dt = _vs_now_ns() - t0;
@@ -85,6 +89,7 @@ CUresult _vs_vmm_reserve(const vs_device_caps_t *caps, size_t size, size_t align
   CUresult r = check_range("cuMemAddressReserve", caps, 0, size, false);
   if (r != CUDA_SUCCESS) return r;
   if (align && !is_pow2(align)) return bad_arg("cuMemAddressReserve", "alignment not a power of two", 0, size);
+  VS_DRIVER_CALL_START();
   uint64_t t0 = _vs_now_ns();
   *va_out = 0;
   r = _vs_cu.cuMemAddressReserve(va_out, size, align, 0, 0);
@@ -94,6 +99,7 @@ CUresult _vs_vmm_reserve(const vs_device_caps_t *caps, size_t size, size_t align
 CUresult _vs_vmm_address_free(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
   CUresult r = check_range("cuMemAddressFree", caps, va, size, true);
   if (r != CUDA_SUCCESS) return r;
+  VS_DRIVER_CALL_START();
   uint64_t t0 = _vs_now_ns();
   r = _vs_cu.cuMemAddressFree(va, size);
   return finish(VS_VMM_ADDRESS_FREE, "cuMemAddressFree", r, t0, va, size, 0, 0, caps->device);
@@ -104,6 +110,7 @@ CUresult _vs_vmm_create(const vs_device_caps_t *caps, size_t size, CUmemGenericA
   if (r != CUDA_SUCCESS) return r;
   CUmemAllocationProp prop;
   fill_prop(caps, &prop, true);
+  VS_DRIVER_CALL_START();
   uint64_t t0 = _vs_now_ns();
   *handle_out = 0;
   r = _vs_cu.cuMemCreate(handle_out, size, &prop, 0);
@@ -117,6 +124,7 @@ CUresult _vs_vmm_create(const vs_device_caps_t *caps, size_t size, CUmemGenericA
 
 CUresult _vs_vmm_release(const vs_device_caps_t *caps, CUmemGenericAllocationHandle handle, size_t size) {
   if (!handle) return bad_arg("cuMemRelease", "null handle", 0, size);
+  VS_DRIVER_CALL_START();
   uint64_t t0 = _vs_now_ns();
   CUresult r = _vs_cu.cuMemRelease(handle);
   return finish(VS_VMM_RELEASE, "cuMemRelease", r, t0, 0, size, (uint64_t)handle, 0, caps->device);
@@ -126,6 +134,7 @@ CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, 
   CUresult r = check_range("cuMemMap", caps, va, size, true);
   if (r != CUDA_SUCCESS) return r;
   if (!handle) return bad_arg("cuMemMap", "null handle", va, size);
+  VS_DRIVER_CALL_START();
   uint64_t t0 = _vs_now_ns();
   r = _vs_cu.cuMemMap(va, size, 0, handle, 0);
   return finish(VS_VMM_MAP, "cuMemMap", r, t0, va, size, (uint64_t)handle, 0, caps->device);
@@ -134,6 +143,7 @@ CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, 
 CUresult _vs_vmm_unmap(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
   CUresult r = check_range("cuMemUnmap", caps, va, size, true);
   if (r != CUDA_SUCCESS) return r;
+  VS_DRIVER_CALL_START();
   uint64_t t0 = _vs_now_ns();
   r = _vs_cu.cuMemUnmap(va, size);
   return finish(VS_VMM_UNMAP, "cuMemUnmap", r, t0, va, size, 0, 0, caps->device);
@@ -146,6 +156,7 @@ CUresult _vs_vmm_set_access(const vs_device_caps_t *caps, CUdeviceptr va, size_t
   desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   desc.location.id = caps->device;
   desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  VS_DRIVER_CALL_START();
   uint64_t t0 = _vs_now_ns();
   r = _vs_cu.cuMemSetAccess(va, size, &desc, 1);
   return finish(VS_VMM_SET_ACCESS, "cuMemSetAccess", r, t0, va, size, 0, desc.flags, caps->device);

@@ -2,7 +2,14 @@
 # Runs every CPU test and sums their closing lines into one: "N passed, N failed".
 # Each test program prints its own "N passed, N failed" last; a program that crashes
 # or prints no such line counts as one failure.
+#
+# SANITIZE=1 adds the sanitizer pass (make test), SANITIZE=only runs it alone (make
+# test-sanitize): the unit tests built with AddressSanitizer + UndefinedBehaviorSanitizer and
+# the invariant checks (build/asan/tests), every shim test's program with the instrumented
+# library (build/asan/libvmmshim.so) preloaded after the ASan runtime, and the threaded tests
+# under ThreadSanitizer (build/tsan). A sanitizer finding fails the test (non-zero exit).
 BUILD=${BUILD:-build}
+SANITIZE=${SANITIZE:-0}
 PYTHON=${PYTHON:-python3}
 EMU="$PWD/$BUILD/emu"
 LIB="$PWD/$BUILD/libvmmshim.so"
@@ -29,11 +36,12 @@ run_one() { # name, command...
   fi
 }
 
+if [ "$SANITIZE" != only ]; then
 for t in "$BUILD"/tests/test_emu_*; do [ -x "$t" ] && run_one "$(basename "$t")" "$t"; done
 for t in "$BUILD"/tests/test_unit_*; do [ -x "$t" ] && run_one "$(basename "$t")" "$t"; done
 for t in "$BUILD"/tests/test_shim_* "$BUILD"/tests/test_static_*; do
   [ -x "$t" ] || continue
-  run_one "$(basename "$t")" env LD_LIBRARY_PATH="$EMU" LD_PRELOAD="$LIB" VMMSHIM_TEST_LIB="$LIB" "$t"
+  run_one "$(basename "$t")" env LD_LIBRARY_PATH="$EMU" LD_PRELOAD="$LIB" "$t"
 done
 for t in tests/scripts/test_*.sh; do
   [ -f "$t" ] || continue
@@ -43,6 +51,34 @@ for t in tests/scripts/test_*.py; do
   [ -f "$t" ] || continue
   run_one "$(basename "$t" .py)" env BUILD="$BUILD" "$PYTHON" "$t"
 done
+fi
+
+if [ "$SANITIZE" != 0 ]; then
+  CC=${CC:-cc}
+  ASAN_RT=$("$CC" -print-file-name=libasan.so)
+  TSAN_RT=$("$CC" -print-file-name=libtsan.so)
+  SUPP="$PWD/tests/sanitize.supp"
+  # Leak checking stays on; tests/sanitize.supp names what is deliberately left (and why).
+  ASAN="ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:handle_segv=0:handle_sigbus=0:handle_abort=0:handle_sigfpe=0:handle_sigill=0 LSAN_OPTIONS=suppressions=$SUPP:print_suppressions=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
+  TSAN="TSAN_OPTIONS=halt_on_error=1:exitcode=66:handle_segv=0:handle_sigbus=0:handle_abort=0:handle_sigfpe=0:handle_sigill=0:suppressions=$SUPP"
+  for t in "$BUILD"/asan/tests/test_unit_*; do
+    [ -x "$t" ] && run_one "asan-$(basename "$t")" env $ASAN "$t"
+  done
+  for t in "$BUILD"/tests/test_shim_* "$BUILD"/tests/test_static_*; do
+    [ -x "$t" ] || continue
+    run_one "asan-$(basename "$t")" env $ASAN LD_LIBRARY_PATH="$EMU" \
+      LD_PRELOAD="$ASAN_RT $PWD/$BUILD/asan/libvmmshim.so" "$t"
+  done
+  # The tests whose threads run at once: arenas, the trace ring, the shim under 8 threads.
+  for n in test_unit_arena test_unit_trace; do
+    [ -x "$BUILD/tsan/tests/$n" ] && run_one "tsan-$n" env $TSAN "$BUILD/tsan/tests/$n"
+  done
+  for n in test_shim_threads test_shim_reuse; do
+    [ -x "$BUILD/tests/$n" ] || continue
+    run_one "tsan-$n" env $TSAN LD_LIBRARY_PATH="$EMU" LD_PRELOAD="$TSAN_RT $PWD/$BUILD/tsan/libvmmshim.so" \
+      "$BUILD/tests/$n"
+  done
+fi
 
 echo "logs in $logdir"
 echo "$total_pass passed, $total_fail failed"

@@ -102,7 +102,7 @@ static void test_two_arenas(void) {
 /* ---- contention spreads threads ---- */
 #define NTHREADS 4
 static pthread_barrier_t g_bar;
-static CUdeviceptr g_last[NTHREADS];
+static _Atomic(CUdeviceptr) g_last[NTHREADS]; /* read by the main thread while the threads run */
 static atomic_int g_stop;
 
 static void *hammer(void *arg) {
@@ -116,8 +116,9 @@ static void *hammer(void *arg) {
     CUresult err;
     /* keep the last block of each round of 256 to see where this thread now allocates */
     if ((i & 255) == 255) {
-      if (g_last[id]) _vs_free(VMMSHIM_API_DRIVER, g_last[id], VS_NO_STREAM, &err);
-      g_last[id] = p;
+      CUdeviceptr last = atomic_load(&g_last[id]);
+      if (last) _vs_free(VMMSHIM_API_DRIVER, last, VS_NO_STREAM, &err);
+      atomic_store(&g_last[id], p);
     } else {
       _vs_free(VMMSHIM_API_DRIVER, p, VS_NO_STREAM, &err);
     }
@@ -129,7 +130,8 @@ static int distinct_arenas(void) {
   vs_pool_t *seen[NTHREADS];
   int n = 0;
   for (int i = 0; i < NTHREADS; i++) {
-    vs_pool_t *p = g_last[i] ? _vs_dir_lookup(g_last[i]) : NULL;
+    CUdeviceptr last = atomic_load(&g_last[i]);
+    vs_pool_t *p = last ? _vs_dir_lookup(last) : NULL;
     bool dup = false;
     for (int k = 0; k < n; k++) dup |= seen[k] == p;
     if (p && !dup) seen[n++] = p;
@@ -146,7 +148,10 @@ static void test_contention_spreads(void) {
   for (int i = 0; i < NTHREADS; i++) pthread_join(t[i], NULL);
   int n = distinct_arenas();
   CHECK(n >= 2, "threads contending for arena 0 ended up in %d arena(s)", n);
-  for (int i = 0; i < NTHREADS; i++) CHECK(!g_last[i] || free_ok(g_last[i]), "free the kept block of %d", i);
+  for (int i = 0; i < NTHREADS; i++) {
+    CUdeviceptr last = atomic_load(&g_last[i]);
+    CHECK(!last || free_ok(last), "free the kept block of %d", i);
+  }
 }
 
 /* ---- out of memory in one arena: another arena's idle memory is taken back ---- */

@@ -1,13 +1,22 @@
 /* vmmshim internals: what the files of src/ call across each other.
  *
+ * Vocabulary, outermost first; each name keeps this one meaning in every file:
+ *   context slot  a CUDA context the shim has seen, its device's capabilities and its arenas (alloc.c)
+ *   arena         one of a context's pools; threads that contend for one move to another (alloc.c)
+ *   pool          an arena's sub-allocator: one lock, three heaps, a map from address to block (pool.c)
+ *   heap          the part of a pool that serves one size range: small, large or whole (policy.h)
+ *   reservation   a virtual address range a heap reserved (cuMemAddressReserve)
+ *   handle        physical memory (cuMemCreate) mapped into a reservation; its mapping is a segment
+ *   block         a range of a reservation: allocated (used), free, pending, a hole, or busy (pool.h)
+ *
  * Data path, top to bottom:
  *   hook_rt.c  (cudaMalloc, cudaFree, cudaMallocAsync, ... exported by the shim)
  *   hook_drv.c (cuMemAlloc_v2, cuMemFree_v2, ..., cuGetProcAddress, dlsym)
  *        -> alloc.c  (entry points shared by both layers: context -> arena, errors, stats, trace)
- *        -> pool.c   (one arena: sub-allocator over its own virtual reservations, uthash address map)
+ *        -> pool.c   (one arena; with pool_blocks.c, pool_streams.c, handles.c, reclaim.c, policy.h)
  *        -> vmm.c    (the only caller of cuMemAddressReserve/Create/Map/SetAccess/Unmap/Release/AddressFree)
- *   beside them: config.c (options), log.c (messages), trace.c (allocation trace), stats.c,
- *   directory.c (address -> arena, for frees), init.c. */
+ *   beside them: config.c (options), log.c (messages), trace.c with trace_format.c (allocation
+ *   trace), clock.c (time), stats.c, directory.c (address -> arena, for frees), init.c, cuda.c. */
 #ifndef VMMSHIM_INTERNAL_H
 #define VMMSHIM_INTERNAL_H
 
@@ -20,9 +29,30 @@
 
 #include "vmmshim.h"
 
+/* Debug builds (-DVS_DEBUG=1, the CPU tests' sanitizer builds) check invariants: vs_assert
+ * costs O(1); VS_DEBUG=2 adds the full pool check after every slow-path change. Release
+ * builds compile them out. */
+#ifndef VS_DEBUG
+#define VS_DEBUG 0
+#endif
+#if VS_DEBUG
+void _vs_assert_fail(const char *cond, const char *file, int line, const char *func) __attribute__((noreturn));
+#define vs_assert(c) ((c) ? (void)0 : _vs_assert_fail(#c, __FILE__, __LINE__, __func__))
+/* Locks of the shim held by this thread (pools, context slots): none may be held across a
+ * driver call (vmm.c checks). */
+extern _Thread_local int _vs_locks_held;
+#define VS_LOCK_HELD(delta) ((void)(_vs_locks_held += (delta)))
+#else
+#define vs_assert(c) ((void)0)
+#define VS_LOCK_HELD(delta) ((void)0)
+#endif
+
 #define vs_likely(x) __builtin_expect(!!(x), 1)
 #define vs_unlikely(x) __builtin_expect(!!(x), 0)
 #define VS_API __attribute__((visibility("default")))
+/* For code a sanitizer's runtime reaches before it has initialised itself (it looks up the
+ * functions it intercepts with dlsym, which the shim exports): no instrumentation there. */
+#define VS_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
 
 /* ---------------------------------------------------------------- "config.c" */
 
@@ -310,6 +340,8 @@ void _vs_trace_close(void);
 
 /* ---------------------------------------------------------------- "init.c" */
 void _vs_init_once(void); /* config, log, trace, atexit; no CUDA */
-uint64_t _vs_now_ns(void);
+
+/* ---------------------------------------------------------------- "clock.c" */
+uint64_t _vs_now_ns(void); /* CLOCK_MONOTONIC ns; the trace's raw clock is in vmmshim/clock.h */
 
 #endif

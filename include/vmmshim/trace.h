@@ -1,0 +1,46 @@
+/* The trace's own types, shared by trace.c (the ring: taking, publishing and draining
+ * records, the file, signals, fork) and trace_format.c (records into text lines). */
+#ifndef VMMSHIM_TRACE_H
+#define VMMSHIM_TRACE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define VS_TRACE_FORMAT_VERSION 1
+#define VS_TRACE_REC_MAX 192 /* longest line: 'm' with ten 16-digit fields */
+#define VS_TRACE_HEADER_MAX 4096
+
+/* One event, as the hot path leaves it. seq == pos: the slot is free for the record at
+ * position pos; seq == pos + 1: that record is published. The fields by record type:
+ *   'a' alloc: a ptr, b requested, c served, d stream, sub api
+ *   'f' free:  a ptr, c served, d stream, sub api
+ *   'o' failed allocation: b requested, d stream, e CUresult, sub api
+ *   'm' pool event: a va, b size, c handle, d duration ns, e CUresult, sub op, flags */
+typedef struct vs_trace_rec_s {
+  _Alignas(64) atomic_uint_least64_t seq;
+  uint64_t t; /* raw clock reading (clock.h); made ns when drained */
+  uint64_t a, b, c, d;
+  uint32_t tid, e;
+  int32_t dev;
+  uint8_t type, sub, flags;
+} vs_trace_rec_t;
+
+/* What a line needs besides its record: the format and the time origin. */
+typedef struct vs_trace_fmt_s {
+  int format;      /* vs_trace_format_t */
+  uint64_t mono0;  /* CLOCK_MONOTONIC ns at open: record times count from it */
+  uint64_t real0;  /* CLOCK_REALTIME ns at open */
+  int64_t tzoff;   /* local time offset (s), for the rmm clock */
+} vs_trace_fmt_t;
+
+void _vs_trace_format_init(void);
+/* One record as one line (at most VS_TRACE_REC_MAX bytes) at p; returns its end. mono_ns:
+ * the record's time in CLOCK_MONOTONIC ns. Async-signal-safe (static tables, the stack). */
+char *_vs_trace_format_record(char *p, const vs_trace_rec_t *r, uint64_t mono_ns, const vs_trace_fmt_t *f);
+/* The header lines (native: v, x, c, p, s; rmm: the CSV header) into h; returns the length. */
+size_t _vs_trace_format_header(char *h, size_t cap, const vs_trace_fmt_t *f, const char *rank);
+/* The native format's closing line ('e'); returns its end. */
+char *_vs_trace_format_end(char *p, uint64_t mono_ns, const vs_trace_fmt_t *f);
+
+#endif

@@ -1,0 +1,379 @@
+/* handles.c: a pool's reservations and the physical handles mapped into them.
+ *
+ * Each heap reserves virtual ranges (cuMemAddressReserve) and maps handles (cuMemCreate +
+ * cuMemMap + one cuMemSetAccess) into them back to back, so the memory is contiguous and a
+ * block may span handles. Unmapped ranges are HOLE blocks. Growth maps what a request needs
+ * right after a free block that ends at a hole (so the two join), else into the lowest hole
+ * that fits; before it maps, it gives back idle handles (policy.h says which to keep), so
+ * physical memory follows what is live, not the history of the address space.
+ *
+ * Why large handles (VMMSHIM_GRANULARITY): cuMemSetAccess alone costs ~28 us per handle on
+ * an H100 whatever its size, so a pool that maps and unmaps in its steady state loses to
+ * cudaMalloc; freed memory stays mapped and is reused without any driver call.
+ *
+ * Everything here runs on the slow path. The pool lock is taken to edit the block lists
+ * and dropped around every driver call: the blocks being mapped or unmapped are BUSY. */
+#include <stdlib.h>
+
+#include "vmmshim/pool.h"
+
+/* Bytes mapped by every pool together, for VMMSHIM_LIMIT. */
+static atomic_size_t vs_mapped_total;
+
+size_t _vs_mapped_total(void) { return atomic_load_explicit(&vs_mapped_total, memory_order_relaxed); }
+
+bool _vs_over_limit(size_t add) {
+  uint64_t limit = _vs_option(VS_OPT_LIMIT);
+  return limit && atomic_load_explicit(&vs_mapped_total, memory_order_relaxed) + add > limit;
+}
+
+/* ------------------------------------------------------------------ segments (one per handle) */
+
+static size_t seg_lower_bound(const vs_pool_t *p, CUdeviceptr va) {
+  size_t lo = 0, hi = p->n_segs;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (p->segs[mid].va < va) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static int seg_add(vs_pool_t *p, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h) {
+  if (p->n_segs == p->cap_segs) {
+    size_t cap = p->cap_segs ? p->cap_segs * 2 : 64;
+    vs_seg_t *n = realloc(p->segs, cap * sizeof *n);
+    if (!n) return -1;
+    p->segs = n;
+    p->cap_segs = cap;
+  }
+  size_t i = seg_lower_bound(p, va);
+  memmove(&p->segs[i + 1], &p->segs[i], (p->n_segs - i) * sizeof *p->segs);
+  p->segs[i] = (vs_seg_t){va, size, h};
+  p->n_segs++;
+  return 0;
+}
+
+static void seg_remove_at(vs_pool_t *p, size_t i) {
+  memmove(&p->segs[i], &p->segs[i + 1], (p->n_segs - i - 1) * sizeof *p->segs);
+  p->n_segs--;
+}
+
+/* ------------------------------------------------------------------ reservations */
+
+int _vs_pool_add_reservation(vs_pool_t *p, int heap_id, size_t size) {
+  CUdeviceptr va;
+  if (_vs_vmm_reserve(&p->caps, size, p->gran, &va) != CUDA_SUCCESS) return -1;
+  pool_lock(p);
+  vs_block_t *b = p->n_resv < VS_MAX_RESV ? _vs_block_new(p) : NULL;
+  if (!b || _vs_dir_add(va, size, p) != 0) {
+    if (b) _vs_block_put(p, b);
+    pool_unlock(p);
+    _vs_vmm_address_free(&p->caps, va, size);
+    return -1;
+  }
+  int r = p->n_resv++;
+  p->resv[r].va = va;
+  p->resv[r].size = size;
+  p->resv[r].first = b;
+  p->resv_heap[r] = (uint8_t)heap_id;
+  if (!p->heap_resv_size[heap_id]) p->heap_resv_size[heap_id] = size;
+  /* Each reservation has its own address-order chain: blocks never link or merge across. */
+  b->addr = va;
+  b->size = size;
+  b->resv = (uint16_t)r;
+  b->state = B_HOLE;
+  list_push(&p->heaps[heap_id].holes, b);
+  pool_unlock(p);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ growth */
+
+/* Maps [va, va+len) with handles of at most `chunk` bytes each, back to back, and sets
+ * access over the whole range with one call (its cost follows the handles, not the calls).
+ * Lock not held; the segments are returned in segs_out (at most max) for the caller to record. */
+static CUresult map_range(vs_pool_t *p, CUdeviceptr va, size_t len, size_t chunk, vs_seg_t *segs_out, int max,
+                          int *n_out) {
+  CUresult r = CUDA_SUCCESS;
+  int n = 0;
+  size_t off = 0;
+  while (off < len) {
+    size_t piece = len - off;
+    if (piece > chunk && n < max - 1) piece = chunk;
+    CUmemGenericAllocationHandle h = 0;
+    r = _vs_vmm_create(&p->caps, piece, &h);
+    if (r != CUDA_SUCCESS) break;
+    r = _vs_vmm_map(&p->caps, va + off, piece, h);
+    if (r != CUDA_SUCCESS) {
+      _vs_vmm_release(&p->caps, h, piece);
+      break;
+    }
+    segs_out[n++] = (vs_seg_t){va + off, piece, h};
+    off += piece;
+  }
+  if (r == CUDA_SUCCESS) r = _vs_vmm_set_access(&p->caps, va, len);
+  if (r != CUDA_SUCCESS) {
+    for (int i = n; i-- > 0;) {
+      _vs_vmm_unmap(&p->caps, segs_out[i].va, segs_out[i].size);
+      _vs_vmm_release(&p->caps, segs_out[i].handle, segs_out[i].size);
+    }
+    n = 0;
+  }
+  *n_out = n;
+  return r;
+}
+
+/* Picks where to map more bytes for a request of `size`: right after a free block ending at
+ * a hole (so the two join), else the lowest hole that is large enough. Returns the BUSY
+ * block carved from the hole (its size in *len_out), or NULL. Lock held. */
+static vs_block_t *claim_hole(vs_pool_t *p, vs_heap_t *heap, size_t size, size_t align, size_t min_handle,
+                              size_t *len_out) {
+  vs_block_t *pick = NULL;
+  size_t pick_len = 0, pick_tail = 0;
+  for (vs_block_t *h = heap->holes.head; h; h = h->fnext) {
+    /* The block will start at the free tail before the hole if there is one, else at the
+     * hole's start (a multiple of the minimum granularity, so aligned). */
+    size_t tail = 0, pad = 0;
+    vs_block_t *t = h->prev;
+    if (t && _vs_block_mergeable(p, t, &(vs_block_t){.addr = h->addr, .resv = h->resv, .state = B_FREE}, B_FREE)) {
+      tail = t->size;
+      pad = _vs_align_pad(t->addr, align);
+    }
+    size_t need = size + pad;
+    size_t len = need > tail ? round_up(need - tail, p->caps.min_granularity) : p->caps.min_granularity;
+    if (len < min_handle && min_handle <= h->size) len = min_handle;
+    if (len > h->size) continue;
+    if (!pick || (tail && !pick_tail) || (!!tail == !!pick_tail && h->addr < pick->addr)) {
+      pick = h;
+      pick_len = len;
+      pick_tail = tail;
+    }
+  }
+  if (!pick) return NULL;
+  list_remove(&heap->holes, pick);
+  if (pick_len < pick->size) {
+    vs_block_t *rest = _vs_block_split(p, pick, pick_len);
+    if (!rest) {
+      list_push(&heap->holes, pick);
+      return NULL;
+    }
+    rest->state = B_HOLE;
+    list_push(&heap->holes, rest);
+  }
+  pick->state = B_BUSY;
+  *len_out = pick_len;
+  return pick;
+}
+
+/* Gives back idle handles before a growth of `want` bytes (policy.h: what to keep). */
+static void release_before_growth(vs_pool_t *p, size_t want) {
+  pool_lock(p);
+  size_t idle = p->free_bytes, mapped = p->mapped;
+  uint64_t old = p->allocs > VS_WHOLE_AGE ? p->allocs - VS_WHOLE_AGE : 0;
+  pool_unlock(p);
+  size_t keep = vs_policy_keep_idle(idle, want, mapped, p->gran);
+  if (idle <= keep || idle < p->caps.min_granularity) return;
+  _vs_pool_trim_some(p, keep, old, true);
+  pool_lock(p);
+  mapped = p->mapped;
+  idle = p->free_bytes;
+  pool_unlock(p);
+  keep = vs_policy_keep_recurring(keep, mapped);
+  if (idle > keep) _vs_pool_trim_some(p, keep, old, false);
+}
+
+/* A BUSY block where `size` bytes at `align` can be mapped (its length in *len_out): from a
+ * hole, or from a new reservation when no hole is large enough. NULL: no address space. */
+static vs_block_t *claim_space(vs_pool_t *p, int heap_id, size_t size, size_t align, size_t handle,
+                               size_t *len_out) {
+  vs_heap_t *heap = &p->heaps[heap_id];
+  pool_lock(p);
+  vs_block_t *b = claim_hole(p, heap, size, align, handle, len_out);
+  pool_unlock(p);
+  if (b) return b;
+  size_t more = round_up(size + align, p->gran) * 2; /* a new reservation starts aligned */
+  if (more < p->heap_resv_size[heap_id]) more = p->heap_resv_size[heap_id];
+  if (_vs_pool_add_reservation(p, heap_id, more) != 0) return NULL;
+  pool_lock(p);
+  b = claim_hole(p, heap, size, align, handle, len_out);
+  pool_unlock(p);
+  return b;
+}
+
+CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, bool exact) {
+  vs_heap_t *heap = &p->heaps[heap_id];
+  pool_lock(p);
+  size_t handle = vs_policy_grow_handle(heap_id, heap->mapped, p->gran, p->caps.min_granularity, exact);
+  pool_unlock(p);
+  release_before_growth(p, round_up(size, handle));
+  size_t len = 0;
+  vs_block_t *b = claim_space(p, heap_id, size, align, handle, &len);
+  if (!b) {
+    _vs_warn("device %d: no address space for %zu bytes", (int)p->caps.device, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+
+  enum { MAX_PIECES = 256 };
+  vs_seg_t pieces[MAX_PIECES];
+  int np = 0;
+  size_t chunk = p->chunk;
+  if (len / chunk >= MAX_PIECES) chunk = round_up(len / (MAX_PIECES - 1), p->caps.min_granularity);
+  CUresult r;
+  if (_vs_over_limit(len)) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    atomic_fetch_add(&vs_mapped_total, len);
+    r = map_range(p, b->addr, len, chunk, pieces, MAX_PIECES, &np);
+    if (r != CUDA_SUCCESS) atomic_fetch_sub(&vs_mapped_total, len);
+  }
+
+  pool_lock(p);
+  int added = 0;
+  while (r == CUDA_SUCCESS && added < np && seg_add(p, pieces[added].va, pieces[added].size, pieces[added].handle) == 0)
+    added++;
+  if (r == CUDA_SUCCESS && added < np) {
+    /* No host memory for the segment table: undo the whole growth. */
+    for (int i = 0; i < added; i++) seg_remove_at(p, seg_lower_bound(p, pieces[i].va));
+    pool_unlock(p);
+    for (int i = np; i-- > 0;) {
+      _vs_vmm_unmap(&p->caps, pieces[i].va, pieces[i].size);
+      _vs_vmm_release(&p->caps, pieces[i].handle, pieces[i].size);
+    }
+    atomic_fetch_sub(&vs_mapped_total, len);
+    pool_lock(p);
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == CUDA_SUCCESS) {
+    p->mapped += len;
+    heap->mapped += len;
+    _vs_block_make_free(p, b);
+  } else {
+    _vs_block_make_hole(p, b);
+  }
+  VS_POOL_CHECK(p);
+  pool_unlock(p);
+  if (r == CUDA_SUCCESS) {
+    uint64_t m = VS_STAT_ADD(bytes_mapped, len) + len;
+    _vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);
+  }
+  return r;
+}
+
+/* ------------------------------------------------------------------ giving memory back */
+
+/* Carves every whole handle lying inside free block b out of it (BUSY pieces appended to
+ * out[], their segments to segs[]), until `want` bytes are collected or out[] is full.
+ * Leftover free pieces go back to the bins without merging: b was maximal, so its pieces
+ * have no free neighbours. Returns the bytes collected. Lock held. */
+static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_block_t **out, vs_seg_t *segs,
+                                 int *n, int max) {
+  size_t got = 0;
+  size_t i = seg_lower_bound(p, b->addr);
+  if (i == p->n_segs || p->segs[i].va + p->segs[i].size > b->addr + b->size) return 0;
+  _vs_bin_remove(p, b);
+  vs_block_t *rest = b; /* the part of b not yet looked at */
+  while (i < p->n_segs && *n < max && got < want) {
+    vs_seg_t sg = p->segs[i];
+    if (sg.va + sg.size > rest->addr + rest->size) break;
+    vs_block_t *mid = rest;
+    if (sg.va > rest->addr) {
+      mid = _vs_block_split(p, rest, (size_t)(sg.va - rest->addr));
+      if (!mid) break;
+      _vs_bin_insert(p, rest);
+    }
+    rest = NULL;
+    if (mid->size > sg.size) {
+      rest = _vs_block_split(p, mid, sg.size);
+      if (!rest) {
+        _vs_bin_insert(p, mid);
+        mid = NULL;
+        break;
+      }
+    }
+    mid->state = B_BUSY;
+    seg_remove_at(p, i); /* the next segment now sits at index i */
+    p->mapped -= sg.size;
+    heap_of(p, mid)->mapped -= sg.size;
+    segs[*n] = sg;
+    out[(*n)++] = mid;
+    got += sg.size;
+    if (!rest) break;
+  }
+  if (rest) _vs_bin_insert(p, rest);
+  return got;
+}
+
+/* True when the last request idle whole block b served was made, to the byte, at least twice
+ * among the recent whole-heap requests. */
+static bool whole_recurring(const vs_pool_t *p, const vs_block_t *b) {
+  int n = 0;
+  for (unsigned i = 0; i < VS_WHOLE_RECENT && n < 2; i++) n += p->whole_recent[i] == b->requested;
+  return n >= 2;
+}
+
+size_t _vs_pool_trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, bool keep_recurring) {
+  enum { MAX_BATCH = 64, MAX_CAND = 64 };
+  size_t released = 0;
+  for (;;) {
+    vs_seg_t victims[MAX_BATCH];
+    vs_block_t *busy[MAX_BATCH];
+    vs_block_t *cand[MAX_CAND];
+    int n = 0, nc = 0;
+    pool_lock(p);
+    /* Candidates: free blocks at least one minimum handle large, biggest bins first. */
+    unsigned lowest = _vs_bin_of(p->caps.min_granularity);
+    for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++)
+      for (unsigned k = VS_NBINS; k-- > lowest && nc < MAX_CAND;)
+        for (vs_block_t *c = p->heaps[heap_id].bins[k]; c && nc < MAX_CAND; c = c->fnext)
+          if (heap_id != VS_HEAP_WHOLE || young_after == UINT64_MAX ||
+              (c->idle_since <= young_after && !(keep_recurring && whole_recurring(p, c))))
+            cand[nc++] = c;
+    for (int c = 0; c < nc && n < MAX_BATCH && p->free_bytes > keep; c++)
+      carve_idle_handles(p, cand[c], p->free_bytes - keep, busy, victims, &n, MAX_BATCH);
+    pool_unlock(p);
+    if (!n) break;
+    for (int i = 0; i < n; i++) {
+      _vs_vmm_unmap(&p->caps, victims[i].va, victims[i].size);
+      _vs_vmm_release(&p->caps, victims[i].handle, victims[i].size);
+      atomic_fetch_sub(&vs_mapped_total, victims[i].size);
+      VS_STAT_SUB(bytes_mapped, victims[i].size);
+      VS_STAT_ADD(trims, 1);
+      released += victims[i].size;
+    }
+    pool_lock(p);
+    for (int i = 0; i < n; i++) _vs_block_make_hole(p, busy[i]);
+    VS_POOL_CHECK(p);
+    pool_unlock(p);
+  }
+  return released;
+}
+
+size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return _vs_pool_trim_some(p, keep, UINT64_MAX, false); }
+
+void _vs_pool_unmap_all(vs_pool_t *p) {
+  for (size_t i = 0; i < p->n_segs; i++) {
+    _vs_vmm_unmap(&p->caps, p->segs[i].va, p->segs[i].size);
+    _vs_vmm_release(&p->caps, p->segs[i].handle, p->segs[i].size);
+    atomic_fetch_sub(&vs_mapped_total, p->segs[i].size);
+    VS_STAT_SUB(bytes_mapped, p->segs[i].size);
+  }
+  p->n_segs = 0;
+  for (int i = 0; i < p->n_resv; i++) _vs_vmm_address_free(&p->caps, p->resv[i].va, p->resv[i].size);
+}
+
+void _vs_pool_free_blocks(vs_pool_t *p) {
+  for (int i = 0; i < p->n_resv; i++) {
+    vs_assert(p->resv[i].first && p->resv[i].first->addr == p->resv[i].va);
+    for (vs_block_t *b = p->resv[i].first, *next; b; b = next) {
+      next = b->next;
+      free(b);
+    }
+  }
+  p->n_resv = 0;
+  for (vs_block_t *b = p->spare_blocks, *next; b; b = next) {
+    next = b->fnext;
+    free(b);
+  }
+  p->spare_blocks = NULL;
+}
