@@ -1,9 +1,11 @@
 # vmmshim: build, test, benchmark.
 #   make            build/libvmmshim.so
 #   make demo       build and run the bundled CUDA program under the shim (needs a GPU)
-#   make test       CPU tests on the host emulation of the driver (CI runs this)
+#   make test       CPU tests on the host emulation of the driver, then under sanitizers (CI runs this)
+#   make test-sanitize  only the sanitizer pass
 #   make gpu-test   GPU tests (needs a GPU and nvcc)
 #   make bench      GPU benchmarks (needs a GPU and nvcc)
+#   make bench-cpu  the shim's own cost per pair on the host emulation (no GPU)
 
 CUDA_HOME ?= /usr/local/cuda
 CC        ?= cc

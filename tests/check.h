@@ -42,6 +42,9 @@ static char check_child_output[1 << 16];
     }                                                                      \
   } while (0)
 
+/* A check whose condition says it all: the failure line shows the condition alone. */
+#define CHECK_COND(cond) CHECK(cond, "%s", "")
+
 static inline int check_summary(void) {
   printf("%d passed, %d failed\n", check_passed, check_failed);
   fflush(stdout);

@@ -22,17 +22,7 @@
 
 #include "vmmshim/internal.h"
 
-static int passed, failed;
-#define CHECK(cond, ...)                                           \
-  do {                                                             \
-    if (cond) passed++;                                            \
-    else {                                                         \
-      failed++;                                                    \
-      printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);       \
-      printf(__VA_ARGS__);                                         \
-      printf("\n");                                                \
-    }                                                              \
-  } while (0)
+#include "check.h"
 
 static char dir[256];
 static char exe[1024];      /* /proc/self/exe */
@@ -477,13 +467,12 @@ int main(int argc, char **argv) {
   test_threads();
   test_fork(false);
   test_fork(true);
-  if (failed == 0) {
+  if (check_failed == 0) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) printf("could not remove %s\n", dir);
   } else {
     printf("traces kept in %s\n", dir);
   }
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return check_summary();
 }
