@@ -53,6 +53,12 @@ size_t vmmshim_trim(void);
 /* 1 when the shim serves allocations in this process, 0 when it passes through. */
 int vmmshim_active(void);
 
+/* Writes the memory report to the shim's log (VMMSHIM_LOG's destination): per device and
+ * heap, live and mapped memory, idle memory and why it is kept, pending frees, VMMSHIM_LIMIT,
+ * what the driver reports free. The same report as at out-of-memory and on the signal
+ * VMMSHIM_DUMP_SIGNAL. Returns 0, or -1 when the shim is not active. */
+int vmmshim_dump(void);
+
 #ifdef __cplusplus
 }
 #endif

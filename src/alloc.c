@@ -296,8 +296,7 @@ vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUd
   }
   VS_STAT_ADD(alloc_failures, 1);
   if (vs_unlikely(_vs_trace_on)) _vs_trace_alloc_fail(api, size, stream, dev, CUDA_ERROR_OUT_OF_MEMORY);
-  _vs_info("device %d: out of memory for %zu bytes%s", dev, size,
-           st == VS_POOL_LIMIT ? " (VMMSHIM_LIMIT reached)" : "");
+  _vs_report_oom(api, size, dev, st == VS_POOL_LIMIT);
   *err = CUDA_ERROR_OUT_OF_MEMORY;
   return VS_ALLOC_FAILED;
 }
@@ -333,6 +332,12 @@ bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err
     for (int a_ = 0; a_ < VS_MAX_ARENAS; a_++)                                            \
       if (!vs_slots[s_].ctx || !((pool) = atomic_load(&vs_slots[s_].arenas[a_]))) {      \
       } else
+
+void _vs_visit_pools(void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
+  if (atomic_load(&_vs_state) != 1) return;
+  vs_pool_t *pool;
+  FOR_EACH_ARENA(pool) fn(pool, arg);
+}
 
 bool _vs_lookup_range(CUdeviceptr addr, CUdeviceptr *base, size_t *size) {
   if (_vs_guard || atomic_load(&_vs_state) != 1) return false;

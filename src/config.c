@@ -22,10 +22,6 @@ typedef struct vs_option_desc_s {
   bool set;         /* given in the environment and valid */
 } vs_option_desc_t;
 
-#ifndef VS_DEFAULT_GRANULARITY
-#define VS_DEFAULT_GRANULARITY (64ull << 20)
-#endif
-
 static vs_option_desc_t vs_options[VS_OPT_COUNT] = {
 #define VS_OPT_DESC(tok, kind, def) {(uint64_t)(def), (uint64_t)(def), VS_OPT_##tok, kind, "VMMSHIM_" #tok, NULL, false},
     VS_OPTIONS(VS_OPT_DESC)
@@ -78,6 +74,35 @@ int _vs_parse_bool(const char *text, uint64_t *out) {
   return -1;
 }
 
+int _vs_parse_signal(const char *text, uint64_t *out) {
+  static const struct {
+    const char *name;
+    int sig;
+  } names[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP}, {"QUIT", SIGQUIT},
+               {"PWR", SIGPWR},   {"WINCH", SIGWINCH}, {"URG", SIGURG}};
+  if (!text) return -1;
+  if (!strcasecmp(text, "off") || !strcmp(text, "0")) {
+    *out = 0;
+    return 0;
+  }
+  const char *name = strncasecmp(text, "SIG", 3) ? text : text + 3;
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strcasecmp(name, names[i].name)) {
+      *out = (uint64_t)names[i].sig;
+      return 0;
+    }
+  /* Real-time signals by number, or any number a handler may take (not KILL, STOP, and the
+   * ones that report faults: the shim must not swallow those). */
+  char *end;
+  errno = 0;
+  long n = strtol(text, &end, 10);
+  if (errno || *end || end == text || n < 1 || n >= NSIG || n == SIGKILL || n == SIGSTOP || n == SIGSEGV ||
+      n == SIGBUS || n == SIGFPE || n == SIGILL || n == SIGABRT)
+    return -1;
+  *out = (uint64_t)n;
+  return 0;
+}
+
 static int parse_log_level(const char *text, uint64_t *out) {
   static const char *levels[] = {"error", "warn", "info", "debug"};
   size_t len = strcspn(text, ":");
@@ -103,6 +128,10 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_LOG: return "warn";
   case VS_KIND_TRACE_FORMAT: return "native";
   case VS_KIND_STRING: return "unset";
+  case VS_KIND_SIGNAL:
+    if (o->init == 0) return "0 (off)";
+    snprintf(buf, n, "%llu", (unsigned long long)o->init);
+    return buf;
   }
   return "?";
 }
@@ -133,6 +162,9 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     if (!strcasecmp(text, "native")) { *v = VS_TRACE_NATIVE; return 0; }
     if (!strcasecmp(text, "rmm")) { *v = VS_TRACE_RMM; return 0; }
     return -1;
+  case VS_KIND_SIGNAL:
+    *expect = "a signal name (USR1, USR2, HUP, QUIT, PWR, WINCH, URG, with or without SIG) or number, or 0/off";
+    return _vs_parse_signal(text, v);
   case VS_KIND_STRING:
     *expect = "a non-empty path";
     *v = 1;
@@ -204,6 +236,13 @@ void _vs_config_print(void) {
       break;
     }
     case VS_KIND_STRING: shown = o->text ? o->text : "(unset)"; break;
+    case VS_KIND_SIGNAL:
+      if (!o->value) shown = "0 (off)";
+      else {
+        snprintf(buf, sizeof buf, "%llu (%s)", (unsigned long long)o->value, strsignal((int)o->value));
+        shown = buf;
+      }
+      break;
     default:
       if (o->kind == VS_KIND_SIZE_OR_UNLIMITED && o->value == UINT64_MAX) shown = "unlimited";
       else { snprintf(buf, sizeof buf, "%llu", (unsigned long long)o->value); shown = buf; }

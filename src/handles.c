@@ -304,6 +304,13 @@ static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_bl
   return got;
 }
 
+size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b) {
+  size_t sum = 0;
+  for (size_t i = seg_lower_bound(p, b->addr); i < p->n_segs && p->segs[i].va + p->segs[i].size <= b->addr + b->size; i++)
+    sum += p->segs[i].size;
+  return sum;
+}
+
 /* True when the last request idle whole block b served was made, to the byte, at least twice
  * among the recent whole-heap requests. */
 static bool whole_recurring(const vs_pool_t *p, const vs_block_t *b) {

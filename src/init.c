@@ -23,6 +23,7 @@ static void init_once(void) {
   _vs_config_report();
   if (_vs_option(VS_OPT_VERBOSE)) _vs_config_print();
   _vs_trace_open();
+  _vs_report_init();
   atexit(vs_at_exit);
 }
 

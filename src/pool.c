@@ -340,6 +340,33 @@ size_t _vs_pool_idle_bytes(vs_pool_t *p) {
   return n;
 }
 
+static void add_pending(vs_pool_t *p, const vs_list_t *l, vs_pool_figures_t *f) {
+  for (const vs_block_t *b = l->head; b; b = b->fnext) f->pending[heap_id_of(p, b)] += b->size;
+}
+
+void _vs_pool_figures(vs_pool_t *p, vs_pool_figures_t *f) {
+  memset(f, 0, sizeof *f);
+  pool_lock(p);
+  for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++) {
+    vs_heap_t *heap = &p->heaps[heap_id];
+    f->mapped[heap_id] = heap->mapped;
+    f->idle[heap_id] = heap->free_bytes;
+    for (unsigned i = 0; i < VS_NBINS; i++)
+      for (vs_block_t *b = heap->bins[i]; b; b = b->fnext) f->idle_whole += _vs_pool_whole_handles_in(p, b);
+  }
+  add_pending(p, &p->deferred, f);
+  for (vs_stream_t *s = p->streams; s; s = s->hh.next) add_pending(p, &s->pending, f);
+  for (vs_batch_t *bt = p->batches; bt; bt = bt->next) add_pending(p, &bt->blocks, f);
+  for (vs_block_t *b = p->map; b; b = b->hh.next) {
+    if (b == &p->map_anchor) continue;
+    f->live[heap_id_of(p, b)] += b->size;
+    f->live_blocks++;
+    f->requested += b->requested;
+  }
+  f->handles = p->n_segs;
+  pool_unlock(p);
+}
+
 /* ------------------------------------------------------------------ invariants */
 
 /* The number of blocks of a list, and whether each is in the expected state. */

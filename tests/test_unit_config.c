@@ -31,6 +31,13 @@ static void bool_is(const char *text, int want) {
   else CHECK(r == 0 && v == (uint64_t)want, "_vs_parse_bool(\"%s\") = %d, %llu", text, r, (unsigned long long)v);
 }
 
+static void signal_is(const char *text, int want) {
+  uint64_t v = 77;
+  int r = _vs_parse_signal(text, &v);
+  if (want < 0) CHECK(r == -1, "_vs_parse_signal(\"%s\") accepted: %llu", text ? text : "(null)", (unsigned long long)v);
+  else CHECK(r == 0 && v == (uint64_t)want, "_vs_parse_signal(\"%s\") = %d, %llu", text, r, (unsigned long long)v);
+}
+
 /* Runs _vs_config_reload + _vs_config_report with stderr captured; returns what was printed. */
 static char captured[8192];
 static const char *reload_capture(void) {
@@ -56,6 +63,7 @@ static void clear_env(void) {
   static const char *vars[] = {"VMMSHIM_DISABLE", "VMMSHIM_GRANULARITY", "VMMSHIM_FREE_MODE",
                                "VMMSHIM_RELEASE_THRESHOLD", "VMMSHIM_LIMIT", "VMMSHIM_RESERVE",
                                "VMMSHIM_ARENAS", "VMMSHIM_LOG", "VMMSHIM_STATS", "VMMSHIM_VERBOSE",
+                               "VMMSHIM_DUMP_SIGNAL",
                                "VMMSHIM_TRACE", "VMMSHIM_TRACE_FORMAT"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
@@ -106,6 +114,23 @@ int main(void) {
   bool_is("1 ", -1);
   bool_is(NULL, -1);
 
+  signal_is("USR2", SIGUSR2);
+  signal_is("SIGUSR1", SIGUSR1);
+  signal_is("sigusr1", SIGUSR1);
+  signal_is("12", 12);
+  signal_is("40", 40);
+  signal_is("0", 0);
+  signal_is("off", 0);
+  signal_is("KILL", -1);
+  signal_is("9", -1);
+  signal_is("11", -1); /* SIGSEGV: the shim must not swallow faults */
+  signal_is("STOP", -1);
+  signal_is("-1", -1);
+  signal_is("999", -1);
+  signal_is("12x", -1);
+  signal_is("", -1);
+  signal_is(NULL, -1);
+
   /* defaults */
   clear_env();
   const char *out = reload_capture();
@@ -118,7 +143,17 @@ int main(void) {
   CHECK(_vs_option(VS_OPT_ARENAS) == 8, "default arenas %llu", (unsigned long long)_vs_option(VS_OPT_ARENAS));
   CHECK(_vs_option(VS_OPT_LOG) == VS_LOG_WARN, "default log level %llu", (unsigned long long)_vs_option(VS_OPT_LOG));
   CHECK(_vs_option_string(VS_OPT_TRACE) == NULL, "trace unset");
+  CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGUSR2, "default dump signal %llu",
+        (unsigned long long)_vs_option(VS_OPT_DUMP_SIGNAL));
   CHECK(out[0] == 0, "messages with no variable set: %s", out);
+  setenv("VMMSHIM_DUMP_SIGNAL", "HUP", 1);
+  out = reload_capture();
+  CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGHUP && out[0] == 0, "VMMSHIM_DUMP_SIGNAL=HUP");
+  setenv("VMMSHIM_DUMP_SIGNAL", "SEGV", 1);
+  out = reload_capture();
+  CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGUSR2 && strstr(out, "VMMSHIM_DUMP_SIGNAL") && strstr(out, "SEGV"),
+        "VMMSHIM_DUMP_SIGNAL=SEGV refused with a message, the default used: '%s'", out);
+  clear_env();
 
   /* valid values */
   setenv("VMMSHIM_GRANULARITY", "2M", 1);

@@ -20,6 +20,7 @@
 #ifndef VMMSHIM_INTERNAL_H
 #define VMMSHIM_INTERNAL_H
 
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -63,10 +64,15 @@ extern _Thread_local int _vs_locks_held;
 typedef enum vs_free_mode_e { VS_FREE_SYNC = 0, VS_FREE_DEFERRED = 1 } vs_free_mode_t;
 typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trace_format_t;
 
+/* Defaults a build may override with -D. */
+#ifndef VS_DEFAULT_GRANULARITY
+#define VS_DEFAULT_GRANULARITY (64ull << 20)
+#endif
+
 /* One token per option: the enum name is VS_OPT_<token>, the variable VMMSHIM_<token>. */
 #define VS_OPTIONS(X)                                                                       \
   X(DISABLE, VS_KIND_BOOL, 0)                    /* 1: pure pass-through */                 \
-  X(GRANULARITY, VS_KIND_SIZE, 64ull << 20)      /* size of the handles a pool grows by */ \
+  X(GRANULARITY, VS_KIND_SIZE, VS_DEFAULT_GRANULARITY) /* largest shared handle, smallest whole request */ \
   X(MAX_HANDLE, VS_KIND_SIZE, 0)                 /* largest handle, 0 = unlimited */        \
   X(FREE_MODE, VS_KIND_FREE_MODE, VS_FREE_SYNC)  /* sync | deferred */                      \
   X(RELEASE_THRESHOLD, VS_KIND_SIZE_OR_UNLIMITED, UINT64_MAX) /* idle bytes kept mapped */  \
@@ -77,7 +83,8 @@ typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trac
   X(STATS, VS_KIND_BOOL, 0)                      /* print stats at exit */                  \
   X(VERBOSE, VS_KIND_BOOL, 0)                    /* print version and options at start */   \
   X(TRACE, VS_KIND_STRING, 0)                    /* trace path, %p pid, %r rank */          \
-  X(TRACE_FORMAT, VS_KIND_TRACE_FORMAT, VS_TRACE_NATIVE) /* native | rmm */
+  X(TRACE_FORMAT, VS_KIND_TRACE_FORMAT, VS_TRACE_NATIVE) /* native | rmm */                \
+  X(DUMP_SIGNAL, VS_KIND_SIGNAL, SIGUSR2)        /* signal that writes the memory report, 0 off */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -87,7 +94,8 @@ typedef enum vs_option_kind_e {
   VS_KIND_ARENAS,
   VS_KIND_LOG,
   VS_KIND_STRING,
-  VS_KIND_TRACE_FORMAT
+  VS_KIND_TRACE_FORMAT,
+  VS_KIND_SIGNAL
 } vs_option_kind_t;
 
 typedef enum vs_option_e {
@@ -107,6 +115,7 @@ void _vs_config_report(void);                  /* warns about malformed values, 
 /* Parsers, exposed for tests. Return 0 on success, -1 on a malformed value. */
 int _vs_parse_size(const char *text, uint64_t *out);
 int _vs_parse_bool(const char *text, uint64_t *out);
+int _vs_parse_signal(const char *text, uint64_t *out); /* "USR2", "SIGUSR2", "12"; "0"/"off": 0 */
 /* Re-reads the environment (tests only). */
 void _vs_config_reload(void);
 
@@ -166,7 +175,8 @@ const char *_vs_cu_error_name(CUresult r);
   X(cuStreamIsCapturing, 10000, CUresult, (CUstream, CUstreamCaptureStatus *))                        \
   X(cuStreamGetCtx, 9020, CUresult, (CUstream, CUcontext *))                                          \
   X(cuThreadExchangeStreamCaptureMode, 10010, CUresult, (CUstreamCaptureMode *))                     \
-  X(cuGetErrorName, 6000, CUresult, (CUresult, const char **))
+  X(cuGetErrorName, 6000, CUresult, (CUresult, const char **))                                        \
+  X(cuMemGetInfo, 3020, CUresult, (size_t *, size_t *))
 
 typedef struct vs_real_driver_s {
 #define VS_REAL_FIELD(name, ver, ret, args) ret(*name) args;
@@ -255,6 +265,15 @@ CUcontext _vs_pool_context(const vs_pool_t *pool);
 int _vs_pool_device(const vs_pool_t *pool);
 /* Debug check that map, bins and block list agree; returns the number of problems found. */
 int _vs_pool_check(vs_pool_t *pool);
+/* What a pool holds, per heap (small, large, whole), for the memory report. */
+typedef struct vs_pool_figures_s {
+  size_t mapped[3], live[3], idle[3], pending[3];
+  size_t idle_whole;  /* idle bytes in handles that no live or pending block touches */
+  size_t live_blocks; /* blocks the program holds */
+  size_t requested;   /* bytes it asked for in them */
+  size_t handles;
+} vs_pool_figures_t;
+void _vs_pool_figures(vs_pool_t *pool, vs_pool_figures_t *out);
 
 /* ---------------------------------------------------------------- "directory.c" */
 /* Address -> owning pool, over every reservation of every pool; lock-free lookups. */
@@ -292,6 +311,8 @@ void _vs_stream_destroyed(CUstream stream);
 /* Drop the pools of a context that is being destroyed or reset (ctx NULL: all of device dev). */
 void _vs_drop_context(CUcontext ctx, int dev);
 size_t _vs_trim_all(void);
+/* Calls fn for every arena of every live context (rare paths: reports, trims). */
+void _vs_visit_pools(void (*fn)(vs_pool_t *pool, void *arg), void *arg);
 /* Moves the calling thread to arena idx (mod VMMSHIM_ARENAS); contention does it by itself. */
 void _vs_arena_select(unsigned idx);
 
@@ -337,6 +358,12 @@ void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle,
                    int device, CUresult result, uint64_t duration_ns);
 void _vs_trace_flush(void);
 void _vs_trace_close(void);
+
+/* ---------------------------------------------------------------- "report.c" */
+/* The shim answered out-of-memory: the memory report at warn level, once per burst. */
+void _vs_report_oom(vmmshim_api_t api, size_t size, int dev, bool limit_reached);
+/* Installs the VMMSHIM_DUMP_SIGNAL handler (at init; no CUDA). */
+void _vs_report_init(void);
 
 /* ---------------------------------------------------------------- "init.c" */
 void _vs_init_once(void); /* config, log, trace, atexit; no CUDA */

@@ -227,6 +227,8 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
 size_t _vs_pool_trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, bool keep_recurring);
 /* Unmaps and releases every segment and reservation (the pool is being destroyed). */
 void _vs_pool_unmap_all(vs_pool_t *p);
+/* Idle bytes of free block b that lie in whole handles (which trimming could give back). Lock held. */
+size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b);
 /* Frees every block descriptor of every reservation and the spare ones. */
 void _vs_pool_free_blocks(vs_pool_t *p);
 bool _vs_over_limit(size_t add);

@@ -1,0 +1,293 @@
+/* report.c: the memory report, written to the log.
+ *
+ * What the shim holds, per device and per heap: live blocks, mapped memory, idle memory and
+ * why it was not given back, pending frees, VMMSHIM_LIMIT, what the driver reports free, and
+ * the settings that may help. Written
+ *   - when the shim answers out-of-memory (after its own recovery ladder failed), at warn
+ *     level, once per burst: out-of-memory answers less than a second apart are one burst,
+ *     and the next report counts those that were not reported;
+ *   - on demand: vmmshim_dump() (public API), or the signal VMMSHIM_DUMP_SIGNAL (SIGUSR2 by
+ *     default) for a program that cannot call it. The handler only writes a byte to a pipe
+ *     (async-signal-safe); a thread of the shim, blocked on the pipe, writes the report, so
+ *     no lock or driver call ever runs inside a signal handler. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vmmshim/internal.h"
+
+static const char *const vs_api_names[VMMSHIM_API_COUNT] = {"cudaMalloc", "cudaMallocAsync", "cuMemAlloc",
+                                                            "cuMemAllocAsync"};
+static const char *const vs_heap_names[3] = {"small heap (< 1 MiB)", "large heap", "whole heap"};
+
+#define VS_REPORT_DEVICES 64
+
+/* A size for people, with the exact bytes: "1.50 GiB (1610612736 B)". */
+static const char *human(char *buf, size_t n, size_t bytes, bool exact) {
+  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    u++;
+  }
+  if (u == 0) snprintf(buf, n, "%zu B", bytes);
+  else if (exact) snprintf(buf, n, "%.2f %s (%zu B)", v, units[u], bytes);
+  else snprintf(buf, n, "%.2f %s", v, units[u]);
+  return buf;
+}
+#define H(b) human((char[48]){0}, 48, (b), false)
+#define HX(b) human((char[64]){0}, 64, (b), true)
+
+typedef struct vs_device_sum_s {
+  int dev;
+  CUcontext ctx; /* a context of the device, to ask the driver with */
+  int pools;
+  vs_pool_figures_t f; /* summed over the device's pools */
+} vs_device_sum_t;
+
+typedef struct vs_sums_s {
+  vs_device_sum_t d[VS_REPORT_DEVICES];
+  int n;
+} vs_sums_t;
+
+static void add_pool(vs_pool_t *pool, void *arg) {
+  vs_sums_t *s = arg;
+  int dev = _vs_pool_device(pool);
+  int i = 0;
+  while (i < s->n && s->d[i].dev != dev) i++;
+  if (i == s->n) {
+    if (s->n == VS_REPORT_DEVICES) return;
+    memset(&s->d[i], 0, sizeof s->d[i]);
+    s->d[i].dev = dev;
+    s->d[i].ctx = _vs_pool_context(pool);
+    s->n++;
+  }
+  vs_pool_figures_t f;
+  _vs_pool_figures(pool, &f);
+  vs_pool_figures_t *t = &s->d[i].f;
+  for (int h = 0; h < 3; h++) {
+    t->mapped[h] += f.mapped[h];
+    t->live[h] += f.live[h];
+    t->idle[h] += f.idle[h];
+    t->pending[h] += f.pending[h];
+  }
+  t->idle_whole += f.idle_whole;
+  t->live_blocks += f.live_blocks;
+  t->requested += f.requested;
+  t->handles += f.handles;
+  s->d[i].pools++;
+}
+
+static size_t sum3(const size_t v[3]) { return v[0] + v[1] + v[2]; }
+
+/* The driver's free and total memory of a device, asked in one of its contexts. */
+static bool device_free(const vs_device_sum_t *d, size_t *free_b, size_t *total_b) {
+  if (!_vs_cu.cuMemGetInfo) return false;
+  CUcontext popped;
+  _vs_guard++;
+  bool ok = _vs_cu.cuCtxPushCurrent(d->ctx) == CUDA_SUCCESS;
+  if (ok) {
+    ok = _vs_cu.cuMemGetInfo(free_b, total_b) == CUDA_SUCCESS;
+    _vs_cu.cuCtxPopCurrent(&popped);
+  }
+  _vs_guard--;
+  return ok;
+}
+
+/* The report's lines for one device; `need` > 0 on the device that failed a request. */
+static void report_device(const vs_device_sum_t *d, size_t need, bool after_ladder, vmmshim_stats_t *st) {
+  const vs_pool_figures_t *f = &d->f;
+  size_t mapped = sum3(f->mapped), live = sum3(f->live), idle = sum3(f->idle), pending = sum3(f->pending);
+  size_t dfree = 0, dtotal = 0;
+  bool have_free = device_free(d, &dfree, &dtotal);
+  if (have_free) _vs_note("  device %d: the driver reports %s free of %s", d->dev, HX(dfree), HX(dtotal));
+  _vs_note("  device %d: live %s in %zu blocks (%s requested); mapped %s in %zu handles, %d pool%s", d->dev, HX(live),
+           f->live_blocks, H(f->requested), HX(mapped), f->handles, d->pools, d->pools == 1 ? "" : "s (arenas)");
+  for (int h = 0; h < 3; h++)
+    if (f->mapped[h])
+      _vs_note("  device %d:   %s: mapped %s, live %s, idle %s, pending %s", d->dev, vs_heap_names[h],
+               HX(f->mapped[h]), HX(f->live[h]), HX(f->idle[h]), HX(f->pending[h]));
+  size_t pinned = idle > f->idle_whole ? idle - f->idle_whole : 0;
+  if (idle) {
+    if (after_ladder)
+      _vs_note("  device %d: idle %s not given back: it lies in handles that also hold live or pending blocks "
+               "(a handle goes back to the device only when nothing in it lives)",
+               d->dev, HX(idle));
+    else
+      _vs_note("  device %d: idle %s kept mapped for reuse: %s in whole idle handles (given back before a growth, on "
+               "out-of-memory and by vmmshim_trim), %s in handles that also hold live or pending blocks",
+               d->dev, HX(idle), H(f->idle_whole), H(pinned));
+  }
+  if (pending)
+    _vs_note("  device %d: pending %s: freed, waiting for GPU work queued before the free (stream-ordered or "
+             "deferred frees)",
+             d->dev, HX(pending));
+  if (!need) return;
+
+  /* What may help, from what the figures say. */
+  uint64_t limit = _vs_option(VS_OPT_LIMIT);
+  size_t total_mapped = _vs_mapped_total();
+  int said = 0;
+  if (limit && total_mapped + need > limit) {
+    _vs_note("  what may help: VMMSHIM_LIMIT=%llu caps what the process maps (%s mapped): raise it, or unset it",
+             (unsigned long long)limit, H(total_mapped));
+    said++;
+  }
+  if (pinned >= need || (mapped && pinned > mapped / 8)) {
+    char now[48];
+    _vs_note("  what may help: %s idle is pinned by live blocks in the same handles (fragmentation): a smaller "
+             "VMMSHIM_GRANULARITY (now %s) shares smaller handles%s",
+             H(pinned), human(now, sizeof now, (size_t)_vs_option(VS_OPT_GRANULARITY), false),
+             d->pools > 1 ? "; VMMSHIM_ARENAS=1 keeps one pool per context instead of one per contending thread" : "");
+    said++;
+  }
+  if (pending >= need) {
+    _vs_note("  what may help: %s is waiting for earlier GPU work to complete: synchronise the stream before "
+             "allocating again%s",
+             H(pending), atomic_load(&_vs_captures_active) ? " (a stream capture is active: no synchronisation was made)" : "");
+    said++;
+  }
+  if (have_free && dtotal && mapped + dfree + dtotal / 20 < dtotal && dfree < need) {
+    _vs_note("  what may help: %s of the device's memory is held outside this process's pools (other processes on "
+             "the GPU, or the %llu allocations the shim passed through); a process under the shim gives idle memory "
+             "back at each free with VMMSHIM_RELEASE_THRESHOLD=0",
+             H(dtotal - dfree - mapped), (unsigned long long)st->passthrough_allocs);
+    said++;
+  }
+  if (!said)
+    _vs_note("  what may help: the live blocks take %s of the device's %s: the program must hold less at once "
+             "(free what it no longer uses, smaller batches)",
+             H(live), have_free ? H(dtotal) : "memory");
+}
+
+static void report(const char *first_line, int failed_dev, size_t need, bool after_ladder) {
+  _vs_note("%s", first_line);
+  static vs_sums_t sums; /* one report at a time (callers hold vs_report_lock) */
+  memset(&sums, 0, sizeof sums);
+  _vs_visit_pools(add_pool, &sums);
+  vmmshim_stats_t st;
+  vmmshim_get_stats(&st, sizeof st);
+  if (!sums.n) _vs_note("  no pool: the shim has served no allocation in this process");
+  for (int i = 0; i < sums.n; i++)
+    report_device(&sums.d[i], sums.d[i].dev == failed_dev ? need : 0, after_ladder, &st);
+  uint64_t limit = _vs_option(VS_OPT_LIMIT);
+  if (limit)
+    _vs_note("  VMMSHIM_LIMIT=%llu: the process maps %s of it", (unsigned long long)limit, HX(_vs_mapped_total()));
+  _vs_note("  process: %llu allocations served, %llu failed, %llu passed to the driver; peak live %s, peak mapped %s",
+           (unsigned long long)(st.allocs[0] + st.allocs[1] + st.allocs[2] + st.allocs[3]),
+           (unsigned long long)st.alloc_failures, (unsigned long long)st.passthrough_allocs, H(st.peak_bytes_in_use),
+           H(st.peak_bytes_mapped));
+}
+
+static pthread_mutex_t vs_report_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* ------------------------------------------------------------------ out of memory */
+
+#define VS_OOM_BURST_NS 1000000000ull /* answers closer than this are one burst */
+static atomic_uint_least64_t vs_last_oom_ns;
+static atomic_uint_least64_t vs_oom_unreported;
+
+void _vs_report_oom(vmmshim_api_t api, size_t size, int dev, bool limit_reached) {
+  uint64_t now = _vs_now_ns();
+  uint64_t last = atomic_exchange(&vs_last_oom_ns, now);
+  if (last && now - last < VS_OOM_BURST_NS) {
+    atomic_fetch_add(&vs_oom_unreported, 1);
+    _vs_info("device %d: out of memory for %zu bytes%s", dev, size, limit_reached ? " (VMMSHIM_LIMIT reached)" : "");
+    return;
+  }
+  if (_vs_log_level < VS_LOG_WARN) return;
+  uint64_t more = atomic_exchange(&vs_oom_unreported, 0);
+  char line[320], extra[96] = "";
+  if (more) snprintf(extra, sizeof extra, " (%llu earlier out-of-memory answers were not reported)", (unsigned long long)more);
+  snprintf(line, sizeof line,
+           "warning: out of memory: %s of %s on device %d: CUDA_ERROR_OUT_OF_MEMORY%s, after waiting for pending "
+           "frees and giving back idle handles%s; what the shim holds:",
+           (unsigned)api < VMMSHIM_API_COUNT ? vs_api_names[api] : "allocation", HX(size), dev,
+           limit_reached ? " (VMMSHIM_LIMIT reached)" : "", extra);
+  pthread_mutex_lock(&vs_report_lock);
+  report(line, dev, size, true);
+  pthread_mutex_unlock(&vs_report_lock);
+}
+
+/* ------------------------------------------------------------------ on demand */
+
+VS_API int vmmshim_dump(void) {
+  if (!_vs_active()) return -1;
+  pthread_mutex_lock(&vs_report_lock);
+  report("memory report (vmmshim_dump or VMMSHIM_DUMP_SIGNAL):", -1, 0, false);
+  pthread_mutex_unlock(&vs_report_lock);
+  return 0;
+}
+
+static int vs_dump_pipe[2] = {-1, -1};
+
+static void on_dump_signal(int sig) {
+  (void)sig;
+  int saved = errno;
+  char c = 1;
+  if (vs_dump_pipe[1] >= 0 && write(vs_dump_pipe[1], &c, 1) < 0) {
+    /* a full pipe already holds a request: one report serves them all */
+  }
+  errno = saved;
+}
+
+static void *dump_thread(void *arg) {
+  (void)arg;
+  char buf[64];
+  for (;;) {
+    ssize_t n = read(vs_dump_pipe[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return NULL;
+    vmmshim_dump();
+  }
+}
+
+/* A forked child has no reporting thread, and the pipe is its parent's: the signal does
+ * nothing there (rather than make the parent report). */
+static void atfork_child(void) {
+  int r = vs_dump_pipe[0], w = vs_dump_pipe[1];
+  vs_dump_pipe[0] = vs_dump_pipe[1] = -1;
+  if (r >= 0) close(r);
+  if (w >= 0) close(w);
+}
+
+void _vs_report_init(void) {
+  int sig = (int)_vs_option(VS_OPT_DUMP_SIGNAL);
+  if (!sig) return;
+  struct sigaction old;
+  if (sigaction(sig, NULL, &old) != 0) return;
+  if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) {
+    /* The program handles (or ignores) this signal itself: it stays the program's. */
+    _vs_info("VMMSHIM_DUMP_SIGNAL %d (%s) has a handler of the program; the shim leaves it alone", sig, strsignal(sig));
+    return;
+  }
+  if (pipe2(vs_dump_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
+  fcntl(vs_dump_pipe[0], F_SETFL, 0); /* the thread blocks on the read end; the handler never does */
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  sigset_t all, prev;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &prev); /* the program's signals stay with its own threads */
+  pthread_t t;
+  int rc = pthread_create(&t, &at, dump_thread, NULL);
+  pthread_sigmask(SIG_SETMASK, &prev, NULL);
+  pthread_attr_destroy(&at);
+  if (rc != 0) {
+    close(vs_dump_pipe[0]);
+    close(vs_dump_pipe[1]);
+    vs_dump_pipe[0] = vs_dump_pipe[1] = -1;
+    return;
+  }
+  pthread_atfork(NULL, NULL, atfork_child);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_dump_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(sig, &sa, NULL);
+}
