@@ -14,7 +14,7 @@ BUILD     ?= build
 PYTHON    ?= python3
 
 WARN      := -Wall -Wextra -Werror
-LIB_FLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -ftls-model=initial-exec \
+LIB_FLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fno-omit-frame-pointer -fvisibility=hidden -ftls-model=initial-exec \
              -Iinclude -I$(CUDA_HOME)/include -pthread
 CFLAGS    ?= -O2 -g
 CFLAGS    += $(LIB_FLAGS)
@@ -69,11 +69,11 @@ T_STATIC  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_static_
 T_UNIT    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_unit_*.c))
 T_EMU     := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_emu_*.c))
 T_HDR     := $(wildcard tests/*.h) $(EMU_HDR) $(HDR)
-T_CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -Itests -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
+T_CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -fno-omit-frame-pointer -Itests -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
 T_RPATH   := -Wl,-rpath,'$$ORIGIN/../emu'
 
 $(BUILD)/tests/test_shim_%: tests/test_shim_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT) | $(BUILD)/tests
-	$(CC) $(T_CFLAGS) -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -pthread
+	$(CC) $(T_CFLAGS) -rdynamic -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -pthread
 
 $(BUILD)/tests/test_static_%: tests/test_static_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT_A) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< $(EMU_RT_A) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread

@@ -129,11 +129,22 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_TRACE_FORMAT: return "native";
   case VS_KIND_STRING: return "unset";
   case VS_KIND_SIGNAL:
+  case VS_KIND_FRAMES:
     if (o->init == 0) return "0 (off)";
     snprintf(buf, n, "%llu", (unsigned long long)o->init);
     return buf;
+  case VS_KIND_SAMPLE: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
+  case VS_KIND_UNWIND: return "auto";
   }
   return "?";
+}
+
+/* A whole number from lo to hi, no suffix. */
+static int parse_count(const char *text, uint64_t lo, uint64_t hi, uint64_t *v) {
+  uint64_t n;
+  if (_vs_parse_size(text, &n) != 0 || n < lo || n > hi || strpbrk(text, "kKmMgGtTbB")) return -1;
+  *v = n;
+  return 0;
 }
 
 static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const char **expect) {
@@ -149,13 +160,16 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     if (!strcasecmp(text, "sync")) { *v = VS_FREE_SYNC; return 0; }
     if (!strcasecmp(text, "deferred")) { *v = VS_FREE_DEFERRED; return 0; }
     return -1;
-  case VS_KIND_ARENAS: {
-    *expect = "a whole number from 1 to " VS_STR(VS_MAX_ARENAS);
-    uint64_t n;
-    if (_vs_parse_size(text, &n) != 0 || n < 1 || n > VS_MAX_ARENAS || strpbrk(text, "kKmMgGtTbB")) return -1;
-    *v = n;
-    return 0;
-  }
+  case VS_KIND_ARENAS: *expect = "a whole number from 1 to " VS_STR(VS_MAX_ARENAS); return parse_count(text, 1, VS_MAX_ARENAS, v);
+  case VS_KIND_FRAMES: *expect = "a whole number from 0 (off) to 64"; return parse_count(text, 0, 64, v);
+  case VS_KIND_SAMPLE: *expect = "a whole number from 1 to 1000000000"; return parse_count(text, 1, 1000000000, v);
+  case VS_KIND_UNWIND:
+    *expect = "auto, libunwind, dwarf or fp";
+    if (!strcasecmp(text, "auto")) { *v = VS_UNWIND_AUTO; return 0; }
+    if (!strcasecmp(text, "libunwind")) { *v = VS_UNWIND_LIBUNWIND; return 0; }
+    if (!strcasecmp(text, "dwarf")) { *v = VS_UNWIND_DWARF; return 0; }
+    if (!strcasecmp(text, "fp")) { *v = VS_UNWIND_FP; return 0; }
+    return -1;
   case VS_KIND_LOG: *expect = "error, warn, info or debug, optionally followed by :FILE"; return parse_log_level(text, v);
   case VS_KIND_TRACE_FORMAT:
     *expect = "native or rmm";
@@ -236,6 +250,11 @@ void _vs_config_print(void) {
       break;
     }
     case VS_KIND_STRING: shown = o->text ? o->text : "(unset)"; break;
+    case VS_KIND_UNWIND: {
+      static const char *names[] = {"auto", "libunwind", "dwarf", "fp"};
+      shown = names[o->value & 3];
+      break;
+    }
     case VS_KIND_SIGNAL:
       if (!o->value) shown = "0 (off)";
       else {

@@ -37,6 +37,7 @@
 
 #include "vmmshim/clock.h"
 #include "vmmshim/internal.h"
+#include "vmmshim/stacks.h"
 #include "vmmshim/trace.h"
 
 #define VS_TRACE_SLOTS 128      /* records the ring holds (a power of two): 8 KiB */
@@ -117,6 +118,53 @@ static void text_out(size_t len) {
     atomic_fetch_add_explicit(&vs_trace_write_errors, 1, memory_order_relaxed);
 }
 
+/* Which stacks, modules and strings the file has had (each is written once, before the
+ * first record that refers to it). Under the lock; cleared when a file is opened. */
+static uint8_t vs_stack_written[(VS_STACKS_MAX + 8) / 8];
+static uint8_t vs_module_written[(VS_MODULES_MAX + 8) / 8];
+static uint8_t vs_string_written[(VS_STRINGS_MAX + 8) / 8];
+
+static bool first_time(uint8_t *bits, uint32_t id) {
+  uint8_t bit = (uint8_t)(1u << (id & 7));
+  if (bits[id >> 3] & bit) return false;
+  bits[id >> 3] |= bit;
+  return true;
+}
+
+/* Room for `need` more bytes of text at *len, writing out what is there if not. */
+static char *text_room(size_t *len, size_t need) {
+  if (*len + need > sizeof vs_text) {
+    text_out(*len);
+    *len = 0;
+  }
+  return vs_text + *len;
+}
+
+/* The lines a stack needs before an allocation can refer to it: its modules, its strings,
+ * the stack itself. Async-signal-safe: the entries are published and immutable. */
+static void emit_stack(uint32_t id, size_t *len) {
+  const vs_stack_t *st = _vs_stack_get(id);
+  if (!st || !first_time(vs_stack_written, id)) return;
+  for (unsigned i = 0; i < st->nnative; i++) {
+    uint32_t m = st->modules[i];
+    const vs_module_t *mod = _vs_module_get(m);
+    if (!mod || !first_time(vs_module_written, m)) continue;
+    char *p = text_room(len, VS_TRACE_MODULE_MAX);
+    *len += (size_t)(_vs_trace_format_module(p, m, mod) - p);
+  }
+  for (unsigned i = 0; i < st->npy; i++) {
+    uint32_t ids[2] = {st->py[i].file, st->py[i].func};
+    for (int k = 0; k < 2; k++) {
+      const char *text = _vs_string_get(ids[k]);
+      if (!text || !first_time(vs_string_written, ids[k])) continue;
+      char *p = text_room(len, VS_TRACE_STRING_MAX);
+      *len += (size_t)(_vs_trace_format_string(p, ids[k], text) - p);
+    }
+  }
+  char *p = text_room(len, VS_TRACE_STACK_MAX);
+  *len += (size_t)(_vs_trace_format_stack(p, st) - p);
+}
+
 /* Formats and writes every published record, in position order, up to the first one not
  * yet published (its writer is between taking the position and publishing; it goes out
  * with the next drain). With no file open the records are dropped. Caller holds the lock.
@@ -128,11 +176,9 @@ static uint64_t drain_locked(void) {
     vs_trace_rec_t *r = &vs_ring[pos & (VS_TRACE_SLOTS - 1)];
     if (atomic_load_explicit(&r->seq, memory_order_acquire) != pos + 1) break;
     if (vs_trace_fd >= 0) {
-      if (len + VS_TRACE_REC_MAX > sizeof vs_text) {
-        text_out(len);
-        len = 0;
-      }
-      len = (size_t)(_vs_trace_format_record(vs_text + len, r, _vs_clock_to_ns(r->t), &vs_fmt) - vs_text);
+      if (r->type == 'a' && r->e) emit_stack(r->e, &len);
+      char *p = text_room(&len, VS_TRACE_REC_MAX);
+      len += (size_t)(_vs_trace_format_record(p, r, _vs_clock_to_ns(r->t), &vs_fmt) - p);
     }
     atomic_store_explicit(&r->seq, pos + VS_TRACE_SLOTS, memory_order_release);
   }
@@ -214,12 +260,15 @@ static void ring_reset(void) {
 void _vs_trace_alloc(vmmshim_api_t api, size_t requested, size_t served, CUdeviceptr ptr, CUstream stream,
                      int device) {
   if (!_vs_trace_on) return;
+  /* The stack first: its unwinding must not hold up the ring at this record's position. */
+  uint32_t stack = vs_unlikely(_vs_stacks_on) ? _vs_stack_capture(requested) : 0;
   uint64_t pos;
   vs_trace_rec_t *r = rec_take('a', api, device, &pos);
   r->a = (uint64_t)ptr;
   r->b = requested;
   r->c = served;
   r->d = (uint64_t)(uintptr_t)stream;
+  r->e = stack;
   rec_publish(r, pos);
 }
 
@@ -381,7 +430,14 @@ static void write_header(void) {
   time_t now = rt.tv_sec;
   vs_fmt.tzoff = localtime_r(&now, &tm) ? (int64_t)tm.tm_gmtoff : 0;
   char h[VS_TRACE_HEADER_MAX];
-  write_all(vs_trace_fd, h, _vs_trace_format_header(h, sizeof h, &vs_fmt, job_rank()));
+  size_t n = _vs_trace_format_header(h, sizeof h, &vs_fmt, job_rank());
+  if (_vs_stacks_on && n + 64 < sizeof h) { /* the stack capture settings */
+    unsigned frames, sample;
+    uint64_t min_size;
+    _vs_stacks_settings(&frames, &min_size, &sample);
+    n += (size_t)snprintf(h + n, sizeof h - n, "t %x %llx %x\n", frames, (unsigned long long)min_size, sample);
+  }
+  write_all(vs_trace_fd, h, n);
 }
 
 /* Opens vs_trace_path (already expanded) and writes the header. Returns 0 or -1. */
@@ -395,6 +451,9 @@ static int open_file(void) {
   }
   lock_take(trace_tid());
   ring_reset(); /* records of an earlier trace, or taken while none was open */
+  memset(vs_stack_written, 0, sizeof vs_stack_written); /* a new file has had none of them */
+  memset(vs_module_written, 0, sizeof vs_module_written);
+  memset(vs_string_written, 0, sizeof vs_string_written);
   lock_drop();
   vs_trace_fd = fd;
   write_header();
@@ -437,7 +496,11 @@ void _vs_trace_open(void) {
   memcpy(vs_trace_template, tmpl, len + 1);
   vs_fmt.format = _vs_option(VS_OPT_TRACE_FORMAT) == VS_TRACE_RMM ? VS_TRACE_RMM : VS_TRACE_NATIVE;
   expand_path(vs_trace_template, vs_trace_path, sizeof vs_trace_path);
-  if (open_file() != 0) return;
+  _vs_stacks_open();
+  if (open_file() != 0) {
+    _vs_stacks_on = 0;
+    return;
+  }
   if (!atfork_done) {
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     atfork_done = true;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "vmmshim/internal.h"
+#include "vmmshim/stacks.h"
 #include "vmmshim/trace.h"
 
 static const char vs_hex[16] = "0123456789abcdef";
@@ -131,6 +132,7 @@ char *_vs_trace_format_record(char *p, const vs_trace_rec_t *r, uint64_t mono, c
     p = put_sp_hex(p, r->a);
     p = put_sp_hex(p, r->b);
     p = put_sp_hex(p, r->c);
+    p = put_sp_hex(p, r->e);
     break;
   case 'f':
     p = put_sp_stream(p, r->d);
@@ -151,6 +153,50 @@ char *_vs_trace_format_record(char *p, const vs_trace_rec_t *r, uint64_t mono, c
     p = put_sp_hex(p, r->d);
     break;
   }
+  *p++ = '\n';
+  return p;
+}
+
+/* At most `max` bytes of s (no newline inside: the writers replaced them). */
+static char *put_text(char *p, const char *s, size_t max) {
+  for (size_t i = 0; s[i] && i < max; i++) *p++ = s[i];
+  return p;
+}
+
+char *_vs_trace_format_stack(char *p, const vs_stack_t *s) {
+  *p++ = 'k';
+  p = put_sp_hex(p, s->id);
+  p = put_sp_hex(p, s->nnative);
+  p = put_sp_hex(p, s->npy);
+  for (unsigned i = 0; i < s->nnative; i++) p = put_sp_hex(p, s->ips[i]);
+  for (unsigned i = 0; i < s->npy; i++) {
+    p = put_sp_hex(p, s->py[i].file);
+    p = put_sp_hex(p, s->py[i].func);
+    p = put_sp_hex(p, s->py[i].line);
+  }
+  *p++ = '\n';
+  return p;
+}
+
+char *_vs_trace_format_module(char *p, uint32_t id, const vs_module_t *m) {
+  *p++ = 'l';
+  p = put_sp_hex(p, id);
+  p = put_sp_hex(p, m->lo);
+  p = put_sp_hex(p, m->hi);
+  p = put_sp_hex(p, m->bias);
+  *p++ = ' ';
+  p = m->buildid[0] ? put_str(p, m->buildid) : put_str(p, "-");
+  *p++ = ' ';
+  p = put_text(p, m->path ? m->path : "?", 4096);
+  *p++ = '\n';
+  return p;
+}
+
+char *_vs_trace_format_string(char *p, uint32_t id, const char *text) {
+  *p++ = 'n';
+  p = put_sp_hex(p, id);
+  *p++ = ' ';
+  p = put_text(p, text, 4096);
   *p++ = '\n';
   return p;
 }

@@ -63,6 +63,7 @@ extern _Thread_local int _vs_locks_held;
 
 typedef enum vs_free_mode_e { VS_FREE_SYNC = 0, VS_FREE_DEFERRED = 1 } vs_free_mode_t;
 typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trace_format_t;
+typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIND_DWARF = 2, VS_UNWIND_FP = 3 } vs_unwind_t;
 
 /* Defaults a build may override with -D. */
 #ifndef VS_DEFAULT_GRANULARITY
@@ -84,7 +85,12 @@ typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trac
   X(VERBOSE, VS_KIND_BOOL, 0)                    /* print version and options at start */   \
   X(TRACE, VS_KIND_STRING, 0)                    /* trace path, %p pid, %r rank */          \
   X(TRACE_FORMAT, VS_KIND_TRACE_FORMAT, VS_TRACE_NATIVE) /* native | rmm */                \
-  X(DUMP_SIGNAL, VS_KIND_SIGNAL, SIGUSR2)        /* signal that writes the memory report, 0 off */
+  X(DUMP_SIGNAL, VS_KIND_SIGNAL, SIGUSR2)        /* signal that writes the memory report, 0 off */ \
+  X(TRACE_STACKS, VS_KIND_FRAMES, 0)             /* frames per traced allocation, 0 off */  \
+  X(TRACE_STACKS_MIN, VS_KIND_SIZE, 0)           /* allocations this large always get one */ \
+  X(TRACE_STACKS_SAMPLE, VS_KIND_SAMPLE, 1)      /* one in N smaller allocations gets one */ \
+  X(TRACE_UNWIND, VS_KIND_UNWIND, VS_UNWIND_AUTO) /* auto | libunwind | dwarf | fp */        \
+  X(TRACE_PYTHON, VS_KIND_BOOL, 1)               /* Python frames when the thread holds the GIL */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -95,7 +101,10 @@ typedef enum vs_option_kind_e {
   VS_KIND_LOG,
   VS_KIND_STRING,
   VS_KIND_TRACE_FORMAT,
-  VS_KIND_SIGNAL
+  VS_KIND_SIGNAL,
+  VS_KIND_FRAMES, /* 0 .. 64 */
+  VS_KIND_SAMPLE, /* 1 .. 1000000000 */
+  VS_KIND_UNWIND
 } vs_option_kind_t;
 
 typedef enum vs_option_e {

@@ -7,13 +7,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define VS_TRACE_FORMAT_VERSION 1
+#define VS_TRACE_FORMAT_VERSION 2
 #define VS_TRACE_REC_MAX 192 /* longest line: 'm' with ten 16-digit fields */
+#define VS_TRACE_STACK_MAX 3072 /* 'k': 64 native frames and 64 Python frames */
+#define VS_TRACE_MODULE_MAX 4300 /* 'l': four numbers, a build id and a path of up to 4096 */
+#define VS_TRACE_STRING_MAX 4200 /* 'n': strings are cut at 4096 bytes */
 #define VS_TRACE_HEADER_MAX 4096
 
 /* One event, as the hot path leaves it. seq == pos: the slot is free for the record at
  * position pos; seq == pos + 1: that record is published. The fields by record type:
- *   'a' alloc: a ptr, b requested, c served, d stream, sub api
+ *   'a' alloc: a ptr, b requested, c served, d stream, e stack id (0: none), sub api
  *   'f' free:  a ptr, c served, d stream, sub api
  *   'o' failed allocation: b requested, d stream, e CUresult, sub api
  *   'm' pool event: a va, b size, c handle, d duration ns, e CUresult, sub op, flags */
@@ -40,6 +43,12 @@ void _vs_trace_format_init(void);
 char *_vs_trace_format_record(char *p, const vs_trace_rec_t *r, uint64_t mono_ns, const vs_trace_fmt_t *f);
 /* The header lines (native: v, x, c, p, s; rmm: the CSV header) into h; returns the length. */
 size_t _vs_trace_format_header(char *h, size_t cap, const vs_trace_fmt_t *f, const char *rank);
+struct vs_stack_s;
+struct vs_module_s;
+/* 'k', 'l' and 'n' lines (stacks.h): at most VS_TRACE_STACK_MAX, _MODULE_MAX, _STRING_MAX bytes. */
+char *_vs_trace_format_stack(char *p, const struct vs_stack_s *s);
+char *_vs_trace_format_module(char *p, uint32_t id, const struct vs_module_s *m);
+char *_vs_trace_format_string(char *p, uint32_t id, const char *text);
 /* The native format's closing line ('e'); returns its end. */
 char *_vs_trace_format_end(char *p, uint64_t mono_ns, const vs_trace_fmt_t *f);
 

@@ -1,0 +1,62 @@
+/* Call stacks of traced allocations (stacks.c, pyframes.c), as the trace's drain reads them.
+ *
+ * Each distinct stack is kept once, immutable, under an id (1, 2, ...); an allocation's trace
+ * record carries the id. The loaded modules its native frames lie in and the strings of its
+ * Python frames are kept the same way. Everything here is published with release stores and
+ * never changed afterwards, so the drain (which may run in a signal handler) reads it with
+ * acquire loads and no lock. */
+#ifndef VMMSHIM_STACKS_H
+#define VMMSHIM_STACKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define VS_STACK_FRAMES_MAX 64 /* VMMSHIM_TRACE_STACKS at most */
+#define VS_STACKS_MAX 32767    /* distinct stacks kept; later new ones get no id */
+#define VS_MODULES_MAX 4095
+#define VS_STRINGS_MAX 65535
+
+typedef struct vs_pyframe_s {
+  uint32_t file, func; /* string ids */
+  uint32_t line;
+} vs_pyframe_t;
+
+typedef struct vs_stack_s {
+  uint64_t hash;
+  uint32_t id;
+  uint16_t nnative, npy;
+  const uintptr_t *ips;       /* nnative return addresses, innermost first */
+  const uint16_t *modules;    /* the module id of each (0: in no known module) */
+  const vs_pyframe_t *py;     /* npy Python frames, innermost first */
+} vs_stack_t;
+
+typedef struct vs_module_s {
+  uintptr_t lo, hi, bias; /* loadable segments [lo, hi); file address = run-time address - bias */
+  char buildid[41];       /* lower-case hex of the GNU build-id note, "" when it has none */
+  const char *path;
+} vs_module_t;
+
+extern int _vs_stacks_on; /* checked before capturing: VMMSHIM_TRACE_STACKS > 0 and tracing */
+
+/* At trace open: reads the options, picks the unwinder, notes the shim's own range. */
+void _vs_stacks_open(void);
+/* The stack of the calling thread for an allocation of `requested` bytes: its id, or 0 when
+ * not sampled (VMMSHIM_TRACE_STACKS_MIN / _SAMPLE) or the table is full. */
+uint32_t _vs_stack_capture(size_t requested);
+/* Published entries by id (NULL when there is none). */
+const vs_stack_t *_vs_stack_get(uint32_t id);
+const vs_module_t *_vs_module_get(uint32_t id);
+const char *_vs_string_get(uint32_t id);
+/* The capture settings, for the trace header: frames, minimum size, sampling. */
+void _vs_stacks_settings(unsigned *frames, uint64_t *min_size, unsigned *sample);
+
+/* pyframes.c: the calling thread's Python frames, when it holds the GIL of a CPython
+ * interpreter in this process (found with dlsym; nothing is linked). Returns how many were
+ * written to out (innermost first), 0 without Python. Called under the stacks lock. */
+int _vs_pyframes(vs_pyframe_t *out, int max);
+bool _vs_pyframes_open(void); /* false: no CPython in the process */
+/* stacks.c: a string's id (kept once), for pyframes.c; 0 when the table is full. Lock held. */
+uint32_t _vs_string_intern(const char *s, size_t len);
+
+#endif
