@@ -1,6 +1,11 @@
-"""What the Python tests share: the repository root, and check() with its tally, printed at the
-end as the "N passed, N failed" line that tests/run.sh reads."""
+"""What the Python tests share: the repository root, check() with its tally, printed at the
+end as the "N passed, N failed" line that tests/run.sh reads, and headless chromium with a
+PNG decoder (zlib only) for the tests that render the HTML report."""
 import os
+import shutil
+import struct
+import subprocess
+import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _tally = {"passed": 0, "failed": 0}
@@ -19,3 +24,100 @@ def summary():
     """Prints the closing line; returns the exit status."""
     print("%d passed, %d failed" % (_tally["passed"], _tally["failed"]))
     return 1 if _tally["failed"] else 0
+
+
+# ---------------------------------------------------------------- PNG (zlib only)
+def png_pixels(path):
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, w = 8, b"", 0
+    while pos < len(data):
+        ln, typ = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + ln]
+        if typ == b"IHDR":
+            w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and interlace == 0 and ctype in (2, 6), (depth, ctype, interlace)
+            bpp = 3 if ctype == 2 else 4
+        elif typ == b"IDAT":
+            idat += body
+        pos += 12 + ln
+    raw = zlib.decompress(idat)
+    stride = w * bpp
+    rows, prev = [], bytearray(stride)
+    for y in range(h):
+        ft = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b = prev[i]
+            c = prev[i - bpp] if i >= bpp else 0
+            if ft == 1:
+                line[i] = (line[i] + a) & 255
+            elif ft == 2:
+                line[i] = (line[i] + b) & 255
+            elif ft == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif ft == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        prev = line
+    return w, h, bpp, rows
+
+
+def colored_pixels(path):
+    """Pixels clearly coloured (not white, grey or black): drawn data, not axes or text."""
+    w, h, bpp, rows = png_pixels(path)
+    n = 0
+    for row in rows:
+        for x in range(0, w * bpp, bpp):
+            r, g, b = row[x], row[x + 1], row[x + 2]
+            if max(r, g, b) - min(r, g, b) > 40:
+                n += 1
+    return n
+
+
+def colour_mask(path):
+    """The set of (x, y) of clearly coloured pixels: what a chart draws, not its text or axes."""
+    w, h, bpp, rows = png_pixels(path)
+    out = set()
+    for y, row in enumerate(rows):
+        for x in range(0, w * bpp, bpp):
+            r, g, b = row[x], row[x + 1], row[x + 2]
+            if max(r, g, b) - min(r, g, b) > 40:
+                out.add((x // bpp, y))
+    return out
+
+
+def browser():
+    """The headless browser, or None (a check fails under CI; elsewhere the caller skips)."""
+    b = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not b:
+        if os.environ.get("CI") == "true":
+            check(False, "chromium is needed to render the HTML report (tests/setup.sh installs it)")
+        else:
+            print("SKIP html rendering: no chromium (tests/setup.sh installs it); not counted")
+    return b
+
+
+def _chromium(b, args, cwd):
+    cmd = [b, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"] + args
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=120, cwd=cwd, text=True, errors="replace")
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def screenshot(b, url, png, size, cwd):
+    """Screenshot of url (a file:// URL, with parameters) into png; True if written."""
+    if os.path.exists(png):
+        os.unlink(png)
+    _chromium(b, ["--screenshot=" + png, "--window-size=%d,%d" % size, url], cwd)
+    return os.path.exists(png)
+
+
+def dump_dom(b, url, cwd):
+    """The page's DOM after its scripts ran ('' on failure)."""
+    r = _chromium(b, ["--dump-dom", url], cwd)
+    return r.stdout if r is not None else ""
