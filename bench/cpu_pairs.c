@@ -9,7 +9,9 @@
  * with VMMSHIM_FREE_MODE=deferred: sync mode times the emulation's cuCtxSynchronize). For
  * each size: 20,000 warm-up pairs, then 25 rounds of 20,000 pairs, each round timed as a
  * whole; prints the median and the best round in ns per pair:
- *   R cpu-pairs mode=<m> size=<bytes> median_ns=<..> best_ns=<..> */
+ *   R cpu-pairs mode=<m> size=<bytes> median_ns=<..> best_ns=<..>
+ * CPU_PAIRS_DEPTH=N makes the pairs from N nested calls down (a real program allocates from
+ * deep in its stack: what a traced stack costs depends on it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +33,7 @@ static int cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static int pairs(int async, size_t size, cudaStream_t s, int n) {
+static int pairs_at(int async, size_t size, cudaStream_t s, int n) {
   for (int i = 0; i < n; i++) {
     void *p = NULL;
     cudaError_t r = async ? cudaMallocAsync(&p, size, s) : cudaMalloc(&p, size);
@@ -42,7 +44,20 @@ static int pairs(int async, size_t size, cudaStream_t s, int n) {
   return 0;
 }
 
+/* pairs_at, `depth` calls further down the stack */
+static __attribute__((noinline)) int pairs_deep(int depth, int async, size_t size, cudaStream_t s, int n) {
+  if (depth <= 0) return pairs_at(async, size, s, n);
+  int r = pairs_deep(depth - 1, async, size, s, n);
+  __asm__ volatile("" ::: "memory"); /* no tail call: every level stays a frame */
+  return r;
+}
+
+static int g_depth;
+static int pairs(int async, size_t size, cudaStream_t s, int n) { return pairs_deep(g_depth, async, size, s, n); }
+
 int main(int argc, char **argv) {
+  const char *d = getenv("CPU_PAIRS_DEPTH");
+  g_depth = d ? atoi(d) : 0;
   if (argc < 3 || (strcmp(argv[1], "async") && strcmp(argv[1], "malloc"))) {
     fprintf(stderr, "usage: cpu_pairs <async|malloc> <size> [size...]\n");
     return 2;
@@ -66,7 +81,8 @@ int main(int argc, char **argv) {
       t[r] = (now_ns() - t0) / PAIRS;
     }
     qsort(t, ROUNDS, sizeof t[0], cmp);
-    printf("R cpu-pairs mode=%s size=%zu median_ns=%.1f best_ns=%.1f\n", argv[1], size, t[ROUNDS / 2], t[0]);
+    printf("R cpu-pairs mode=%s size=%zu depth=%d median_ns=%.1f best_ns=%.1f\n", argv[1], size, g_depth, t[ROUNDS / 2],
+           t[0]);
   }
   if (s) cudaStreamDestroy(s);
   return 0;

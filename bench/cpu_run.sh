@@ -16,3 +16,18 @@ run() { # label, env..., then the mode
 echo "bench-cpu: $(sed -n 's/^model name[^:]*: *//p' /proc/cpuinfo | head -n 1), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
 run async $PIN "$BIN" async $SIZES
 run deferred VMMSHIM_FREE_MODE=deferred $PIN "$BIN" malloc $SIZES
+
+# The cost of a traced allocation's stack (VMMSHIM_TRACE_STACKS=16), per unwinder: async pairs
+# 20 calls deep, traced without and with stacks (one stack per pair: its allocation). The
+# trace goes to a file in /tmp (deleted): formatting and write(2) are in both.
+T=$(mktemp /tmp/vmmshim-bench-XXXXXX)
+for cfg in "traced" "stacks-libunwind libunwind" "stacks-dwarf dwarf" "stacks-fp fp"; do
+  set -- $cfg
+  label=$1
+  if [ -n "$2" ]; then
+    run "$label" CPU_PAIRS_DEPTH=20 VMMSHIM_TRACE="$T" VMMSHIM_TRACE_STACKS=16 VMMSHIM_TRACE_UNWIND=$2 $PIN "$BIN" async 4096
+  else
+    run "$label" CPU_PAIRS_DEPTH=20 VMMSHIM_TRACE="$T" $PIN "$BIN" async 4096
+  fi
+done
+rm -f "$T"

@@ -377,12 +377,16 @@ static uint32_t insert(uint64_t h, const uintptr_t *ips, int n, const vs_pyframe
 
 /* ------------------------------------------------------------------ capture */
 
+/* The shim's own frames above the program's (hook, alloc, trace, capture, unwinder: 5 or 6),
+ * with room to spare: unwound, then dropped. */
+#define VS_SHIM_FRAMES 8
+
 static _Thread_local unsigned tl_sample_count;
 
 uint32_t _vs_stack_capture(size_t requested) {
   if (requested < vs_min_size && (++tl_sample_count % vs_sample) != 0) return 0;
-  void *raw[VS_STACK_FRAMES_MAX + 24];
-  int got = vs_unwind(raw, (int)vs_depth + 24);
+  void *raw[VS_STACK_FRAMES_MAX + VS_SHIM_FRAMES];
+  int got = vs_unwind(raw, (int)vs_depth + VS_SHIM_FRAMES);
   /* Drop the shim's own frames (and the unwinder's) at the top of the stack. */
   int first = 0;
   while (first < got && (((uintptr_t)raw[first] >= vs_self_lo && (uintptr_t)raw[first] < vs_self_hi) ||
