@@ -78,7 +78,22 @@ struct job {
   double start, end;
 };
 
-static void pair_loop(job *j) {
+static void pair_loop_at(job *j);
+
+/* PAIRS_DEPTH=N: the pairs run N nested calls down, as a program's allocations do (what a
+ * traced stack costs depends on it). */
+static int g_depth;
+static __attribute__((noinline)) void pair_loop_deep(int depth, job *j) {
+  if (depth <= 0) {
+    pair_loop_at(j);
+    return;
+  }
+  pair_loop_deep(depth - 1, j);
+  __asm__ volatile("" ::: "memory"); /* no tail call: every level stays a frame */
+}
+static void pair_loop(job *j) { pair_loop_deep(g_depth, j); }
+
+static void pair_loop_at(job *j) {
   CK(cudaSetDevice(0));
   cudaStream_t s = 0;
   if (g_async) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -118,6 +133,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   g_async = g_mode == M_ASYNC || g_mode == M_DRVASYNC;
+  if (getenv("PAIRS_DEPTH")) g_depth = atoi(getenv("PAIRS_DEPTH"));
   const char *label = argv[2];
   std::vector<int> tcounts;
   for (char *t = strtok(argv[3], ","); t; t = strtok(NULL, ",")) tcounts.push_back(atoi(t));

@@ -165,6 +165,19 @@ def sec_pairs(recs, out):
             out.append("| size | median us | traced | M pairs/s | traced |")
             out.append("| --- | --- | --- | --- | --- |")
             out += rows8
+    stk = {c: one(recs, "pairs", cfg=c, size=4096, threads=1)
+           for c in ("stk-off", "stk-libunwind", "stk-dwarf", "stk-fp")}
+    if stk["stk-off"]:
+        out.append("\n### Cost of call stacks in the trace (VMMSHIM_TRACE_STACKS=16), one thread: traced async "
+                   "pairs of 4 KiB, 20 calls deep; one stack per pair (its allocation)\n")
+        out.append("| unwinder (VMMSHIM_TRACE_UNWIND) | median pair (us) | + ns per traced allocation |")
+        out.append("| --- | --- | --- |")
+        base = num(stk["stk-off"], "median_us")
+        out.append("| stacks off (traced) | %.3f | |" % base)
+        for c, name in (("stk-libunwind", "libunwind"), ("stk-dwarf", "dwarf (libgcc)"), ("stk-fp", "fp")):
+            if stk[c]:
+                out.append("| %s | %.3f | %+.0f |" % (name, num(stk[c], "median_us"),
+                                                     (num(stk[c], "median_us") - base) * 1000.0))
     parts = [("floor", "clock reads alone"), ("shim-deferred", "cudaMalloc+cudaFree, deferred"),
              ("shim-drv-deferred", "cuMemAlloc+cuMemFree, deferred"), ("shim-async", "cudaMallocAsync+cudaFreeAsync"),
              ("shim-drv-async", "cuMemAllocAsync+cuMemFreeAsync")]

@@ -153,6 +153,18 @@ for r in 1 2 3 4 5 6 7; do
   step "pairs-trace-on-async-$r" pairs 60 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- $STEADY "$BIN/pairs" async "trace-async-$r" 1 $TSIZES
   rm -f "$LOGDIR"/pairs-trace.*
 done
+# The cost of a traced allocation's call stack (VMMSHIM_TRACE_STACKS=16), per unwinder: traced
+# async pairs of 4 KiB run 20 calls down, without stacks and with them (one stack per pair).
+for cfg in "stk-off" "stk-libunwind libunwind" "stk-dwarf dwarf" "stk-fp fp"; do
+  set -- $cfg
+  if [ -n "$2" ]; then
+    step "pairs-$1" pairs 60 "$SHIM" PAIRS_DEPTH=20 "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" VMMSHIM_TRACE_STACKS=16 \
+      VMMSHIM_TRACE_UNWIND=$2 -- $STEADY "$BIN/pairs" async "$1" 1 4K
+  else
+    step "pairs-$1" pairs 60 "$SHIM" PAIRS_DEPTH=20 "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- $STEADY "$BIN/pairs" async "$1" 1 4K
+  fi
+done
+rm -f "$LOGDIR"/pairs-trace.*
 step pairs-trace-base8-async pairs 60 "$SHIM" -- "$BIN/pairs" async trbase8-async 8 4K 1M
 step pairs-trace-on8-async pairs 60 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" async trace8-async 8 4K 1M
 rm -f "$LOGDIR"/pairs-trace.*

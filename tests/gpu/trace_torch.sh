@@ -7,6 +7,9 @@
 #                   VMMSHIM_STATS say; --html written, --memory-viz unpickles with "segments" and
 #                   "device_traces", --perfetto is JSON; scripts/vmmshim-replay with $BIN/replay:
 #                   rows for cudaMalloc, cudaMallocAsync and vmmshim, none failed.
+#   trace-torch-stacks/*  the same run with VMMSHIM_TRACE_STACKS=16: vmmshim-report --by-site names
+#                   Python lines of the script or of bench/tfm.py as the top sites, its sites add
+#                   up to the shim's allocation count, and the HTML page has the icicle graph
 #   trace-static/*  the same count check on a static-runtime program (t_errors.static), native format
 #   trace-rmm/*     the same program with VMMSHIM_TRACE_FORMAT=rmm, read by the report
 # The report summary and the replay table are copied into the main log.
@@ -182,6 +185,59 @@ print("%d events" % len(d["traceEvents"]))
   tee -a "$MAIN_LOG" <"$tab"
 }
 
+# ---- PyTorch with call stacks (the run tt_torch wrote the script for) ----
+tt_torch_stacks() {
+  script="$LOGDIR/trace_torch_train.py"
+  [ -f "$script" ] || return
+  left=$(tt_left)
+  if [ "$left" -le 20 ]; then
+    fail "trace-torch-stacks: not run, the time budget of $TEST_BUDGET s is spent"
+    return
+  fi
+  [ "$left" -gt 150 ] && left=150
+  rm -f "$LOGDIR"/torchstk.*.trace
+  out="$LOGDIR/trace-torch-stacks.log"
+  err="$LOGDIR/trace-torch-stacks.stderr"
+  timeout "$left" env -u LD_PRELOAD -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY -u PYTORCH_CUDA_ALLOC_CONF \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_STATS=1 VMMSHIM_TRACE_STACKS=16 VMMSHIM_LOG=info VMMSHIM_LIB="$LIB" \
+    TT_ROOT="$PWD" scripts/vmmshim --trace "$LOGDIR/torchstk.%p.trace" -q -- "$PYTHON" "$script" >"$out" 2>"$err"
+  rc=$?
+  pid=$(sed -n 's/^PID //p' "$out" | head -n 1)
+  trace="$LOGDIR/torchstk.$pid.trace"
+  if [ "$rc" != 0 ] || [ -z "$pid" ] || [ ! -s "$trace" ]; then
+    fail "trace-torch-stacks/run: exit $rc, trace $trace"
+    tail -n 8 "$out" "$err" | tee -a "$MAIN_LOG"
+    return
+  fi
+  say "INFO trace-torch-stacks: $(grep -m1 'trace: stacks of' "$err" | sed 's/^vmmshim: //'); $(grep -c '^k ' "$trace") distinct stacks, $(grep -c '^l ' "$trace") modules, $(wc -c <"$trace") bytes"
+  pass "trace-torch-stacks/run"
+  rep="$LOGDIR/trace-torch-stacks-report.txt"
+  html="$LOGDIR/torch-stacks-report.html"
+  if ! "$PYTHON" scripts/vmmshim-report --by-site --top 10 --html "$html" "$trace" >"$rep" 2>&1; then
+    fail "trace-torch-stacks/report: vmmshim-report failed:"
+    tail -n 8 "$rep" | tee -a "$MAIN_LOG"
+    return
+  fi
+  # The top sites by bytes allocated: Python lines of the script or of the model's file.
+  top=$(sed -n '/^by bytes allocated/,/^$/p' "$rep" | sed -n '3,5p')
+  if echo "$top" | grep -Eq '(trace_torch_train|tfm)\.py:[0-9]+'; then
+    pass "trace-torch-stacks/sites (the top sites are lines of the program's Python files)"
+  else
+    fail "trace-torch-stacks/sites: no line of trace_torch_train.py or tfm.py among the top sites:"
+    echo "$top" | tee -a "$MAIN_LOG"
+  fi
+  n_sites=$(sed -n '/^by allocations/,/^$/p' "$rep" | awk 'NR > 2 && $1 ~ /^[0-9]+$/ { n += $1 } END { print n + 0 }')
+  n_st=$(tt_stats_allocs "$err")
+  if [ -n "$n_st" ] && [ "$n_st" -gt 0 ] && grep -q "in $n_st of $n_st allocations" "$rep"; then
+    pass "trace-torch-stacks/count (all $n_st allocations have a stack; the top sites hold $n_sites)"
+  else
+    fail "trace-torch-stacks/count: the shim served $n_st; $(grep -m1 'distinct stacks in' "$rep")"
+  fi
+  if grep -q 'icicle' "$html" 2>/dev/null; then pass "trace-torch-stacks/html"; else fail "trace-torch-stacks/html: no icicle graph in $html"; fi
+  say "vmmshim-report --by-site of the PyTorch trace ($rep):"
+  sed -n '/^call sites/,/^by allocations/p' "$rep" | tee -a "$MAIN_LOG"
+}
+
 # ---- a static-runtime program, native and rmm format ----
 tt_static() {
   prog="$BIN/t_errors.static"
@@ -214,4 +270,5 @@ tt_static() {
 }
 
 tt_torch
+tt_torch_stacks
 tt_static
