@@ -137,7 +137,10 @@ bench: $(LIB)
 $(BUILD)/bench/cpu_pairs: bench/cpu_pairs.c $(EMU_DRV) $(EMU_RT) | $(BUILD)/bench
 	$(CC) $(T_CFLAGS) -O2 -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -pthread
 
-bench-cpu: $(LIB) $(BUILD)/bench/cpu_pairs
+$(BUILD)/bench/cpu_frag: bench/cpu_frag.c bench/workloads.h $(EMU_DRV) $(EMU_RT) | $(BUILD)/bench
+	$(CC) $(T_CFLAGS) -O2 -Ibench -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -lm -pthread
+
+bench-cpu: $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag
 	@BUILD=$(BUILD) sh bench/cpu_run.sh
 
 clean:

@@ -279,6 +279,7 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
     } else {
       b->state = B_PENDING;
       b->freed_seq = p->sync_seq;
+      b->idle_since = p->allocs;
       p->pending_bytes += b->size;
       list_push(&p->deferred, b);
       if (_vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED) {

@@ -148,6 +148,8 @@ vs_block_t *_vs_block_split(vs_pool_t *p, vs_block_t *b, size_t off) {
   r->size = b->size - off;
   r->resv = b->resv;
   r->state = b->state;
+  r->idle_since = b->idle_since;
+  r->freed_seq = b->freed_seq;
   b->size = off;
   link_after(b, r);
   return r;
@@ -166,8 +168,9 @@ static void absorb_next(vs_pool_t *p, vs_block_t *b, vs_block_t *c) {
 }
 
 void _vs_block_make_free(vs_pool_t *p, vs_block_t *b) {
+  /* Idle since its free: a pending block was freed when it became pending, not now. */
+  if (b->state != B_PENDING) b->idle_since = p->allocs;
   b->state = B_FREE;
-  b->idle_since = p->allocs;
   if (_vs_block_mergeable(p, b->prev, b, B_FREE)) {
     vs_block_t *a = b->prev;
     _vs_bin_remove(p, a);

@@ -62,6 +62,7 @@ static vs_block_t *take_from_stream(vs_pool_t *p, vs_stream_t *s, int heap_id, s
 static void pend_on_stream(vs_pool_t *p, vs_block_t *b, vs_stream_t *s) {
   b->state = B_PENDING;
   b->freed_seq = p->sync_seq;
+  b->idle_since = p->allocs;
   b->stream = s;
   p->pending_bytes += b->size;
   list_push(&s->pending, b);

@@ -1,0 +1,149 @@
+/* Irregular workloads on the host emulation, under the shim: how much memory the shim holds
+ * for them and how many driver calls it makes (`make bench-cpu`; no GPU). The driver's costs
+ * are not modelled here: on a GPU each VMM call costs 1-1000 us (bench/churn.cu and
+ * bench/replay.cu measure them there); this counts them.
+ *
+ *   cpu_frag <churn|varlen|FILE> <sync|async> [steps]
+ *
+ * churn, varlen: bench/workloads.h (default 20000 and 200 steps); FILE: a replay trace
+ * (bench/gen_trace.py's format). sync: cudaMalloc/cudaFree; async: cudaMallocAsync/
+ * cudaFreeAsync on one stream. The memory is not touched. The emulated device has 80 GiB. The
+ * emulated GPU completes the stream's work (the shim's event records) after every event, as a
+ * GPU that keeps up with the program would (the emulation's streams never progress by
+ * themselves).
+ * Prints one line:
+ *   R cpu-frag work=.. mode=.. allocs=.. peak_live=<requested> peak_mapped=.. held_live=..
+ *     vmm=<calls> vmm_steady=<calls after the first quarter of the events>
+ *     vmm_per_100=<steady calls per 100 steady allocations> creates=.. maps=.. set_access=..
+ *     unmaps=.. releases=.. ms=.. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "emu.h"
+#include "vmmshim.h"
+#include "workloads.h"
+
+#include <dlfcn.h>
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static wl_event_t *read_trace(const char *path, size_t *n_out) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    perror(path);
+    return NULL;
+  }
+  size_t cap = 1 << 16, n = 0;
+  wl_event_t *ev = malloc(cap * sizeof *ev);
+  char line[256];
+  while (ev && fgets(line, sizeof line, f)) {
+    unsigned id;
+    unsigned long long sz;
+    if (n == cap) ev = realloc(ev, (cap *= 2) * sizeof *ev);
+    if (!ev) break;
+    if (sscanf(line, "a %u %llu", &id, &sz) == 2) ev[n++] = (wl_event_t){'a', id, (size_t)sz};
+    else if (sscanf(line, "f %u", &id) == 1) ev[n++] = (wl_event_t){'f', id, 0};
+  }
+  fclose(f);
+  *n_out = n;
+  return ev;
+}
+
+static unsigned long long vmm_calls(void) {
+  static int (*get)(vmmshim_stats_t *, size_t);
+  if (!get) *(void **)&get = dlsym(RTLD_DEFAULT, "vmmshim_get_stats");
+  vmmshim_stats_t s;
+  if (!get || get(&s, sizeof s) != 0) return 0;
+  return s.vmm_calls;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: cpu_frag <churn|varlen|FILE> <sync|async> [steps]\n");
+    return 2;
+  }
+  int async = !strcmp(argv[2], "async");
+  unsigned steps = argc > 3 ? (unsigned)atoi(argv[3]) : 0;
+  size_t n = 0;
+  wl_event_t *ev;
+  const char *work = argv[1];
+  if (!strcmp(work, "churn")) {
+    if (!steps) steps = 20000;
+    ev = malloc((WL_CHURN_WINDOW + 2 * (size_t)steps) * sizeof *ev);
+    n = wl_churn(1, steps, ev);
+  } else if (!strcmp(work, "varlen")) {
+    if (!steps) steps = 200;
+    ev = malloc((WL_VARLEN_PARAM_EVENTS + (size_t)steps * WL_VARLEN_STEP_EVENTS) * sizeof *ev);
+    n = wl_varlen(1, steps, ev);
+  } else {
+    ev = read_trace(work, &n);
+    const char *slash = strrchr(work, '/');
+    work = slash ? slash + 1 : work;
+  }
+  if (!ev || !n) return 1;
+  unsigned max_id = 0;
+  for (size_t i = 0; i < n; i++)
+    if (ev[i].id > max_id) max_id = ev[i].id;
+  void **ptr = calloc(max_id + 1, sizeof *ptr);
+  size_t *size = calloc(max_id + 1, sizeof *size);
+  emu_set_device_memory(0, 80ull << 30);
+  cudaStream_t s = NULL;
+  if (cudaFree(NULL) != cudaSuccess || (async && cudaStreamCreate(&s) != cudaSuccess)) return 1;
+  size_t live = 0, peak = 0, allocs = 0, steady_allocs = 0;
+  unsigned long long vmm0 = 0;
+  const char *names[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease"};
+  long long base[5] = {0};
+  double t0 = now_ms();
+  for (size_t i = 0; i < n; i++) {
+    if (i == n / 4) {
+      vmm0 = vmm_calls();
+      for (int k = 0; k < 5; k++) base[k] = emu_calls(names[k]);
+    }
+    const wl_event_t *e = &ev[i];
+    if (e->op == 'a') {
+      cudaError_t r = async ? cudaMallocAsync(&ptr[e->id], e->size, s) : cudaMalloc(&ptr[e->id], e->size);
+      if (r != cudaSuccess) {
+        printf("R cpu-frag work=%s failed=1 at_event=%zu size=%zu live=%zu\n", work, i, e->size, live);
+        return 1;
+      }
+      size[e->id] = e->size;
+      live += e->size;
+      allocs++;
+      steady_allocs += i >= n / 4;
+      if (live > peak) peak = live;
+    } else if (ptr[e->id]) {
+      if ((async ? cudaFreeAsync(ptr[e->id], s) : cudaFree(ptr[e->id])) != cudaSuccess) return 1;
+      ptr[e->id] = NULL;
+      live -= size[e->id];
+    }
+    if (async) emu_complete((CUstream)s, -1);
+  }
+  double ms = now_ms() - t0;
+  vmmshim_stats_t st;
+  int (*get)(vmmshim_stats_t *, size_t) = NULL;
+  *(void **)&get = dlsym(RTLD_DEFAULT, "vmmshim_get_stats");
+  if (!get || get(&st, sizeof st) != 0) {
+    fprintf(stderr, "cpu_frag: not running under the shim\n");
+    return 1;
+  }
+  unsigned long long steady = st.vmm_calls - vmm0;
+  printf("R cpu-frag work=%s mode=%s allocs=%zu peak_live=%zu peak_mapped=%llu held_live=%.3f vmm=%llu "
+         "vmm_steady=%llu vmm_per_100=%.2f",
+         work, async ? "async" : "sync", allocs, peak, (unsigned long long)st.peak_bytes_mapped,
+         (double)st.peak_bytes_mapped / (double)peak, (unsigned long long)st.vmm_calls, steady,
+         steady_allocs ? 100.0 * (double)steady / (double)steady_allocs : 0.0);
+  static const char *short_names[] = {"creates", "maps", "set_access", "unmaps", "releases"};
+  for (int k = 0; k < 5; k++) printf(" %s=%lld", short_names[k], emu_calls(names[k]) - base[k]);
+  printf(" ms=%.0f\n", ms);
+  for (unsigned id = 0; id <= max_id; id++)
+    if (ptr[id]) async ? cudaFreeAsync(ptr[id], s) : cudaFree(ptr[id]);
+  return 0;
+}
