@@ -4,17 +4,22 @@
 #   make test       CPU tests on the host emulation of the driver (CI runs this)
 #   make gpu-test   GPU tests (needs a GPU and nvcc)
 #   make bench      GPU benchmarks (needs a GPU and nvcc)
+# Every target that compiles runs scripts/deps.sh first: it checks for uthash.h (installs
+# uthash-dev with apt-get when root) and stops with one line saying what to install when it
+# cannot. UTHASH_INCLUDE=DIR: uthash.h is in DIR (added with -I).
 
 CUDA_HOME ?= /usr/local/cuda
 CC        ?= cc
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 BUILD     ?= build
 PYTHON    ?= python3
+UTHASH_INCLUDE ?=
+UTHASH_CFLAGS  := $(if $(UTHASH_INCLUDE),-I$(UTHASH_INCLUDE))
 
 WARN      := -Wall -Wextra -Werror
 CFLAGS    ?= -O2 -g
 CFLAGS    += -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -ftls-model=initial-exec \
-             -Iinclude -I$(CUDA_HOME)/include -pthread
+             -Iinclude $(UTHASH_CFLAGS) -I$(CUDA_HOME)/include -pthread
 LDLIBS    := -ldl -pthread
 
 SRC       := $(wildcard src/*.c)
@@ -24,7 +29,13 @@ LIB       := $(BUILD)/libvmmshim.so
 .PHONY: all demo test gpu-test bench clean deps
 all: $(LIB)
 
-$(BUILD)/obj/%.o: src/%.c include/vmmshim.h include/vmmshim/internal.h | $(BUILD)/obj
+# The dependency check: a prerequisite of every target, order-only for each object, so that
+# with -j nothing compiles before it has finished. It runs on every make and is silent and
+# instant when all is there. For `make test` it also wants chromium and pkg-config.
+deps:
+	@UTHASH_INCLUDE='$(UTHASH_INCLUDE)' sh scripts/deps.sh $(if $(filter test,$(MAKECMDGOALS)),--test)
+
+$(BUILD)/obj/%.o: src/%.c include/vmmshim.h include/vmmshim/internal.h | $(BUILD)/obj deps
 	$(CC) $(CFLAGS) -c -o $@ $<
 
 $(LIB): $(OBJ)
@@ -62,7 +73,7 @@ T_STATIC  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_static_
 T_UNIT    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_unit_*.c))
 T_EMU     := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_emu_*.c))
 T_HDR     := $(wildcard tests/*.h) $(EMU_HDR) include/vmmshim.h include/vmmshim/internal.h
-T_CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -Itests -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
+T_CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -Itests -Itests/emu -Iinclude $(UTHASH_CFLAGS) -I$(CUDA_HOME)/include -pthread
 T_RPATH   := -Wl,-rpath,'$$ORIGIN/../emu'
 
 $(BUILD)/tests/test_shim_%: tests/test_shim_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT) | $(BUILD)/tests
@@ -71,26 +82,23 @@ $(BUILD)/tests/test_shim_%: tests/test_shim_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT) | 
 $(BUILD)/tests/test_static_%: tests/test_static_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT_A) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< $(EMU_RT_A) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
-$(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC) $(EMU_DRV) | $(BUILD)/tests
+$(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC) $(EMU_DRV) | $(BUILD)/tests deps
 	$(CC) $(T_CFLAGS) -fvisibility=hidden -o $@ $< $(filter-out src/hook_%.c,$(SRC)) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
 $(BUILD)/tests/test_emu_%: tests/test_emu_%.c $(T_HDR) $(EMU_DRV) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
-deps:
-	@sh tests/setup.sh
-
 test: deps $(LIB) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) sh tests/run.sh
 
 # ---- GPU (run on a machine with an NVIDIA GPU) ----
-demo: $(LIB)
+demo: deps $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) sh scripts/demo.sh
 
-gpu-test: $(LIB)
+gpu-test: deps $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) sh tests/gpu/run.sh
 
-bench: $(LIB)
+bench: deps $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) sh bench/run.sh
 
 clean:
