@@ -25,9 +25,10 @@ LDLIBS    := -ldl -pthread
 SRC       := $(wildcard src/*.c)
 OBJ       := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 LIB       := $(BUILD)/libvmmshim.so
+MAN       := $(BUILD)/vmmshim.1
 
 .PHONY: all demo test gpu-test bench clean deps
-all: $(LIB)
+all: $(LIB) $(MAN)
 
 # The dependency check: a prerequisite of every target, order-only for each object, so that
 # with -j nothing compiles before it has finished. It runs on every make and is silent and
@@ -41,8 +42,12 @@ $(BUILD)/obj/%.o: src/%.c include/vmmshim.h include/vmmshim/internal.h | $(BUILD
 $(LIB): $(OBJ)
 	$(CC) -shared -o $@ $(OBJ) $(LDLIBS)
 
-$(BUILD)/obj $(BUILD)/emu $(BUILD)/tests:
+$(BUILD) $(BUILD)/obj $(BUILD)/emu $(BUILD)/tests:
 	mkdir -p $@
+
+# The man page, made from the launcher's --help (one source for both).
+$(MAN): scripts/vmmshim scripts/gen-man.sh | $(BUILD)
+	sh scripts/gen-man.sh scripts/vmmshim > $@.tmp && mv $@.tmp $@
 
 # ---- host emulation of the CUDA driver and runtime (tests/emu) ----
 EMU_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -fPIC -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
@@ -88,7 +93,7 @@ $(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC) $(EMU_DRV) | $(B
 $(BUILD)/tests/test_emu_%: tests/test_emu_%.c $(T_HDR) $(EMU_DRV) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
-test: deps $(LIB) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC)
+test: deps $(LIB) $(MAN) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) sh tests/run.sh
 
 # ---- GPU (run on a machine with an NVIDIA GPU) ----
