@@ -4,6 +4,8 @@
 #   make test       CPU tests on the host emulation of the driver (CI runs this)
 #   make gpu-test   GPU tests (needs a GPU and nvcc)
 #   make bench      GPU benchmarks (needs a GPU and nvcc)
+#   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc and the man page
+#                   under $(DESTDIR)$(PREFIX) (PREFIX=/usr/local); make uninstall removes them
 # Every target that compiles runs scripts/deps.sh first: it checks for uthash.h (installs
 # uthash-dev with apt-get when root) and stops with one line saying what to install when it
 # cannot. UTHASH_INCLUDE=DIR: uthash.h is in DIR (added with -I).
@@ -13,6 +15,8 @@ CC        ?= cc
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 BUILD     ?= build
 PYTHON    ?= python3
+PREFIX    ?= /usr/local
+DESTDIR   ?=
 UTHASH_INCLUDE ?=
 UTHASH_CFLAGS  := $(if $(UTHASH_INCLUDE),-I$(UTHASH_INCLUDE))
 
@@ -26,8 +30,9 @@ SRC       := $(wildcard src/*.c)
 OBJ       := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 LIB       := $(BUILD)/libvmmshim.so
 MAN       := $(BUILD)/vmmshim.1
+PC        := $(BUILD)/vmmshim.pc
 
-.PHONY: all demo test gpu-test bench clean deps
+.PHONY: all demo test gpu-test bench clean deps install uninstall FORCE
 all: $(LIB) $(MAN)
 
 # The dependency check: a prerequisite of every target, order-only for each object, so that
@@ -48,6 +53,14 @@ $(BUILD) $(BUILD)/obj $(BUILD)/emu $(BUILD)/tests:
 # The man page, made from the launcher's --help (one source for both).
 $(MAN): scripts/vmmshim scripts/gen-man.sh | $(BUILD)
 	sh scripts/gen-man.sh scripts/vmmshim > $@.tmp && mv $@.tmp $@
+
+# The pkg-config file, remade on every make install for the PREFIX given.
+$(PC): include/vmmshim.h FORCE | $(BUILD)
+	@printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' 'libdir=$${prefix}/lib' \
+	  'includedir=$${prefix}/include' '' 'Name: vmmshim' \
+	  'Description: CUDA device allocations served from pools on the driver VMM API (LD_PRELOAD)' \
+	  "Version: $$(sed -n 's/^#define VMMSHIM_VERSION "\(.*\)"$$/\1/p' include/vmmshim.h)" \
+	  'Libs: -L$${libdir} -lvmmshim' 'Cflags: -I$${includedir}' > $@
 
 # ---- host emulation of the CUDA driver and runtime (tests/emu) ----
 EMU_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -fPIC -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
@@ -105,6 +118,26 @@ gpu-test: deps $(LIB)
 
 bench: deps $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) sh bench/run.sh
+
+# ---- install: PREFIX (default /usr/local), DESTDIR for staging ----
+# The launcher finds the library at ../lib/libvmmshim.so next to itself, so the layout under
+# PREFIX is fixed: bin, lib, lib/pkgconfig, include, share/man/man1.
+INSTALLED := $(PREFIX)/lib/libvmmshim.so $(PREFIX)/lib/pkgconfig/vmmshim.pc \
+             $(PREFIX)/bin/vmmshim $(PREFIX)/bin/vmmshim-report $(PREFIX)/bin/vmmshim-replay \
+             $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1
+INSTDIR   := $(DESTDIR)$(PREFIX)
+
+install: $(LIB) $(MAN) $(PC)
+	install -d -m 755 $(INSTDIR)/bin $(INSTDIR)/lib/pkgconfig $(INSTDIR)/include $(INSTDIR)/share/man/man1
+	install -m 644 $(LIB) $(INSTDIR)/lib/libvmmshim.so
+	install -m 644 $(PC) $(INSTDIR)/lib/pkgconfig/vmmshim.pc
+	install -m 755 scripts/vmmshim scripts/vmmshim-report scripts/vmmshim-replay $(INSTDIR)/bin/
+	install -m 644 include/vmmshim.h $(INSTDIR)/include/vmmshim.h
+	install -m 644 $(MAN) $(INSTDIR)/share/man/man1/vmmshim.1
+
+# Removes the files make install puts there (directories are left).
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
 
 clean:
 	rm -rf $(BUILD)

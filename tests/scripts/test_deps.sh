@@ -142,7 +142,7 @@ check "without --test chromium and pkg-config are not wanted" test "$rc:$out$err
 # ---- make: every building target stops at the step, before compiling, also with -j2 ----
 cd "$ROOT" || exit 1
 unset MAKEFLAGS MFLAGS MAKELEVEL
-for goal in all demo gpu-test bench; do
+for goal in all demo gpu-test bench install; do
   for j in 1 2; do
     b="$tmp/build-$goal-$j"
     env -u UTHASH_INCLUDE VMMSHIM_DEPS_INCLUDE="$tmp/empty" VMMSHIM_DEPS_APT=none \
