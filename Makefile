@@ -1,21 +1,30 @@
 # vmmshim: build, test, benchmark.
-#   make            build/libvmmshim.so
+#   make            build/libvmmshim.so (and the launcher's man page, build/vmmshim.1)
 #   make demo       build and run the bundled CUDA program under the shim (needs a GPU)
 #   make test       CPU tests on the host emulation of the driver, then under sanitizers (CI runs this)
 #   make test-sanitize  only the sanitizer pass
 #   make gpu-test   GPU tests (needs a GPU and nvcc)
 #   make bench      GPU benchmarks (needs a GPU and nvcc)
-#   make bench-cpu  the shim's own cost per pair on the host emulation (no GPU)
+#   make bench-cpu  the shim's own costs on the host emulation (no GPU)
+#   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc and the man page
+#                   under $(DESTDIR)$(PREFIX) (PREFIX=/usr/local); make uninstall removes them
+# Every target that compiles runs scripts/deps.sh first: it checks for uthash.h (installs
+# uthash-dev with apt-get when root) and stops with one line saying what to install when it
+# cannot. UTHASH_INCLUDE=DIR: uthash.h is in DIR (added with -I).
 
 CUDA_HOME ?= /usr/local/cuda
 CC        ?= cc
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 BUILD     ?= build
 PYTHON    ?= python3
+PREFIX    ?= /usr/local
+DESTDIR   ?=
+UTHASH_INCLUDE ?=
+UTHASH_CFLAGS  := $(if $(UTHASH_INCLUDE),-I$(UTHASH_INCLUDE))
 
 WARN      := -Wall -Wextra -Werror
 LIB_FLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fno-omit-frame-pointer -fvisibility=hidden -ftls-model=initial-exec \
-             -Iinclude -I$(CUDA_HOME)/include -pthread
+             -Iinclude $(UTHASH_CFLAGS) -I$(CUDA_HOME)/include -pthread
 CFLAGS    ?= -O2 -g
 CFLAGS    += $(LIB_FLAGS)
 LDLIBS    := -ldl -pthread
@@ -25,11 +34,19 @@ SRC       := $(filter-out src/pool_%.c,$(wildcard src/*.c))
 HDR       := include/vmmshim.h $(wildcard include/vmmshim/*.h)
 OBJ       := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 LIB       := $(BUILD)/libvmmshim.so
+MAN       := $(BUILD)/vmmshim.1
+PC        := $(BUILD)/vmmshim.pc
 
-.PHONY: all demo test test-sanitize gpu-test bench bench-cpu clean deps
-all: $(LIB)
+.PHONY: all demo test test-sanitize gpu-test bench bench-cpu clean deps install uninstall FORCE
+all: $(LIB) $(MAN)
 
-$(BUILD)/obj/%.o: src/%.c $(HDR) | $(BUILD)/obj
+# The dependency check: a prerequisite of every target, order-only for each object, so that
+# with -j nothing compiles before it has finished. It runs on every make and is silent and
+# instant when all is there. For `make test` it also wants chromium, pkg-config and libunwind.
+deps:
+	@UTHASH_INCLUDE='$(UTHASH_INCLUDE)' sh scripts/deps.sh $(if $(filter test test-sanitize,$(MAKECMDGOALS)),--test)
+
+$(BUILD)/obj/%.o: src/%.c $(HDR) | $(BUILD)/obj deps
 	$(CC) $(CFLAGS) -c -o $@ $<
 
 $(BUILD)/obj/pool.o: $(wildcard src/pool_*.c)
@@ -37,8 +54,20 @@ $(BUILD)/obj/pool.o: $(wildcard src/pool_*.c)
 $(LIB): $(OBJ)
 	$(CC) -shared -o $@ $(OBJ) $(LDLIBS)
 
-$(BUILD)/obj $(BUILD)/emu $(BUILD)/tests $(BUILD)/bench:
+$(BUILD) $(BUILD)/obj $(BUILD)/emu $(BUILD)/tests $(BUILD)/bench:
 	mkdir -p $@
+
+# The man page, made from the launcher's --help (one source for both).
+$(MAN): scripts/vmmshim scripts/gen-man.sh | $(BUILD)
+	sh scripts/gen-man.sh scripts/vmmshim > $@.tmp && mv $@.tmp $@
+
+# The pkg-config file, remade on every make install for the PREFIX given.
+$(PC): include/vmmshim.h FORCE | $(BUILD)
+	@printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' 'libdir=$${prefix}/lib' \
+	  'includedir=$${prefix}/include' '' 'Name: vmmshim' \
+	  'Description: CUDA device allocations served from pools on the driver VMM API (LD_PRELOAD)' \
+	  "Version: $$(sed -n 's/^#define VMMSHIM_VERSION "\(.*\)"$$/\1/p' include/vmmshim.h)" \
+	  'Libs: -L$${libdir} -lvmmshim' 'Cflags: -I$${includedir}' > $@
 
 # ---- host emulation of the CUDA driver and runtime (tests/emu) ----
 EMU_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -fPIC -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
@@ -69,7 +98,8 @@ T_STATIC  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_static_
 T_UNIT    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_unit_*.c))
 T_EMU     := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_emu_*.c))
 T_HDR     := $(wildcard tests/*.h) $(EMU_HDR) $(HDR)
-T_CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -fno-omit-frame-pointer -Itests -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
+T_CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -fno-omit-frame-pointer -Itests -Itests/emu -Iinclude \
+             $(UTHASH_CFLAGS) -I$(CUDA_HOME)/include -pthread
 T_RPATH   := -Wl,-rpath,'$$ORIGIN/../emu'
 
 $(BUILD)/tests/test_shim_%: tests/test_shim_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT) | $(BUILD)/tests
@@ -78,14 +108,11 @@ $(BUILD)/tests/test_shim_%: tests/test_shim_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT) | 
 $(BUILD)/tests/test_static_%: tests/test_static_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT_A) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< $(EMU_RT_A) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
-$(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(wildcard src/*.c) $(EMU_DRV) | $(BUILD)/tests
+$(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(wildcard src/*.c) $(EMU_DRV) | $(BUILD)/tests deps
 	$(CC) $(T_CFLAGS) -fvisibility=hidden -o $@ $< $(filter-out src/hook_%.c,$(SRC)) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
 $(BUILD)/tests/test_emu_%: tests/test_emu_%.c $(T_HDR) $(EMU_DRV) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
-
-deps:
-	@sh tests/setup.sh
 
 # ---- sanitizer builds: the library and the unit tests with the invariant checks compiled in
 # (VS_DEBUG=2) under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan) and
@@ -97,13 +124,13 @@ DBG_FLAGS := -O1 -g -DVS_DEBUG=2
 T_UNIT_NAMES := $(patsubst tests/%.c,%,$(wildcard tests/test_unit_*.c))
 
 define SANITIZER_BUILD
-$(BUILD)/$(1)/obj/%.o: src/%.c $(HDR)
+$(BUILD)/$(1)/obj/%.o: src/%.c $(HDR) | deps
 	@mkdir -p $$(@D)
 	$(CC) $(DBG_FLAGS) $(SAN_$(1)) $(LIB_FLAGS) -c -o $$@ $$<
 $(BUILD)/$(1)/obj/pool.o: $(wildcard src/pool_*.c)
 $(BUILD)/$(1)/libvmmshim.so: $(SRC:src/%.c=$(BUILD)/$(1)/obj/%.o)
 	$(CC) $(SAN_$(1)) -shared -o $$@ $$^ $(LDLIBS)
-$(BUILD)/$(1)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(wildcard src/*.c) $(EMU_DRV)
+$(BUILD)/$(1)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(wildcard src/*.c) $(EMU_DRV) | deps
 	@mkdir -p $$(@D)
 	$(CC) $(T_CFLAGS) $(DBG_FLAGS) $(SAN_$(1)) -fvisibility=hidden -o $$@ $$< $(filter-out src/hook_%.c,$(SRC)) \
 	  -L$(BUILD)/emu -Wl,-rpath,'$$$$ORIGIN/../../emu' -lcuda -ldl -pthread
@@ -113,7 +140,7 @@ $(eval $(call SANITIZER_BUILD,tsan))
 SAN_DEPS := $(BUILD)/asan/libvmmshim.so $(BUILD)/tsan/libvmmshim.so \
             $(T_UNIT_NAMES:%=$(BUILD)/asan/tests/%) $(T_UNIT_NAMES:%=$(BUILD)/tsan/tests/%)
 
-TEST_DEPS := deps $(LIB) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC)
+TEST_DEPS := deps $(LIB) $(MAN) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC)
 
 # Every CPU test on the release library, then the sanitizer pass (tests/run.sh says which tests).
 test: $(TEST_DEPS) $(SAN_DEPS)
@@ -124,24 +151,44 @@ test-sanitize: $(TEST_DEPS) $(SAN_DEPS)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) SANITIZE=only sh tests/run.sh
 
 # ---- GPU (run on a machine with an NVIDIA GPU) ----
-demo: $(LIB)
+demo: deps $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) sh scripts/demo.sh
 
-gpu-test: $(LIB)
+gpu-test: deps $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) sh tests/gpu/run.sh
 
-bench: $(LIB)
+bench: deps $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) sh bench/run.sh
 
-# The shim's own cost per pair on the host emulation: no GPU needed (bench/cpu_pairs.c)
+# ---- the shim's own costs on the host emulation: no GPU needed (bench/cpu_*.c) ----
 $(BUILD)/bench/cpu_pairs: bench/cpu_pairs.c $(EMU_DRV) $(EMU_RT) | $(BUILD)/bench
 	$(CC) $(T_CFLAGS) -O2 -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -pthread
 
 $(BUILD)/bench/cpu_frag: bench/cpu_frag.c bench/workloads.h $(EMU_DRV) $(EMU_RT) | $(BUILD)/bench
 	$(CC) $(T_CFLAGS) -O2 -Ibench -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -lm -pthread
 
-bench-cpu: $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag
+bench-cpu: deps $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag
 	@BUILD=$(BUILD) sh bench/cpu_run.sh
+
+# ---- install: PREFIX (default /usr/local), DESTDIR for staging ----
+# The launcher finds the library at ../lib/libvmmshim.so next to itself, so the layout under
+# PREFIX is fixed: bin, lib, lib/pkgconfig, include, share/man/man1.
+INSTALLED := $(PREFIX)/lib/libvmmshim.so $(PREFIX)/lib/pkgconfig/vmmshim.pc \
+             $(PREFIX)/bin/vmmshim $(PREFIX)/bin/vmmshim-report $(PREFIX)/bin/vmmshim-replay \
+             $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1
+INSTDIR   := $(DESTDIR)$(PREFIX)
+
+install: $(LIB) $(MAN) $(PC)
+	install -d -m 755 $(INSTDIR)/bin $(INSTDIR)/lib/pkgconfig $(INSTDIR)/include $(INSTDIR)/share/man/man1
+	install -m 644 $(LIB) $(INSTDIR)/lib/libvmmshim.so
+	install -m 644 $(PC) $(INSTDIR)/lib/pkgconfig/vmmshim.pc
+	install -m 755 scripts/vmmshim scripts/vmmshim-report scripts/vmmshim-replay $(INSTDIR)/bin/
+	install -m 644 include/vmmshim.h $(INSTDIR)/include/vmmshim.h
+	install -m 644 $(MAN) $(INSTDIR)/share/man/man1/vmmshim.1
+
+# Removes the files make install puts there (directories are left).
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
 
 clean:
 	rm -rf $(BUILD)

@@ -95,9 +95,9 @@ def browser():
     b = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if not b:
         if os.environ.get("CI") == "true":
-            check(False, "chromium is needed to render the HTML report (tests/setup.sh installs it)")
+            check(False, "chromium is needed to render the HTML report (scripts/deps.sh --test installs it)")
         else:
-            print("SKIP html rendering: no chromium (tests/setup.sh installs it); not counted")
+            print("SKIP html rendering: no chromium (scripts/deps.sh --test installs it); not counted")
     return b
 
 

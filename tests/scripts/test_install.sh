@@ -1,0 +1,213 @@
+#!/bin/sh
+# Tests of make install / make uninstall, staged with DESTDIR=<scratch> PREFIX=/usr: every file
+# in place with its mode and nothing else; the installed launcher preloads the installed library
+# with no variable set (also through symlinks) and the shim serves a program on the host
+# emulation; the installed vmmshim-report and vmmshim-replay work from bin/; vmmshim.pc gives
+# the right prefix and flags, and a program builds and links with them; the man page has its
+# sections, renders without warnings and lists exactly the options --help lists; uninstall
+# removes those files and nothing else. Needs make test's build (the library and tests/emu).
+# Ends with "N passed, N failed".
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${BUILD:-build}
+case $BUILD in /*) B=$BUILD ;; *) B=$ROOT/$BUILD ;; esac
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+CC=${CC:-cc}
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+ko() { fail=$((fail + 1)); echo "FAIL $1"; }
+check() { # description, then a command whose success means pass
+  d=$1; shift
+  if "$@"; then ok "$d"; else ko "$d"; fi
+}
+has() { case $1 in *"$2"*) return 0 ;; *) return 1 ;; esac; }
+skip_or_fail() { # a tool make test's dependency step installs is missing
+  if [ "${CI:-}" = true ]; then ko "$1 (scripts/deps.sh --test installs it)"; else echo "SKIP $1; not counted"; fi
+}
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/vmmshim-install-test.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+tmp=$(cd "$tmp" && pwd -P)
+D="$tmp/root"        # DESTDIR
+P="$D/usr"           # where PREFIX=/usr lands
+unset MAKEFLAGS MFLAGS MAKELEVEL VMMSHIM_LIB VMMSHIM_TRACE
+cd "$ROOT" || exit 1
+
+# ---- make install ----
+make BUILD="$BUILD" DESTDIR="$D" PREFIX=/usr install >"$tmp/install.log" 2>&1
+rc=$?
+check "make install DESTDIR=... PREFIX=/usr exits 0" test "$rc" = 0
+[ "$rc" = 0 ] || sed -n 1,20p "$tmp/install.log"
+want="bin/vmmshim 755
+bin/vmmshim-replay 755
+bin/vmmshim-report 755
+include/vmmshim.h 644
+lib/libvmmshim.so 644
+lib/pkgconfig/vmmshim.pc 644
+share/man/man1/vmmshim.1 644"
+got=$(cd "$P" 2>/dev/null && find . -type f -o -type l | sed 's|^\./||' | LC_ALL=C sort | while read -r f; do echo "$f $(stat -c %a "$f")"; done)
+check "the installed files and their modes are exactly: $(echo $want)" test "$got" = "$want"
+[ "$got" = "$want" ] || printf 'got:\n%s\n' "$got"
+check "the installed library is the built one" cmp -s "$B/libvmmshim.so" "$P/lib/libvmmshim.so"
+check "the installed launcher is scripts/vmmshim" cmp -s scripts/vmmshim "$P/bin/vmmshim"
+check "nothing installed outside PREFIX" test "$(ls -A "$D")" = usr
+out=$(make -n BUILD="$BUILD" DESTDIR="$tmp/d2" install 2>&1)
+check "PREFIX defaults to /usr/local" has "$out" "$tmp/d2/usr/local/lib/libvmmshim.so"
+
+# ---- the installed launcher finds the installed library ----
+out=$(LD_PRELOAD= "$P/bin/vmmshim" --no-trace -q -- sh -c 'echo "$LD_PRELOAD"' 2>&1)
+check "installed launcher preloads $P/lib/libvmmshim.so (no VMMSHIM_LIB)" test "$out" = "$P/lib/libvmmshim.so"
+mkdir -p "$tmp/links" "$tmp/bin2"
+ln -s "$P/bin/vmmshim" "$tmp/links/abs"
+ln -s ../root/usr/bin/vmmshim "$tmp/links/rel"
+ln -s rel "$tmp/links/rel2"
+ln -s "$tmp/links/rel2" "$tmp/bin2/vmmshim"
+for l in "$tmp/links/abs" "$tmp/links/rel2" "$tmp/bin2/vmmshim"; do
+  out=$(LD_PRELOAD= "$l" --no-trace -q -- sh -c 'echo "$LD_PRELOAD"' 2>&1)
+  check "through symlink $(basename "$(dirname "$l")")/$(basename "$l"): the installed library" test "$out" = "$P/lib/libvmmshim.so"
+done
+out=$(cd "$tmp" && LD_PRELOAD= PATH="$tmp/bin2:$PATH" vmmshim --no-trace -q -- sh -c 'echo "$LD_PRELOAD"' 2>&1)
+check "found on PATH as a symlink: the installed library" test "$out" = "$P/lib/libvmmshim.so"
+
+# a real program on the emulated driver, built with the installed header
+cat > "$tmp/prog.c" <<'EOF'
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <vmmshim.h>
+int main(void) {
+  void *p = NULL;
+  if (cudaMalloc(&p, 1 << 20) != cudaSuccess || cudaFree(p) != cudaSuccess) {
+    printf("cuda error\n");
+    return 2;
+  }
+  int (*active)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "vmmshim_active");
+  int (*get)(vmmshim_stats_t *, size_t) = (int (*)(vmmshim_stats_t *, size_t))dlsym(RTLD_DEFAULT, "vmmshim_get_stats");
+  vmmshim_stats_t s;
+  unsigned long long n = get && get(&s, sizeof s) == 0 ? (unsigned long long)s.allocs[VMMSHIM_API_RUNTIME] : 0;
+  printf("active=%d allocs=%llu\n", active ? active() : -1, n);
+  return 0;
+}
+EOF
+if $CC -std=c11 -Wall -Wextra -Werror -I"$P/include" -I"$CUDA_HOME/include" -o "$tmp/prog" "$tmp/prog.c" \
+     -L"$B/emu" -lcudart -ldl 2>"$tmp/cc.log"; then
+  ok "a program builds with the installed vmmshim.h"
+  out=$(LD_LIBRARY_PATH="$B/emu" "$tmp/prog" 2>&1)
+  check "without the launcher the shim is not there [$out]" test "$out" = "active=-1 allocs=0"
+  out=$(cd "$tmp" && LD_LIBRARY_PATH="$B/emu" "$P/bin/vmmshim" --stats --no-trace -- "$tmp/prog" 2>"$tmp/stats.err")
+  rc=$?
+  check "installed launcher: the program runs, the shim serves its cudaMalloc [$out]" test "$rc:$out" = "0:active=1 allocs=1"
+  check "installed launcher --stats: the shim's stats lines" grep -q '^vmmshim: stats: allocations served: cudaMalloc 1,' "$tmp/stats.err"
+
+  # the trace, and the report command the launcher prints, run as printed
+  (cd "$tmp" && LD_LIBRARY_PATH="$B/emu" "$P/bin/vmmshim" -o "$tmp/t.%p.trace" -- "$tmp/prog" >/dev/null 2>"$tmp/trace.err")
+  next=$(sed -n 's/^vmmshim: done (exit status 0); next: //p' "$tmp/trace.err")
+  case $next in
+    "$P/bin/vmmshim-report $tmp/t."*.trace) ok "the launcher names the installed vmmshim-report" ;;
+    *) ko "the launcher names the installed vmmshim-report: $next" ;;
+  esac
+  # shellcheck disable=SC2086  # the printed command, split as a user's shell would
+  out=$($next 2>&1)
+  rc=$?
+  check "the installed vmmshim-report reads the trace" \
+    sh -c '[ "$1" = 0 ] && printf "%s\n" "$2" | grep -q "^format: native 2 (vmmshim " &&
+           printf "%s\n" "$2" | grep -q "^program: $3\$"' - "$rc" "$out" "$tmp/prog"
+else
+  ko "a program builds with the installed vmmshim.h"; cat "$tmp/cc.log"
+fi
+
+# ---- the installed vmmshim-replay: finds vmmshim-report and the library next to itself ----
+out=$(cd "$tmp" && env -u BUILD "$P/bin/vmmshim-replay" --convert-only "$ROOT/tests/data/small.trace" 2>/dev/null)
+check "installed vmmshim-replay --convert-only gives tests/data/small.replay" test "$out" = "$(cat tests/data/small.replay)"
+ln -s "$P/bin/vmmshim-replay" "$tmp/links/replay"
+out=$(cd "$tmp" && env -u BUILD "$tmp/links/replay" --convert-only "$ROOT/tests/data/small.trace" 2>/dev/null)
+check "the same through a symlink" test "$out" = "$(cat tests/data/small.replay)"
+err=$(cd "$tmp" && env -u BUILD "$P/bin/vmmshim-replay" "$ROOT/tests/data/small.trace" 2>&1 >/dev/null)
+check "installed vmmshim-replay without a replayer says to pass --replayer" has "$err" "or pass --replayer"
+printf '#!/bin/sh\necho "R x cfg=$3 preload=$LD_PRELOAD"\n' > "$tmp/replayer"
+chmod +x "$tmp/replayer"
+out=$(cd "$tmp" && env -u BUILD LD_PRELOAD= "$P/bin/vmmshim-replay" --replayer "$tmp/replayer" "$ROOT/tests/data/small.trace" 2>/dev/null)
+row=$(printf '%s\n' "$out" | grep '^vmmshim ')
+check "installed vmmshim-replay preloads the installed library in its shim row" has "$row" "$P/lib/libvmmshim.so"
+
+# ---- pkg-config ----
+if command -v pkg-config >/dev/null 2>&1; then
+  pc() { PKG_CONFIG_LIBDIR="$P/lib/pkgconfig" PKG_CONFIG_PATH= pkg-config "$@"; }
+  check "vmmshim.pc: prefix=/usr" test "$(pc --variable=prefix vmmshim)" = /usr
+  check "vmmshim.pc: libdir=/usr/lib, includedir=/usr/include" \
+    test "$(pc --variable=libdir vmmshim) $(pc --variable=includedir vmmshim)" = "/usr/lib /usr/include"
+  check "vmmshim.pc: version is VMMSHIM_VERSION" \
+    test "$(pc --modversion vmmshim)" = "$(sed -n 's/^#define VMMSHIM_VERSION "\(.*\)"$/\1/p' include/vmmshim.h)"
+  flags=$(pc --define-prefix --cflags --libs vmmshim)
+  check "pkg-config --define-prefix --cflags --libs: -I$P/include -L$P/lib -lvmmshim [$flags]" \
+    test "$(echo $flags)" = "-I$P/include -L$P/lib -lvmmshim"
+  flags=$(PKG_CONFIG_SYSROOT_DIR="$D" pc --cflags --libs vmmshim)
+  check "PKG_CONFIG_SYSROOT_DIR: the flags point into the staging tree [$flags]" \
+    sh -c 'case " $1 " in *" -I$2/include "*|*" -L$2/lib "*) ;; *) exit 1 ;; esac; case " $1 " in *" -lvmmshim "*) ;; *) exit 1 ;; esac' - "$flags" "$P"
+  cat > "$tmp/link.c" <<'EOF'
+#include <stdio.h>
+#include <vmmshim.h>
+int main(void) {
+  vmmshim_stats_t s;
+  int r = vmmshim_get_stats(&s, sizeof s);
+  printf("get_stats=%d bad_size=%d\n", r, vmmshim_get_stats(&s, 1));
+  return 0;
+}
+EOF
+  # shellcheck disable=SC2046  # pkg-config's output is a word list
+  if $CC -std=c11 -Wall -Werror $(pc --define-prefix --cflags vmmshim) -o "$tmp/link" "$tmp/link.c" \
+       $(pc --define-prefix --libs vmmshim) 2>"$tmp/cc.log"; then
+    ok "a program compiles and links against the shim with pkg-config's flags"
+    out=$(LD_LIBRARY_PATH="$P/lib:$B/emu" "$tmp/link" 2>&1)
+    check "it runs and calls the installed library [$out]" test "$out" = "get_stats=0 bad_size=-1"
+  else
+    ko "a program compiles and links against the shim with pkg-config's flags"; cat "$tmp/cc.log"
+  fi
+else
+  skip_or_fail "pkg-config is needed to check vmmshim.pc"
+fi
+
+# ---- the man page ----
+man1="$P/share/man/man1/vmmshim.1"
+check "the man page is what scripts/gen-man.sh makes from the installed launcher's --help" \
+  sh -c 'sh scripts/gen-man.sh "$1" | cmp -s - "$2"' - "$P/bin/vmmshim" "$man1"
+check "the man page starts with .TH VMMSHIM 1" test "$(grep -v '^\.\\"' "$man1" | head -n 1 | cut -d' ' -f1-3)" = ".TH VMMSHIM 1"
+secs=$(sed -n 's/^\.SH //p' "$man1" | tr -d '"' | tr '\n' '|')
+check "sections NAME SYNOPSIS DESCRIPTION OPTIONS ENVIRONMENT EXIT STATUS SEE ALSO, in order [$secs]" \
+  test "$secs" = "NAME|SYNOPSIS|DESCRIPTION|OPTIONS|ENVIRONMENT|EXIT STATUS|SEE ALSO|"
+check "NAME is 'vmmshim \\- <summary>'" sh -c 'sed -n "/^\.SH NAME/{n;p;}" "$1" | grep -q "^vmmshim \\\\- [a-z]"' - "$man1"
+# option names: from the help's option lines, and from the page's .TP terms
+help_opts=$("$P/bin/vmmshim" --help | grep -E '^ +-' | grep -oE '(^|[ ,])--?[a-z][a-z-]*' | tr -d ' ,' | sort -u)
+man_opts=$(sed -n '/^\.TP/{n;p;}' "$man1" | sed 's/\\-/-/g; s/\\f[BIR]//g' | grep -oE '(^|[ ,])--?[a-z][a-z-]*' | tr -d ' ,' | sort -u)
+check "the help lists options (found $(echo "$help_opts" | wc -l))" test "$(echo "$help_opts" | wc -l)" -ge 20
+check "the man page lists exactly the options --help lists" test "$man_opts" = "$help_opts"
+[ "$man_opts" = "$help_opts" ] || { echo "help: $(echo $help_opts)"; echo "man:  $(echo $man_opts)"; }
+if command -v groff >/dev/null 2>&1; then
+  warn=$(groff -man -Tutf8 -ww -z "$man1" 2>&1)
+  check "groff renders it without warnings [$warn]" test -z "$warn"
+  text=$(groff -man -Tascii -P-cbou "$man1" 2>/dev/null)
+  missing=
+  for o in $help_opts; do printf '%s\n' "$text" | grep -q -- "$o\([^a-z-]\|$\)" || missing="$missing $o"; done
+  check "every option appears in the rendered page [missing:$missing]" test -z "$missing"
+  check "the rendered page has the section headings" \
+    sh -c 'for s in NAME SYNOPSIS DESCRIPTION OPTIONS ENVIRONMENT "EXIT STATUS" "SEE ALSO"; do printf "%s\n" "$1" | grep -q "^$s\$" || exit 1; done' - "$text"
+  if command -v man >/dev/null 2>&1; then
+    out=$(MANWIDTH=80 MANPAGER=cat PAGER=cat man -l "$man1" 2>/dev/null)
+    check "man -l renders it" has "$out" "--release-threshold"
+  fi
+else
+  echo "SKIP rendering the man page: no groff; not counted"
+fi
+
+# ---- make uninstall ----
+: > "$P/bin/not-ours"
+make BUILD="$BUILD" DESTDIR="$D" PREFIX=/usr uninstall >"$tmp/uninstall.log" 2>&1
+rc=$?
+check "make uninstall exits 0" test "$rc" = 0
+left=$(cd "$P" && find . -type f -o -type l | sed 's|^\./||' | LC_ALL=C sort | tr '\n' ' ')
+check "make uninstall removes every installed file and only those [left: $left]" test "$left" = "bin/not-ours "
+make BUILD="$BUILD" DESTDIR="$D" PREFIX=/usr uninstall >/dev/null 2>&1
+check "make uninstall again (nothing there) exits 0" test $? = 0
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
