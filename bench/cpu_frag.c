@@ -7,15 +7,17 @@
  *
  * churn, varlen: bench/workloads.h (default 20000 and 200 steps); FILE: a replay trace
  * (bench/gen_trace.py's format). sync: cudaMalloc/cudaFree; async: cudaMallocAsync/
- * cudaFreeAsync on one stream. The memory is not touched. The emulated device has 80 GiB. The
- * emulated GPU completes the stream's work (the shim's event records) after every event, as a
- * GPU that keeps up with the program would (the emulation's streams never progress by
- * themselves).
+ * cudaFreeAsync on one stream. The memory is not touched. The emulated device has 80 GiB and
+ * keeps up with the program (emu_set_eager: an event recorded on an idle stream completes at
+ * once, as on a GPU with no work queued).
  * Prints one line:
  *   R cpu-frag work=.. mode=.. allocs=.. peak_live=<requested> peak_mapped=.. held_live=..
- *     vmm=<calls> vmm_steady=<calls after the first quarter of the events>
+ *     vmm=<calls> warm=<events of the warm-up> vmm_steady=<calls after it>
  *     vmm_per_100=<steady calls per 100 steady allocations> creates=.. maps=.. set_access=..
- *     unmaps=.. releases=.. ms=.. */
+ *     unmaps=.. releases=.. ms=..
+ * The warm-up lasts until live bytes first reach 90% of the run's peak (known in advance from
+ * the events): before that the pool must grow, after it an allocator that reuses its memory
+ * well needs few driver calls. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,7 +80,7 @@ int main(int argc, char **argv) {
   if (!strcmp(work, "churn")) {
     if (!steps) steps = 20000;
     ev = malloc((WL_CHURN_WINDOW + 2 * (size_t)steps) * sizeof *ev);
-    n = wl_churn(1, steps, ev);
+    n = wl_churn(getenv("CPU_FRAG_SEED") ? strtoull(getenv("CPU_FRAG_SEED"), NULL, 0) : 1, steps, ev);
   } else if (!strcmp(work, "varlen")) {
     if (!steps) steps = 200;
     ev = malloc((WL_VARLEN_PARAM_EVENTS + (size_t)steps * WL_VARLEN_STEP_EVENTS) * sizeof *ev);
@@ -94,7 +96,28 @@ int main(int argc, char **argv) {
     if (ev[i].id > max_id) max_id = ev[i].id;
   void **ptr = calloc(max_id + 1, sizeof *ptr);
   size_t *size = calloc(max_id + 1, sizeof *size);
+  /* The warm-up: until live bytes first reach 90% of the peak. */
+  size_t warm = 0, lv = 0, pk = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    lv = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (ev[i].op == 'a') {
+        size[ev[i].id] = ev[i].size;
+        lv += ev[i].size;
+      } else {
+        lv -= size[ev[i].id];
+        size[ev[i].id] = 0;
+      }
+      if (pass == 0 && lv > pk) pk = lv;
+      if (pass == 1 && lv >= pk / 10 * 9) {
+        warm = i + 1;
+        break;
+      }
+    }
+  }
+  memset(size, 0, (max_id + 1) * sizeof *size);
   emu_set_device_memory(0, 80ull << 30);
+  emu_set_eager(1);
   cudaStream_t s = NULL;
   if (cudaFree(NULL) != cudaSuccess || (async && cudaStreamCreate(&s) != cudaSuccess)) return 1;
   size_t live = 0, peak = 0, allocs = 0, steady_allocs = 0;
@@ -103,7 +126,7 @@ int main(int argc, char **argv) {
   long long base[5] = {0};
   double t0 = now_ms();
   for (size_t i = 0; i < n; i++) {
-    if (i == n / 4) {
+    if (i == warm) {
       vmm0 = vmm_calls();
       for (int k = 0; k < 5; k++) base[k] = emu_calls(names[k]);
     }
@@ -117,14 +140,13 @@ int main(int argc, char **argv) {
       size[e->id] = e->size;
       live += e->size;
       allocs++;
-      steady_allocs += i >= n / 4;
+      steady_allocs += i >= warm;
       if (live > peak) peak = live;
     } else if (ptr[e->id]) {
       if ((async ? cudaFreeAsync(ptr[e->id], s) : cudaFree(ptr[e->id])) != cudaSuccess) return 1;
       ptr[e->id] = NULL;
       live -= size[e->id];
     }
-    if (async) emu_complete((CUstream)s, -1);
   }
   double ms = now_ms() - t0;
   vmmshim_stats_t st;
@@ -136,9 +158,9 @@ int main(int argc, char **argv) {
   }
   unsigned long long steady = st.vmm_calls - vmm0;
   printf("R cpu-frag work=%s mode=%s allocs=%zu peak_live=%zu peak_mapped=%llu held_live=%.3f vmm=%llu "
-         "vmm_steady=%llu vmm_per_100=%.2f",
+         "warm=%zu vmm_steady=%llu vmm_per_100=%.2f",
          work, async ? "async" : "sync", allocs, peak, (unsigned long long)st.peak_bytes_mapped,
-         (double)st.peak_bytes_mapped / (double)peak, (unsigned long long)st.vmm_calls, steady,
+         (double)st.peak_bytes_mapped / (double)peak, (unsigned long long)st.vmm_calls, warm, steady,
          steady_allocs ? 100.0 * (double)steady / (double)steady_allocs : 0.0);
   static const char *short_names[] = {"creates", "maps", "set_access", "unmaps", "releases"};
   for (int k = 0; k < 5; k++) printf(" %s=%lld", short_names[k], emu_calls(names[k]) - base[k]);

@@ -59,6 +59,7 @@ static int g_violations;
 
 static int g_inited;
 static int g_devcount = 1;
+static int g_eager; /* emu_set_eager: an event recorded after no pending launch completes at once */
 static size_t g_gran = 2ull << 20;
 static int g_cap_vmm = 1, g_cap_fd = 1, g_cap_rdma = 1;
 
@@ -1683,6 +1684,7 @@ static CUresult event_record(CUevent ev, CUstream h, int ptsz) {
   e->captured = 0;
   e->stream = s;
   e->target = s->enq;
+  if (g_eager && s->n_user == 0) force(s, e->target); /* an idle GPU passes the mark at once */
   return CUDA_SUCCESS;
 }
 static CUresult e_cuEventRecord(CUevent e, CUstream s) { return event_record(e, s, 0); }
@@ -2305,6 +2307,11 @@ API void emu_set_caps(int vmm, int posix_fd, int rdma) {
   g_cap_vmm = !!vmm;
   g_cap_fd = !!posix_fd;
   g_cap_rdma = !!rdma;
+}
+
+API void emu_set_eager(int on) {
+  LOCKED();
+  g_eager = !!on;
 }
 
 API void emu_set_granularity(size_t bytes) {

@@ -113,6 +113,9 @@ void emu_set_device_memory(int dev, size_t bytes); /* default 4 GiB */
 void emu_set_device_count(int n);                  /* 1..4, default 1 */
 void emu_set_caps(int vmm, int posix_fd, int rdma); /* all devices; default 1, 1, 1 */
 void emu_set_granularity(size_t bytes);            /* power of two >= 4096; default 2 MiB */
+/* on: an event recorded on a stream with no pending emu_launch work completes at once, as on
+ * a GPU that keeps up with the program (default off: nothing completes unless forced). */
+void emu_set_eager(int on);
 /* Fault injection: the next count calls of function_name (base name, e.g. "cuMemCreate";
  * a _v2/_ptsz suffix is ignored) return err. count 0 clears it. Returns silently for an
  * unknown name after printing a warning. */
