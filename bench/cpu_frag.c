@@ -10,6 +10,7 @@
  * cudaFreeAsync on one stream. The memory is not touched. The emulated device has 80 GiB and
  * keeps up with the program (emu_set_eager: an event recorded on an idle stream completes at
  * once, as on a GPU with no work queued).
+ * CPU_FRAG_PAUSE_US=N busy-waits N us between events (a GPU program's work between them).
  * Prints one line:
  *   R cpu-frag work=.. mode=.. allocs=.. peak_live=<requested> peak_mapped=.. held_live=..
  *     vmm=<calls> warm=<events of the warm-up> vmm_steady=<calls after it>
@@ -124,8 +125,15 @@ int main(int argc, char **argv) {
   unsigned long long vmm0 = 0;
   const char *names[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease"};
   long long base[5] = {0};
+  /* CPU_FRAG_PAUSE_US: the time a program's GPU work takes between two events (busy wait), so
+   * that the deferred mode's background reclaimer runs as often, relative to the events, as it
+   * would beside a GPU program. Default 0. */
+  double pause_ms = getenv("CPU_FRAG_PAUSE_US") ? atof(getenv("CPU_FRAG_PAUSE_US")) / 1e3 : 0;
   double t0 = now_ms();
   for (size_t i = 0; i < n; i++) {
+    if (pause_ms > 0)
+      for (double until = now_ms() + pause_ms; now_ms() < until;) {
+      }
     if (i == warm) {
       vmm0 = vmm_calls();
       for (int k = 0; k < 5; k++) base[k] = emu_calls(names[k]);

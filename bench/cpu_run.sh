@@ -11,7 +11,7 @@ PIN=
 command -v taskset >/dev/null 2>&1 && PIN="taskset -c 0"
 run() { # label, env..., then the mode
   label=$1; shift
-  env LD_LIBRARY_PATH="$EMU" LD_PRELOAD="$LIB" "$@" | sed "s/^R cpu-pairs /R cpu-pairs cfg=$label /"
+  env LD_LIBRARY_PATH="$EMU" LD_PRELOAD="$LIB" "$@" | sed -e "s/^R cpu-pairs /R cpu-pairs cfg=$label /" -e "s/^R cpu-frag /R cpu-frag cfg=$label /"
 }
 echo "bench-cpu: $(sed -n 's/^model name[^:]*: *//p' /proc/cpuinfo | head -n 1), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
 run async $PIN "$BIN" async $SIZES
@@ -31,3 +31,18 @@ for cfg in "traced" "stacks-libunwind libunwind" "stacks-dwarf dwarf" "stacks-fp
   fi
 done
 rm -f "$T"
+
+# Irregular workloads (bench/cpu_frag.c): memory held at peak over live at peak, and VMM calls per
+# 100 allocations after the warm-up (live first at 90% of its peak). The deferred runs busy-wait
+# 10 us between events, as a GPU program's kernels would, so that the background reclaimer runs
+# as often as it would there.
+FRAG="$BUILD/bench/cpu_frag"
+for w in churn varlen bench/traces/synthetic.csv; do
+  seeds=1
+  [ "$w" = churn ] && seeds="1 2 3"
+  for seed in $seeds; do
+    run "frag-sync-$seed" CPU_FRAG_SEED=$seed "$FRAG" "$w" sync
+    run "frag-deferred-$seed" CPU_FRAG_SEED=$seed CPU_FRAG_PAUSE_US=10 VMMSHIM_FREE_MODE=deferred "$FRAG" "$w" sync
+    run "frag-async-$seed" CPU_FRAG_SEED=$seed "$FRAG" "$w" async
+  done
+done

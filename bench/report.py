@@ -394,6 +394,35 @@ def sec_frag(recs, out):
         out.append("| %s | %s | %s | %s | %s | %.0f ms |" % (
             label, fsize(live), "-" if held is None else fsize(held), ratio(held, live, "%.3f"),
             "-" if used is None else fsize(used), num(r, "time_ms")))
+    for work, what in (("churn", "churn: 256 live buffers, one replaced a step, log-uniform 256 B - 512 MiB"),
+                       ("varlen", "varlen: a transformer step at a random sequence length")):
+        rows = {c: one(recs, "churn", work=work, cfg=c)
+                for c in ("cudaMalloc", "pool", "shim-sync", "shim-deferred", "shim-async")}
+        if not any(rows.values()):
+            continue
+        out.append("\n### Irregular sizes with kernels, %s (bench/churn.cu)\n" % what)
+        out.append("held / live: peak mapped (shim) or reserved high (pool) over peak live (requested). VMM calls: "
+                   "the shim's after the first tenth of the events, per 100 of those allocations.\n")
+        out.append("| allocator | us per step | vs pool | held / live | VMM calls per 100 allocations | bad |")
+        out.append("| --- | --- | --- | --- | --- | --- |")
+        pool_us = num(rows["pool"], "us_per_step") if rows["pool"] else None
+        for c, label in (("cudaMalloc", "cudaMalloc"), ("pool", "cudaMallocAsync pool, threshold max"),
+                         ("shim-sync", "shim sync"), ("shim-deferred", "shim deferred"),
+                         ("shim-async", "shim async path")):
+            r = rows[c]
+            if r is None or r.get("failed"):
+                out.append("| %s | %s | | | | |" % (label, "FAILED" if r is None else "FAILED at event %s (%s)" % (
+                    r.get("at_event"), r.get("error"))))
+                continue
+            us = num(r, "us_per_step")
+            live = num(r, "peak_live")
+            held = num(r, "pool_reserved_high") if c == "pool" else num(r, "shim_peak_mapped") if c.startswith("shim") else None
+            steps = num(r, "steps")
+            allocs_steady = steps if work == "churn" else None
+            calls = num(r, "shim_vmm_steady") if c.startswith("shim") else None
+            per100 = "-" if calls is None else ("%.2f" % (100.0 * calls / allocs_steady) if allocs_steady else "%d calls" % calls)
+            out.append("| %s | %.2f | %s | %s | %s | %s |" % (label, us, ratio(us, pool_us, "%.2fx"), ratio(held, live, "%.3f"),
+                                                            per100, r.get("bad", "?")))
     out.append("\n### PyTorch, variable sequence length (bench/torch_frag.py)\n")
     out.append("| configuration | held at peak | live at peak | held / live | final loss |")
     out.append("| --- | --- | --- | --- | --- |")

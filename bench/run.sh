@@ -6,8 +6,9 @@
 #               (both without the shim), the shim sync, deferred and async paths  (bench/pairs.cu)
 #   2 growth    first-time allocation of 1/8/64 GiB in 2M/64M/1G requests, fresh process each:
 #               cudaMalloc vs the shim at granularity 2M/64M/512M/2G                 (bench/growth.cu)
-#   3 frag      bench/traces/synthetic.csv replayed (bench/replay.cu), and PyTorch with a varying
-#               sequence length (bench/torch_frag.py)
+#   3 frag      bench/traces/synthetic.csv replayed (bench/replay.cu), the irregular churn and
+#               varlen workloads with kernels (bench/churn.cu, bench/workloads.h), and PyTorch with
+#               a varying sequence length (bench/torch_frag.py)
 #   4 step      PyTorch training step: caching allocator, no caching, no caching under the shim
 #               (sync, deferred)                                                  (bench/torch_step.py)
 #   5 overhead  a ~2 s memory-bound kernel on memory allocated once               (bench/overhead.cu)
@@ -23,7 +24,7 @@ LIB="$PWD/$BUILD/libvmmshim.so"
 BIN="$BUILD/bench"
 if [ -n "$OUT" ]; then LOGDIR="$OUT"; else LOGDIR="bench/out"; fi
 mkdir -p "$LOGDIR" "$BIN" bench/results || exit 1
-for f in bench pairs growth frag tfrag step overhead; do rm -f "$LOGDIR/$f.log"; done
+for f in bench pairs growth frag churn tfrag step overhead; do rm -f "$LOGDIR/$f.log"; done
 rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg"
 MAIN_LOG="$LOGDIR/bench.log"
 T_START=$(date +%s)
@@ -70,13 +71,13 @@ say "bench: $GPU, driver $DRIVER, CUDA $CUDA_DRV, nvcc $NVCC_VER, torch ${TORCH:
 nvidia-smi >"$LOGDIR/nvidia-smi.txt" 2>&1
 
 # ---- build ----
-for p in pairs growth replay overhead; do
+for p in pairs growth replay overhead churn; do
   rm -f "$BIN/$p"
-  "$NVCC_PATH" -O2 -arch="$ARCH" -std=c++17 -Iinclude -o "$BIN/$p" "bench/$p.cu" -ldl -lpthread \
+  "$NVCC_PATH" -O2 -arch="$ARCH" -std=c++17 -Iinclude -Ibench -o "$BIN/$p" "bench/$p.cu" -ldl -lpthread \
     >"$LOGDIR/build-$p.txt" 2>&1 &
 done
 wait
-for p in pairs growth replay overhead; do
+for p in pairs growth replay overhead churn; do
   [ -x "$BIN/$p" ] || { say "bench: build of bench/$p.cu failed:"; head -n 20 "$LOGDIR/build-$p.txt" | tee -a "$MAIN_LOG"; }
 done
 
@@ -192,6 +193,16 @@ step frag-shim-sync-max64M frag 120 "$SHIM" VMMSHIM_FREE_MODE=sync VMMSHIM_MAX_H
 step frag-shim-sync-max16M frag 120 "$SHIM" VMMSHIM_FREE_MODE=sync VMMSHIM_MAX_HANDLE=16M -- "$BIN/replay" "$TRACE" malloc shim-sync-max16M
 step frag-shim-deferred frag 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/replay" "$TRACE" malloc shim-deferred
 step frag-shim-async frag 120 "$SHIM" -- "$BIN/replay" "$TRACE" async shim-async
+
+# Irregular sizes with kernels (bench/churn.cu): cudaMalloc and the cudaMallocAsync pool without
+# the shim, then the shim's three modes; churn (20000 steps) and varlen (100 steps).
+for w in churn varlen; do
+  step "churn-$w-cudaMalloc" churn 180 -- "$BIN/churn" "$w" malloc cudaMalloc
+  step "churn-$w-pool" churn 120 -- "$BIN/churn" "$w" async pool
+  step "churn-$w-shim-sync" churn 120 "$SHIM" VMMSHIM_FREE_MODE=sync -- "$BIN/churn" "$w" malloc shim-sync
+  step "churn-$w-shim-deferred" churn 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/churn" "$w" malloc shim-deferred
+  step "churn-$w-shim-async" churn 120 "$SHIM" -- "$BIN/churn" "$w" async shim-async
+done
 
 have_torch=0
 case "$TORCH" in *cuda*) have_torch=1 ;; esac

@@ -170,17 +170,9 @@ static vs_block_t *claim_hole(vs_pool_t *p, vs_heap_t *heap, size_t size, size_t
 static void release_before_growth(vs_pool_t *p, size_t want) {
   pool_lock(p);
   size_t idle = p->free_bytes, mapped = p->mapped;
-  uint64_t old = p->allocs > VS_WHOLE_AGE ? p->allocs - VS_WHOLE_AGE : 0;
   pool_unlock(p);
   size_t keep = vs_policy_keep_idle(idle, want, mapped, p->gran);
-  if (idle <= keep || idle < p->caps.min_granularity) return;
-  _vs_pool_trim_some(p, keep, old, true);
-  pool_lock(p);
-  mapped = p->mapped;
-  idle = p->free_bytes;
-  pool_unlock(p);
-  keep = vs_policy_keep_recurring(keep, mapped);
-  if (idle > keep) _vs_pool_trim_some(p, keep, old, false);
+  if (idle > keep && idle >= p->caps.min_granularity) _vs_pool_trim_some(p, keep);
 }
 
 /* A BUSY block where `size` bytes at `align` can be mapped (its length in *len_out): from a
@@ -204,7 +196,7 @@ static vs_block_t *claim_space(vs_pool_t *p, int heap_id, size_t size, size_t al
 CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, bool exact) {
   vs_heap_t *heap = &p->heaps[heap_id];
   pool_lock(p);
-  size_t handle = vs_policy_grow_handle(heap_id, heap->mapped, p->gran, p->caps.min_granularity, exact);
+  size_t handle = vs_policy_grow_step(heap->mapped, p->gran, p->caps.min_granularity, exact);
   pool_unlock(p);
   release_before_growth(p, round_up(size, handle));
   size_t len = 0;
@@ -311,15 +303,7 @@ size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b) {
   return sum;
 }
 
-/* True when the last request idle whole block b served was made, to the byte, at least twice
- * among the recent whole-heap requests. */
-static bool whole_recurring(const vs_pool_t *p, const vs_block_t *b) {
-  int n = 0;
-  for (unsigned i = 0; i < VS_WHOLE_RECENT && n < 2; i++) n += p->whole_recent[i] == b->requested;
-  return n >= 2;
-}
-
-size_t _vs_pool_trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, bool keep_recurring) {
+size_t _vs_pool_trim_some(vs_pool_t *p, size_t keep) {
   enum { MAX_BATCH = 64, MAX_CAND = 64 };
   size_t released = 0;
   for (;;) {
@@ -332,10 +316,7 @@ size_t _vs_pool_trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, bool 
     unsigned lowest = _vs_bin_of(p->caps.min_granularity);
     for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++)
       for (unsigned k = VS_NBINS; k-- > lowest && nc < MAX_CAND;)
-        for (vs_block_t *c = p->heaps[heap_id].bins[k]; c && nc < MAX_CAND; c = c->fnext)
-          if (heap_id != VS_HEAP_WHOLE || young_after == UINT64_MAX ||
-              (c->idle_since <= young_after && !(keep_recurring && whole_recurring(p, c))))
-            cand[nc++] = c;
+        for (vs_block_t *c = p->heaps[heap_id].bins[k]; c && nc < MAX_CAND; c = c->fnext) cand[nc++] = c;
     for (int c = 0; c < nc && n < MAX_BATCH && p->free_bytes > keep; c++)
       carve_idle_handles(p, cand[c], p->free_bytes - keep, busy, victims, &n, MAX_BATCH);
     pool_unlock(p);
@@ -356,7 +337,7 @@ size_t _vs_pool_trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, bool 
   return released;
 }
 
-size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return _vs_pool_trim_some(p, keep, UINT64_MAX, false); }
+size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return _vs_pool_trim_some(p, keep); }
 
 void _vs_pool_unmap_all(vs_pool_t *p) {
   for (size_t i = 0; i < p->n_segs; i++) {

@@ -54,8 +54,7 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
   }
   resv = round_up(resv, g);
   size_t dev_size = round_up(caps->total_mem ? caps->total_mem : resv, g);
-  if (_vs_pool_add_reservation(p, VS_HEAP_WHOLE, resv) != 0 || _vs_pool_add_reservation(p, VS_HEAP_LARGE, dev_size) != 0 ||
-      _vs_pool_add_reservation(p, VS_HEAP_SMALL, dev_size) != 0) {
+  if (_vs_pool_add_reservation(p, VS_HEAP_LARGE, resv) != 0 || _vs_pool_add_reservation(p, VS_HEAP_SMALL, dev_size) != 0) {
     _vs_dir_remove_pool(p);
     _vs_pool_unmap_all(p);
     _vs_pool_free_blocks(p);
@@ -108,7 +107,6 @@ typedef struct vs_request_s {
   CUstream stream; /* VS_NO_STREAM for synchronous allocations */
   CUstream key;
   const void *owner;
-  bool noted;      /* the request is in the pool's recent whole-heap sizes */
   bool *contended; /* out: the lock was held by another allocating thread */
   /* the pool's figures at the last failed try, for the slow path's decisions */
   size_t pending, deferred, mapped;
@@ -121,10 +119,6 @@ static vs_block_t *take_block(vs_pool_t *p, vs_request_t *rq) {
   if (vs_unlikely(!pool_trylock(p))) {
     waited = true;
     pool_lock(p);
-  }
-  if (!rq->noted) {
-    p->whole_recent[p->whole_next++ % VS_WHOLE_RECENT] = rq->req;
-    rq->noted = true;
   }
   /* Contention counts only against another allocating thread (the caller may then move to
    * another arena); the reclaimer and cross-thread frees take the lock too. */
@@ -143,7 +137,7 @@ static vs_block_t *take_block(vs_pool_t *p, vs_request_t *rq) {
   }
   if (!b) {
     vs_heap_t *heap = &p->heaps[rq->heap_id];
-    b = rq->heap_id == VS_HEAP_WHOLE ? whole_find(heap, rq->size) : bin_find(heap, rq->size, rq->align);
+    b = bin_find(heap, rq->size, rq->align);
     if (b) {
       _vs_bin_remove(p, b);
       b = carve(p, b, rq->size, rq->align, NULL);
@@ -170,11 +164,11 @@ static vs_block_t *alloc_slow(vs_pool_t *p, vs_request_t *rq, vs_pool_status_t *
   vs_block_t *b;
   /* 1. Blocks freed on streams whose events completed: free without waiting. */
   if (rq->pending) {
-    _vs_pool_reclaim_by_events(p, _vs_thread_tag());
+    _vs_pool_reclaim_by_events(p, _vs_thread_tag(), 0);
     if ((b = take_block(p, rq)) != NULL) return b;
   }
-  /* 2. A whole-heap request while deferred frees hold half the pool: wait for them first. */
-  if (vs_policy_sync_before_growth(rq->heap_id, rq->size, rq->deferred, rq->mapped) &&
+  /* 2. A large request while deferred frees hold half the pool: wait for them first. */
+  if (vs_policy_sync_before_growth(rq->size, p->gran, rq->deferred, rq->mapped) &&
       !atomic_load(&_vs_captures_active) && _vs_pool_sync_and_reclaim(p) == CUDA_SUCCESS &&
       (b = take_block(p, rq)) != NULL)
     return b;
@@ -214,11 +208,10 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
     *cu_err = CUDA_ERROR_OUT_OF_MEMORY;
     return VS_POOL_OOM;
   }
-  vs_request_t rq = {.req = req, .size = round_up(req, VS_MIN_ALIGN), .stream = stream, .contended = contended};
+  vs_request_t rq = {.req = req, .stream = stream, .contended = contended};
+  rq.size = vs_policy_block_size(req, p->gran, p->caps.min_granularity);
   rq.align = vs_policy_align(rq.size);
-  rq.heap_id = vs_policy_heap_for(rq.size, p->gran);
-  if (rq.heap_id == VS_HEAP_WHOLE) rq.size = round_up(rq.size, p->caps.min_granularity);
-  rq.noted = rq.heap_id != VS_HEAP_WHOLE;
+  rq.heap_id = vs_policy_heap_for(rq.size);
   rq.key = stream == VS_NO_STREAM ? NULL : _vs_stream_key(stream, &rq.owner);
   vs_block_t *b = take_block(p, &rq);
   vs_pool_status_t st = VS_POOL_OK;
@@ -238,6 +231,7 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
   const void *owner = NULL;
   CUstream key = stream == VS_NO_STREAM ? NULL : _vs_stream_key(stream, &owner);
   bool sync_mode = stream == VS_NO_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC;
+  bool seal = false; /* the stream's older freed blocks are to be sealed (after the unlock) */
   vs_block_t *b;
   if (sync_mode) {
     /* cudaFree waits for the device; so do we, before the block can be reused. Done before
@@ -275,11 +269,10 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
   } else {
     vs_stream_t *s = stream == VS_NO_STREAM ? NULL : _vs_stream_get(p, key, stream, owner, true);
     if (s) {
-      pend_on_stream(p, b, s);
+      seal = pend_on_stream(p, b, s);
     } else {
       b->state = B_PENDING;
       b->freed_seq = p->sync_seq;
-      b->idle_since = p->allocs;
       p->pending_bytes += b->size;
       list_push(&p->deferred, b);
       if (_vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED) {
@@ -300,6 +293,7 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
   if (vs_unlikely(_vs_trace_on)) at = _vs_trace_place();
   pool_unlock(p);
   if (vs_unlikely(at.rec != NULL)) _vs_trace_free_at(at, api, ptr, *size_out, stream, (int)p->caps.device);
+  if (seal) _vs_pool_reclaim_by_events(p, _vs_thread_tag(), VS_SEAL_KEEP);
   if (trim) {
     _vs_pool_trim(p, (size_t)threshold);
     pool_lock(p);

@@ -2,9 +2,8 @@
  *
  * A heap's address space is a list of blocks in address order (one chain per reservation);
  * free blocks sit in size bins, 4 per power of two, each a LIFO with a bitmap of the
- * non-empty ones. Free neighbours merge; blocks of the whole heap never merge (each is its
- * own handle). Carving hands out the part a request needs and gives the rest back: to the
- * bins, or to the stream's pending list it came from.
+ * non-empty ones. Free neighbours merge. Carving hands out the part a request needs and gives
+ * the rest back: to the bins, or to the stream's pending list it came from.
  *
  * Part of pool.c's translation unit (included there), so that the allocation path inlines
  * it; the functions with a _vs_ name are also called from handles.c and reclaim.c. */
@@ -79,20 +78,6 @@ static bool fits(const vs_block_t *b, size_t size, size_t align) {
 
 static inline bool bin_used(const vs_heap_t *heap, unsigned i) { return heap->binmap[i / 64] & (1ull << (i % 64)); }
 
-/* The smallest free whole block that serves `size` (vs_policy_whole_fits), among the first
- * few of each bin its sizes can fall in. */
-static vs_block_t *whole_find(vs_heap_t *heap, size_t size) {
-  size_t most = size + size / (VS_WHOLE_SLACK - 1);
-  vs_block_t *best = NULL;
-  for (unsigned i = _vs_bin_of(size), last = _vs_bin_of(most); i <= last; i++) {
-    if (!bin_used(heap, i)) continue;
-    int n = 0;
-    for (vs_block_t *b = heap->bins[i]; b && n < VS_BIN_SCAN; b = b->fnext, n++)
-      if (vs_policy_whole_fits(b->size, size) && (!best || b->size < best->size)) best = b;
-  }
-  return best;
-}
-
 /* A free block that holds size bytes at the alignment. Bins from the request's own up to
  * that of size plus the worst alignment pad may hold blocks that fit or not: the first few
  * of each are examined (the smallest fitting one wins). Any block in a higher bin fits:
@@ -148,7 +133,6 @@ vs_block_t *_vs_block_split(vs_pool_t *p, vs_block_t *b, size_t off) {
   r->size = b->size - off;
   r->resv = b->resv;
   r->state = b->state;
-  r->idle_since = b->idle_since;
   r->freed_seq = b->freed_seq;
   b->size = off;
   link_after(b, r);
@@ -156,8 +140,8 @@ vs_block_t *_vs_block_split(vs_pool_t *p, vs_block_t *b, size_t off) {
 }
 
 bool _vs_block_mergeable(const vs_pool_t *p, const vs_block_t *a, const vs_block_t *b, vs_block_state_t st) {
-  return a && b && a->state == st && b->state == st && a->resv == b->resv && a->addr + a->size == b->addr &&
-         (st != B_FREE || p->resv_heap[a->resv] != VS_HEAP_WHOLE);
+  (void)p;
+  return a && b && a->state == st && b->state == st && a->resv == b->resv && a->addr + a->size == b->addr;
 }
 
 /* Absorbs the neighbour c (after b, same state, off its list already) into b. */
@@ -168,8 +152,6 @@ static void absorb_next(vs_pool_t *p, vs_block_t *b, vs_block_t *c) {
 }
 
 void _vs_block_make_free(vs_pool_t *p, vs_block_t *b) {
-  /* Idle since its free: a pending block was freed when it became pending, not now. */
-  if (b->state != B_PENDING) b->idle_since = p->allocs;
   b->state = B_FREE;
   if (_vs_block_mergeable(p, b->prev, b, B_FREE)) {
     vs_block_t *a = b->prev;
@@ -225,10 +207,6 @@ static void give_back_piece(vs_pool_t *p, vs_block_t *piece, vs_stream_t *s, uin
  * the leftovers back never merges them into the block being handed out. */
 static vs_block_t *carve(vs_pool_t *p, vs_block_t *b, size_t size, size_t align, vs_stream_t *s) {
   uint64_t seq = b->freed_seq;
-  if (heap_id_of(p, b) == VS_HEAP_WHOLE) { /* starts on a handle; served whole */
-    b->state = B_USED;
-    return b;
-  }
   b->state = B_BUSY;
   size_t pad = _vs_align_pad(b->addr, align);
   if (pad) {

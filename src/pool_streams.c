@@ -41,13 +41,14 @@ CUstream _vs_stream_key(CUstream s, const void **owner) {
 }
 
 /* The best block on s's pending list for the request: among the last few freed, the
- * smallest that fits (an exact fit ends the search). Taken off the list. */
+ * smallest that serves it (policy.h: vs_policy_stream_fits; an exact fit ends the search).
+ * Taken off the list. */
 static vs_block_t *take_from_stream(vs_pool_t *p, vs_stream_t *s, int heap_id, size_t size, size_t align) {
   int n = 0;
   vs_block_t *best = NULL;
   for (vs_block_t *b = s->pending.tail; b && n < VS_STREAM_SCAN; b = b->fprev, n++) {
     if (heap_id_of(p, b) != heap_id || !fits(b, size, align)) continue;
-    if (heap_id == VS_HEAP_WHOLE && !vs_policy_whole_fits(b->size, size)) continue;
+    if (!vs_policy_stream_fits(heap_id, b->size - _vs_align_pad(b->addr, align), size)) continue;
     if (!best || b->size < best->size) best = b;
     if (b->size - _vs_align_pad(b->addr, align) - size < VS_MIN_ALIGN) break;
   }
@@ -58,12 +59,17 @@ static vs_block_t *take_from_stream(vs_pool_t *p, vs_stream_t *s, int heap_id, s
   return best;
 }
 
-/* A freed block joins its stream's pending list. */
-static void pend_on_stream(vs_pool_t *p, vs_block_t *b, vs_stream_t *s) {
+/* A freed block joins its stream's pending list. Returns whether the stream's older blocks
+ * are now to be sealed (policy.h: vs_policy_seal_stream). */
+static bool pend_on_stream(vs_pool_t *p, vs_block_t *b, vs_stream_t *s) {
   b->state = B_PENDING;
   b->freed_seq = p->sync_seq;
-  b->idle_since = p->allocs;
   b->stream = s;
   p->pending_bytes += b->size;
   list_push(&s->pending, b);
+  if (s->pending.count <= VS_SEAL_KEEP) return false;
+  size_t newest = 0;
+  unsigned k = 0;
+  for (const vs_block_t *c = s->pending.tail; c && k < VS_SEAL_KEEP; c = c->fprev, k++) newest += c->size;
+  return vs_policy_seal_stream(s->pending.count, s->pending.bytes - newest, p->mapped);
 }

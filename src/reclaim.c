@@ -90,22 +90,25 @@ CUresult _vs_pool_sync_and_reclaim(vs_pool_t *p) {
   return CUDA_SUCCESS;
 }
 
-void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self) {
+void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self, unsigned keep) {
   enum { MAX_SEAL = 32 };
   vs_batch_t *sealed[MAX_SEAL];
   CUstream on[MAX_SEAL];
   int n = 0;
   pool_lock(p);
   for (vs_stream_t *s = p->streams; s && n < MAX_SEAL; s = s->hh.next) {
-    if (!s->pending.head || (s->owner && s->owner != self)) continue;
+    if (s->pending.count <= keep || (s->owner && s->owner != self)) continue;
     vs_batch_t *bt = calloc(1, sizeof *bt);
     if (!bt) break;
-    bt->blocks = s->pending;
-    /* Not necessarily the tail's: pieces carved off a reused block go back at the end. */
-    for (vs_block_t *b = s->pending.head; b; b = b->fnext)
+    /* The oldest blocks: all but the `keep` newest, which the stream's next requests look at. */
+    for (unsigned take = s->pending.count - keep; take; take--) {
+      vs_block_t *b = s->pending.head;
+      list_remove(&s->pending, b);
+      list_push(&bt->blocks, b);
+      b->stream = NULL;
+      /* Not necessarily the last one's: pieces carved off a reused block go back at the end. */
       if (b->freed_seq > bt->max_seq) bt->max_seq = b->freed_seq;
-    s->pending = (vs_list_t){0};
-    for (vs_block_t *b = bt->blocks.head; b; b = b->fnext) b->stream = NULL;
+    }
     if (p->n_spare_events) bt->event = p->spare_events[--p->n_spare_events];
     on[n] = s->handle;
     sealed[n++] = bt;
@@ -186,7 +189,7 @@ void _vs_pool_stream_destroyed(vs_pool_t *p, CUstream stream) {
   pool_unlock(p);
   /* Seal its blocks with an event while the stream still exists; a later stream may get
    * the same handle, and must not inherit them. */
-  if (has) _vs_pool_reclaim_by_events(p, owner);
+  if (has) _vs_pool_reclaim_by_events(p, owner, 0);
   pool_lock(p);
   s = _vs_stream_get(p, key, stream, owner, false);
   if (s) {

@@ -21,7 +21,7 @@
 
 static const char *const vs_api_names[VMMSHIM_API_COUNT] = {"cudaMalloc", "cudaMallocAsync", "cuMemAlloc",
                                                             "cuMemAllocAsync"};
-static const char *const vs_heap_names[3] = {"small heap (< 1 MiB)", "large heap", "whole heap"};
+static const char *const vs_heap_names[VS_NHEAPS] = {"small heap (< 1 MiB)", "large heap"};
 
 #define VS_REPORT_DEVICES 64
 
@@ -69,7 +69,7 @@ static void add_pool(vs_pool_t *pool, void *arg) {
   vs_pool_figures_t f;
   _vs_pool_figures(pool, &f);
   vs_pool_figures_t *t = &s->d[i].f;
-  for (int h = 0; h < 3; h++) {
+  for (int h = 0; h < VS_NHEAPS; h++) {
     t->mapped[h] += f.mapped[h];
     t->live[h] += f.live[h];
     t->idle[h] += f.idle[h];
@@ -82,7 +82,11 @@ static void add_pool(vs_pool_t *pool, void *arg) {
   s->d[i].pools++;
 }
 
-static size_t sum3(const size_t v[3]) { return v[0] + v[1] + v[2]; }
+static size_t sum_heaps(const size_t v[VS_NHEAPS]) {
+  size_t n = 0;
+  for (int h = 0; h < VS_NHEAPS; h++) n += v[h];
+  return n;
+}
 
 /* The driver's free and total memory of a device, asked in one of its contexts. */
 static bool device_free(const vs_device_sum_t *d, size_t *free_b, size_t *total_b) {
@@ -101,13 +105,13 @@ static bool device_free(const vs_device_sum_t *d, size_t *free_b, size_t *total_
 /* The report's lines for one device; `need` > 0 on the device that failed a request. */
 static void report_device(const vs_device_sum_t *d, size_t need, bool after_ladder, vmmshim_stats_t *st) {
   const vs_pool_figures_t *f = &d->f;
-  size_t mapped = sum3(f->mapped), live = sum3(f->live), idle = sum3(f->idle), pending = sum3(f->pending);
+  size_t mapped = sum_heaps(f->mapped), live = sum_heaps(f->live), idle = sum_heaps(f->idle), pending = sum_heaps(f->pending);
   size_t dfree = 0, dtotal = 0;
   bool have_free = device_free(d, &dfree, &dtotal);
   if (have_free) _vs_note("  device %d: the driver reports %s free of %s", d->dev, HX(dfree), HX(dtotal));
   _vs_note("  device %d: live %s in %zu blocks (%s requested); mapped %s in %zu handles, %d pool%s", d->dev, HX(live),
            f->live_blocks, H(f->requested), HX(mapped), f->handles, d->pools, d->pools == 1 ? "" : "s (arenas)");
-  for (int h = 0; h < 3; h++)
+  for (int h = 0; h < VS_NHEAPS; h++)
     if (f->mapped[h])
       _vs_note("  device %d:   %s: mapped %s, live %s, idle %s, pending %s", d->dev, vs_heap_names[h],
                HX(f->mapped[h]), HX(f->live[h]), HX(f->idle[h]), HX(f->pending[h]));

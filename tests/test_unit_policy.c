@@ -1,7 +1,8 @@
 /* test_unit_policy: the pool's decisions (include/vmmshim/policy.h) called directly with
- * chosen figures: which heap serves a size, alignments, how much a heap grows by, what idle
- * memory a growth keeps, when a whole block serves a request, when a block is split, when a
- * whole-heap request waits for deferred frees. Each boundary is checked on both sides. */
+ * chosen figures: which heap serves a size, block sizes and alignments, how much a heap grows
+ * by, what idle memory a growth keeps, when a block is split, when a stream's freed block
+ * serves its next request, when a stream's freed blocks are sealed, when a request waits for
+ * deferred frees. Each boundary is checked on both sides. */
 #include <stdio.h>
 
 #include "vmmshim/policy.h"
@@ -12,32 +13,33 @@
 #define GiB (1ull << 30)
 
 static void test_heap_for(void) {
-  size_t gran = 64 * MiB;
-  CHECK(vs_policy_heap_for(256, gran) == VS_HEAP_SMALL, "256 B: small heap");
-  CHECK(vs_policy_heap_for(MiB - 256, gran) == VS_HEAP_SMALL, "just under 1 MiB: small heap");
-  CHECK(vs_policy_heap_for(MiB, gran) == VS_HEAP_LARGE, "1 MiB: large heap");
-  CHECK(vs_policy_heap_for(gran - 256, gran) == VS_HEAP_LARGE, "just under the granularity: large heap");
-  CHECK(vs_policy_heap_for(gran, gran) == VS_HEAP_WHOLE, "the granularity: whole heap");
-  CHECK(vs_policy_heap_for(3 * GiB, gran) == VS_HEAP_WHOLE, "3 GiB: whole heap");
-  CHECK(vs_policy_heap_for(2 * MiB, 2 * MiB) == VS_HEAP_WHOLE, "granularity 2 MiB: 2 MiB is whole");
+  CHECK(vs_policy_heap_for(256) == VS_HEAP_SMALL, "256 B: small heap");
+  CHECK(vs_policy_heap_for(MiB - 256) == VS_HEAP_SMALL, "just under 1 MiB: small heap");
+  CHECK(vs_policy_heap_for(MiB) == VS_HEAP_LARGE, "1 MiB: large heap");
+  CHECK(vs_policy_heap_for(3 * GiB) == VS_HEAP_LARGE, "3 GiB: large heap");
 }
 
-static void test_align(void) {
+static void test_block_size(void) {
+  size_t gran = 64 * MiB, min = 2 * MiB;
+  CHECK(vs_policy_block_size(1, gran, min) == 256, "1 B: 256");
+  CHECK(vs_policy_block_size(257, gran, min) == 512, "257 B: 512");
+  CHECK(vs_policy_block_size(gran - 300, gran, min) == gran - 256, "under the granularity: 256-byte multiples");
+  CHECK(vs_policy_block_size(gran + 1, gran, min) == gran + min, "over the granularity: minimum-granularity multiples");
+  CHECK(vs_policy_block_size(gran, gran, min) == gran, "the granularity itself");
   CHECK(vs_policy_align(256) == 256, "256 B aligned to 256");
   CHECK(vs_policy_align(4 * MiB - 256) == 256, "just under 4 MiB aligned to 256");
   CHECK(vs_policy_align(4 * MiB) == 2 * MiB, "4 MiB aligned to 2 MiB");
 }
 
-static void test_grow_handle(void) {
+static void test_grow_step(void) {
   size_t gran = 64 * MiB, min = 2 * MiB;
-  CHECK(vs_policy_grow_handle(VS_HEAP_LARGE, 0, gran, min, false) == min, "an empty heap grows by the minimum");
-  CHECK(vs_policy_grow_handle(VS_HEAP_SMALL, 64 * MiB, gran, min, false) == 8 * MiB, "64 MiB mapped: 1/8 = 8 MiB");
-  CHECK(vs_policy_grow_handle(VS_HEAP_LARGE, 17 * MiB, gran, min, false) == 4 * MiB,
+  CHECK(vs_policy_grow_step(0, gran, min, false) == min, "an empty heap grows by the minimum");
+  CHECK(vs_policy_grow_step(64 * MiB, gran, min, false) == 8 * MiB, "64 MiB mapped: 1/8 = 8 MiB");
+  CHECK(vs_policy_grow_step(17 * MiB, gran, min, false) == 4 * MiB,
         "17 MiB mapped: 1/8 rounded up to the minimum granularity = 4 MiB (got %zu)",
-        vs_policy_grow_handle(VS_HEAP_LARGE, 17 * MiB, gran, min, false));
-  CHECK(vs_policy_grow_handle(VS_HEAP_LARGE, 8 * GiB, gran, min, false) == gran, "8 GiB mapped: capped at the granularity");
-  CHECK(vs_policy_grow_handle(VS_HEAP_LARGE, 8 * GiB, gran, min, true) == min, "exact: the minimum");
-  CHECK(vs_policy_grow_handle(VS_HEAP_WHOLE, 8 * GiB, gran, min, false) == min, "whole heap: the minimum (own size)");
+        vs_policy_grow_step(17 * MiB, gran, min, false));
+  CHECK(vs_policy_grow_step(8 * GiB, gran, min, false) == gran, "8 GiB mapped: capped at the granularity");
+  CHECK(vs_policy_grow_step(8 * GiB, gran, min, true) == min, "exact: the minimum");
 }
 
 static void test_keep_idle(void) {
@@ -47,16 +49,6 @@ static void test_keep_idle(void) {
   CHECK(vs_policy_keep_idle(100 * MiB, 30 * MiB, 320 * MiB, gran) == 74 * MiB,
         "idle 100, growth 30, mapped 320: keep the budget 10 + 64 = 74 MiB");
   CHECK(vs_policy_keep_idle(10 * MiB, 30 * MiB, 320 * MiB, gran) == 74 * MiB, "idle under the growth: keep the budget");
-  CHECK(vs_policy_keep_recurring(10 * MiB, 800 * MiB) == 100 * MiB, "recurring sizes kept up to mapped/8");
-  CHECK(vs_policy_keep_recurring(200 * MiB, 800 * MiB) == 200 * MiB, "never below what the first pass keeps");
-}
-
-static void test_whole_fits(void) {
-  size_t size = 150 * MiB;
-  CHECK(vs_policy_whole_fits(size, size), "an exact fit");
-  CHECK(vs_policy_whole_fits(size + size / 15, size), "1/16 of the block wasted: fits");
-  CHECK(!vs_policy_whole_fits(size + size / 15 + 2 * MiB, size), "more wasted: no");
-  CHECK(!vs_policy_whole_fits(size - 2 * MiB, size), "a smaller block: no");
 }
 
 static void test_should_split(void) {
@@ -65,20 +57,42 @@ static void test_should_split(void) {
   CHECK(!vs_policy_should_split(4 * KiB + 255, 4 * KiB), "less than 256 left: no split");
 }
 
+static void test_stream_fits(void) {
+  size_t size = 150 * MiB;
+  CHECK(vs_policy_stream_fits(VS_HEAP_LARGE, size, size), "large: an exact fit");
+  CHECK(vs_policy_stream_fits(VS_HEAP_LARGE, size + size / 15, size), "large: 1/16 of the block left over");
+  CHECK(!vs_policy_stream_fits(VS_HEAP_LARGE, size + size / 15 + 2 * MiB, size), "large: more left over: the bins");
+  CHECK(!vs_policy_stream_fits(VS_HEAP_LARGE, size - 256, size), "large: too small");
+  CHECK(vs_policy_stream_fits(VS_HEAP_SMALL, 512 * KiB, 256), "small: any fit");
+  CHECK(!vs_policy_stream_fits(VS_HEAP_SMALL, 256, 512), "small: too small");
+}
+
+static void test_seal(void) {
+  size_t mapped = 64 * GiB;
+  CHECK(!vs_policy_seal_stream(VS_SEAL_KEEP, 10 * GiB, mapped), "no more than the blocks kept: never");
+  CHECK(vs_policy_seal_stream(VS_SEAL_KEEP + 1, mapped / VS_SEAL_FRACTION, mapped),
+        "the older blocks hold 1/64 of the pool: seal");
+  CHECK(!vs_policy_seal_stream(VS_SEAL_KEEP + 1, mapped / VS_SEAL_FRACTION - 1, mapped), "less: not yet");
+  CHECK(vs_policy_seal_stream(VS_SEAL_COUNT, 0, mapped), "VS_SEAL_COUNT blocks: seal");
+  CHECK(!vs_policy_seal_stream(VS_SEAL_COUNT - 1, 0, mapped), "fewer small ones: not yet");
+}
+
 static void test_sync_before_growth(void) {
-  CHECK(vs_policy_sync_before_growth(VS_HEAP_WHOLE, GiB, 2 * GiB, 4 * GiB), "deferred holds half the pool and enough");
-  CHECK(!vs_policy_sync_before_growth(VS_HEAP_WHOLE, GiB, 2 * GiB - 1, 4 * GiB), "less than half: grow");
-  CHECK(!vs_policy_sync_before_growth(VS_HEAP_WHOLE, 3 * GiB, 2 * GiB, 4 * GiB), "not enough for the request: grow");
-  CHECK(!vs_policy_sync_before_growth(VS_HEAP_LARGE, MiB, 2 * GiB, 4 * GiB), "shared heaps never wait");
+  size_t gran = 64 * MiB;
+  CHECK(vs_policy_sync_before_growth(GiB, gran, 2 * GiB, 4 * GiB), "deferred holds half the pool and enough");
+  CHECK(!vs_policy_sync_before_growth(GiB, gran, 2 * GiB - 1, 4 * GiB), "less than half: grow");
+  CHECK(!vs_policy_sync_before_growth(3 * GiB, gran, 2 * GiB, 4 * GiB), "not enough for the request: grow");
+  CHECK(!vs_policy_sync_before_growth(gran - 256, gran, 2 * GiB, 4 * GiB), "below the granularity: grow");
 }
 
 int main(void) {
   test_heap_for();
-  test_align();
-  test_grow_handle();
+  test_block_size();
+  test_grow_step();
   test_keep_idle();
-  test_whole_fits();
   test_should_split();
+  test_stream_fits();
+  test_seal();
   test_sync_before_growth();
   return check_summary();
 }

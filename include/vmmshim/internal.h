@@ -29,6 +29,7 @@
 #include <cuda.h>
 
 #include "vmmshim.h"
+#include "vmmshim/policy.h"
 
 /* Debug builds (-DVS_DEBUG=1, the CPU tests' sanitizer builds) check invariants: vs_assert
  * costs O(1); VS_DEBUG=2 adds the full pool check after every slow-path change. Release
@@ -274,9 +275,9 @@ CUcontext _vs_pool_context(const vs_pool_t *pool);
 int _vs_pool_device(const vs_pool_t *pool);
 /* Debug check that map, bins and block list agree; returns the number of problems found. */
 int _vs_pool_check(vs_pool_t *pool);
-/* What a pool holds, per heap (small, large, whole), for the memory report. */
+/* What a pool holds, per heap (small, large), for the memory report. */
 typedef struct vs_pool_figures_s {
-  size_t mapped[3], live[3], idle[3], pending[3];
+  size_t mapped[VS_NHEAPS], live[VS_NHEAPS], idle[VS_NHEAPS], pending[VS_NHEAPS];
   size_t idle_whole;  /* idle bytes in handles that no live or pending block touches */
   size_t live_blocks; /* blocks the program holds */
   size_t requested;   /* bytes it asked for in them */

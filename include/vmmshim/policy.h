@@ -1,16 +1,20 @@
-/* The pool's decisions, as pure functions of its figures: which heap serves a request, how
- * much a heap grows by, what idle memory a growth keeps, when a block is split and when a
- * whole block serves a request. The code that maps and unmaps (handles.c) and carves blocks
- * (pool_blocks.c) asks these; unit tests call them directly (tests/test_unit_policy.c).
+/* The pool's decisions, as pure functions of its figures: which heap serves a request, how a
+ * request is rounded and aligned, how much a heap grows by, what idle memory a growth keeps,
+ * when a block is split, when a stream's freed block serves its next request, when a stream's
+ * freed blocks are sealed, when a request waits for deferred frees. The code that maps and
+ * unmaps (handles.c), carves blocks (pool_blocks.c) and reclaims them (reclaim.c) asks these;
+ * unit tests call them directly (tests/test_unit_policy.c).
  *
- * Why the heaps: requests live in three heaps by size (own reservations, bins and holes).
- * Small (< 1 MiB) and large (up to the granularity) blocks share handles; whole-heap blocks
- * (the granularity and more) are each exactly their own handle(s), never split for a smaller
- * request and never merged with a free neighbour, reused by a request of their size (down to
- * 1/16 smaller). So the physical memory of big blocks follows what is live, where a shared
- * handle stays mapped as long as any block in it lives, and growth still costs one handle
- * per request, as cudaMalloc does. Small blocks scattered between large ones would pin
- * partly used handles everywhere. */
+ * Why two heaps, and why blocks of every size split and merge (measured on the host
+ * emulation, whose VMM call counts match the GPU's, with `make bench-cpu`: README "The pool"):
+ * the small heap (< 1 MiB) keeps tiny blocks from pinning the handles of large ones. In the
+ * large heap (1 MiB and more) a free block serves any smaller request (the rest stays free)
+ * and free neighbours merge, whatever their size: an earlier design gave requests of the
+ * granularity and more handles of their own, reused only by about the same size, and a
+ * program whose large sizes vary gave back and created handles all the time (28 VMM calls per
+ * 100 allocations on a random churn, 124 on a transformer with variable sequence lengths);
+ * splitting makes that 0.1-1. Growth still maps a request of the granularity or more with one
+ * handle of its own size, so first-time growth costs what cudaMalloc costs. */
 #ifndef VMMSHIM_POLICY_H
 #define VMMSHIM_POLICY_H
 
@@ -18,81 +22,88 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_HEAP_WHOLE = 2, VS_NHEAPS = 3 };
+enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_NHEAPS = 2 };
 
 #define VS_SMALL_MAX (1ull << 20) /* requests below this go to the small heap */
-#define VS_WHOLE_SLACK 16         /* a whole block serves requests down to 1/16 smaller than it */
-/* Shared heaps grow by 1/VS_GROW_FRACTION of what they map, from the minimum granularity up
- * to the pool's granularity: a small program maps little more than it uses, a growing one
- * reaches the granularity after a few handles. */
+/* A stream's freed block serves that stream's next request only when at most 1/16 of it
+ * would be left over: a larger one goes to the bins, where it merges with its neighbours
+ * (splitting it on the stream's list would leave pieces that cannot merge until sealed). */
+#define VS_STREAM_SLACK 16
+/* Heaps grow by 1/VS_GROW_FRACTION of what they map, from the minimum granularity up to the
+ * pool's granularity (a request that needs more gets exactly what it needs): a small program
+ * maps little more than it uses, a growing one reaches the granularity after a few handles. */
 #define VS_GROW_FRACTION 8
-/* Before growing, idle handles are given back (as many bytes as the growth maps), except:
- *   - up to mapped/VS_IDLE_BUDGET idle bytes stay, plus one handle of the granularity: a pool
- *     in its steady state that grows now and then would otherwise give back the handle it
- *     maps again a moment later;
- *   - whole blocks freed within the last VS_WHOLE_AGE allocations stay: a program that cycles
- *     through a few large sizes finds them again;
- *   - whole blocks whose last request was made, to the byte, at least twice among the last
- *     VS_WHOLE_RECENT whole-heap requests stay (a training loop asks for the same tensor
- *     sizes every step; a random mix of sizes hardly ever repeats one exactly), but only
- *     while idle memory stays under mapped/VS_RECUR_BUDGET.
- * Out of memory, VMMSHIM_LIMIT and vmmshim_trim give back everything idle. */
+/* Before growing, idle handles are given back (as many bytes as the growth maps), except up
+ * to mapped/VS_IDLE_BUDGET idle bytes plus one handle of the granularity: a pool in its
+ * steady state that grows now and then would otherwise give back the handle it maps again a
+ * moment later. Out of memory, VMMSHIM_LIMIT and vmmshim_trim give back everything idle. */
 #define VS_IDLE_BUDGET 32
-#define VS_WHOLE_AGE 8
-#define VS_WHOLE_RECENT 32
-#define VS_RECUR_BUDGET 8
+/* A stream's freed blocks, all but its VS_SEAL_KEEP newest (which its next requests look at
+ * first: a program that frees and allocates the same size on a stream reuses them at once),
+ * are sealed (an event recorded after them; once it has completed they join the bins and
+ * merge) when the stream holds VS_SEAL_COUNT blocks, or when the older ones hold
+ * 1/VS_SEAL_FRACTION of what the pool maps: prompt merging keeps large memory contiguous, and
+ * a seal costs an event record and a query (~1 us), amortised over many frees. */
+#define VS_SEAL_KEEP 4
+#define VS_SEAL_COUNT 32
+#define VS_SEAL_FRACTION 64
 
-/* The heap that serves a request of `size` bytes (already rounded to 256). */
-static inline int vs_policy_heap_for(size_t size, size_t gran) {
-  return size < VS_SMALL_MAX ? VS_HEAP_SMALL : size < gran ? VS_HEAP_LARGE : VS_HEAP_WHOLE;
+/* The heap that serves a request of `size` bytes. */
+static inline int vs_policy_heap_for(size_t size) { return size < VS_SMALL_MAX ? VS_HEAP_SMALL : VS_HEAP_LARGE; }
+
+/* A request's block size: 256-byte multiples; requests of the granularity and more in
+ * multiples of the minimum granularity, so that large blocks end on handle boundaries. */
+static inline size_t vs_policy_block_size(size_t req, size_t gran, size_t min_gran) {
+  size_t size = (req + 255) / 256 * 256;
+  if (size >= gran) size = (size + min_gran - 1) / min_gran * min_gran;
+  return size;
 }
 
 /* Alignment of a block of `size` bytes: blocks of 4 MiB and more start on a 2 MiB boundary
  * (as cudaMalloc's large allocations do), the others on 256 bytes. */
 static inline size_t vs_policy_align(size_t size) { return size >= (4ull << 20) ? (2ull << 20) : 256u; }
 
-/* The handle size a heap grows by. Whole-heap requests (and the exact retry after out of
- * memory) get handles of exactly what they need (rounded to min_gran); the shared heaps
- * grow by 1/VS_GROW_FRACTION of what they map, between min_gran and gran. */
-static inline size_t vs_policy_grow_handle(int heap_id, size_t heap_mapped, size_t gran, size_t min_gran,
-                                           bool exact) {
-  if (exact || heap_id == VS_HEAP_WHOLE) return min_gran;
+/* The least a heap grows by: 1/VS_GROW_FRACTION of what it maps, between min_gran and gran;
+ * exact (the out-of-memory retry): min_gran, only what is missing. A request that needs more
+ * than this gets exactly what it needs (handles.c), so a request of the granularity or more
+ * grows the heap by one handle of its own size. */
+static inline size_t vs_policy_grow_step(size_t heap_mapped, size_t gran, size_t min_gran, bool exact) {
+  if (exact) return min_gran;
   size_t step = (heap_mapped / VS_GROW_FRACTION + min_gran - 1) / min_gran * min_gran;
   if (step >= gran) return gran;
   return step > min_gran ? step : min_gran;
 }
 
-/* Idle bytes a growth of `want` bytes leaves mapped (first pass: recurring and young whole
- * blocks spared): what is idle beyond the growth goes, but never below the budget of
- * mapped/VS_IDLE_BUDGET plus one handle of the granularity. */
+/* Idle bytes a growth of `want` bytes leaves mapped: what is idle beyond the growth goes, but
+ * never below the budget of mapped/VS_IDLE_BUDGET plus one handle of the granularity. */
 static inline size_t vs_policy_keep_idle(size_t idle, size_t want, size_t mapped, size_t gran) {
   size_t keep = idle > want ? idle - want : 0;
   size_t budget = mapped / VS_IDLE_BUDGET + gran;
   return keep < budget ? budget : keep;
 }
 
-/* The second pass: recurring sizes are kept only up to mapped/VS_RECUR_BUDGET idle, so a
- * program whose sizes vary over a wide set (a variable sequence length) does not hold them all. */
-static inline size_t vs_policy_keep_recurring(size_t keep, size_t mapped) {
-  size_t cap = mapped / VS_RECUR_BUDGET;
-  return keep < cap ? cap : keep;
-}
-
-/* Whether a free block of `block` bytes serves a whole-heap request of `size` bytes (both
- * multiples of the minimum granularity): never split, so at most 1/16 of it is wasted. */
-static inline bool vs_policy_whole_fits(size_t block, size_t size) {
-  return block >= size && block <= size + size / (VS_WHOLE_SLACK - 1);
-}
-
 /* Whether carving `size` bytes out of `avail` leaves a remainder worth a block of its own. */
 static inline bool vs_policy_should_split(size_t avail, size_t size) { return avail - size >= 256u; }
 
-/* Deferred mode: a whole-heap request first waits for the deferred frees (the reclaimer's
- * synchronisation, made now: ~1 us on an idle GPU) when they hold half the pool or more and
- * enough for it: far cheaper than mapping a large handle, and a program that frees big
- * blocks faster than the reclaimer catches up does not grow without bound. */
-static inline bool vs_policy_sync_before_growth(int heap_id, size_t size, size_t deferred, size_t mapped) {
-  return heap_id == VS_HEAP_WHOLE && deferred >= size && deferred * 2 >= mapped;
+/* Whether a block freed on a stream, with `avail` usable bytes, serves that stream's request
+ * of `size` bytes at once: any fit in the small heap; in the large heap at most 1/16 left over. */
+static inline bool vs_policy_stream_fits(int heap_id, size_t avail, size_t size) {
+  return avail >= size && (heap_id == VS_HEAP_SMALL || avail - size <= avail / VS_STREAM_SLACK);
+}
+
+/* Whether a stream's freed blocks are sealed now: `count` of them, `older_bytes` in all but
+ * the VS_SEAL_KEEP newest. */
+static inline bool vs_policy_seal_stream(unsigned count, size_t older_bytes, size_t mapped) {
+  return count > VS_SEAL_KEEP && (count >= VS_SEAL_COUNT || older_bytes >= mapped / VS_SEAL_FRACTION);
+}
+
+/* Deferred mode: a request of the granularity or more first waits for the deferred frees (the
+ * reclaimer's synchronisation, made now: ~1 us on an idle GPU) when they hold half the pool or
+ * more and enough for it: far cheaper than mapping a large handle, and a program that frees
+ * big blocks faster than the reclaimer catches up does not grow without bound. Smaller
+ * requests grow the pool instead, as the reclaimer's period (~100 us) needs some room. */
+static inline bool vs_policy_sync_before_growth(size_t size, size_t gran, size_t deferred, size_t mapped) {
+  return size >= gran && deferred >= size && deferred * 2 >= mapped;
 }
 
 #endif

@@ -59,9 +59,8 @@ typedef struct vs_block_s {
   size_t size;
   struct vs_block_s *prev, *next;   /* address order, within one reservation */
   struct vs_block_s *fprev, *fnext; /* bin, hole list or pending list */
-  size_t requested;                 /* USED: what the program asked for (FREE whole blocks: the last request) */
+  size_t requested;                 /* USED: what the program asked for */
   uint64_t freed_seq;               /* PENDING: pool->sync_seq at the free */
-  uint64_t idle_since;              /* FREE: pool->allocs when it became free */
   vs_stream_t *stream;              /* PENDING on a stream's list */
   uint16_t resv;                    /* reservation index: blocks never merge across */
   uint8_t state;
@@ -111,7 +110,7 @@ struct vs_pool_s {
   pthread_mutex_t lock;
   CUcontext ctx;
   vs_device_caps_t caps;
-  size_t gran;  /* largest handle the shared heaps grow by; smallest whole-heap request */
+  size_t gran;  /* largest growth step; requests this large grow the heap by their own size */
   size_t chunk; /* largest handle: bigger growths are stitched from several */
   vs_block_t *map;
   /* Always in the map (address 0, size 0): uthash frees its table when the last entry
@@ -137,9 +136,7 @@ struct vs_pool_s {
   size_t mapped, used, free_bytes, pending_bytes;
   size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq;    /* synchronisations started */
-  uint64_t allocs;      /* allocations served: the clock idle whole blocks age by */
-  size_t whole_recent[VS_WHOLE_RECENT]; /* sizes of the last whole-heap requests (ring) */
-  unsigned whole_next;
+  uint64_t allocs;      /* allocations served */
   const void *last_allocator; /* thread tag of the last allocation */
   vs_block_t *spare_blocks;
   /* Threads recording events on streams they copied out of the lock: a stream must not be
@@ -221,10 +218,9 @@ int _vs_pool_add_reservation(vs_pool_t *p, int heap_id, size_t size);
 /* Maps more memory into heap heap_id so that a request of size/align fits (exact: handles
  * of exactly what is missing, for the out-of-memory retry). Lock not held. */
 CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, bool exact);
-/* Unmaps and releases whole idle handles until at most `keep` idle bytes remain, sparing
- * whole blocks that became idle after allocation number young_after and, with
- * keep_recurring, those of recurring sizes. Returns the bytes released. Lock not held. */
-size_t _vs_pool_trim_some(vs_pool_t *p, size_t keep, uint64_t young_after, bool keep_recurring);
+/* Unmaps and releases whole idle handles until at most `keep` idle bytes remain. Returns the
+ * bytes released. Lock not held. */
+size_t _vs_pool_trim_some(vs_pool_t *p, size_t keep);
 /* Unmaps and releases every segment and reservation (the pool is being destroyed). */
 void _vs_pool_unmap_all(vs_pool_t *p);
 /* Idle bytes of free block b that lie in whole handles (which trimming could give back). Lock held. */
@@ -237,10 +233,10 @@ bool _vs_over_limit(size_t add);
 /* Synchronises the pool's context (which must be current) and frees what was pending
  * before. Lock not held. */
 CUresult _vs_pool_sync_and_reclaim(vs_pool_t *p);
-/* Seals streams' pending blocks with events and frees batches whose events completed;
- * never waits. self: the calling thread's tag (only it may record on its per-thread
- * stream). Lock not held. */
-void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self);
+/* Seals streams' pending blocks with events (all but the `keep` newest of each stream) and
+ * frees batches whose events completed; never waits. self: the calling thread's tag (only it
+ * may record on its per-thread stream). Lock not held. */
+void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self, unsigned keep);
 /* Deferred mode: starts the pool's reclaimer thread if it is not running. Lock held. */
 void _vs_pool_start_reclaimer(vs_pool_t *p);
 /* Stops the reclaimer thread and waits for it (the pool is being destroyed). Lock not held. */

@@ -1,0 +1,215 @@
+/* test_unit_large: the large heap (blocks of 1 MiB and more) on the host emulation: a request
+ * of the granularity or more grows it by one handle of exactly its size; freed blocks serve
+ * any smaller request (split) and merge with their free neighbours, across handles, so that
+ * cycling and random sizes make no driver call once the pool holds enough; idle handles are
+ * given back before a growth; smaller requests share handles that grow by 1/8 of the heap;
+ * a stream's older freed blocks are sealed with an event and merge once it has passed. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "emu.h"
+#include "vmmshim/internal.h"
+#define CHECK_UNIT_HELPERS
+#include "check.h"
+
+#define MiB (1024ull * 1024)
+#define GiB (1024ull * MiB)
+
+static vs_pool_t *pool;
+static bool g_contended;
+
+static CUdeviceptr palloc_on(size_t n, size_t *served, CUstream s) {
+  CUdeviceptr p = 0;
+  CUresult err;
+  size_t got = 0;
+  if (_vs_pool_alloc(pool, n, s, VMMSHIM_API_DRIVER, &p, &got, &err, &g_contended) != VS_POOL_OK) return 0;
+  if (served) *served = got;
+  return p;
+}
+static CUdeviceptr palloc(size_t n, size_t *served) { return palloc_on(n, served, VS_NO_STREAM); }
+
+static bool pfree_on(CUdeviceptr p, CUstream s) {
+  size_t sz, req;
+  CUresult err;
+  return _vs_pool_free(pool, p, s, VMMSHIM_API_DRIVER, &sz, &req, &err) == VS_POOL_OK;
+}
+static bool pfree(CUdeviceptr p) { return pfree_on(p, VS_NO_STREAM); }
+
+static emu_counters_t now(void) {
+  emu_counters_t e;
+  emu_get_counters(&e);
+  return e;
+}
+
+static unsigned long long vmm_calls_since(const emu_counters_t *a) {
+  emu_counters_t b = now();
+  return (b.n_cuMemCreate - a->n_cuMemCreate) + (b.n_cuMemMap - a->n_cuMemMap) + (b.n_cuMemUnmap - a->n_cuMemUnmap) +
+         (b.n_cuMemRelease - a->n_cuMemRelease) + (b.n_cuMemSetAccess - a->n_cuMemSetAccess);
+}
+
+static void test_growth_and_reuse(void) {
+  /* one handle of exactly its size, rounded to 2 MiB */
+  size_t served = 0;
+  emu_counters_t e0 = now();
+  CUdeviceptr a = palloc(200 * MiB + 1, &served);
+  CHECK(a && served == 202 * MiB, "200 MiB + 1 served as %zu", served);
+  CHECK(now().n_cuMemCreate == e0.n_cuMemCreate + 1 && now().handle_bytes == 202 * MiB,
+        "one handle of 202 MiB (%llu creates, %llu bytes)", now().n_cuMemCreate - e0.n_cuMemCreate, now().handle_bytes);
+  CHECK(a % (2 * MiB) == 0, "starts on a 2 MiB boundary");
+  memset((void *)(uintptr_t)a, 0x11, served);
+
+  /* a smaller request splits the freed block; the rest stays free; no driver call */
+  CHECK(pfree(a), "free a");
+  e0 = now();
+  CUdeviceptr b = palloc(100 * MiB, &served);
+  CUdeviceptr c = palloc(90 * MiB, NULL);
+  CHECK(b == a && served == 100 * MiB, "100 MiB from the start of the freed 202 MiB block");
+  CHECK(c >= a + 100 * MiB && c + 90 * MiB <= a + 202 * MiB, "90 MiB from its rest");
+  CHECK(vmm_calls_since(&e0) == 0, "no driver call for either (%llu)", vmm_calls_since(&e0));
+  /* freed, the pieces merge back: 202 MiB fits again at the same place */
+  CHECK(pfree(b) && pfree(c), "free b, c");
+  CUdeviceptr a2 = palloc(202 * MiB, NULL);
+  CHECK(a2 == a && vmm_calls_since(&e0) == 0, "the pieces merged: 202 MiB at the same address, no driver call");
+  CHECK(pfree(a2), "free a2");
+
+  /* cycling through sizes makes no driver call once the pool holds enough */
+  static const size_t sizes[] = {200 * MiB, 100 * MiB, 150 * MiB, 50 * MiB, 7 * MiB, 190 * MiB};
+  e0 = now();
+  for (int r = 0; r < 20; r++)
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+      CUdeviceptr x = palloc(sizes[i], NULL);
+      CHECK(x != 0 && pfree(x), "cycle %d size %zu", r, sizes[i]);
+    }
+  CHECK(vmm_calls_since(&e0) == 0, "no driver call while cycling (%llu)", vmm_calls_since(&e0));
+  CHECK(_vs_pool_check(pool) == 0, "pool consistent");
+}
+
+/* Blocks of two growths, side by side, merge across the handle boundary once free. */
+static void test_merge_across_handles(void) {
+  _vs_pool_trim(pool, 0);
+  CUdeviceptr x = palloc(128 * MiB, NULL), y = palloc(128 * MiB, NULL);
+  CHECK(x && y && y == x + 128 * MiB, "two growths side by side (x %llx, y %llx)", (unsigned long long)x,
+        (unsigned long long)y);
+  CHECK(now().live_handles >= 2, "two handles");
+  CHECK(pfree(x) && pfree(y), "free both");
+  emu_counters_t e0 = now();
+  CUdeviceptr z = palloc(256 * MiB, NULL);
+  CHECK(z == x && vmm_calls_since(&e0) == 0, "256 MiB spans both handles, no driver call");
+  CHECK(pfree(z), "free z");
+}
+
+/* Before it grows, the pool gives back idle handles: as many bytes as it maps, keeping a small
+ * budget (policy.h). */
+static void test_release_before_growth(void) {
+  _vs_pool_trim(pool, 0);
+  CHECK(now().handle_bytes == 0, "nothing mapped after a trim (%llu MiB)", now().handle_bytes / MiB);
+  CUdeviceptr a = palloc(GiB, NULL), b = palloc(512 * MiB, NULL);
+  CHECK(a && b, "1 GiB and 512 MiB");
+  CHECK(pfree(a), "free the 1 GiB block: a whole idle handle");
+  unsigned long long t0 = now().n_cuMemRelease;
+  CUdeviceptr c = palloc(2 * GiB, NULL);
+  CHECK(c != 0, "2 GiB does not fit in the idle 1 GiB: the pool grows");
+  CHECK(now().n_cuMemRelease == t0 + 1 && now().handle_bytes == 512 * MiB + 2 * GiB,
+        "the idle 1 GiB handle went back first: %llu MiB of handles", now().handle_bytes / MiB);
+  CHECK(pfree(b) && pfree(c), "free");
+  CHECK(_vs_pool_check(pool) == 0, "pool consistent");
+}
+
+/* Random sizes from 1 MiB to 512 MiB with a bounded live set: after the warm-up, fewer than
+ * 1 driver call per 100 allocations. */
+static void test_random_sizes(void) {
+  _vs_pool_trim(pool, 0);
+  enum { WINDOW = 24, STEPS = 4000 };
+  CUdeviceptr live[WINDOW];
+  uint64_t r = 12345;
+  for (int i = 0; i < WINDOW; i++) live[i] = 0;
+  emu_counters_t e0 = now();
+  unsigned long long warm_calls = 0;
+  int failed = 0;
+  for (int s = 0; s < STEPS; s++) {
+    if (s == STEPS / 4) warm_calls = vmm_calls_since(&e0);
+    r ^= r >> 12, r ^= r << 25, r ^= r >> 27;
+    uint64_t x = r * 0x2545F4914F6CDD1Dull;
+    int k = (int)(x % WINDOW);
+    if (live[k] && !pfree(live[k])) failed++;
+    size_t size = (1ull << 20) << ((x >> 8) % 10); /* 1 MiB .. 512 MiB */
+    size += (x >> 20) % size;
+    live[k] = palloc(size, NULL);
+    if (!live[k]) failed++;
+  }
+  unsigned long long steady = vmm_calls_since(&e0) - warm_calls;
+  CHECK(failed == 0, "%d allocations or frees failed", failed);
+  CHECK(steady * 100 < (unsigned long long)(STEPS - STEPS / 4), "%llu driver calls in %d allocations after the warm-up",
+        steady, STEPS - STEPS / 4);
+  for (int i = 0; i < WINDOW; i++)
+    if (live[i]) CHECK(pfree(live[i]), "free %d", i);
+  CHECK(_vs_pool_check(pool) == 0, "pool consistent");
+}
+
+/* Below the granularity: handles of 1/8 of what the heap maps (at most the granularity), so a
+ * small heap maps little more than it uses and a big one few handles. */
+static void test_shared_growth(void) {
+  _vs_pool_trim(pool, 0);
+  emu_counters_t e0 = now();
+  CUdeviceptr d[100];
+  int ok = 0;
+  for (int i = 0; i < 100; i++) ok += (d[i] = palloc(8 * MiB, NULL)) != 0;
+  unsigned long long grown = now().handle_bytes - e0.handle_bytes, made = now().n_cuMemCreate - e0.n_cuMemCreate;
+  CHECK(ok == 100, "100 blocks of 8 MiB");
+  CHECK(grown >= 800 * MiB && grown <= 800 * MiB + 100 * MiB, "mapped %llu MiB for 800 MiB: at most 1/8 more",
+        grown / MiB);
+  CHECK(made >= 15 && made <= 40, "%llu handles for 800 MiB (8 MiB each at first, growing towards 64 MiB)", made);
+  for (int i = 0; i < 100; i++) CHECK(pfree(d[i]), "free d%d", i);
+}
+
+/* A stream's older freed blocks are sealed with an event once there are enough of them, and
+ * join the bins (merged) once the event has passed; the newest stay for the stream's own
+ * next requests. */
+static void test_stream_seal(void) {
+  _vs_pool_trim(pool, 0);
+  CUstream s;
+  CHECK(cuStreamCreate(&s, 0) == CUDA_SUCCESS, "stream");
+  enum { N = VS_SEAL_COUNT + 4 };
+  CUdeviceptr blk[N];
+  for (int i = 0; i < N; i++) blk[i] = palloc_on(2 * MiB, NULL, s);
+  long long rec0 = emu_calls("cuEventRecord");
+  for (int i = 0; i < N; i++) CHECK(pfree_on(blk[i], s), "free %d on the stream", i);
+  CHECK(emu_calls("cuEventRecord") > rec0, "the older freed blocks were sealed with an event");
+  /* the newest ones are still the stream's: it reuses one at once */
+  CUdeviceptr again = palloc_on(2 * MiB, NULL, s);
+  CHECK(again == blk[N - 1], "the stream reuses its newest freed block at once");
+  /* The event has not passed (the emulated stream has not progressed): the sealed blocks are
+   * not free yet; once the stream completes, a request reclaims them merged. */
+  emu_complete(s, -1);
+  emu_counters_t e0 = now();
+  CUdeviceptr big = palloc((N - VS_SEAL_KEEP - 2) * 2 * MiB, NULL);
+  CHECK(big != 0 && vmm_calls_since(&e0) == 0, "the sealed blocks merged and serve a request of most of them (%llu calls)",
+        vmm_calls_since(&e0));
+  CHECK(pfree(big) && pfree_on(again, s), "free");
+  CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS, "sync");
+  _vs_pool_stream_destroyed(pool, s);
+  CHECK(cuStreamDestroy(s) == CUDA_SUCCESS, "destroy");
+  CHECK(_vs_pool_check(pool) == 0, "pool consistent");
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  alarm(60);
+  vs_device_caps_t caps;
+  CUcontext ctx = check_unit_context(&caps);
+  emu_set_device_memory(0, 16 * GiB);
+  pool = _vs_pool_create(ctx, &caps); /* granularity 64 MiB */
+  CHECK(pool != NULL, "pool");
+  if (!pool) return check_summary();
+  test_growth_and_reuse();
+  test_merge_across_handles();
+  test_release_before_growth();
+  test_random_sizes();
+  test_shared_growth();
+  test_stream_seal();
+  _vs_pool_destroy(pool);
+  CHECK(emu_violations() == 0, "%d contract violations", emu_violations());
+  return check_summary();
+}
