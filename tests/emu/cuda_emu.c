@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -32,6 +33,7 @@
 #define MAGIC_STREAM 0x53545221u
 #define MAGIC_EVENT 0x45564e21u
 #define MAGIC_GRAPH 0x47525021u
+#define MAGIC_POOL 0x504f4c21u
 
 /* ------------------------------------------------------------------ state */
 
@@ -56,12 +58,15 @@ static unsigned long long g_calls[FN_COUNT];
 static unsigned long long g_lookups, g_lookups_nf;
 static struct { CUresult err; int count; } g_fault[FN_COUNT];
 static int g_violations;
+static long g_device_faults; /* emu_device_access refusals (also violations) */
 
 static int g_inited;
 static int g_devcount = 1;
 static int g_eager; /* emu_set_eager: an event recorded after no pending launch completes at once */
 static size_t g_gran = 2ull << 20;
 static int g_cap_vmm = 1, g_cap_fd = 1, g_cap_rdma = 1;
+/* emu_set_peer_capable: g_peer_off[dev][peer] = 1 when dev cannot access peer's memory */
+static unsigned char g_peer_off[EMU_MAXDEV][EMU_MAXDEV];
 
 struct CUctx_st;
 struct CUstream_st;
@@ -85,6 +90,24 @@ struct CUctx_st {
   struct CUctx_st *next;
 };
 static struct CUctx_st *g_ctxs;
+
+/* Peer access: contexts `from` may access plain cuMemAlloc memory of context `to`
+ * (cuCtxEnablePeerAccess called in `from` with peerContext `to`). */
+typedef struct peer_s {
+  struct CUctx_st *from, *to;
+  struct peer_s *next;
+} peer_t;
+static peer_t *g_peers;
+
+/* The default (and current) memory pool of each device. access[d]: what the pool grants
+ * device d (cuMemPoolSetAccess); the owner always has read-write. */
+struct CUmemPoolHandle_st {
+  uint32_t magic;
+  int dev;
+  unsigned long long access[EMU_MAXDEV];
+};
+static struct CUmemPoolHandle_st g_pools[EMU_MAXDEV] = {
+    {MAGIC_POOL, 0, {0}}, {MAGIC_POOL, 1, {0}}, {MAGIC_POOL, 2, {0}}, {MAGIC_POOL, 3, {0}}};
 
 enum { K_USER = 0, K_MARK, K_FREE, K_WAIT };
 typedef struct item_s {
@@ -144,10 +167,15 @@ struct CUgraph_st {
 };
 static struct CUgraph_st *g_graphs;
 
+/* Where a plain allocation came from: cuMemAlloc (legacy IPC capable, shared with peers by
+ * cuCtxEnablePeerAccess), cuMemAllocAsync outside a capture (the device's default pool, shared
+ * by cuMemPoolSetAccess), or a captured cuMemAllocAsync (a graph allocation: its device only). */
+enum { P_ALLOC = 0, P_POOL, P_GRAPH };
 typedef struct plain_s {
   CUdeviceptr base;
   size_t size, maplen;
   int dev;
+  int origin; /* P_* */
   struct CUctx_st *ctx;
   uint64_t cap_id;
   int free_pending;
@@ -365,7 +393,7 @@ static plain_t *find_plain_in(CUdeviceptr p) {
   return NULL;
 }
 
-static CUresult plain_alloc(struct CUctx_st *ctx, size_t size, uint64_t cap_id, CUdeviceptr *out) {
+static CUresult plain_alloc(struct CUctx_st *ctx, size_t size, uint64_t cap_id, int origin, CUdeviceptr *out) {
   device_t *d = &g_dev[ctx->dev];
   if (d->used > d->total || size > d->total - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
   size_t len = round_up(size, (size_t)sysconf(_SC_PAGESIZE));
@@ -381,6 +409,7 @@ static CUresult plain_alloc(struct CUctx_st *ctx, size_t size, uint64_t cap_id, 
   a->maplen = len;
   a->dev = ctx->dev;
   a->ctx = ctx;
+  a->origin = origin;
   a->cap_id = cap_id;
   a->next = g_plain;
   g_plain = a;
@@ -479,9 +508,25 @@ static void destroy_stream(struct CUstream_st *s) {
   free(s);
 }
 
-/* Destroy everything of a context (cuCtxDestroy, cuDevicePrimaryCtxReset). */
+/* Drops the peer-access records of ctx, in both directions. */
+static void drop_peers(struct CUctx_st *ctx) {
+  peer_t **pp = &g_peers;
+  while (*pp) {
+    peer_t *p = *pp;
+    if (p->from == ctx || p->to == ctx) {
+      *pp = p->next;
+      free(p);
+    } else {
+      pp = &p->next;
+    }
+  }
+}
+
+/* Destroy everything of a context (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
+ * cuDevicePrimaryCtxRelease). */
 static void teardown_ctx(struct CUctx_st *ctx) {
   drain_ctx(ctx);
+  drop_peers(ctx);
   struct CUstream_st *p = g_streams;
   while (p) {
     struct CUstream_st *n = p->next;
@@ -1287,7 +1332,7 @@ static CUresult e_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
   if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
   r = check_unsafe("cuMemAlloc");
   if (r) return r;
-  return plain_alloc(c, size, 0, dptr);
+  return plain_alloc(c, size, 0, P_ALLOC, dptr);
 }
 static CUresult e_cuMemAlloc_v1(unsigned int *dptr, unsigned int size) {
   (void)dptr;
@@ -1331,7 +1376,7 @@ static CUresult mem_alloc_async(CUdeviceptr *dptr, size_t size, CUstream hs, int
     cap_id = s->cap_origin->cap_id;
     s->cap_items++;
   }
-  return plain_alloc(s->ctx, size, cap_id, dptr);
+  return plain_alloc(s->ctx, size, cap_id, cap_id ? P_GRAPH : P_POOL, dptr);
 }
 static CUresult e_cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return mem_alloc_async(d, n, s, 0); }
 static CUresult e_cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { return mem_alloc_async(d, n, s, 1); }
@@ -1392,8 +1437,10 @@ static CUresult e_cuMemGetInfo_v1(unsigned int *free_b, unsigned int *total_b) {
   return r;
 }
 
-/* The allocation holding p: a plain allocation or a VMM mapping. */
-static int range_of(CUdeviceptr p, CUdeviceptr *base, size_t *size, int *dev, struct CUctx_st **ctx, int *vmm) {
+/* The allocation holding p: a plain allocation or a VMM mapping. *vmm: 1 for VMM memory,
+ * 0 for plain memory (its P_* origin in *origin). */
+static int range_of(CUdeviceptr p, CUdeviceptr *base, size_t *size, int *dev, struct CUctx_st **ctx, int *vmm,
+                    int *origin) {
   plain_t *a = find_plain_in(p);
   if (a) {
     *base = a->base;
@@ -1401,6 +1448,7 @@ static int range_of(CUdeviceptr p, CUdeviceptr *base, size_t *size, int *dev, st
     *dev = a->dev;
     *ctx = a->ctx;
     *vmm = 0;
+    *origin = a->origin;
     return 1;
   }
   mapping_t *m = map_holding(p);
@@ -1410,6 +1458,7 @@ static int range_of(CUdeviceptr p, CUdeviceptr *base, size_t *size, int *dev, st
     *dev = m->h->dev;
     *ctx = NULL;
     *vmm = 1;
+    *origin = -1;
     return 1;
   }
   return 0;
@@ -1421,9 +1470,9 @@ static CUresult e_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUd
   LOCKED();
   CUdeviceptr b;
   size_t n;
-  int dev, vmm;
+  int dev, vmm, origin;
   struct CUctx_st *c;
-  if (!range_of(p, &b, &n, &dev, &c, &vmm)) return CUDA_ERROR_NOT_FOUND;
+  if (!range_of(p, &b, &n, &dev, &c, &vmm, &origin)) return CUDA_ERROR_NOT_FOUND;
   if (pbase) *pbase = b;
   if (psize) *psize = n;
   return CUDA_SUCCESS;
@@ -1437,7 +1486,7 @@ static CUresult e_cuMemGetAddressRange_v1(unsigned int *pbase, unsigned int *psi
 }
 
 static CUresult pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr p, int found, CUdeviceptr b, size_t n,
-                             int dev, struct CUctx_st *c, int vmm) {
+                             int dev, struct CUctx_st *c, int vmm, int origin) {
   switch (attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = found ? c : NULL; break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data = found ? CU_MEMORYTYPE_DEVICE : 0; break;
@@ -1448,7 +1497,13 @@ static CUresult pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr p
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = found ? b : 0; break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = found ? n : 0; break;
     case CU_POINTER_ATTRIBUTE_MAPPED: *(unsigned int *)data = found ? 1 : 0; break;
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(unsigned int *)data = found && !vmm; break;
+    /* only cuMemAlloc memory: not VMM memory, not memory-pool or graph allocations */
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      *(unsigned int *)data = found && !vmm && origin == P_ALLOC;
+      break;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      *(CUmemoryPool *)data = found && !vmm && origin == P_POOL ? &g_pools[dev] : NULL;
+      break;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = found ? (unsigned long long)b : 0; break;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
@@ -1462,10 +1517,10 @@ static CUresult e_cuPointerGetAttribute(void *data, CUpointer_attribute attr, CU
   if (!data) return CUDA_ERROR_INVALID_VALUE;
   CUdeviceptr b = 0;
   size_t n = 0;
-  int dev = 0, vmm = 0;
+  int dev = 0, vmm = 0, origin = -1;
   struct CUctx_st *c = NULL;
-  if (!range_of(p, &b, &n, &dev, &c, &vmm)) return CUDA_ERROR_INVALID_VALUE;
-  return pointer_attr(data, attr, p, 1, b, n, dev, c, vmm);
+  if (!range_of(p, &b, &n, &dev, &c, &vmm, &origin)) return CUDA_ERROR_INVALID_VALUE;
+  return pointer_attr(data, attr, p, 1, b, n, dev, c, vmm, origin);
 }
 
 static CUresult e_cuPointerGetAttributes(unsigned int num, CUpointer_attribute *attrs, void **data, CUdeviceptr p) {
@@ -1475,15 +1530,247 @@ static CUresult e_cuPointerGetAttributes(unsigned int num, CUpointer_attribute *
   if (!attrs || !data) return CUDA_ERROR_INVALID_VALUE;
   CUdeviceptr b = 0;
   size_t n = 0;
-  int dev = 0, vmm = 0;
+  int dev = 0, vmm = 0, origin = -1;
   struct CUctx_st *c = NULL;
-  int found = range_of(p, &b, &n, &dev, &c, &vmm);
+  int found = range_of(p, &b, &n, &dev, &c, &vmm, &origin);
   for (unsigned i = 0; i < num; i++) {
     if (!data[i]) continue;
-    CUresult r = pointer_attr(data[i], attrs[i], p, found, b, n, dev, c, vmm);
+    CUresult r = pointer_attr(data[i], attrs[i], p, found, b, n, dev, c, vmm, origin);
     if (r) return r;
   }
   return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ peer access */
+
+static int peer_capable(int dev, int peer) {
+  return valid_dev(dev) && valid_dev(peer) && dev != peer && !g_peer_off[dev][peer];
+}
+
+static peer_t *find_peer(struct CUctx_st *from, struct CUctx_st *to) {
+  for (peer_t *p = g_peers; p; p = p->next)
+    if (p->from == from && p->to == to) return p;
+  return NULL;
+}
+
+static CUresult e_cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
+  ENTER(cuDeviceCanAccessPeer);
+  NEED_INIT();
+  LOCKED();
+  if (!can) {
+    violation("cuDeviceCanAccessPeer: canAccessPeer is NULL");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!valid_dev(dev) || !valid_dev(peer)) {
+    violation("cuDeviceCanAccessPeer(dev %d, peerDev %d): invalid device (%d devices)", dev, peer, g_devcount);
+    return CUDA_ERROR_INVALID_DEVICE;
+  }
+  *can = peer_capable(dev, peer);
+  return CUDA_SUCCESS;
+}
+
+/* The peer context argument of cuCtxEnablePeerAccess / cuCtxDisablePeerAccess. */
+static int valid_peer_ctx(struct CUctx_st *peer, const char *fn) {
+  if (peer && valid_ctx(peer) && peer->alive) return 1;
+  violation("%s with an invalid or destroyed peer context %p", fn, (void *)peer);
+  return 0;
+}
+
+static CUresult e_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+  ENTER(cuCtxEnablePeerAccess);
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (flags != 0) {
+    violation("cuCtxEnablePeerAccess: flags 0x%x (must be 0)", flags);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!valid_peer_ctx(peer, "cuCtxEnablePeerAccess")) return CUDA_ERROR_INVALID_CONTEXT;
+  if (peer->dev == c->dev) {
+    violation("cuCtxEnablePeerAccess: peer context %p is on the current context's device %d", (void *)peer, c->dev);
+    return CUDA_ERROR_INVALID_DEVICE;
+  }
+  if (!peer_capable(c->dev, peer->dev)) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+  if (find_peer(c, peer)) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  peer_t *p = calloc(1, sizeof *p);
+  if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+  p->from = c;
+  p->to = peer;
+  p->next = g_peers;
+  g_peers = p;
+  return CUDA_SUCCESS;
+}
+
+static CUresult e_cuCtxDisablePeerAccess(CUcontext peer) {
+  ENTER(cuCtxDisablePeerAccess);
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!valid_peer_ctx(peer, "cuCtxDisablePeerAccess")) return CUDA_ERROR_INVALID_CONTEXT;
+  for (peer_t **pp = &g_peers; *pp; pp = &(*pp)->next)
+    if ((*pp)->from == c && (*pp)->to == peer) {
+      peer_t *p = *pp;
+      *pp = p->next;
+      free(p);
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+}
+
+/* ------------------------------------------------------------------ default memory pools */
+
+static struct CUmemPoolHandle_st *find_pool(CUmemoryPool pool) {
+  for (int i = 0; i < g_devcount; i++)
+    if (pool == &g_pools[i]) return &g_pools[i];
+  return NULL;
+}
+
+static CUresult device_pool(CUmemoryPool *pool, CUdevice dev, const char *fn) {
+  NEED_INIT();
+  LOCKED();
+  if (!pool) {
+    violation("%s: pool is NULL", fn);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!valid_dev(dev)) {
+    violation("%s: invalid device %d (%d devices)", fn, dev, g_devcount);
+    return CUDA_ERROR_INVALID_DEVICE;
+  }
+  *pool = &g_pools[dev];
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+  ENTER(cuDeviceGetDefaultMemPool);
+  return device_pool(pool, dev, "cuDeviceGetDefaultMemPool");
+}
+/* There is no cuDeviceSetMemPool: a device's current pool is its default pool. */
+static CUresult e_cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+  ENTER(cuDeviceGetMemPool);
+  return device_pool(pool, dev, "cuDeviceGetMemPool");
+}
+
+static int valid_access_flags(unsigned long long f) {
+  return f == CU_MEM_ACCESS_FLAGS_PROT_NONE || f == CU_MEM_ACCESS_FLAGS_PROT_READ ||
+         f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
+static CUresult e_cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count) {
+  ENTER(cuMemPoolSetAccess);
+  NEED_INIT();
+  LOCKED();
+  struct CUmemPoolHandle_st *p = find_pool(pool);
+  if (!p) {
+    violation("cuMemPoolSetAccess on an unknown pool %p", (void *)pool);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!map || count == 0) {
+    violation("cuMemPoolSetAccess(map %p, count %zu): bad arguments", (const void *)map, count);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (size_t i = 0; i < count; i++) {
+    if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(map[i].location.id) ||
+        !valid_access_flags((unsigned long long)map[i].flags)) {
+      violation("cuMemPoolSetAccess: descriptor %zu has location type %d id %d flags %d", i,
+                (int)map[i].location.type, map[i].location.id, (int)map[i].flags);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (map[i].location.id == p->dev && map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      violation("cuMemPoolSetAccess: descriptor %zu sets flags %d for the pool's own device %d (it keeps read-write)",
+                i, (int)map[i].flags, p->dev);
+      return CUDA_ERROR_INVALID_DEVICE;
+    }
+  }
+  for (size_t i = 0; i < count; i++)
+    if (map[i].location.id != p->dev) p->access[map[i].location.id] = (unsigned long long)map[i].flags;
+  return CUDA_SUCCESS;
+}
+
+static CUresult e_cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool pool, CUmemLocation *location) {
+  ENTER(cuMemPoolGetAccess);
+  NEED_INIT();
+  LOCKED();
+  struct CUmemPoolHandle_st *p = find_pool(pool);
+  if (!p) {
+    violation("cuMemPoolGetAccess on an unknown pool %p", (void *)pool);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(location->id)) {
+    violation("cuMemPoolGetAccess: bad arguments (flags %p, location %p)", (void *)flags, (void *)location);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *flags = location->id == p->dev ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : (CUmemAccess_flags)p->access[location->id];
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ legacy IPC
+ * An emulation handle: bytes 0-7 "EMUIPC\0\0", 8-15 the exporting pid, 16-23 the allocation's
+ * base, 24-31 its size (native byte order), 32-63 zero. The emulation shares no plain memory
+ * between processes, so no handle ever opens. */
+
+#define IPC_MAGIC "EMUIPC\0"
+
+static CUresult e_cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p) {
+  ENTER(cuIpcGetMemHandle);
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!handle) {
+    violation("cuIpcGetMemHandle: pHandle is NULL");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  /* only the base of a cuMemAlloc allocation: VMM, memory-pool and graph memory are not legacy
+   * IPC capable (the real driver answers CUDA_ERROR_INVALID_VALUE for VMM memory) */
+  plain_t *a = find_plain_base(p);
+  if (!a || a->origin != P_ALLOC) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t pid = (uint64_t)getpid(), base = a->base, size = a->size;
+  memset(handle, 0, sizeof *handle);
+  memcpy(handle->reserved, IPC_MAGIC, 8);
+  memcpy(handle->reserved + 8, &pid, 8);
+  memcpy(handle->reserved + 16, &base, 8);
+  memcpy(handle->reserved + 24, &size, 8);
+  return CUDA_SUCCESS;
+}
+
+static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) {
+  ENTER(cuIpcOpenMemHandle);
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) {
+    violation("cuIpcOpenMemHandle: flags 0x%x (0 or CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)", flags);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!pdptr) {
+    violation("cuIpcOpenMemHandle: pdptr is NULL");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  uint64_t pid = 0, size = 0;
+  memcpy(&pid, handle.reserved + 8, 8);
+  memcpy(&size, handle.reserved + 24, 8);
+  int zero = 1;
+  for (size_t i = 32; i < sizeof handle.reserved; i++)
+    if (handle.reserved[i]) zero = 0;
+  if (memcmp(handle.reserved, IPC_MAGIC, 8) != 0 || !zero || pid == 0 || pid > INT_MAX || size == 0)
+    return CUDA_ERROR_INVALID_VALUE; /* not a handle of cuIpcGetMemHandle */
+  if ((pid_t)pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT; /* as the real driver answers */
+  if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return CUDA_ERROR_MAP_FAILED;
+  return CUDA_ERROR_NOT_SUPPORTED; /* a live process: plain memory is not shared */
+}
+static CUresult e_cuIpcOpenMemHandle_v1(CUdeviceptr *p, CUipcMemHandle h, unsigned int f) { return ipc_open(p, h, f); }
+static CUresult e_cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int f) { return ipc_open(p, h, f); }
+
+static CUresult e_cuIpcCloseMemHandle(CUdeviceptr p) {
+  ENTER(cuIpcCloseMemHandle);
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  (void)p;
+  return CUDA_ERROR_INVALID_VALUE; /* nothing is ever opened */
 }
 
 /* ------------------------------------------------------------------ streams */
@@ -1944,6 +2231,13 @@ static const struct {
     {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
     {CUDA_ERROR_CAPTURED_EVENT, "CUDA_ERROR_CAPTURED_EVENT", "operation not permitted on an event last recorded in a capturing stream"},
     {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "attempt to terminate a thread-local capture sequence from another thread"},
+    {CUDA_ERROR_MAP_FAILED, "CUDA_ERROR_MAP_FAILED", "mapping of buffer object failed"},
+    {CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+     "peer access is not supported between these two devices"},
+    {CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+     "peer access is already enabled"},
+    {CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
+    {CUDA_ERROR_TOO_MANY_PEERS, "CUDA_ERROR_TOO_MANY_PEERS", "peer mapping resources exhausted"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -2015,6 +2309,9 @@ static const sym_t g_syms[] = {
     SYM("cuCtxPushCurrent", 4000, e_cuCtxPushCurrent_v2),
     SYM("cuCtxPopCurrent", 2000, e_cuCtxPopCurrent_v1),
     SYM("cuCtxPopCurrent", 4000, e_cuCtxPopCurrent_v2),
+    SYM("cuDeviceCanAccessPeer", 4000, e_cuDeviceCanAccessPeer),
+    SYM("cuCtxEnablePeerAccess", 4000, e_cuCtxEnablePeerAccess),
+    SYM("cuCtxDisablePeerAccess", 4000, e_cuCtxDisablePeerAccess),
     SYM("cuMemGetAllocationGranularity", 10020, e_cuMemGetAllocationGranularity),
     SYM("cuMemAddressReserve", 10020, e_cuMemAddressReserve),
     SYM("cuMemAddressFree", 10020, e_cuMemAddressFree),
@@ -2040,6 +2337,14 @@ static const sym_t g_syms[] = {
     SYM("cuMemGetAddressRange", 3020, e_cuMemGetAddressRange_v2),
     SYM("cuPointerGetAttribute", 4000, e_cuPointerGetAttribute),
     SYM("cuPointerGetAttributes", 7000, e_cuPointerGetAttributes),
+    SYM("cuDeviceGetDefaultMemPool", 11020, e_cuDeviceGetDefaultMemPool),
+    SYM("cuDeviceGetMemPool", 11020, e_cuDeviceGetMemPool),
+    SYM("cuMemPoolSetAccess", 11020, e_cuMemPoolSetAccess),
+    SYM("cuMemPoolGetAccess", 11020, e_cuMemPoolGetAccess),
+    SYM("cuIpcGetMemHandle", 4010, e_cuIpcGetMemHandle),
+    SYM("cuIpcOpenMemHandle", 4010, e_cuIpcOpenMemHandle_v1),
+    SYM("cuIpcOpenMemHandle", 11000, e_cuIpcOpenMemHandle_v2),
+    SYM("cuIpcCloseMemHandle", 4010, e_cuIpcCloseMemHandle),
     SYM("cuStreamCreate", 2000, e_cuStreamCreate),
     SYM("cuStreamCreateWithPriority", 5050, e_cuStreamCreateWithPriority),
     SYM("cuStreamDestroy", 2000, e_cuStreamDestroy_v1),
@@ -2145,6 +2450,9 @@ EXPORT(cuCtxPushCurrent, e_cuCtxPushCurrent_v1)
 EXPORT(cuCtxPushCurrent_v2, e_cuCtxPushCurrent_v2)
 EXPORT(cuCtxPopCurrent, e_cuCtxPopCurrent_v1)
 EXPORT(cuCtxPopCurrent_v2, e_cuCtxPopCurrent_v2)
+EXPORT(cuDeviceCanAccessPeer, e_cuDeviceCanAccessPeer)
+EXPORT(cuCtxEnablePeerAccess, e_cuCtxEnablePeerAccess)
+EXPORT(cuCtxDisablePeerAccess, e_cuCtxDisablePeerAccess)
 EXPORT(cuMemGetAllocationGranularity, e_cuMemGetAllocationGranularity)
 EXPORT(cuMemAddressReserve, e_cuMemAddressReserve)
 EXPORT(cuMemAddressFree, e_cuMemAddressFree)
@@ -2172,6 +2480,14 @@ EXPORT(cuMemGetAddressRange, e_cuMemGetAddressRange_v1)
 EXPORT(cuMemGetAddressRange_v2, e_cuMemGetAddressRange_v2)
 EXPORT(cuPointerGetAttribute, e_cuPointerGetAttribute)
 EXPORT(cuPointerGetAttributes, e_cuPointerGetAttributes)
+EXPORT(cuDeviceGetDefaultMemPool, e_cuDeviceGetDefaultMemPool)
+EXPORT(cuDeviceGetMemPool, e_cuDeviceGetMemPool)
+EXPORT(cuMemPoolSetAccess, e_cuMemPoolSetAccess)
+EXPORT(cuMemPoolGetAccess, e_cuMemPoolGetAccess)
+EXPORT(cuIpcGetMemHandle, e_cuIpcGetMemHandle)
+EXPORT(cuIpcOpenMemHandle, e_cuIpcOpenMemHandle_v1)
+EXPORT(cuIpcOpenMemHandle_v2, e_cuIpcOpenMemHandle_v2)
+EXPORT(cuIpcCloseMemHandle, e_cuIpcCloseMemHandle)
 EXPORT(cuStreamCreate, e_cuStreamCreate)
 EXPORT(cuStreamCreateWithPriority, e_cuStreamCreateWithPriority)
 EXPORT(cuStreamDestroy, e_cuStreamDestroy_v1)
@@ -2302,6 +2618,15 @@ API void emu_set_device_count(int n) {
   g_devcount = n;
 }
 
+API void emu_set_peer_capable(int dev, int peer, int capable) {
+  LOCKED();
+  if (dev < 0 || dev >= EMU_MAXDEV || peer < 0 || peer >= EMU_MAXDEV) {
+    fprintf(stderr, "emu: emu_set_peer_capable: bad devices %d, %d\n", dev, peer);
+    return;
+  }
+  g_peer_off[dev][peer] = !capable;
+}
+
 API void emu_set_caps(int vmm, int posix_fd, int rdma) {
   LOCKED();
   g_cap_vmm = !!vmm;
@@ -2416,6 +2741,82 @@ API int emu_handle_info(CUdeviceptr addr, unsigned long long *requested_handle_t
 }
 
 API int emu_violations(void) { return __atomic_load_n(&g_violations, __ATOMIC_RELAXED); }
+
+static const char *access_name(unsigned long long f) {
+  switch (f) {
+    case CU_MEM_ACCESS_FLAGS_PROT_NONE: return "NONE";
+    case CU_MEM_ACCESS_FLAGS_PROT_READ: return "READ";
+    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: return "READWRITE";
+    default: return "?";
+  }
+}
+
+/* Counts a refused device access: a violation and a device fault. Returns -1. */
+static int device_fault(int dev, CUdeviceptr ptr, size_t n, int write, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int device_fault(int dev, CUdeviceptr ptr, size_t n, int write, const char *fmt, ...) {
+  char why[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  g_device_faults++;
+  violation("device %d %s 0x%llx (%zu bytes) without access: %s", dev, write ? "wrote" : "read",
+            (unsigned long long)ptr, n, why);
+  return -1;
+}
+
+API int emu_device_access(int dev, CUdeviceptr ptr, size_t n, int write) {
+  LOCKED();
+  if (dev < 0 || dev >= g_devcount) {
+    fprintf(stderr, "emu: emu_device_access: bad device %d (%d devices)\n", dev, g_devcount);
+    return -1;
+  }
+  if (n == 0) return 0;
+  unsigned long long need = write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+  if (ptr + n < ptr) return device_fault(dev, ptr, n, write, "the range wraps around");
+  plain_t *a = find_plain_in(ptr);
+  if (a) {
+    if (n > a->base + a->size - ptr)
+      return device_fault(dev, ptr, n, write, "the range runs past the end of the allocation 0x%llx (%zu bytes)",
+                          (unsigned long long)a->base, a->size);
+    if (dev == a->dev) return 0;
+    if (a->origin == P_ALLOC) {
+      for (peer_t *p = g_peers; p; p = p->next)
+        if (p->to == a->ctx && p->from->alive && p->from->dev == dev) return 0;
+      return device_fault(dev, ptr, n, write,
+                          "cuMemAlloc memory of device %d, and no context on device %d has peer access to its context",
+                          a->dev, dev);
+    }
+    if (a->origin == P_POOL) {
+      unsigned long long f = g_pools[a->dev].access[dev];
+      if ((f & need) == need) return 0;
+      return device_fault(dev, ptr, n, write, "memory of device %d's pool, which grants %s (cuMemPoolSetAccess)",
+                          a->dev, access_name(f));
+    }
+    return device_fault(dev, ptr, n, write, "a graph allocation of device %d", a->dev);
+  }
+  if (!map_holding(ptr)) {
+    if (resv_holding(ptr, 1)) return device_fault(dev, ptr, n, write, "0x%llx is reserved but not mapped",
+                                                  (unsigned long long)ptr);
+    return device_fault(dev, ptr, n, write, "the address is in no allocation");
+  }
+  CUdeviceptr cur = ptr, end = ptr + n;
+  while (cur < end) {
+    mapping_t *m = map_holding(cur);
+    if (!m) return device_fault(dev, ptr, n, write, "0x%llx is not mapped", (unsigned long long)cur);
+    if ((m->access[dev] & need) != need)
+      return device_fault(dev, ptr, n, write, "mapping 0x%llx grants %s", (unsigned long long)m->va,
+                          access_name(m->access[dev]));
+    cur = m->va + m->size;
+  }
+  return 0;
+}
+
+API long emu_device_faults(void) {
+  LOCKED();
+  return g_device_faults;
+}
 
 API size_t emu_device_used(int dev) {
   LOCKED();

@@ -67,7 +67,10 @@ extern "C" {
   X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventDestroy)  \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)                       \
   X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuGraphDestroy)           \
-  X(cuGetErrorName) X(cuGetErrorString)
+  X(cuGetErrorName) X(cuGetErrorString)                                                       \
+  X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess)                \
+  X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuMemPoolSetAccess)                   \
+  X(cuMemPoolGetAccess) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)
 
 typedef struct emu_counters_s {
   /* ---- call counts (reset by emu_reset_counters) ---- */
@@ -113,6 +116,9 @@ void emu_set_device_memory(int dev, size_t bytes); /* default 4 GiB */
 void emu_set_device_count(int n);                  /* 1..4, default 1 */
 void emu_set_caps(int vmm, int posix_fd, int rdma); /* all devices; default 1, 1, 1 */
 void emu_set_granularity(size_t bytes);            /* power of two >= 4096; default 2 MiB */
+/* Whether device dev can access memory of device peer (cuDeviceCanAccessPeer, and what
+ * cuCtxEnablePeerAccess accepts). Default: every pair of different devices can. */
+void emu_set_peer_capable(int dev, int peer, int capable);
 /* on: an event recorded on a stream with no pending emu_launch work completes at once, as on
  * a GPU that keeps up with the program (default off: nothing completes unless forced). */
 void emu_set_eager(int on);
@@ -136,6 +142,23 @@ long long emu_lookup_count(const char *symbol);
 int emu_handle_info(CUdeviceptr addr, unsigned long long *requested_handle_types, int *rdma,
                     unsigned *access_flags);
 int emu_violations(void);
+/* A kernel or copy engine of device dev reading (write 0) or writing (write 1) [ptr, ptr+n):
+ * touches no memory, checks that dev may. Returns 0 when allowed; otherwise prints
+ *   emu: contract violation: device 1 wrote 0x... (4096 bytes) without access: <why>
+ * counts a violation and a device fault, and returns -1. Rules:
+ * - VMM memory: the whole range must be mapped, and every mapping in it must grant dev
+ *   CU_MEM_ACCESS_FLAGS_PROT_READ (a read) or _READWRITE (a write) (cuMemSetAccess);
+ * - plain memory of device o, context C: the range must lie in the allocation; dev == o is
+ *   allowed; otherwise cuMemAlloc memory needs a live context on dev with peer access
+ *   enabled to C (cuCtxEnablePeerAccess), and cuMemAllocAsync memory needs o's default pool
+ *   to grant dev READ / READWRITE (cuMemPoolSetAccess) — as on the real driver, peer access
+ *   does not reach pool memory and pool access does not reach cuMemAlloc memory; a graph
+ *   allocation (cuMemAllocAsync in a capture) is its device's alone;
+ * - an address in no allocation is refused.
+ * n == 0 is allowed; a bad dev prints a message and returns -1 without counting. */
+int emu_device_access(int dev, CUdeviceptr ptr, size_t n, int write);
+/* Refusals of emu_device_access so far (each also counted in emu_violations()). */
+long emu_device_faults(void);
 /* Physical bytes in use on dev (handles + plain allocations). */
 size_t emu_device_used(int dev);
 
