@@ -65,6 +65,15 @@ typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t, CUdriver
   X(cuEventSynchronize, 2000, 0, CUresult (*)(CUevent))                                               \
   X(cuEventDestroy, 4000, 0, CUresult (*)(CUevent))                                                   \
   X(cuDriverGetVersion, 2020, 0, CUresult (*)(int *))                                                 \
+  X(cuDeviceCanAccessPeer, 4000, 0, CUresult (*)(int *, CUdevice, CUdevice))                          \
+  X(cuCtxEnablePeerAccess, 4000, 0, CUresult (*)(CUcontext, unsigned))                                \
+  X(cuCtxDisablePeerAccess, 4000, 0, CUresult (*)(CUcontext))                                         \
+  X(cuDeviceGetDefaultMemPool, 11020, 0, CUresult (*)(CUmemoryPool *, CUdevice))                      \
+  X(cuMemPoolSetAccess, 11020, 0, CUresult (*)(CUmemoryPool, const CUmemAccessDesc *, size_t))        \
+  X(cuMemPoolGetAccess, 11020, 0, CUresult (*)(CUmemAccess_flags *, CUmemoryPool, CUmemLocation *))   \
+  X(cuIpcGetMemHandle, 4010, 0, CUresult (*)(CUipcMemHandle *, CUdeviceptr))                          \
+  X(cuIpcOpenMemHandle, 11000, 0, CUresult (*)(CUdeviceptr *, CUipcMemHandle, unsigned))              \
+  X(cuIpcCloseMemHandle, 4010, 0, CUresult (*)(CUdeviceptr))                                          \
   /* per-thread default stream variants */                                                            \
   X(cuMemAllocAsync_ptsz, 11020, 1, CUresult (*)(CUdeviceptr *, size_t, CUstream))                    \
   X(cuMemFreeAsync_ptsz, 11020, 1, CUresult (*)(CUdeviceptr, CUstream))                               \
@@ -120,6 +129,11 @@ static cudaError_t map_err(CUresult r) {
     case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: return cudaErrorStreamCaptureImplicit;
     case CUDA_ERROR_CAPTURED_EVENT: return cudaErrorCapturedEvent;
     case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: return cudaErrorStreamCaptureWrongThread;
+    case CUDA_ERROR_MAP_FAILED: return cudaErrorMapBufferObjectFailed;
+    case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: return cudaErrorPeerAccessUnsupported;
+    case CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: return cudaErrorPeerAccessAlreadyEnabled;
+    case CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: return cudaErrorPeerAccessNotEnabled;
+    case CUDA_ERROR_TOO_MANY_PEERS: return cudaErrorTooManyPeers;
     default: return cudaErrorUnknown;
   }
 }
@@ -159,6 +173,11 @@ static const struct {
     {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit", "operation would make the legacy stream depend on a capturing blocking stream"},
     {cudaErrorCapturedEvent, "cudaErrorCapturedEvent", "operation not permitted on an event last recorded in a capturing stream"},
     {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread", "attempt to terminate a thread-local capture sequence from another thread"},
+    {cudaErrorMapBufferObjectFailed, "cudaErrorMapBufferObjectFailed", "mapping of buffer object failed"},
+    {cudaErrorPeerAccessUnsupported, "cudaErrorPeerAccessUnsupported", "peer access is not supported between these two devices"},
+    {cudaErrorPeerAccessAlreadyEnabled, "cudaErrorPeerAccessAlreadyEnabled", "peer access is already enabled"},
+    {cudaErrorPeerAccessNotEnabled, "cudaErrorPeerAccessNotEnabled", "peer access has not been enabled"},
+    {cudaErrorTooManyPeers, "cudaErrorTooManyPeers", "peer mapping resources exhausted"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -412,6 +431,102 @@ static cudaError_t r_cudaPointerGetAttributes(struct cudaPointerAttributes *a, c
   return cudaSuccess;
 }
 
+/* ------------------------------------------------------------------ peers, memory pools, IPC */
+
+static cudaError_t r_cudaDeviceCanAccessPeer(int *can, int dev, int peer) {
+  cudaError_t e = rt_ready();
+  if (e) return ret(e);
+  return ret_cu(D.cuDeviceCanAccessPeer(can, dev, peer));
+}
+
+/* From the current context (the current device's primary context) to the peer device's
+ * primary context, which is retained (initialised) first as the real runtime does. */
+static cudaError_t r_cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  NEED_CTX();
+  if (peer < 0 || peer >= g_devcount) return ret(cudaErrorInvalidDevice);
+  CUresult r = retain_primary(peer);
+  if (r) return ret_cu(r);
+  pthread_mutex_lock(&g_mu);
+  CUcontext pc = g_pctx[peer];
+  pthread_mutex_unlock(&g_mu);
+  return ret_cu(D.cuCtxEnablePeerAccess(pc, flags));
+}
+
+static cudaError_t r_cudaDeviceDisablePeerAccess(int peer) {
+  NEED_CTX();
+  if (peer < 0 || peer >= g_devcount) return ret(cudaErrorInvalidDevice);
+  pthread_mutex_lock(&g_mu);
+  CUcontext pc = g_retained[peer] ? g_pctx[peer] : NULL;
+  pthread_mutex_unlock(&g_mu);
+  if (!pc) return ret(cudaErrorPeerAccessNotEnabled); /* its primary context was never made */
+  return ret_cu(D.cuCtxDisablePeerAccess(pc));
+}
+
+static cudaError_t r_cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int dev) {
+  cudaError_t e = rt_ready();
+  if (e) return ret(e);
+  return ret_cu(D.cuDeviceGetDefaultMemPool(pool, dev));
+}
+
+static cudaError_t r_cudaMemPoolSetAccess(cudaMemPool_t pool, const struct cudaMemAccessDesc *list, size_t count) {
+  cudaError_t e = rt_ready();
+  if (e) return ret(e);
+  CUmemAccessDesc *d = NULL;
+  if (list && count > 0) {
+    d = calloc(count, sizeof *d);
+    if (!d) return ret(cudaErrorMemoryAllocation);
+    for (size_t i = 0; i < count; i++) {
+      d[i].location.type = (CUmemLocationType)list[i].location.type;
+      d[i].location.id = list[i].location.id;
+      d[i].flags = (CUmemAccess_flags)list[i].flags;
+    }
+  }
+  CUresult r = D.cuMemPoolSetAccess(pool, d, count);
+  free(d);
+  return ret_cu(r);
+}
+
+static cudaError_t r_cudaMemPoolGetAccess(enum cudaMemAccessFlags *flags, cudaMemPool_t pool,
+                                          struct cudaMemLocation *location) {
+  cudaError_t e = rt_ready();
+  if (e) return ret(e);
+  CUmemLocation loc;
+  memset(&loc, 0, sizeof loc);
+  if (location) {
+    loc.type = (CUmemLocationType)location->type;
+    loc.id = location->id;
+  }
+  CUmemAccess_flags f = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  CUresult r = D.cuMemPoolGetAccess(flags ? &f : NULL, pool, location ? &loc : NULL);
+  if (r == CUDA_SUCCESS) *flags = (enum cudaMemAccessFlags)f;
+  return ret_cu(r);
+}
+
+_Static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(CUipcMemHandle), "IPC handles of the same size");
+
+static cudaError_t r_cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p) {
+  NEED_CTX();
+  CUipcMemHandle h;
+  CUresult r = D.cuIpcGetMemHandle(handle ? &h : NULL, (CUdeviceptr)(uintptr_t)p);
+  if (r == CUDA_SUCCESS) memcpy(handle, &h, sizeof h);
+  return ret_cu(r);
+}
+
+static cudaError_t r_cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t handle, unsigned int flags) {
+  NEED_CTX();
+  CUipcMemHandle h;
+  memcpy(&h, &handle, sizeof h);
+  CUdeviceptr d = 0;
+  CUresult r = D.cuIpcOpenMemHandle(p ? &d : NULL, h, flags);
+  if (r == CUDA_SUCCESS) *p = (void *)(uintptr_t)d;
+  return ret_cu(r);
+}
+
+static cudaError_t r_cudaIpcCloseMemHandle(void *p) {
+  NEED_CTX();
+  return ret_cu(D.cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)p));
+}
+
 /* ------------------------------------------------------------------ streams, events, capture */
 
 static cudaError_t r_cudaStreamCreate(cudaStream_t *s) {
@@ -534,6 +649,15 @@ EXPORT(cudaFreeAsync, r_cudaFreeAsync)
 EXPORT(cudaFreeAsync_ptsz, r_cudaFreeAsync_ptsz)
 EXPORT(cudaMemGetInfo, r_cudaMemGetInfo)
 EXPORT(cudaPointerGetAttributes, r_cudaPointerGetAttributes)
+EXPORT(cudaDeviceCanAccessPeer, r_cudaDeviceCanAccessPeer)
+EXPORT(cudaDeviceEnablePeerAccess, r_cudaDeviceEnablePeerAccess)
+EXPORT(cudaDeviceDisablePeerAccess, r_cudaDeviceDisablePeerAccess)
+EXPORT(cudaDeviceGetDefaultMemPool, r_cudaDeviceGetDefaultMemPool)
+EXPORT(cudaMemPoolSetAccess, r_cudaMemPoolSetAccess)
+EXPORT(cudaMemPoolGetAccess, r_cudaMemPoolGetAccess)
+EXPORT(cudaIpcGetMemHandle, r_cudaIpcGetMemHandle)
+EXPORT(cudaIpcOpenMemHandle, r_cudaIpcOpenMemHandle)
+EXPORT(cudaIpcCloseMemHandle, r_cudaIpcCloseMemHandle)
 EXPORT(cudaStreamCreate, r_cudaStreamCreate)
 EXPORT(cudaStreamCreateWithFlags, r_cudaStreamCreateWithFlags)
 EXPORT(cudaStreamDestroy, r_cudaStreamDestroy)

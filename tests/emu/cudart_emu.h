@@ -14,6 +14,9 @@
  *   cudaStreamIsCapturing cudaThreadExchangeStreamCaptureMode cudaGraphDestroy
  *   cudaEventCreate cudaEventCreateWithFlags cudaEventRecord cudaEventQuery
  *   cudaEventSynchronize cudaEventDestroy cudaDriverGetVersion cudaRuntimeGetVersion
+ *   cudaDeviceCanAccessPeer cudaDeviceEnablePeerAccess cudaDeviceDisablePeerAccess
+ *   cudaDeviceGetDefaultMemPool cudaMemPoolSetAccess cudaMemPoolGetAccess
+ *   cudaIpcGetMemHandle cudaIpcOpenMemHandle cudaIpcCloseMemHandle
  */
 #ifndef VMMSHIM_CUDART_EMU_H
 #define VMMSHIM_CUDART_EMU_H
