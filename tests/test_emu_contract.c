@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -542,21 +544,27 @@ typedef int (*rt_free_t)(void *);
 typedef int (*rt_err_t)(void);
 typedef int (*rt_malloc_async_t)(void **, size_t, CUstream);
 typedef int (*rt_free_async_t)(void *, CUstream);
+typedef int (*rt_ipc_get_t)(CUipcMemHandle *, void *);
+typedef int (*rt_ipc_open_t)(void **, CUipcMemHandle, unsigned);
 
-static void test_runtime(void) {
+/* The emulated shared runtime, build/emu/libcudart.so.13 next to this program's directory. */
+static void *open_runtime(void) {
   char path[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", path, sizeof path - 64);
   CHECK_COND(n > 0);
-  if (n <= 0) return;
+  if (n <= 0) return NULL;
   path[n] = 0;
   char *slash = strrchr(path, '/');
   strcpy(slash, "/../emu/libcudart.so.13");
   void *rt = dlopen(path, RTLD_NOW);
   CHECK_COND(rt != NULL);
-  if (!rt) {
-    fprintf(stderr, "%s\n", dlerror());
-    return;
-  }
+  if (!rt) fprintf(stderr, "%s\n", dlerror());
+  return rt;
+}
+
+static void test_runtime(void) {
+  void *rt = open_runtime();
+  if (!rt) return;
   rt_malloc_t m = (rt_malloc_t)dlsym(rt, "cudaMalloc");
   rt_free_t f = (rt_free_t)dlsym(rt, "cudaFree");
   rt_err_t last = (rt_err_t)dlsym(rt, "cudaGetLastError");
@@ -591,6 +599,28 @@ static void test_runtime(void) {
   CHECK_COND(f(NULL) == 0);
   /* per-thread stream work completes at a device synchronisation */
   CHECK_COND(cuCtxSynchronize() == CUDA_SUCCESS);
+
+  /* legacy IPC through the runtime: cudaIpcMemHandle_t is the driver's 64 bytes */
+  rt_ipc_get_t ig = (rt_ipc_get_t)dlsym(rt, "cudaIpcGetMemHandle");
+  rt_ipc_open_t io = (rt_ipc_open_t)dlsym(rt, "cudaIpcOpenMemHandle");
+  rt_free_t ic = (rt_free_t)dlsym(rt, "cudaIpcCloseMemHandle");
+  CHECK_COND(ig && io && ic);
+  if (!(ig && io && ic)) return;
+  CUipcMemHandle h;
+  void *o = NULL;
+  CHECK_COND(m(&p, 4096) == 0);
+  CHECK_COND(ig(&h, p) == 0 && memcmp(h.reserved, "EMUIPC", 6) == 0);
+  CHECK_COND(io(&o, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == 201 && o == NULL); /* cudaErrorDeviceUninitialized */
+  CHECK_COND(last() == 201);
+  CHECK_COND(ic(p) == 1); /* nothing opened: cudaErrorInvalidValue */
+  CHECK_COND(ig(&h, (char *)p + 64) == 1);
+  int v0 = emu_violations();
+  CHECK_COND(ig(NULL, p) == 1 && emu_violations() == v0 + 1);
+  CHECK_COND(f(p) == 0);
+  emu_get_counters(&c);
+  CHECK_COND(c.n_cuIpcGetMemHandle == 3 && c.n_cuIpcOpenMemHandle == 1 && c.n_cuIpcCloseMemHandle == 1);
+  CHECK_COND(emu_lookup_count("cuIpcOpenMemHandle") == 1);
+  last();
 }
 
 static void *thread_main(void *arg) {
@@ -636,7 +666,659 @@ static void test_errors(void) {
   CHECK_COND(emu_calls("cuMemMap") > 0 && emu_calls("cuMemMap_v2") == emu_calls("cuMemMap") && emu_calls("nope") == -1);
 }
 
-int main(void) {
+/* ---- legacy IPC (one device, this process) ---- */
+
+/* A child process makes a cuMemAlloc allocation and writes its IPC handle to fd, then waits
+ * until `wait_fd` reaches end of file (-1: exits at once); it closes `close_fd` (the other end
+ * of wait_fd's pipe) first. */
+static pid_t ipc_child(int fd, int wait_fd, int close_fd) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (close_fd >= 0) close(close_fd);
+    CUdeviceptr p = 0;
+    CUipcMemHandle h;
+    memset(&h, 0, sizeof h);
+    if (cuMemAlloc(&p, 12345) != CUDA_SUCCESS || cuIpcGetMemHandle(&h, p) != CUDA_SUCCESS) _exit(1);
+    if (write(fd, &h, sizeof h) != (ssize_t)sizeof h) _exit(2);
+    char c;
+    if (wait_fd >= 0)
+      while (read(wait_fd, &c, 1) > 0) {
+      }
+    _exit(0);
+  }
+  return pid;
+}
+
+static int read_handle(int fd, CUipcMemHandle *h) {
+  size_t got = 0;
+  while (got < sizeof *h) {
+    ssize_t n = read(fd, (char *)h + got, sizeof *h - got);
+    if (n <= 0) return -1;
+    got += (size_t)n;
+  }
+  return 0;
+}
+
+static void test_ipc(void) {
+  CUdeviceptr p = 0, q = 0, o = 0;
+  CHECK_COND(cuMemAlloc(&p, 5000) == CUDA_SUCCESS);
+  CUipcMemHandle h, h2;
+  memset(&h, 0xab, sizeof h);
+  CHECK_NO_VIOLATION(cuIpcGetMemHandle(&h, p), CUDA_SUCCESS);
+  uint64_t pid = 0, base = 0, size = 0;
+  memcpy(&pid, h.reserved + 8, 8);
+  memcpy(&base, h.reserved + 16, 8);
+  memcpy(&size, h.reserved + 24, 8);
+  int pad = 1;
+  for (int i = 32; i < CU_IPC_HANDLE_SIZE; i++)
+    if (h.reserved[i]) pad = 0;
+  CHECK_COND(memcmp(h.reserved, "EMUIPC\0", 8) == 0 && pid == (uint64_t)getpid() && base == p && size == 5000 && pad);
+  CHECK_VIOLATION(cuIpcGetMemHandle(NULL, p), CUDA_ERROR_INVALID_VALUE);
+  /* not the base of a cuMemAlloc allocation: the driver's answer, not a violation */
+  CHECK_NO_VIOLATION(cuIpcGetMemHandle(&h2, p + 256), CUDA_ERROR_INVALID_VALUE);
+  CHECK_NO_VIOLATION(cuIpcGetMemHandle(&h2, 0x1000), CUDA_ERROR_INVALID_VALUE);
+  CHECK_NO_VIOLATION(cuIpcGetMemHandle(&h2, 0), CUDA_ERROR_INVALID_VALUE);
+  /* memory-pool allocations are not legacy IPC capable */
+  CHECK_COND(cuMemAllocAsync(&q, 4096, NULL) == CUDA_SUCCESS);
+  CHECK_NO_VIOLATION(cuIpcGetMemHandle(&h2, q), CUDA_ERROR_INVALID_VALUE);
+  unsigned capable = 7;
+  CHECK_COND(cuPointerGetAttribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p + 1) == CUDA_SUCCESS &&
+             capable == 1);
+  CHECK_COND(cuPointerGetAttribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, q) == CUDA_SUCCESS &&
+             capable == 0);
+  CUmemoryPool mp = NULL, pool0 = NULL;
+  CHECK_COND(cuDeviceGetDefaultMemPool(&pool0, 0) == CUDA_SUCCESS && pool0);
+  CHECK_COND(cuPointerGetAttribute(&mp, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, q) == CUDA_SUCCESS && mp == pool0);
+  CHECK_COND(cuPointerGetAttribute(&mp, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p) == CUDA_SUCCESS && mp == NULL);
+  CHECK_COND(cuMemFreeAsync(q, NULL) == CUDA_SUCCESS && cuStreamSynchronize(NULL) == CUDA_SUCCESS);
+  /* VMM memory: refused like the real driver (measured on an H100), not a violation */
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle vh = 0;
+  CHECK_COND(cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemCreate(&vh, 2 * MiB, &g_prop, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemMap(va, 2 * MiB, 0, vh, 0) == CUDA_SUCCESS);
+  CHECK_NO_VIOLATION(cuIpcGetMemHandle(&h2, va), CUDA_ERROR_INVALID_VALUE);
+  CHECK_COND(cuMemUnmap(va, 2 * MiB) == CUDA_SUCCESS && cuMemRelease(vh) == CUDA_SUCCESS &&
+             cuMemAddressFree(va, 2 * MiB) == CUDA_SUCCESS);
+
+  /* opening: this very process's handle */
+  long long opens = emu_calls("cuIpcOpenMemHandle");
+  CHECK_NO_VIOLATION(cuIpcOpenMemHandle(&o, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_NO_VIOLATION(cuIpcOpenMemHandle(&o, h, 0), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_VIOLATION(cuIpcOpenMemHandle(&o, h, 2), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuIpcOpenMemHandle(NULL, h, 0), CUDA_ERROR_INVALID_VALUE);
+  /* the unversioned export and the proc table: _v2 from 11000 */
+  typedef CUresult (*open_t)(CUdeviceptr *, CUipcMemHandle, unsigned);
+  open_t v1 = (open_t)dlsym(RTLD_DEFAULT, "cuIpcOpenMemHandle");
+  void *v2 = dlsym(RTLD_DEFAULT, "cuIpcOpenMemHandle_v2"), *f = NULL;
+  CHECK_COND(v1 && v2 && (void *)v1 != v2);
+  if (v1) CHECK_NO_VIOLATION(v1(&o, h, 0), CUDA_ERROR_INVALID_CONTEXT);
+  CUdriverProcAddressQueryResult st;
+  CHECK_COND(cuGetProcAddress_v2("cuIpcOpenMemHandle", &f, 11000, 0, &st) == CUDA_SUCCESS && f == v2);
+  CHECK_COND(cuGetProcAddress_v2("cuIpcOpenMemHandle", &f, 4010, 0, &st) == CUDA_SUCCESS && f == (void *)v1);
+  CHECK_COND(cuGetProcAddress_v2("cuIpcOpenMemHandle", &f, 4000, 0, &st) == CUDA_ERROR_NOT_FOUND &&
+             st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+  CHECK_COND(emu_calls("cuIpcOpenMemHandle") == opens + 5 && emu_calls("cuIpcOpenMemHandle_v2") == opens + 5);
+  /* bytes that are no emulation handle */
+  CUipcMemHandle junk;
+  memset(&junk, 0x5a, sizeof junk);
+  CHECK_NO_VIOLATION(cuIpcOpenMemHandle(&o, junk, 0), CUDA_ERROR_INVALID_VALUE);
+  memset(&junk, 0, sizeof junk);
+  CHECK_NO_VIOLATION(cuIpcOpenMemHandle(&o, junk, 0), CUDA_ERROR_INVALID_VALUE);
+  junk = h;
+  junk.reserved[40] = 1; /* padding must be zero */
+  CHECK_NO_VIOLATION(cuIpcOpenMemHandle(&o, junk, 0), CUDA_ERROR_INVALID_VALUE);
+
+  /* a process that no longer exists */
+  int fds[2];
+  CHECK_COND(pipe(fds) == 0);
+  pid_t child = ipc_child(fds[1], -1, -1);
+  CHECK_COND(child > 0 && read_handle(fds[0], &h2) == 0);
+  int wst = 0;
+  CHECK_COND(waitpid(child, &wst, 0) == child && WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+  memcpy(&pid, h2.reserved + 8, 8);
+  CHECK_COND(pid == (uint64_t)child);
+  CHECK_NO_VIOLATION(cuIpcOpenMemHandle(&o, h2, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_ERROR_MAP_FAILED);
+  close(fds[0]);
+  close(fds[1]);
+
+  /* a live process: the emulation shares no plain memory between processes */
+  int rel[2];
+  CHECK_COND(pipe(fds) == 0 && pipe(rel) == 0);
+  child = ipc_child(fds[1], rel[0], rel[1]);
+  CHECK_COND(child > 0 && read_handle(fds[0], &h2) == 0);
+  CHECK_NO_VIOLATION(cuIpcOpenMemHandle(&o, h2, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_ERROR_NOT_SUPPORTED);
+  close(rel[1]);
+  CHECK_COND(waitpid(child, &wst, 0) == child && WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+  close(rel[0]);
+  close(fds[0]);
+  close(fds[1]);
+
+  /* closing: nothing was opened */
+  CHECK_NO_VIOLATION(cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_VALUE);
+  CHECK_NO_VIOLATION(cuIpcCloseMemHandle(0), CUDA_ERROR_INVALID_VALUE);
+
+  /* without a current context: the driver's answer, not a violation */
+  CUcontext cur = NULL;
+  cuCtxGetCurrent(&cur);
+  CHECK_COND(cuCtxSetCurrent(NULL) == CUDA_SUCCESS);
+  CHECK_NO_VIOLATION(cuIpcGetMemHandle(&h2, p), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_NO_VIOLATION(cuIpcOpenMemHandle(&o, h, 0), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_NO_VIOLATION(cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_COND(cuCtxSetCurrent(cur) == CUDA_SUCCESS);
+  CHECK_COND(cuMemFree(p) == CUDA_SUCCESS);
+  /* a freed allocation has no handle any more */
+  CHECK_NO_VIOLATION(cuIpcGetMemHandle(&h2, p), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* The new entry points in the proc table, at their versions and not below. */
+static void test_lookup_new(void) {
+  static const struct { const char *name; int ver; } syms[] = {
+      {"cuDeviceCanAccessPeer", 4000},      {"cuCtxEnablePeerAccess", 4000}, {"cuCtxDisablePeerAccess", 4000},
+      {"cuDeviceGetDefaultMemPool", 11020}, {"cuDeviceGetMemPool", 11020},   {"cuMemPoolSetAccess", 11020},
+      {"cuMemPoolGetAccess", 11020},        {"cuIpcGetMemHandle", 4010},     {"cuIpcCloseMemHandle", 4010}};
+  CUdriverProcAddressQueryResult st;
+  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+    void *p = NULL;
+    CHECK(cuGetProcAddress_v2(syms[i].name, &p, syms[i].ver, 0, &st) == CUDA_SUCCESS && p &&
+              p == dlsym(RTLD_DEFAULT, syms[i].name),
+          "%s", syms[i].name);
+    CHECK(cuGetProcAddress_v2(syms[i].name, &p, syms[i].ver - 10, 0, &st) == CUDA_ERROR_NOT_FOUND,
+          "%s below %d", syms[i].name, syms[i].ver);
+  }
+  const char *s = NULL;
+  CHECK_COND(cuGetErrorName(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, &s) == CUDA_SUCCESS &&
+             strcmp(s, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED") == 0);
+  CHECK_COND(cuGetErrorName(CUDA_ERROR_MAP_FAILED, &s) == CUDA_SUCCESS && strcmp(s, "CUDA_ERROR_MAP_FAILED") == 0);
+}
+
+/* ---- a VMM handle exported as a file descriptor, imported in another process ---- */
+
+static void test_import(void) {
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr va = 0;
+  int fd = -1, sv[2] = {-1, -1};
+  CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CHECK_COND(cuMemCreate(&h, 4 * MiB, &g_prop, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemMap(va, 4 * MiB, 0, h, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemSetAccess(va, 4 * MiB, &acc, 1) == CUDA_SUCCESS);
+  pat_fill_sparse((void *)(uintptr_t)va, 2 * MiB, 11);
+  memset((void *)(uintptr_t)(va + 2 * MiB), 0, 2 * MiB);
+  CHECK_COND(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS &&
+             fd >= 0);
+  /* the descriptor travels over a Unix socket (SCM_RIGHTS) to a new process: this program run
+   * again as scenario "import", which inherits the socket's other end */
+  CHECK_COND(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  char byte = 'f';
+  struct iovec iov = {&byte, 1};
+  union {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  memset(&u, 0, sizeof u);
+  struct msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = u.buf;
+  msg.msg_controllen = sizeof u.buf;
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  CHECK_COND(sendmsg(sv[0], &msg, 0) == 1);
+  close(fd); /* the message in flight holds the file */
+  static char env[64];
+  snprintf(env, sizeof env, "EMU_IMPORT_SOCK=%d", sv[1]);
+  CHECK_COND(check_run_child("import", env, (char *)NULL) == 0);
+  close(sv[0]);
+  close(sv[1]);
+  /* the child's writes through its own mapping are here */
+  CHECK_COND(pat_check_sparse((void *)(uintptr_t)(va + 2 * MiB), 2 * MiB, 12) == (size_t)-1);
+  CHECK_COND(cuMemUnmap(va, 4 * MiB) == CUDA_SUCCESS && cuMemRelease(h) == CUDA_SUCCESS &&
+             cuMemAddressFree(va, 4 * MiB) == CUDA_SUCCESS);
+}
+
+static void set_prop(int dev) {
+  memset(&g_prop, 0, sizeof g_prop);
+  g_prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  g_prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  g_prop.location.id = dev;
+  g_prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
+/* Scenario "import": a fresh process with its own emulation. */
+static void scenario_import(void) {
+  const char *e = getenv("EMU_IMPORT_SOCK");
+  CHECK_COND(e != NULL);
+  if (!e) return;
+  int sock = atoi(e);
+  char byte = 0;
+  struct iovec iov = {&byte, 1};
+  union {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  struct msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = u.buf;
+  msg.msg_controllen = sizeof u.buf;
+  CHECK_COND(recvmsg(sock, &msg, 0) == 1 && byte == 'f');
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+  CHECK_COND(cm && cm->cmsg_type == SCM_RIGHTS);
+  if (!cm) return;
+  int fd = -1;
+  memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+  CUcontext c = NULL;
+  CHECK_COND(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&c, 0) == CUDA_SUCCESS &&
+             cuCtxSetCurrent(c) == CUDA_SUCCESS);
+  set_prop(0);
+  CUmemGenericAllocationHandle h = 0;
+  CHECK_COND(cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+             CUDA_SUCCESS);
+  close(fd);
+  CUmemAllocationProp prop;
+  CHECK_COND(cuMemGetAllocationPropertiesFromHandle(&prop, h) == CUDA_SUCCESS && prop.location.id == 0);
+  CUdeviceptr va = 0;
+  CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CHECK_COND(cuMemAddressReserve(&va, 8 * MiB, 0, 0, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemMap(va + 2 * MiB, 4 * MiB, 0, h, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemSetAccess(va + 2 * MiB, 4 * MiB, &acc, 1) == CUDA_SUCCESS);
+  CHECK_COND(emu_device_access(0, va + 2 * MiB, 4 * MiB, 1) == 0);
+  CHECK_COND(pat_check_sparse((void *)(uintptr_t)(va + 2 * MiB), 2 * MiB, 11) == (size_t)-1);
+  pat_fill_sparse((void *)(uintptr_t)(va + 4 * MiB), 2 * MiB, 12);
+  CHECK_COND(cuMemUnmap(va + 2 * MiB, 4 * MiB) == CUDA_SUCCESS && cuMemRelease(h) == CUDA_SUCCESS &&
+             cuMemAddressFree(va, 8 * MiB) == CUDA_SUCCESS);
+  CHECK_COND(emu_violations() == 0);
+}
+
+/* ---- several devices: scenario "mgpu", a fresh process set up with 3 devices ---- */
+
+/* expr (an emu_device_access) must allow the access: 0, nothing counted */
+#define CHECK_ACCESS_OK(expr)                                                  \
+  do {                                                                         \
+    int v0_ = emu_violations();                                                \
+    long f0_ = emu_device_faults();                                            \
+    CHECK_COND((expr) == 0);                                                   \
+    CHECK_COND(emu_violations() == v0_ && emu_device_faults() == f0_);         \
+  } while (0)
+/* expr must refuse it: -1, one violation, one device fault */
+#define CHECK_ACCESS_FAULT(expr)                                               \
+  do {                                                                         \
+    int v0_ = emu_violations();                                                \
+    long f0_ = emu_device_faults();                                            \
+    CHECK_COND((expr) == -1);                                                  \
+    CHECK_COND(emu_violations() == v0_ + 1 && emu_device_faults() == f0_ + 1); \
+  } while (0)
+
+static void mgpu_peer(CUcontext c0, CUcontext c1) {
+  int can = -1;
+  CHECK_NO_VIOLATION(cuDeviceCanAccessPeer(&can, 0, 1), CUDA_SUCCESS);
+  CHECK_COND(can == 1);
+  CHECK_COND(cuDeviceCanAccessPeer(&can, 1, 0) == CUDA_SUCCESS && can == 1);
+  CHECK_COND(cuDeviceCanAccessPeer(&can, 2, 1) == CUDA_SUCCESS && can == 1);
+  CHECK_COND(cuDeviceCanAccessPeer(&can, 1, 1) == CUDA_SUCCESS && can == 0);
+  CHECK_VIOLATION(cuDeviceCanAccessPeer(&can, 0, 3), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_VIOLATION(cuDeviceCanAccessPeer(&can, -1, 0), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_VIOLATION(cuDeviceCanAccessPeer(NULL, 0, 1), CUDA_ERROR_INVALID_VALUE);
+  emu_set_peer_capable(1, 0, 0); /* one direction only */
+  CHECK_COND(cuDeviceCanAccessPeer(&can, 1, 0) == CUDA_SUCCESS && can == 0);
+  CHECK_COND(cuDeviceCanAccessPeer(&can, 0, 1) == CUDA_SUCCESS && can == 1);
+  emu_set_peer_capable(1, 0, 1);
+  CHECK_COND(cuDeviceCanAccessPeer(&can, 1, 0) == CUDA_SUCCESS && can == 1);
+
+  /* cuMemAlloc memory of device 1, cuMemAllocAsync memory of device 1, cuMemAlloc memory of 0 */
+  CUdeviceptr p1 = 0, q1 = 0, p0 = 0;
+  CHECK_COND(cuCtxSetCurrent(c1) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAlloc(&p1, 8192) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAllocAsync(&q1, 8192, NULL) == CUDA_SUCCESS);
+  CHECK_COND(cuCtxSetCurrent(c0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAlloc(&p0, 4096) == CUDA_SUCCESS);
+  CHECK_ACCESS_OK(emu_device_access(1, p1, 8192, 1)); /* its own device */
+  CHECK_ACCESS_OK(emu_device_access(1, q1 + 100, 100, 0));
+  CHECK_ACCESS_OK(emu_device_access(0, p0, 4096, 1));
+  CHECK_ACCESS_FAULT(emu_device_access(0, p1, 4096, 0));
+  CHECK_ACCESS_FAULT(emu_device_access(0, p1, 4096, 1));
+  CHECK_ACCESS_FAULT(emu_device_access(1, p1 + 4096, 8192, 0)); /* runs past the allocation */
+
+  /* enabling: no current context is the driver's answer, the rest are violations */
+  CHECK_COND(cuCtxSetCurrent(NULL) == CUDA_SUCCESS);
+  CHECK_NO_VIOLATION(cuCtxEnablePeerAccess(c1, 0), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_NO_VIOLATION(cuCtxDisablePeerAccess(c1), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_COND(cuCtxSetCurrent(c0) == CUDA_SUCCESS);
+  CHECK_VIOLATION(cuCtxEnablePeerAccess(c1, 1), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuCtxEnablePeerAccess(NULL, 0), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_VIOLATION(cuCtxEnablePeerAccess((CUcontext)(uintptr_t)&can, 0), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_VIOLATION(cuCtxEnablePeerAccess(c0, 0), CUDA_ERROR_INVALID_DEVICE); /* itself */
+  CUcontext c0b = NULL, popped = NULL;
+  CHECK_COND(cuCtxCreate(&c0b, NULL, 0, 0) == CUDA_SUCCESS && cuCtxPopCurrent(&popped) == CUDA_SUCCESS && popped == c0b);
+  CHECK_VIOLATION(cuCtxEnablePeerAccess(c0b, 0), CUDA_ERROR_INVALID_DEVICE); /* another context, same device */
+  CHECK_NO_VIOLATION(cuCtxDisablePeerAccess(c1), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+  CHECK_VIOLATION(cuCtxDisablePeerAccess(NULL), CUDA_ERROR_INVALID_CONTEXT);
+
+  long long en0 = emu_calls("cuCtxEnablePeerAccess");
+  CHECK_NO_VIOLATION(cuCtxEnablePeerAccess(c1, 0), CUDA_SUCCESS);
+  CHECK_NO_VIOLATION(cuCtxEnablePeerAccess(c1, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+  CHECK_COND(emu_calls("cuCtxEnablePeerAccess") == en0 + 2);
+  CHECK_ACCESS_OK(emu_device_access(0, p1, 8192, 0));
+  CHECK_ACCESS_OK(emu_device_access(0, p1 + 10, 100, 1));
+  CHECK_ACCESS_FAULT(emu_device_access(0, q1, 4096, 0)); /* peer access does not reach pool memory */
+  CHECK_ACCESS_FAULT(emu_device_access(1, p0, 16, 0));   /* one direction */
+  CHECK_ACCESS_FAULT(emu_device_access(2, p1, 16, 0));   /* device 2 has no context with access */
+  CHECK_NO_VIOLATION(cuCtxDisablePeerAccess(c1), CUDA_SUCCESS);
+  CHECK_ACCESS_FAULT(emu_device_access(0, p1, 16, 0));
+  CHECK_NO_VIOLATION(cuCtxDisablePeerAccess(c1), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+  /* the other direction */
+  CHECK_COND(cuCtxSetCurrent(c1) == CUDA_SUCCESS);
+  CHECK_NO_VIOLATION(cuCtxEnablePeerAccess(c0, 0), CUDA_SUCCESS);
+  CHECK_ACCESS_OK(emu_device_access(1, p0, 16, 1));
+  CHECK_NO_VIOLATION(cuCtxDisablePeerAccess(c0), CUDA_SUCCESS);
+  CHECK_ACCESS_FAULT(emu_device_access(1, p0, 16, 1));
+
+  /* any context of the device counts; destroying it drops its records */
+  CHECK_COND(cuCtxPushCurrent(c0b) == CUDA_SUCCESS);
+  CHECK_NO_VIOLATION(cuCtxEnablePeerAccess(c1, 0), CUDA_SUCCESS);
+  CHECK_ACCESS_OK(emu_device_access(0, p1, 16, 1));
+  CHECK_COND(cuCtxDestroy(c0b) == CUDA_SUCCESS);
+  CHECK_ACCESS_FAULT(emu_device_access(0, p1, 16, 1));
+
+  /* not capable: the driver's answer */
+  emu_set_peer_capable(0, 1, 0);
+  CHECK_COND(cuCtxSetCurrent(c0) == CUDA_SUCCESS);
+  CHECK_NO_VIOLATION(cuCtxEnablePeerAccess(c1, 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+  emu_set_peer_capable(0, 1, 1);
+
+  /* resetting the peer's (primary) context drops the records pointing to it */
+  CHECK_NO_VIOLATION(cuCtxEnablePeerAccess(c1, 0), CUDA_SUCCESS);
+  CHECK_COND(cuDevicePrimaryCtxReset(1) == CUDA_SUCCESS); /* frees p1 and q1 */
+  CHECK_VIOLATION(cuCtxEnablePeerAccess(c1, 0), CUDA_ERROR_INVALID_CONTEXT); /* destroyed */
+  CHECK_VIOLATION(cuCtxDisablePeerAccess(c1), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_ACCESS_FAULT(emu_device_access(0, p1, 16, 0)); /* in no allocation now */
+  CUcontext again = NULL;
+  CHECK_COND(cuDevicePrimaryCtxRetain(&again, 1) == CUDA_SUCCESS && again == c1);
+  CHECK_NO_VIOLATION(cuCtxDisablePeerAccess(c1), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+  CHECK_COND(cuCtxSetCurrent(c1) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAlloc(&p1, 4096) == CUDA_SUCCESS);
+  CHECK_ACCESS_FAULT(emu_device_access(0, p1, 16, 0));
+  CHECK_COND(cuMemFree(p1) == CUDA_SUCCESS);
+  CHECK_COND(cuCtxSetCurrent(c0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemFree(p0) == CUDA_SUCCESS);
+
+  /* an address in no allocation; n == 0; a bad device is the test's mistake, not counted */
+  CHECK_ACCESS_FAULT(emu_device_access(0, 0x1000, 16, 0));
+  CHECK_ACCESS_OK(emu_device_access(0, 0x1000, 0, 0));
+  int v0 = emu_violations();
+  long f0 = emu_device_faults();
+  CHECK_COND(emu_device_access(3, 0x1000, 16, 0) == -1 && emu_violations() == v0 && emu_device_faults() == f0);
+}
+
+static void mgpu_pools(CUcontext c0, CUcontext c1) {
+  CUmemoryPool pool0 = NULL, pool1 = NULL, cur = NULL;
+  CHECK_NO_VIOLATION(cuDeviceGetDefaultMemPool(&pool0, 0), CUDA_SUCCESS);
+  CHECK_COND(cuDeviceGetDefaultMemPool(&pool1, 1) == CUDA_SUCCESS && pool1 && pool0 && pool1 != pool0);
+  CHECK_NO_VIOLATION(cuDeviceGetMemPool(&cur, 1), CUDA_SUCCESS);
+  CHECK_COND(cur == pool1);
+  CHECK_VIOLATION(cuDeviceGetDefaultMemPool(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuDeviceGetDefaultMemPool(&cur, 3), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_VIOLATION(cuDeviceGetMemPool(NULL, 1), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuDeviceGetMemPool(&cur, -1), CUDA_ERROR_INVALID_DEVICE);
+
+  CUmemLocation l0 = {CU_MEM_LOCATION_TYPE_DEVICE, 0}, l1 = {CU_MEM_LOCATION_TYPE_DEVICE, 1},
+                l2 = {CU_MEM_LOCATION_TYPE_DEVICE, 2}, l3 = {CU_MEM_LOCATION_TYPE_DEVICE, 3};
+  CUmemAccess_flags fl = (CUmemAccess_flags)99;
+  CHECK_NO_VIOLATION(cuMemPoolGetAccess(&fl, pool1, &l1), CUDA_SUCCESS);
+  CHECK_COND(fl == CU_MEM_ACCESS_FLAGS_PROT_READWRITE); /* the owner */
+  CHECK_COND(cuMemPoolGetAccess(&fl, pool1, &l0) == CUDA_SUCCESS && fl == CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  CHECK_VIOLATION(cuMemPoolGetAccess(&fl, (CUmemoryPool)(uintptr_t)&fl, &l0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolGetAccess(NULL, pool1, &l0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolGetAccess(&fl, pool1, NULL), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolGetAccess(&fl, pool1, &l3), CUDA_ERROR_INVALID_VALUE);
+
+  /* pool memory of device 1, before and after the pool grants device 0 access */
+  CUdeviceptr q1 = 0, q2 = 0, p1 = 0;
+  CHECK_COND(cuCtxSetCurrent(c1) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAllocAsync(&q1, 1 * MiB, NULL) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAlloc(&p1, 4096) == CUDA_SUCCESS);
+  CUmemoryPool mp = NULL;
+  CHECK_COND(cuPointerGetAttribute(&mp, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, q1 + 5) == CUDA_SUCCESS && mp == pool1);
+  CHECK_ACCESS_FAULT(emu_device_access(0, q1, 4096, 0));
+  CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READ};
+  long long sa0 = emu_calls("cuMemPoolSetAccess");
+  CHECK_NO_VIOLATION(cuMemPoolSetAccess(pool1, &d, 1), CUDA_SUCCESS);
+  CHECK_COND(emu_calls("cuMemPoolSetAccess") == sa0 + 1);
+  CHECK_COND(cuMemPoolGetAccess(&fl, pool1, &l0) == CUDA_SUCCESS && fl == CU_MEM_ACCESS_FLAGS_PROT_READ);
+  CHECK_COND(cuMemPoolGetAccess(&fl, pool1, &l2) == CUDA_SUCCESS && fl == CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  CHECK_COND(cuMemPoolGetAccess(&fl, pool0, &l1) == CUDA_SUCCESS && fl == CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  CHECK_ACCESS_OK(emu_device_access(0, q1, 1 * MiB, 0)); /* an existing allocation */
+  CHECK_ACCESS_FAULT(emu_device_access(0, q1, 4096, 1)); /* READ: no writes */
+  CHECK_ACCESS_FAULT(emu_device_access(2, q1, 4096, 0));
+  CHECK_ACCESS_FAULT(emu_device_access(0, p1, 16, 0)); /* pool access does not reach cuMemAlloc memory */
+  CHECK_COND(cuMemAllocAsync(&q2, 100, NULL) == CUDA_SUCCESS); /* a later allocation */
+  CHECK_ACCESS_OK(emu_device_access(0, q2, 100, 0));
+  CUmemAccessDesc two[2] = {{{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
+                            {{CU_MEM_LOCATION_TYPE_DEVICE, 2}, CU_MEM_ACCESS_FLAGS_PROT_READ}};
+  CHECK_NO_VIOLATION(cuMemPoolSetAccess(pool1, two, 2), CUDA_SUCCESS);
+  CHECK_ACCESS_OK(emu_device_access(0, q1, 4096, 1));
+  CHECK_ACCESS_OK(emu_device_access(2, q2, 100, 0));
+  CHECK_ACCESS_FAULT(emu_device_access(2, q2, 100, 1));
+  /* a graph allocation (captured cuMemAllocAsync) is not the pool's */
+  CUstream s;
+  CUgraph g = NULL;
+  CUdeviceptr ga = 0;
+  CHECK_COND(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CHECK_COND(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAllocAsync(&ga, 4096, s) == CUDA_SUCCESS);
+  CHECK_COND(cuStreamEndCapture(s, &g) == CUDA_SUCCESS);
+  CHECK_ACCESS_OK(emu_device_access(1, ga, 4096, 1));
+  CHECK_ACCESS_FAULT(emu_device_access(0, ga, 4096, 0));
+  CHECK_COND(cuPointerGetAttribute(&mp, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, ga) == CUDA_SUCCESS && mp == NULL);
+  CHECK_COND(cuGraphDestroy(g) == CUDA_SUCCESS && cuStreamDestroy(s) == CUDA_SUCCESS);
+  CHECK_COND(cuMemFree(ga) == CUDA_SUCCESS);
+
+  /* violations: each counted once, nothing applied */
+  CHECK_VIOLATION(cuMemPoolSetAccess((CUmemoryPool)(uintptr_t)&d, &d, 1), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolSetAccess(pool1, NULL, 1), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolSetAccess(pool1, &d, 0), CUDA_ERROR_INVALID_VALUE);
+  CUmemAccessDesc bad = {{CU_MEM_LOCATION_TYPE_HOST, 0}, CU_MEM_ACCESS_FLAGS_PROT_READ};
+  CHECK_VIOLATION(cuMemPoolSetAccess(pool1, &bad, 1), CUDA_ERROR_INVALID_VALUE);
+  bad.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  bad.location.id = 3;
+  CHECK_VIOLATION(cuMemPoolSetAccess(pool1, &bad, 1), CUDA_ERROR_INVALID_VALUE);
+  bad.location.id = 0;
+  bad.flags = (CUmemAccess_flags)2;
+  CHECK_VIOLATION(cuMemPoolSetAccess(pool1, &bad, 1), CUDA_ERROR_INVALID_VALUE);
+  /* the owner keeps read-write */
+  bad.location.id = 1;
+  bad.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  CHECK_VIOLATION(cuMemPoolSetAccess(pool1, &bad, 1), CUDA_ERROR_INVALID_DEVICE);
+  bad.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  CHECK_VIOLATION(cuMemPoolSetAccess(pool1, &bad, 1), CUDA_ERROR_INVALID_DEVICE);
+  bad.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CHECK_NO_VIOLATION(cuMemPoolSetAccess(pool1, &bad, 1), CUDA_SUCCESS);
+  CUmemAccessDesc mixed[2] = {{{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_NONE},
+                              {{CU_MEM_LOCATION_TYPE_DEVICE, 1}, CU_MEM_ACCESS_FLAGS_PROT_READ}};
+  CHECK_VIOLATION(cuMemPoolSetAccess(pool1, mixed, 2), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_COND(cuMemPoolGetAccess(&fl, pool1, &l0) == CUDA_SUCCESS && fl == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  CHECK_COND(cuMemPoolGetAccess(&fl, pool1, &l1) == CUDA_SUCCESS && fl == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  /* revoked */
+  CHECK_NO_VIOLATION(cuMemPoolSetAccess(pool1, mixed, 1), CUDA_SUCCESS);
+  CHECK_ACCESS_FAULT(emu_device_access(0, q1, 16, 0));
+  CHECK_COND(cuMemFreeAsync(q1, NULL) == CUDA_SUCCESS && cuMemFreeAsync(q2, NULL) == CUDA_SUCCESS);
+  CHECK_COND(cuMemFree(p1) == CUDA_SUCCESS && cuStreamSynchronize(NULL) == CUDA_SUCCESS);
+  CHECK_COND(cuCtxSetCurrent(c0) == CUDA_SUCCESS);
+}
+
+static void mgpu_vmm(void) {
+  size_t gran = 0;
+  set_prop(1);
+  CHECK_COND(cuMemGetAllocationGranularity(&gran, &g_prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS &&
+             gran == 2 * MiB);
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle h = 0, h2 = 0;
+  CHECK_COND(cuMemAddressReserve(&va, 16 * MiB, 0, 0, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemCreate(&h, 4 * MiB, &g_prop, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemCreate(&h2, 2 * MiB, &g_prop, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemMap(va, 4 * MiB, 0, h, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemMap(va + 4 * MiB, 2 * MiB, 0, h2, 0) == CUDA_SUCCESS);
+  /* mapped, no access set: even the owner may not touch it */
+  CHECK_ACCESS_FAULT(emu_device_access(1, va, 4096, 0));
+  CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, 1}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CHECK_COND(cuMemSetAccess(va, 6 * MiB, &acc, 1) == CUDA_SUCCESS);
+  CHECK_ACCESS_OK(emu_device_access(1, va, 4096, 0));
+  CHECK_ACCESS_OK(emu_device_access(1, va, 6 * MiB, 1)); /* across both mappings */
+  CHECK_ACCESS_FAULT(emu_device_access(0, va, 4096, 0));
+  CHECK_ACCESS_FAULT(emu_device_access(0, va, 4096, 1));
+  /* device 0 may read the first mapping only */
+  acc.location.id = 0;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  CHECK_COND(cuMemSetAccess(va, 4 * MiB, &acc, 1) == CUDA_SUCCESS);
+  CHECK_ACCESS_OK(emu_device_access(0, va + 100, 4 * MiB - 100, 0));
+  CHECK_ACCESS_FAULT(emu_device_access(0, va, 4096, 1));
+  CHECK_ACCESS_OK(emu_device_access(1, va, 4096, 1)); /* device 1 keeps read-write */
+  CHECK_ACCESS_FAULT(emu_device_access(0, va + 3 * MiB, 2 * MiB, 0)); /* into the second mapping */
+  CHECK_ACCESS_FAULT(emu_device_access(2, va, 16, 0));
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CHECK_COND(cuMemSetAccess(va, 6 * MiB, &acc, 1) == CUDA_SUCCESS);
+  CHECK_ACCESS_OK(emu_device_access(0, va, 6 * MiB, 1));
+  /* partly unmapped ranges */
+  CHECK_ACCESS_FAULT(emu_device_access(1, va + 6 * MiB - 4096, 8192, 0));
+  CHECK_ACCESS_FAULT(emu_device_access(1, va + 6 * MiB, 16, 0)); /* reserved, not mapped */
+  CHECK_ACCESS_FAULT(emu_device_access(0, va + 6 * MiB - 4096, 8192, 1));
+  CHECK_COND(cuMemUnmap(va + 4 * MiB, 2 * MiB) == CUDA_SUCCESS);
+  CHECK_ACCESS_FAULT(emu_device_access(1, va + 3 * MiB, 2 * MiB, 0)); /* a hole where a mapping was */
+  CHECK_ACCESS_OK(emu_device_access(1, va + 3 * MiB, 1 * MiB, 0));
+  /* a new mapping starts with no access */
+  CHECK_COND(cuMemMap(va + 4 * MiB, 2 * MiB, 0, h2, 0) == CUDA_SUCCESS);
+  CHECK_ACCESS_FAULT(emu_device_access(1, va + 4 * MiB, 16, 0));
+  CHECK_COND(cuMemUnmap(va, 6 * MiB) == CUDA_SUCCESS);
+  CHECK_COND(cuMemRelease(h) == CUDA_SUCCESS && cuMemRelease(h2) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAddressFree(va, 16 * MiB) == CUDA_SUCCESS);
+  CHECK_ACCESS_FAULT(emu_device_access(1, va, 16, 0));
+}
+
+typedef int (*rt_can_t)(int *, int, int);
+typedef int (*rt_int_t)(int);
+typedef int (*rt_enable_t)(int, unsigned);
+typedef int (*rt_getpool_t)(CUmemoryPool *, int);
+typedef int (*rt_setacc_t)(CUmemoryPool, const CUmemAccessDesc *, size_t);
+typedef int (*rt_getacc_t)(CUmemAccess_flags *, CUmemoryPool, CUmemLocation *);
+
+/* The runtime's peer and pool calls (cudaError_t values: cudaErrorInvalidValue 1,
+ * cudaErrorInvalidDevice 101, cudaErrorPeerAccessAlreadyEnabled 704,
+ * cudaErrorPeerAccessNotEnabled 705). Ends with a cudaDeviceReset of device 0. */
+static void mgpu_runtime(void) {
+  void *rt = open_runtime();
+  if (!rt) return;
+  rt_can_t can_fn = (rt_can_t)dlsym(rt, "cudaDeviceCanAccessPeer");
+  rt_enable_t en = (rt_enable_t)dlsym(rt, "cudaDeviceEnablePeerAccess");
+  rt_int_t dis = (rt_int_t)dlsym(rt, "cudaDeviceDisablePeerAccess");
+  rt_int_t set_dev = (rt_int_t)dlsym(rt, "cudaSetDevice");
+  rt_getpool_t getpool = (rt_getpool_t)dlsym(rt, "cudaDeviceGetDefaultMemPool");
+  rt_setacc_t setacc = (rt_setacc_t)dlsym(rt, "cudaMemPoolSetAccess");
+  rt_getacc_t getacc = (rt_getacc_t)dlsym(rt, "cudaMemPoolGetAccess");
+  rt_malloc_t m = (rt_malloc_t)dlsym(rt, "cudaMalloc");
+  rt_free_t f = (rt_free_t)dlsym(rt, "cudaFree");
+  rt_err_t reset = (rt_err_t)dlsym(rt, "cudaDeviceReset");
+  rt_err_t last = (rt_err_t)dlsym(rt, "cudaGetLastError");
+  CHECK_COND(can_fn && en && dis && set_dev && getpool && setacc && getacc && m && f && reset && last);
+  if (!(can_fn && en && dis && set_dev && getpool && setacc && getacc && m && f && reset && last)) return;
+  int n = 0, can = -1;
+  CHECK_COND(can_fn(&can, 0, 1) == 0 && can == 1);
+  CHECK_COND(can_fn(&can, 1, 1) == 0 && can == 0);
+  int v0 = emu_violations();
+  CHECK_COND(can_fn(&can, 0, 7) == 101 && emu_violations() == v0 + 1);
+  /* memory of device 1 made through the runtime */
+  void *p1 = NULL;
+  CHECK_COND(set_dev(1) == 0 && m(&p1, 4096) == 0 && p1);
+  CUdeviceptr d1 = (CUdeviceptr)(uintptr_t)p1;
+  CHECK_COND(set_dev(0) == 0);
+  CHECK_ACCESS_FAULT(emu_device_access(0, d1, 4096, 1));
+  v0 = emu_violations();
+  CHECK_COND(en(1, 0) == 0);
+  CHECK_ACCESS_OK(emu_device_access(0, d1, 4096, 1));
+  CHECK_COND(en(1, 0) == 704 && last() == 704);
+  CHECK_COND(en(5, 0) == 101); /* no such device: the runtime's own answer */
+  CHECK_COND(emu_violations() == v0);
+  CHECK_COND(en(0, 0) == 101 && emu_violations() == v0 + 1); /* itself */
+  CHECK_COND(en(1, 4) == 1 && emu_violations() == v0 + 2);
+  CHECK_COND(dis(1) == 0);
+  CHECK_ACCESS_FAULT(emu_device_access(0, d1, 4096, 1));
+  v0 = emu_violations();
+  CHECK_COND(dis(1) == 705 && dis(2) == 705 && dis(9) == 101 && emu_violations() == v0);
+  /* enabling retains the peer's primary context */
+  unsigned flags = 0;
+  int active = 0;
+  CHECK_COND(cuDevicePrimaryCtxGetState(2, &flags, &active) == CUDA_SUCCESS && active == 0);
+  CHECK_COND(en(2, 0) == 0);
+  CHECK_COND(cuDevicePrimaryCtxGetState(2, &flags, &active) == CUDA_SUCCESS && active == 1);
+  CHECK_COND(dis(2) == 0);
+  /* the default pool */
+  CUmemoryPool pool = NULL, drv = NULL;
+  CHECK_COND(getpool(&pool, 1) == 0 && cuDeviceGetDefaultMemPool(&drv, 1) == CUDA_SUCCESS && pool == drv);
+  CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CHECK_COND(setacc(pool, &d, 1) == 0);
+  CUmemAccess_flags fl = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  CUmemLocation l0 = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  CHECK_COND(getacc(&fl, pool, &l0) == 0 && fl == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  d.location.id = 1;
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  v0 = emu_violations();
+  CHECK_COND(setacc(pool, &d, 1) == 101 && emu_violations() == v0 + 1);
+  CHECK_COND(getpool(&pool, 3) == 101 && emu_violations() == v0 + 2);
+  d.location.id = 0;
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  CHECK_COND(setacc(pool, &d, 1) == 0);
+  /* cudaDeviceReset of device 0 drops its peer access */
+  CHECK_COND(en(1, 0) == 0);
+  CHECK_ACCESS_OK(emu_device_access(0, d1, 16, 0));
+  CHECK_COND(reset() == 0);
+  CHECK_ACCESS_FAULT(emu_device_access(0, d1, 16, 0));
+  CHECK_COND(set_dev(0) == 0 && en(1, 0) == 0); /* enabled again on the new context */
+  CHECK_ACCESS_OK(emu_device_access(0, d1, 16, 0));
+  CHECK_COND(set_dev(1) == 0 && f(p1) == 0);
+  last();
+  (void)n;
+}
+
+static void scenario_mgpu(void) {
+  emu_set_device_count(3);
+  CHECK_COND(cuInit(0) == CUDA_SUCCESS);
+  int n = 0;
+  CHECK_COND(cuDeviceGetCount(&n) == CUDA_SUCCESS && n == 3);
+  CUcontext c0 = NULL, c1 = NULL;
+  CHECK_COND(cuDevicePrimaryCtxRetain(&c0, 0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&c1, 1) == CUDA_SUCCESS);
+  CHECK_COND(c0 && c1 && c0 != c1);
+  CHECK_COND(cuCtxSetCurrent(c0) == CUDA_SUCCESS);
+  emu_counters_t c;
+  emu_get_counters(&c);
+  unsigned long long peer0 = c.n_cuDeviceCanAccessPeer, pool0 = c.n_cuDeviceGetDefaultMemPool;
+  mgpu_peer(c0, c1);
+  mgpu_pools(c0, c1);
+  mgpu_vmm();
+  emu_get_counters(&c);
+  CHECK_COND(c.n_cuDeviceCanAccessPeer == peer0 + 10 && c.n_cuDeviceGetDefaultMemPool == pool0 + 4);
+  CHECK_COND(c.n_cuCtxDisablePeerAccess > 0 && c.n_cuDeviceGetMemPool == 3 && c.n_cuMemPoolGetAccess > 0);
+  mgpu_runtime();
+  CHECK_COND(emu_device_faults() > 0);
+}
+
+int main(int argc, char **argv) {
+  const char *scenario = check_child_main(argc, argv);
+  if (scenario) {
+    if (strcmp(scenario, "mgpu") == 0)
+      scenario_mgpu();
+    else if (strcmp(scenario, "import") == 0)
+      scenario_import();
+    else
+      CHECK(0, "unknown scenario %s", scenario);
+    return check_child_summary(scenario);
+  }
   test_init();
   test_lookup();
   test_vmm();
@@ -647,5 +1329,9 @@ int main(void) {
   test_runtime();
   test_threads();
   test_errors();
+  test_lookup_new();
+  test_ipc();
+  test_import();
+  check_run_child("mgpu", (char *)NULL);
   return check_summary();
 }
