@@ -11,7 +11,10 @@
  * (emu_complete) or when a synchronising call forces it (cuCtxSynchronize,
  * cuStreamSynchronize, cuEventSynchronize, cuStreamDestroy). Completing an item runs its
  * callback under the emulation's (recursive) lock: a callback may read and write device
- * memory, and should not block on other threads that call the driver.
+ * memory, and should not block on other threads that call the driver. Host accesses stand for
+ * no particular device (VMM memory opens to the host once any device has access); which
+ * device may reach which memory (mapping, peer and pool access) is tracked, and checked by
+ * emu_device_access, as described below.
  *
  * Contract violations (arguments or states the real driver rejects or that are
  * undefined behaviour) return the driver's error, print
@@ -36,6 +39,27 @@
  * Legacy-stream semantics are modelled: an item on the legacy stream first forces
  * completion of earlier items on blocking streams of its context (user streams created
  * without CU_STREAM_NON_BLOCKING, and per-thread default streams) and vice versa.
+ *
+ * Several devices (emu_set_device_count, up to 4): who may touch what is tracked, and
+ * emu_device_access checks an access by a device's kernels or copy engines. VMM memory is
+ * reached through each mapping's per-device access flags (cuMemSetAccess). cuMemAlloc
+ * memory of a context C is reached by its device, and by a device with a context that
+ * called cuCtxEnablePeerAccess(C) (allowed between two different devices that
+ * emu_set_peer_capable has not marked incapable; destroying or resetting either context
+ * drops the grant). cuMemAllocAsync memory comes from its device's default pool (also its
+ * current pool; there is no cuDeviceSetMemPool) and is reached by its device and by the
+ * devices the pool grants (cuMemPoolSetAccess, applied to existing and later allocations).
+ * As on the real driver, peer access does not reach pool memory nor pool access cuMemAlloc
+ * memory. Handles imported with cuMemImportFromShareableHandle belong to device 0; the fd is
+ * the exporter's memfd, so another process sees the same bytes.
+ *
+ * Legacy IPC: cuIpcGetMemHandle gives a handle for the base of a cuMemAlloc allocation
+ * (bytes "EMUIPC\0\0", the pid, the base and the size, zero-padded to 64) and refuses VMM,
+ * pool and graph memory with CUDA_ERROR_INVALID_VALUE, not a violation. No handle ever
+ * opens: one of this process gives CUDA_ERROR_INVALID_CONTEXT, one of a process that no
+ * longer exists CUDA_ERROR_MAP_FAILED, one of a live process CUDA_ERROR_NOT_SUPPORTED (plain
+ * memory is not shared between processes), other bytes CUDA_ERROR_INVALID_VALUE; and
+ * cuIpcCloseMemHandle answers CUDA_ERROR_INVALID_VALUE. None of these are violations.
  */
 #ifndef VMMSHIM_EMU_H
 #define VMMSHIM_EMU_H
