@@ -175,7 +175,9 @@ def sec_pairs(recs, out):
         base = num(stk["stk-off"], "median_us")
         out.append("| stacks off (traced) | %.3f | |" % base)
         for c, name in (("stk-libunwind", "libunwind"), ("stk-dwarf", "dwarf (libgcc)"), ("stk-fp", "fp")):
-            if stk[c]:
+            if c == "stk-libunwind" and not stk[c] and find(recs, "note", what="no-libunwind"):
+                out.append("| libunwind | not installed on this machine (libunwind.so.8) | |")
+            elif stk[c]:
                 out.append("| %s | %.3f | %+.0f |" % (name, num(stk[c], "median_us"),
                                                      (num(stk[c], "median_us") - base) * 1000.0))
     parts = [("floor", "clock reads alone"), ("shim-deferred", "cudaMalloc+cudaFree, deferred"),

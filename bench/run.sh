@@ -17,6 +17,8 @@
 # one table, printed at the end and written to bench/results/<gpu>-<driver>.md (with growth.svg).
 # Raw logs go to $OUT when it is set (the results file and plot are copied there too), else to
 # bench/out. Every step runs under a timeout; a failed step prints FAILED and the rest go on.
+# BENCH_ONLY="PREFIX ...": only the steps whose names start with one of the prefixes run (say
+# "pairs-stk churn-"), and the table goes to bench/results/<gpu>-<driver>-partial.md.
 BUILD=${BUILD:-build}
 NVCC=${NVCC:-nvcc}
 PYTHON=${PYTHON:-python3}
@@ -48,7 +50,7 @@ DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1
 CUDA_DRV=$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1)
 NVCC_VER=$("$NVCC_PATH" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 STEM=$(echo "$GPU-$DRIVER" | tr ' /' '--')
-RESULT="bench/results/$STEM.md"
+RESULT="bench/results/$STEM${BENCH_ONLY:+-partial}.md"
 CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
 case "$CAP" in [0-9][0-9] | [0-9][0-9][0-9]) ARCH="sm_$CAP" ;; *) ARCH=sm_90 ;; esac
 TORCH=$("$PYTHON" -c 'import torch; print(torch.__version__ + (" cuda " + str(torch.version.cuda) if torch.cuda.is_available() else " NO-GPU"))' 2>/dev/null)
@@ -95,6 +97,11 @@ step() {
     shift
   done
   shift
+  if [ -n "$BENCH_ONLY" ]; then
+    want=0
+    for pre in $BENCH_ONLY; do case $name in "$pre"*) want=1 ;; esac; done
+    [ "$want" = 1 ] || return 0
+  fi
   echo "## $name: $envs $*" >>"$log"
   left=$((BENCH_BUDGET - ($(date +%s) - T_START)))
   if [ "$left" -le 5 ]; then
@@ -156,7 +163,19 @@ for r in 1 2 3 4 5 6 7; do
 done
 # The cost of a traced allocation's call stack (VMMSHIM_TRACE_STACKS=16), per unwinder: traced
 # async pairs of 4 KiB run 20 calls down, without stacks and with them (one stack per pair).
-for cfg in "stk-off" "stk-libunwind libunwind" "stk-dwarf dwarf" "stk-fp fp"; do
+# Without libunwind.so.8 the shim falls back to libgcc's unwinder: that row is left out then.
+if "$PYTHON" -c 'import ctypes; ctypes.CDLL("libunwind.so.8")' 2>/dev/null; then
+  STK_CFGS="stk-off|stk-libunwind libunwind|stk-dwarf dwarf|stk-fp fp"
+else
+  STK_CFGS="stk-off|stk-dwarf dwarf|stk-fp fp"
+  say "bench: libunwind.so.8 cannot be loaded here: the stack cost has no libunwind row"
+  echo "R note what=no-libunwind" >>"$LOGDIR/pairs.log"
+fi
+IFS_SAVED=$IFS
+IFS='|'
+set -- $STK_CFGS
+IFS=$IFS_SAVED
+for cfg in "$@"; do
   set -- $cfg
   if [ -n "$2" ]; then
     step "pairs-$1" pairs 60 "$SHIM" PAIRS_DEPTH=20 "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" VMMSHIM_TRACE_STACKS=16 \

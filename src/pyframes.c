@@ -1,12 +1,21 @@
 /* pyframes.c: the Python frames of an allocating thread, for the trace's stacks.
  *
- * When the process runs a CPython interpreter (python3 running PyTorch, CuPy or JAX) and the
- * allocating thread holds its GIL, the frames of the Python code that led to the allocation
- * are recorded as (file, function, line), so the report names the line of the user's script.
- * Everything comes from CPython's C API found with dlsym in the process: nothing is linked,
- * and a process without Python is untouched. A code object's file and function names are
- * looked up once and cached; the cache keeps a reference to the code object, so its address
- * is never reused for another while it is cached. Called with the stacks lock held. */
+ * When the process runs a CPython interpreter (python3 running PyTorch, CuPy or JAX), the
+ * frames of the Python code that led to an allocation are recorded as (file, function, line),
+ * so the report names the line of the user's script. Everything comes from CPython's C API
+ * found with dlsym in the process: nothing is linked, and a process without Python is
+ * untouched. A code object's file and function names are looked up once and cached; the cache
+ * keeps a reference to the code object, so its address is never reused for another while it
+ * is cached. Reading frames needs the GIL, held while the cache is used.
+ *
+ * Frameworks release the GIL around their native work (PyTorch around every operator, so its
+ * allocations happen without it). Such a thread still has its thread state, and its Python
+ * frames stay as they were when it released the GIL: the shim takes the GIL back for the time
+ * it reads them (PyGILState_Ensure/Release, what a C callback into Python does), unless
+ * VMMSHIM_TRACE_PYTHON=held. Taking it waits while another thread runs Python, and could
+ * deadlock if that thread waits on a lock the allocating thread holds around its cudaMalloc
+ * (a framework's own allocator lock, say): `held` never waits, and records Python frames only
+ * for threads that allocate with the GIL held. */
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,9 +39,15 @@ static struct {
   void (*decref)(PyObj *);
   void (*err_fetch)(PyObj **, PyObj **, PyObj **);
   void (*err_restore)(PyObj *, PyObj *, PyObj *);
+  int (*gil_ensure)(void);     /* PyGILState_Ensure */
+  void (*gil_release)(int);    /* PyGILState_Release */
+  int (*is_finalizing)(void);  /* Py_IsFinalizing (3.13), _Py_IsFinalizing before */
 } py;
 
-bool _vs_pyframes_open(void) {
+static int vs_py_mode;
+
+bool _vs_pyframes_open(int mode) {
+  if (mode == VS_PYTHON_OFF) return false;
 #define VS_PY(field, name)                                              \
   if (!(*(void **)&py.field = _vs_real_dlsym(RTLD_DEFAULT, name))) { \
     if (strcmp(name, "Py_IsInitialized")) _vs_info("trace: no Python frames (%s not found)", name); \
@@ -51,7 +66,14 @@ bool _vs_pyframes_open(void) {
   VS_PY(decref, "Py_DecRef");
   VS_PY(err_fetch, "PyErr_Fetch");
   VS_PY(err_restore, "PyErr_Restore");
+  VS_PY(gil_ensure, "PyGILState_Ensure");
+  VS_PY(gil_release, "PyGILState_Release");
 #undef VS_PY
+  *(void **)&py.is_finalizing = _vs_real_dlsym(RTLD_DEFAULT, "Py_IsFinalizing");
+  if (!py.is_finalizing) *(void **)&py.is_finalizing = _vs_real_dlsym(RTLD_DEFAULT, "_Py_IsFinalizing");
+  /* Without a way to see finalization, a thread never takes the GIL: during finalization a
+   * thread that asks for it is stopped for good. */
+  vs_py_mode = py.is_finalizing ? mode : VS_PYTHON_HELD;
   return true;
 }
 
@@ -94,8 +116,20 @@ static const vs_code_t *code_names(PyObj *code, vs_code_t *scratch) {
   return scratch;
 }
 
+int _vs_pyframes_enter(void) {
+  if (!py.is_initialized || !py.is_initialized()) return -1;
+  if (py.gil_check()) return py.this_thread_state() ? 0 : -1;
+  if (vs_py_mode != VS_PYTHON_ON || !py.this_thread_state() || py.is_finalizing()) return -1;
+  return py.gil_ensure() + 1; /* the PyGILState_STATE (0 or 1) to give back, plus one */
+}
+
+void _vs_pyframes_leave(int token) {
+  if (token > 0) py.gil_release(token - 1);
+}
+
+bool _vs_pyframes_wait(void) { return vs_py_mode == VS_PYTHON_ON; }
+
 int _vs_pyframes(vs_pyframe_t *out, int max) {
-  if (!py.is_initialized() || !py.gil_check() || !py.this_thread_state()) return 0;
   PyObj *frame = py.get_frame();
   if (!frame) return 0;
   PyObj *et, *ev, *etb;

@@ -382,6 +382,7 @@ static uint32_t insert(uint64_t h, const uintptr_t *ips, int n, const vs_pyframe
 #define VS_SHIM_FRAMES 8
 
 static _Thread_local unsigned tl_sample_count;
+static _Thread_local int tl_in_python; /* reading this thread's Python frames */
 
 uint32_t _vs_stack_capture(size_t requested) {
   if (requested < vs_min_size && (++tl_sample_count % vs_sample) != 0) return 0;
@@ -395,12 +396,18 @@ uint32_t _vs_stack_capture(size_t requested) {
   int n = got - first;
   if (n > (int)vs_depth) n = (int)vs_depth;
   const uintptr_t *ips = (const uintptr_t *)(raw + first);
-  if (vs_python) {
+  int token = vs_python && !tl_in_python ? _vs_pyframes_enter() : -1;
+  if (token >= 0) {
+    /* Reading frames can run Python's garbage collector, whose finalizers may free or even
+     * allocate: such an allocation gets its native stack only. */
+    tl_in_python = 1;
     vs_pyframe_t py[VS_STACK_FRAMES_MAX];
     pthread_mutex_lock(&vs_stacks_lock);
     int npy = _vs_pyframes(py, (int)vs_depth);
     uint32_t id = insert(hash_stack(ips, n, py, npy), ips, n, py, npy);
     pthread_mutex_unlock(&vs_stacks_lock);
+    _vs_pyframes_leave(token);
+    tl_in_python = 0;
     return id;
   }
   uint64_t h = hash_stack(ips, n, NULL, 0);
@@ -434,11 +441,11 @@ void _vs_stacks_open(void) {
   static const char *unwind_names[] = {"auto", "libunwind", "dwarf", "fp"};
   const char *unwinder = pick_unwinder(unwind_names[_vs_option(VS_OPT_TRACE_UNWIND) & 3]);
   object_range((void *)_vs_stack_capture, &vs_self_lo, &vs_self_hi);
-  vs_python = _vs_option(VS_OPT_TRACE_PYTHON) && _vs_pyframes_open();
+  vs_python = _vs_pyframes_open((int)_vs_option(VS_OPT_TRACE_PYTHON));
   pthread_mutex_lock(&vs_stacks_lock);
   dl_iterate_phdr(add_module, NULL);
   pthread_mutex_unlock(&vs_stacks_lock);
   _vs_stacks_on = 1;
   _vs_info("trace: stacks of %u frames (unwinder %s%s), allocations of %llu bytes and more, one in %u below",
-           depth, unwinder, vs_python ? ", Python frames" : "", (unsigned long long)vs_min_size, vs_sample);
+           depth, unwinder, !vs_python ? "" : _vs_pyframes_wait() ? ", Python frames" : ", Python frames of threads holding the GIL", (unsigned long long)vs_min_size, vs_sample);
 }

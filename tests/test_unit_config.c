@@ -64,7 +64,7 @@ static void clear_env(void) {
                                "VMMSHIM_RELEASE_THRESHOLD", "VMMSHIM_LIMIT", "VMMSHIM_RESERVE",
                                "VMMSHIM_ARENAS", "VMMSHIM_LOG", "VMMSHIM_STATS", "VMMSHIM_VERBOSE",
                                "VMMSHIM_DUMP_SIGNAL",
-                               "VMMSHIM_TRACE", "VMMSHIM_TRACE_FORMAT"};
+                               "VMMSHIM_TRACE", "VMMSHIM_TRACE_FORMAT", "VMMSHIM_TRACE_PYTHON"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -192,6 +192,20 @@ int main(void) {
     CHECK(_vs_option(VS_OPT_ARENAS) == arenas[i].want, "VMMSHIM_ARENAS='%s' -> %llu", arenas[i].text,
           (unsigned long long)_vs_option(VS_OPT_ARENAS));
     CHECK(!!strstr(out, "VMMSHIM_ARENAS") == arenas[i].msg, "VMMSHIM_ARENAS='%s' message: '%s'", arenas[i].text, out);
+  }
+
+  /* Python frames: on (default), held, off; booleans too; anything else the default */
+  static const struct { const char *text; unsigned long long want; int msg; } pys[] = {
+      {NULL, VS_PYTHON_ON, 0}, {"held", VS_PYTHON_HELD, 0}, {"HELD", VS_PYTHON_HELD, 0}, {"on", VS_PYTHON_ON, 0},
+      {"1", VS_PYTHON_ON, 0},  {"off", VS_PYTHON_OFF, 0},   {"0", VS_PYTHON_OFF, 0},     {"hold", VS_PYTHON_ON, 1}};
+  for (size_t i = 0; i < sizeof pys / sizeof pys[0]; i++) {
+    clear_env();
+    if (pys[i].text) setenv("VMMSHIM_TRACE_PYTHON", pys[i].text, 1);
+    out = reload_capture();
+    CHECK(_vs_option(VS_OPT_TRACE_PYTHON) == pys[i].want, "VMMSHIM_TRACE_PYTHON='%s' -> %llu",
+          pys[i].text ? pys[i].text : "(unset)", (unsigned long long)_vs_option(VS_OPT_TRACE_PYTHON));
+    CHECK(!!strstr(out, "VMMSHIM_TRACE_PYTHON") == pys[i].msg, "VMMSHIM_TRACE_PYTHON='%s' message: '%s'",
+          pys[i].text ? pys[i].text : "(unset)", out);
   }
 
   /* malformed values: the default, and one message naming the variable and the value */

@@ -64,6 +64,7 @@ extern _Thread_local int _vs_locks_held;
 
 typedef enum vs_free_mode_e { VS_FREE_SYNC = 0, VS_FREE_DEFERRED = 1 } vs_free_mode_t;
 typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trace_format_t;
+typedef enum vs_python_mode_e { VS_PYTHON_OFF = 0, VS_PYTHON_HELD = 1, VS_PYTHON_ON = 2 } vs_python_mode_t;
 typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIND_DWARF = 2, VS_UNWIND_FP = 3 } vs_unwind_t;
 
 /* Defaults a build may override with -D. */
@@ -91,7 +92,7 @@ typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIN
   X(TRACE_STACKS_MIN, VS_KIND_SIZE, 0)           /* allocations this large always get one */ \
   X(TRACE_STACKS_SAMPLE, VS_KIND_SAMPLE, 1)      /* one in N smaller allocations gets one */ \
   X(TRACE_UNWIND, VS_KIND_UNWIND, VS_UNWIND_AUTO) /* auto | libunwind | dwarf | fp */        \
-  X(TRACE_PYTHON, VS_KIND_BOOL, 1)               /* Python frames when the thread holds the GIL */
+  X(TRACE_PYTHON, VS_KIND_PYTHON, VS_PYTHON_ON)  /* off | held | on: Python frames (pyframes.c) */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -105,7 +106,8 @@ typedef enum vs_option_kind_e {
   VS_KIND_SIGNAL,
   VS_KIND_FRAMES, /* 0 .. 64 */
   VS_KIND_SAMPLE, /* 1 .. 1000000000 */
-  VS_KIND_UNWIND
+  VS_KIND_UNWIND,
+  VS_KIND_PYTHON
 } vs_option_kind_t;
 
 typedef enum vs_option_e {

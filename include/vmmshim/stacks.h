@@ -51,11 +51,19 @@ const char *_vs_string_get(uint32_t id);
 /* The capture settings, for the trace header: frames, minimum size, sampling. */
 void _vs_stacks_settings(unsigned *frames, uint64_t *min_size, unsigned *sample);
 
-/* pyframes.c: the calling thread's Python frames, when it holds the GIL of a CPython
- * interpreter in this process (found with dlsym; nothing is linked). Returns how many were
- * written to out (innermost first), 0 without Python. Called under the stacks lock. */
+/* pyframes.c: the calling thread's Python frames (found with dlsym; nothing is linked).
+ * _vs_pyframes_enter makes sure the thread holds its interpreter's GIL: it returns 0 when the
+ * thread already holds it, 1 when it took it (the thread had released it around a C call, as
+ * PyTorch does around every operator; VMMSHIM_TRACE_PYTHON=on only), -1 when there are no
+ * frames to read (no Python, a thread that never ran Python, the interpreter finalizing, or
+ * the GIL released and VMMSHIM_TRACE_PYTHON=held). Called before the stacks lock is taken (the
+ * GIL comes first, always). _vs_pyframes then writes the frames to out (innermost first) and
+ * returns how many, under the stacks lock; _vs_pyframes_leave(token) gives back a GIL taken. */
+int _vs_pyframes_enter(void);
 int _vs_pyframes(vs_pyframe_t *out, int max);
-bool _vs_pyframes_open(void); /* false: no CPython in the process */
+void _vs_pyframes_leave(int token);
+bool _vs_pyframes_open(int mode); /* false: no CPython in the process, or mode off */
+bool _vs_pyframes_wait(void);     /* whether a thread that released the GIL takes it back */
 /* stacks.c: a string's id (kept once), for pyframes.c; 0 when the table is full. Lock held. */
 uint32_t _vs_string_intern(const char *s, size_t len);
 

@@ -66,7 +66,7 @@ out=$("$L" -q --trace-format rmm --log info:/tmp/x.%p --stats --granularity 2M -
 check "every option sets its variable" test "$out" = "rmm|info:/tmp/x.%p|1|2M|deferred|1G|256M|1T|3|1|1"
 out=$("$L" -q --stacks 16 --stacks-min 1M --stacks-sample 10 --unwind fp --no-python --dump-signal USR1 -- \
   sh -c 'echo "$VMMSHIM_TRACE_STACKS|$VMMSHIM_TRACE_STACKS_MIN|$VMMSHIM_TRACE_STACKS_SAMPLE|$VMMSHIM_TRACE_UNWIND|$VMMSHIM_TRACE_PYTHON|$VMMSHIM_DUMP_SIGNAL"')
-check "the stack and dump-signal options set their variables" test "$out" = "16|1M|10|fp|0|USR1"
+check "the stack and dump-signal options set their variables" test "$out" = "16|1M|10|fp|off|USR1"
 out=$("$L" -q --stacks=8 --stacks-min=2M --stacks-sample=4 --unwind=dwarf --dump-signal=0 -- \
   sh -c 'echo "$VMMSHIM_TRACE_STACKS|$VMMSHIM_TRACE_STACKS_MIN|$VMMSHIM_TRACE_STACKS_SAMPLE|$VMMSHIM_TRACE_UNWIND|$VMMSHIM_DUMP_SIGNAL"')
 check "--OPTION=VALUE forms of the stack options" test "$out" = "8|2M|4|dwarf|0"

@@ -455,6 +455,28 @@ def test_fallbacks(fx, tmp):
         print("SKIP eu-addr2line: not installed (elfutils); not counted")
 
 
+def test_python_libs(tmp):
+    """A Python frame of an installed package or of the standard library names the site only when
+    the stack has no frame of the program's own files (PyTorch's linear.py under train.py)."""
+    lib = "/opt/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py"
+    std = "/usr/lib/python3.12/threading.py"
+    path = os.path.join(tmp, "pylibs.trace")
+    with open(path, "w") as f:
+        f.write("v 2 vmmshim 0.2.0\nx /usr/bin/python3\nc python3 train.py\np 4d2 1 0\ns 17a2b3c4d5e6f700 10000000\n")
+        f.write("t 10 0 1\n")
+        f.write("n 1 %s\nn 2 Linear.forward\nn 3 %s\nn 4 forward\nn 5 %s\nn 6 Thread.run\n" % (lib, PY_FILE, std))
+        f.write("k 1 0 2 1 2 86 3 4 12\n")  # linear.py:134 inside train.py:18
+        f.write("k 2 0 2 1 2 86 5 6 3fd\n")  # linear.py:134 inside threading.py:1021 only
+        for i, (sid, size) in enumerate([(1, 1 << 20), (1, 1 << 20), (2, 4 << 20)]):
+            f.write("a %x 4d2 0 0 - %x %x %x %x\n" % ((i + 1) * 1000000, 0x7f0000000000 + i * (64 << 20), size, size, sid))
+        f.write("e %x\n" % 10000000)
+    sites = parse_sites(report(path, "--by-site").stdout).get("count", {})
+    check(sites == {"%s:18 forward" % PY_FILE: (2, 2 << 20), "%s:134 Linear.forward" % lib: (1, 4 << 20)},
+          "Python frames of packages and the standard library name a site only without the program's own: %s" % sites)
+    sites = parse_sites(report(path, "--by-site", "--site-libs").stdout).get("count", {})
+    check(sites == {"%s:134 Linear.forward" % lib: (3, 6 << 20)}, "--site-libs: the innermost Python frame: %s" % sites)
+
+
 def test_v1_and_notes(tmp):
     r = report(os.path.join("tests", "data", "small.trace"), "--by-site")
     check("call sites: no stacks in this trace (run with VMMSHIM_TRACE_STACKS=N)" in r.stdout,
@@ -577,6 +599,7 @@ def main():
         test_symbolisation(fx, trace, tmp)
         test_fallbacks(fx, tmp)
         test_v1_and_notes(tmp)
+        test_python_libs(tmp)
         test_exports(fx, trace, tmp)
         test_html(fx, trace, tmp)
     finally:

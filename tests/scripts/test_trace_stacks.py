@@ -97,10 +97,11 @@ def test_c(tmp):
 SCRIPT = r'''
 import ctypes, sys
 ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
-rt = ctypes.PyDLL(None)  # the GIL stays held through the call, as in PyTorch
-def alloc(n):
+held = ctypes.PyDLL(None)  # the GIL stays held through the call
+released = ctypes.CDLL(None)  # the GIL is released around it, as PyTorch does around its operators
+def alloc(n, lib=held):
     p = ctypes.c_void_p()
-    assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(n)) == 0
+    assert lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(n)) == 0
     return p
 def make_weights():
     w = []
@@ -115,7 +116,12 @@ def make_activations(k):
 class Model:
     def workspace(self):
         return alloc(3 << 20)  # WORKSPACE
-keep = make_weights() + make_activations(6) + [Model().workspace() for _ in range(2)]
+def make_cache():
+    out = []
+    for i in range(3):
+        out.append(alloc(512 * 1024, released))  # CACHE
+    return out
+keep = make_weights() + make_activations(6) + [Model().workspace() for _ in range(2)] + make_cache()
 print("allocated", len(keep))
 '''
 
@@ -124,25 +130,26 @@ def test_python(tmp):
     script = os.path.join(tmp, "train.py")
     with open(script, "w") as f:
         f.write(SCRIPT)
-    lines = {tag: i for i, text in enumerate(SCRIPT.splitlines(), 1) for tag in ("WEIGHTS", "ACTIVATIONS", "WORKSPACE")
+    lines = {tag: i for i, text in enumerate(SCRIPT.splitlines(), 1) for tag in ("WEIGHTS", "ACTIVATIONS", "WORKSPACE", "CACHE")
              if "# " + tag in text}
-    alloc_line = [i for i, text in enumerate(SCRIPT.splitlines(), 1) if "rt.cudaMalloc" in text][0]
+    alloc_line = [i for i, text in enumerate(SCRIPT.splitlines(), 1) if "lib.cudaMalloc" in text][0]
     trace = os.path.join(tmp, "py.trace")
     r = subprocess.run([sys.executable, script], env=shim_env(trace, VMMSHIM_TRACE_STACKS=16), capture_output=True,
                        text=True)
-    check(r.returncode == 0 and "allocated 12" in r.stdout, "the Python script ran under the shim (%s)" % r.stderr[-300:])
+    check(r.returncode == 0 and "allocated 15" in r.stdout, "the Python script ran under the shim (%s)" % r.stderr[-300:])
     n = served(r.stderr)
     text = open(trace).read()
     check(re.search(r"^n [0-9a-f]+ %s$" % re.escape(script), text, re.M) is not None,
           "Python: an 'n' record names the script")
     stacks = [l for l in text.splitlines() if l.startswith("k ")]
-    check(len(stacks) == 3, "Python: 3 distinct stacks for 3 call sites (%d)" % len(stacks))
-    check(all(int(s.split()[3], 16) >= 3 for s in stacks), "Python: each stack has its Python frames")
+    check(len(stacks) == 4, "Python: 4 distinct stacks for 4 call sites (%d)" % len(stacks))
+    check(all(int(s.split()[3], 16) >= 3 for s in stacks),
+          "Python: each stack has its Python frames, also those allocated with the GIL released")
     # The innermost Python frame is alloc()'s call to cudaMalloc: the site is one level up.
     sites = by_allocations(subprocess.run([sys.executable, REPORT, "--by-site", "--site-depth", "1", trace],
                                           capture_output=True, text=True).stdout)
     inner = "%s:%d alloc" % (script, alloc_line)
-    check(sites.get(inner) == (12, 4 * (1 << 20) + 6 * 256 * 1024 + 2 * (3 << 20)),
+    check(sites.get(inner) == (15, 4 * (1 << 20) + 6 * 256 * 1024 + 2 * (3 << 20) + 3 * 512 * 1024),
           "Python: every allocation's innermost frame is alloc() at line %d (%s)" % (alloc_line, sites))
     r2 = subprocess.run([sys.executable, REPORT, "--by-site", "--site-skip", r"\balloc$", trace], capture_output=True,
                         text=True)
@@ -151,10 +158,21 @@ def test_python(tmp):
         "%s:%d make_weights" % (script, lines["WEIGHTS"]): (4, 4 << 20),
         "%s:%d make_activations" % (script, lines["ACTIVATIONS"]): (6, 6 * 256 * 1024),
         "%s:%d Model.workspace" % (script, lines["WORKSPACE"]): (2, 2 * (3 << 20)),
+        "%s:%d make_cache" % (script, lines["CACHE"]): (3, 3 * 512 * 1024),
     }
     for name, v in want.items():
         check(sites.get(name) == v, "Python: site %s %s (report: %s)" % (name, v, sites.get(name)))
-    check(n == 12 and sum(c for c, _ in sites.values()) == n, "Python: the sites add up to the shim's %d" % n)
+    check(n == 15 and sum(c for c, _ in sites.values()) == n, "Python: the sites add up to the shim's %d" % n)
+
+    # held: the GIL is never taken back; the allocations made without it have native frames only.
+    trace = os.path.join(tmp, "py-held.trace")
+    r = subprocess.run([sys.executable, script], env=shim_env(trace, VMMSHIM_TRACE_STACKS=16, VMMSHIM_TRACE_PYTHON="held"),
+                       capture_output=True, text=True)
+    stacks = [l for l in open(trace).read().splitlines() if l.startswith("k ")]
+    npy = sorted(int(s.split()[3], 16) for s in stacks)
+    check(r.returncode == 0 and len(stacks) == 4 and npy[0] == 0 and all(k >= 3 for k in npy[1:]),
+          "VMMSHIM_TRACE_PYTHON=held: Python frames for the 3 sites that hold the GIL, none for the one that "
+          "released it (Python frames per stack: %s)" % npy)
 
     trace = os.path.join(tmp, "py-native.trace")
     r = subprocess.run([sys.executable, script], env=shim_env(trace, VMMSHIM_TRACE_STACKS=16, VMMSHIM_TRACE_PYTHON=0),
