@@ -11,6 +11,8 @@
  * keeps up with the program (emu_set_eager: an event recorded on an idle stream completes at
  * once, as on a GPU with no work queued).
  * CPU_FRAG_PAUSE_US=N busy-waits N us between events (a GPU program's work between them).
+ * CPU_FRAG_EAGER=0: events complete only as the emulated stream advances (a GPU that lags
+ * behind the program), not at once.
  * Prints one line:
  *   R cpu-frag work=.. mode=.. allocs=.. peak_live=<requested> peak_mapped=.. held_live=..
  *     vmm=<calls> warm=<events of the warm-up> vmm_steady=<calls after it>
@@ -118,7 +120,7 @@ int main(int argc, char **argv) {
   }
   memset(size, 0, (max_id + 1) * sizeof *size);
   emu_set_device_memory(0, 80ull << 30);
-  emu_set_eager(1);
+  emu_set_eager(getenv("CPU_FRAG_EAGER") ? atoi(getenv("CPU_FRAG_EAGER")) : 1);
   cudaStream_t s = NULL;
   if (cudaFree(NULL) != cudaSuccess || (async && cudaStreamCreate(&s) != cudaSuccess)) return 1;
   size_t live = 0, peak = 0, allocs = 0, steady_allocs = 0;

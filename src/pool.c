@@ -158,10 +158,33 @@ static vs_block_t *take_block(vs_pool_t *p, vs_request_t *rq) {
   return b;
 }
 
+/* A stream request's own freed memory, however loose the fit (pool_streams.c). */
+static vs_block_t *take_block_loose(vs_pool_t *p, vs_request_t *rq) {
+  if (rq->stream == VS_NO_STREAM) return NULL;
+  pool_lock(p);
+  vs_block_t *b = NULL;
+  vs_stream_t *s = _vs_stream_get(p, rq->key, rq->stream, rq->owner, false);
+  if (s) {
+    b = take_from_stream_loose(p, s, rq->heap_id, rq->size, rq->align);
+    if (b) b = carve(p, b, rq->size, rq->align, s);
+  }
+  if (b) {
+    b->requested = rq->req;
+    HASH_ADD(hh, p->map, addr, sizeof b->addr, b);
+    p->used += b->size;
+    p->allocs++;
+  }
+  VS_POOL_CHECK(p);
+  pool_unlock(p);
+  return b;
+}
+
 /* The slow path, as named steps tried in order; after each that makes room the request is
  * tried again. Returns the block, or NULL with the status in *st and the error in *err. */
 static vs_block_t *alloc_slow(vs_pool_t *p, vs_request_t *rq, vs_pool_status_t *st, CUresult *err) {
   vs_block_t *b;
+  /* 0. A stream request: its stream's own freed blocks, sealed ones too, in any fit. */
+  if (rq->pending && (b = take_block_loose(p, rq)) != NULL) return b;
   /* 1. Blocks freed on streams whose events completed: free without waiting. */
   if (rq->pending) {
     _vs_pool_reclaim_by_events(p, _vs_thread_tag(), 0);
@@ -412,9 +435,14 @@ int _vs_pool_check_locked(vs_pool_t *p) {
   for (vs_stream_t *s = p->streams; s; s = s->hh.next) {
     bad += check_list(&s->pending, B_PENDING, &pending_sum);
     for (vs_block_t *b = s->pending.head; b; b = b->fnext)
-      if (b->stream != s) bad++;
+      if (b->stream != s || b->batch) bad++;
   }
-  for (vs_batch_t *bt = p->batches; bt; bt = bt->next) bad += check_list(&bt->blocks, B_PENDING, &pending_sum);
+  for (vs_batch_t *bt = p->batches; bt; bt = bt->next) {
+    bad += check_list(&bt->blocks, B_PENDING, &pending_sum);
+    if (bt->out) bad++;
+    for (vs_block_t *b = bt->blocks.head; b; b = b->fnext)
+      if (b->batch != bt || b->stream) bad++;
+  }
   /* Batches a thread took out of the lock to record or query their events are in no list. */
   if (pending_sum + p->pending_out != p->pending_bytes) bad++;
   size_t seg_sum = 0;

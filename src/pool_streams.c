@@ -59,6 +59,22 @@ static vs_block_t *take_from_stream(vs_pool_t *p, vs_stream_t *s, int heap_id, s
   return best;
 }
 
+/* Takes a PENDING block off s's pending list, or off a batch sealed on s that no reclaim has
+ * out; false when it is neither (deferred, another stream's, a batch of a stream since
+ * destroyed). */
+static bool take_own_pending(vs_pool_t *p, vs_block_t *b, vs_stream_t *s) {
+  if (b->stream == s) {
+    list_remove(&s->pending, b);
+  } else if (b->batch && !b->batch->out && b->batch->key == s->key && b->batch->epoch == p->stream_epoch) {
+    list_remove(&b->batch->blocks, b);
+    b->batch = NULL;
+  } else {
+    return false;
+  }
+  b->stream = NULL;
+  return true;
+}
+
 /* A freed block joins its stream's pending list. Returns whether the stream's older blocks
  * are now to be sealed (policy.h: vs_policy_seal_stream). */
 static bool pend_on_stream(vs_pool_t *p, vs_block_t *b, vs_stream_t *s) {
@@ -66,10 +82,52 @@ static bool pend_on_stream(vs_pool_t *p, vs_block_t *b, vs_stream_t *s) {
   b->freed_seq = p->sync_seq;
   b->stream = s;
   p->pending_bytes += b->size;
+  /* Neighbours freed on the same stream merge at once, also those sealed in a batch on it: the
+   * stream's own later work is ordered after both frees, so it may reuse the whole range; for
+   * the others the merged block waits for an event recorded after this free. */
+  vs_block_t *a = b->prev;
+  if (_vs_block_mergeable(p, a, b, B_PENDING) && take_own_pending(p, a, s)) {
+    absorb_next(p, a, b);
+    a->freed_seq = p->sync_seq;
+    b = a;
+  }
+  vs_block_t *c = b->next;
+  if (_vs_block_mergeable(p, b, c, B_PENDING) && take_own_pending(p, c, s)) absorb_next(p, b, c);
+  b->stream = s;
   list_push(&s->pending, b);
   if (s->pending.count <= VS_SEAL_KEEP) return false;
   size_t newest = 0;
   unsigned k = 0;
   for (const vs_block_t *c = s->pending.tail; c && k < VS_SEAL_KEEP; c = c->fprev, k++) newest += c->size;
   return vs_policy_seal_stream(s->pending.count, s->pending.bytes - newest, p->mapped);
+}
+
+/* Before the pool grows for a request on stream s: the smallest block that serves it among all
+ * of s's pending blocks and the blocks of the batches sealed on s (their events may not have
+ * completed, but s's own work is ordered after their frees), whatever the piece left over.
+ * Freed memory of the stream costs no driver call; a growth does, and holds more. Taken off
+ * its list; the leftover pieces go to s's pending list. Lock held. */
+static vs_block_t *take_from_stream_loose(vs_pool_t *p, vs_stream_t *s, int heap_id, size_t size, size_t align) {
+  vs_block_t *best = NULL;
+  vs_list_t *from = NULL;
+  int n = 0;
+  for (vs_block_t *b = s->pending.tail; b && n < VS_STREAM_LOOSE_SCAN; b = b->fprev, n++)
+    if (heap_id_of(p, b) == heap_id && fits(b, size, align) && (!best || b->size < best->size)) {
+      best = b;
+      from = &s->pending;
+    }
+  for (vs_batch_t *bt = p->batches; bt && n < VS_STREAM_LOOSE_SCAN; bt = bt->next) {
+    if (bt->key != s->key || bt->epoch != p->stream_epoch) continue;
+    for (vs_block_t *b = bt->blocks.tail; b && n < VS_STREAM_LOOSE_SCAN; b = b->fprev, n++)
+      if (heap_id_of(p, b) == heap_id && fits(b, size, align) && (!best || b->size < best->size)) {
+        best = b;
+        from = &bt->blocks;
+      }
+  }
+  if (!best) return NULL;
+  list_remove(from, best);
+  p->pending_bytes -= best->size;
+  best->stream = NULL;
+  best->batch = NULL;
+  return best;
 }

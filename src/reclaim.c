@@ -33,6 +33,7 @@ static void release_batch(vs_pool_t *p, vs_batch_t *bt) {
     list_remove(&bt->blocks, b);
     p->pending_bytes -= b->size;
     b->stream = NULL;
+    b->batch = NULL;
     _vs_block_make_free(p, b);
   }
 }
@@ -106,15 +107,20 @@ void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self, unsigned keep) {
       list_remove(&s->pending, b);
       list_push(&bt->blocks, b);
       b->stream = NULL;
+      b->batch = bt;
       /* Not necessarily the last one's: pieces carved off a reused block go back at the end. */
       if (b->freed_seq > bt->max_seq) bt->max_seq = b->freed_seq;
     }
     if (p->n_spare_events) bt->event = p->spare_events[--p->n_spare_events];
+    bt->key = s->key;
+    bt->epoch = p->stream_epoch;
     on[n] = s->handle;
     sealed[n++] = bt;
   }
   vs_batch_t *check = p->batches;
   p->batches = NULL;
+  for (vs_batch_t *bt = check; bt; bt = bt->next) bt->out = true;
+  for (int i = 0; i < n; i++) sealed[i]->out = true;
   if (n) p->sealers++;
   size_t out = 0;
   for (int i = 0; i < n; i++) out += sealed[i]->blocks.bytes;
@@ -162,6 +168,7 @@ void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self, unsigned keep) {
   while (still) {
     vs_batch_t *bt = still;
     still = bt->next;
+    bt->out = false;
     bt->next = p->batches;
     p->batches = bt;
   }
@@ -191,6 +198,7 @@ void _vs_pool_stream_destroyed(vs_pool_t *p, CUstream stream) {
    * the same handle, and must not inherit them. */
   if (has) _vs_pool_reclaim_by_events(p, owner, 0);
   pool_lock(p);
+  p->stream_epoch++; /* a later stream with the same handle must not reuse the batches sealed on it */
   s = _vs_stream_get(p, key, stream, owner, false);
   if (s) {
     while (s->pending.head) { /* sealing failed: wait for a context sync instead */

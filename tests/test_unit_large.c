@@ -164,31 +164,91 @@ static void test_shared_growth(void) {
   for (int i = 0; i < 100; i++) CHECK(pfree(d[i]), "free d%d", i);
 }
 
+/* Neighbours freed on one stream merge at once, unsealed: the stream's own next request may
+ * take the whole range. */
+static void test_stream_merge(void) {
+  _vs_pool_trim(pool, 0);
+  CUstream s;
+  CHECK(cuStreamCreate(&s, 0) == CUDA_SUCCESS, "stream");
+  enum { N = 8 };
+  CUdeviceptr blk[N];
+  for (int i = 0; i < N; i++) blk[i] = palloc_on(2 * MiB, NULL, s);
+  bool adjacent = true;
+  for (int i = 1; i < N; i++) adjacent &= blk[i] == blk[i - 1] + 2 * MiB;
+  CHECK(adjacent, "%d blocks of 2 MiB back to back", N);
+  long long rec0 = emu_calls("cuEventRecord");
+  for (int i = 0; i < N; i += 2) CHECK(pfree_on(blk[i], s), "free %d on the stream", i);
+  for (int i = 1; i < N; i += 2) CHECK(pfree_on(blk[i], s), "free %d on the stream", i);
+  CHECK(emu_calls("cuEventRecord") == rec0, "one merged block: nothing to seal");
+  emu_counters_t e0 = now();
+  CUdeviceptr all = palloc_on(N * 2 * MiB, NULL, s);
+  CHECK(all == blk[0] && vmm_calls_since(&e0) == 0, "the stream takes all %d MiB at once, with no VMM call (%llu)",
+        N * 2, vmm_calls_since(&e0));
+  CHECK(pfree_on(all, s), "free");
+  CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS, "sync");
+  _vs_pool_stream_destroyed(pool, s);
+  CHECK(cuStreamDestroy(s) == CUDA_SUCCESS, "destroy");
+  CHECK(_vs_pool_check(pool) == 0, "pool consistent");
+}
+
 /* A stream's older freed blocks are sealed with an event once there are enough of them, and
  * join the bins (merged) once the event has passed; the newest stay for the stream's own
- * next requests. */
+ * next requests. Before the pool grows, the stream may also take a sealed block of its own. */
 static void test_stream_seal(void) {
   _vs_pool_trim(pool, 0);
   CUstream s;
   CHECK(cuStreamCreate(&s, 0) == CUDA_SUCCESS, "stream");
+  /* Every other block stays live, so the freed ones do not merge. */
   enum { N = VS_SEAL_COUNT + 4 };
-  CUdeviceptr blk[N];
-  for (int i = 0; i < N; i++) blk[i] = palloc_on(2 * MiB, NULL, s);
+  CUdeviceptr blk[2 * N];
+  for (int i = 0; i < 2 * N; i++) blk[i] = palloc_on(2 * MiB, NULL, s);
   long long rec0 = emu_calls("cuEventRecord");
-  for (int i = 0; i < N; i++) CHECK(pfree_on(blk[i], s), "free %d on the stream", i);
+  for (int i = 0; i < 2 * N; i += 2) CHECK(pfree_on(blk[i], s), "free %d on the stream", i);
   CHECK(emu_calls("cuEventRecord") > rec0, "the older freed blocks were sealed with an event");
   /* the newest ones are still the stream's: it reuses one at once */
   CUdeviceptr again = palloc_on(2 * MiB, NULL, s);
-  CHECK(again == blk[N - 1], "the stream reuses its newest freed block at once");
-  /* The event has not passed (the emulated stream has not progressed): the sealed blocks are
-   * not free yet; once the stream completes, a request reclaims them merged. */
-  emu_complete(s, -1);
+  CHECK(again == blk[2 * N - 2], "the stream reuses its newest freed block at once");
+  /* A request that fits no unsealed block loosely enough: before growing, the stream takes a
+   * sealed one of its own (its event has not passed), the piece left over stays pending. */
+  /* The heap's idle space, if any, is taken first, so that no free block can serve the request. */
+  CUdeviceptr fill[8];
+  int nfill = 0;
+  vs_pool_figures_t f;
+  for (_vs_pool_figures(pool, &f); f.idle[VS_HEAP_LARGE] >= 1 * MiB && nfill < 8; _vs_pool_figures(pool, &f))
+    fill[nfill++] = palloc(f.idle[VS_HEAP_LARGE] / MiB * MiB, NULL);
+  CHECK(f.idle[VS_HEAP_LARGE] < 1 * MiB, "the large heap's idle space taken (%zu bytes left)", f.idle[VS_HEAP_LARGE]);
   emu_counters_t e0 = now();
-  CUdeviceptr big = palloc((N - VS_SEAL_KEEP - 2) * 2 * MiB, NULL);
+  CUdeviceptr part = palloc_on(1 * MiB + 512 * 1024, NULL, s);
+  bool from_freed = false;
+  for (int i = 0; i < 2 * N; i += 2) from_freed |= part == blk[i];
+  CHECK(from_freed && vmm_calls_since(&e0) == 0,
+        "a loose fit from one of the stream's own freed blocks, no growth (%llu calls)", vmm_calls_since(&e0));
+  CHECK(pfree_on(part, s), "free the loose fit");
+  /* Another stream cannot take them before the event passed: it grows instead. */
+  CUstream other;
+  CHECK(cuStreamCreate(&other, 0) == CUDA_SUCCESS, "another stream");
+  e0 = now();
+  CUdeviceptr o = palloc_on(2 * MiB, NULL, other);
+  bool is_freed = false;
+  for (int i = 0; i < 2 * N; i += 2) is_freed |= o == blk[i];
+  CHECK(o != 0 && !is_freed, "another stream does not get a block whose event has not passed");
+  /* (A free outside streams synchronises the context, in this pool's sync mode: after it, every
+   * sealed block is free.) */
+  for (int i = 0; i < nfill; i++) CHECK(pfree(fill[i]), "free filler %d", i);
+  CHECK(pfree_on(o, other), "free on the other stream");
+  CHECK(cuStreamSynchronize(other) == CUDA_SUCCESS, "sync other");
+  _vs_pool_stream_destroyed(pool, other);
+  CHECK(cuStreamDestroy(other) == CUDA_SUCCESS, "destroy other");
+  /* Once the stream completes, the live neighbours freed, a request reclaims it all merged. */
+  emu_complete(s, -1);
+  for (int i = 1; i < 2 * N; i += 2) CHECK(pfree(blk[i]), "free %d", i);
+  CHECK(pfree_on(again, s), "free again");
+  CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS, "sync");
+  e0 = now();
+  CUdeviceptr big = palloc((2 * N - 2 * VS_SEAL_KEEP - 4) * 2 * MiB, NULL);
   CHECK(big != 0 && vmm_calls_since(&e0) == 0, "the sealed blocks merged and serve a request of most of them (%llu calls)",
         vmm_calls_since(&e0));
-  CHECK(pfree(big) && pfree_on(again, s), "free");
-  CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS, "sync");
+  CHECK(pfree(big), "free");
   _vs_pool_stream_destroyed(pool, s);
   CHECK(cuStreamDestroy(s) == CUDA_SUCCESS, "destroy");
   CHECK(_vs_pool_check(pool) == 0, "pool consistent");
@@ -208,6 +268,7 @@ int main(void) {
   test_release_before_growth();
   test_random_sizes();
   test_shared_growth();
+  test_stream_merge();
   test_stream_seal();
   _vs_pool_destroy(pool);
   CHECK(emu_violations() == 0, "%d contract violations", emu_violations());

@@ -47,6 +47,7 @@ void _vs_uthash_fatal(const char *msg) __attribute__((noreturn));
 #define VS_NBINS (64 << VS_SUB_BITS)
 #define VS_BIN_SCAN 8     /* blocks examined in one bin */
 #define VS_STREAM_SCAN 16 /* blocks examined on a stream's pending list */
+#define VS_STREAM_LOOSE_SCAN 512 /* ... and among its sealed batches, before the pool grows */
 #define VS_MAX_RESV 32    /* reservations per pool, all heaps together */
 #define VS_SPARE_EVENTS 16
 
@@ -62,6 +63,7 @@ typedef struct vs_block_s {
   size_t requested;                 /* USED: what the program asked for */
   uint64_t freed_seq;               /* PENDING: pool->sync_seq at the free */
   vs_stream_t *stream;              /* PENDING on a stream's list */
+  struct vs_batch_s *batch;         /* PENDING in a sealed batch */
   uint16_t resv;                    /* reservation index: blocks never merge across */
   uint8_t state;
   uint8_t bin;
@@ -88,6 +90,9 @@ typedef struct vs_batch_s {
   CUevent event;
   vs_list_t blocks;
   uint64_t max_seq;
+  CUstream key;   /* the stream its event is recorded on: that stream may reuse its blocks at once */
+  unsigned epoch; /* pool->stream_epoch at sealing: a stream destroyed since then voids key */
+  bool out;       /* off pool->batches while a reclaim queries it: its blocks stay as they are */
   struct vs_batch_s *next;
 } vs_batch_t;
 
@@ -142,6 +147,7 @@ struct vs_pool_s {
   /* Threads recording events on streams they copied out of the lock: a stream must not be
    * destroyed under them (its destroy hook waits for sealers == 0). */
   int sealers;
+  unsigned stream_epoch; /* streams destroyed: batches sealed before one no longer know their stream */
   pthread_cond_t sealed;
   size_t pending_out; /* pending bytes in batches a thread holds outside the lock */
   /* deferred-mode reclaimer */
