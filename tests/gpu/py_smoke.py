@@ -1,4 +1,4 @@
-"""(g) Python smoke tests: python3 py_smoke.py torch|cupy|jax
+"""(g) Python smoke tests: python3 py_smoke.py torch|cupy|jax|torch-ipc|torch-dp
 
 Runs a small deterministic GPU computation and prints one "VALUE <name> <number>" line per
 result, then "SHIM <summary>" and, under the shim, "VMM <name> yes|no" for a sample buffer.
@@ -159,11 +159,93 @@ def run_jax():
     report_shim(ptr)
 
 
+def _ipc_child(q_in, q_out):
+    import torch
+    x, y = q_in.get()  # CUDA tensors: opened here with cudaIpcOpenMemHandle
+    q_out.put((float(x.double().sum().item()), float(y.double().sum().item())))
+    x.mul_(2)  # written in place, seen by the parent
+    y[1::2] = -1.0
+    torch.cuda.synchronize()
+    q_out.put("written")
+    q_in.get()  # the parent has read them; the tensors are released here
+    del x, y
+
+
+def run_torch_ipc():
+    """CUDA tensors sent to another process (torch.multiprocessing, spawn): it opens them with
+    cudaIpcOpenMemHandle, reads and writes them in place; the parent sees its writes."""
+    os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    try:
+        import torch
+        import torch.multiprocessing as mp
+    except Exception as e:  # noqa: BLE001
+        skip("torch: import failed: %s" % e)
+    if not torch.cuda.is_available():
+        print("FAIL torch: torch.cuda.is_available() is False")
+        sys.exit(1)
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1 << 20, generator=g, dtype=torch.float64).to(dev)  # 8 MiB
+    y = torch.randn(3 << 18, generator=g).to(dev)[17:]  # a view: the handle is its block's, plus an offset
+    torch.cuda.synchronize()
+    value("x_sum", x.sum().item())
+    ctx = mp.get_context("spawn")
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_ipc_child, args=(q_in, q_out))
+    child.start()
+    q_in.put((x, y))
+    sx, sy = q_out.get(timeout=120)
+    value("child_x_sum", sx)
+    value("child_y_sum", sy)
+    if q_out.get(timeout=120) != "written":
+        print("FAIL torch-ipc: the child did not write")
+        sys.exit(1)
+    torch.cuda.synchronize()
+    value("x_sum_after_child", x.sum().item())
+    value("y_sum_after_child", y.double().sum().item())
+    q_in.put("done")
+    child.join(120)
+    if child.exitcode != 0:
+        print("FAIL torch-ipc: child exit %s" % child.exitcode)
+        sys.exit(1)
+    value("child_exit", child.exitcode)
+    report_shim(x.data_ptr())
+
+
+def run_torch_dp():
+    """nn.DataParallel over two GPUs: replicas, scatter and gather go through peer access."""
+    os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    try:
+        import torch
+        import torch.nn as nn
+    except Exception as e:  # noqa: BLE001
+        skip("torch: import failed: %s" % e)
+    if torch.cuda.device_count() < 2:
+        skip("torch-dp: %d GPU(s); DataParallel needs two" % torch.cuda.device_count())
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda(0)
+    dp = nn.DataParallel(model, device_ids=[0, 1])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    for step in range(4):
+        xb = torch.randn(64, 256, generator=g).cuda(0)
+        loss = dp(xb).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        value("loss_step%d" % step, loss.item())
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    report_shim(model[0].weight.data_ptr())
+
+
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else ""
-    runs = {"torch": run_torch, "cupy": run_cupy, "jax": run_jax}
+    runs = {"torch": run_torch, "cupy": run_cupy, "jax": run_jax, "torch-ipc": run_torch_ipc, "torch-dp": run_torch_dp}
     if which not in runs:
-        print("usage: py_smoke.py torch|cupy|jax")
+        print("usage: py_smoke.py torch|cupy|jax|torch-ipc|torch-dp")
         sys.exit(2)
     runs[which]()
     print("DONE %s" % which)

@@ -209,11 +209,26 @@ py_case() { # KIND TAG [ENV=VALUE...]: one framework; TAG names the shim run
   grep '^SHIM ' "$out" | sed "s/^SHIM /INFO python-$kind-$tag: /" | tee -a "$MAIN_LOG"
 }
 
+# ---- two processes, two GPUs: CUDA IPC (one GPU is enough) and peer access (two) ----
+run_plain "plain/ipc" "$BIN/t_ipc.static"
+run_prog "static/ipc" "$BIN/t_ipc.static"
+run_prog "shared/ipc-max16M" "$BIN/t_ipc.shared" VMMSHIM_MAX_HANDLE=16M
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "$NGPU" -ge 2 ]; then
+  run_plain "plain/peer" "$BIN/t_peer.static"
+  run_prog "static/peer" "$BIN/t_peer.static" VMMSHIM_GRANULARITY=2M
+  run_prog "shared/peer-deferred" "$BIN/t_peer.shared" VMMSHIM_FREE_MODE=deferred
+else
+  skip "peer: $NGPU GPU on this machine; tests/gpu/t_peer.cu needs two"
+fi
+
 rm -f "$LOGDIR"/py-*.done
 py_case torch shim
 py_case torch shim-deferred VMMSHIM_FREE_MODE=deferred
 py_case cupy shim
 py_case jax shim
+py_case torch-ipc shim
+py_case torch-dp shim
 rm -f "$LOGDIR"/py-*.done
 # The stats the shim printed at exit of the PyTorch run (quoted in reports).
 if [ -s "$LOGDIR/py-torch-shim.stderr" ]; then
