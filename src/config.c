@@ -135,6 +135,7 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
     return buf;
   case VS_KIND_SAMPLE: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
   case VS_KIND_UNWIND: return "auto";
+  case VS_KIND_PEER: return "auto";
   }
   return "?";
 }
@@ -163,6 +164,12 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
   case VS_KIND_ARENAS: *expect = "a whole number from 1 to " VS_STR(VS_MAX_ARENAS); return parse_count(text, 1, VS_MAX_ARENAS, v);
   case VS_KIND_FRAMES: *expect = "a whole number from 0 (off) to 64"; return parse_count(text, 0, 64, v);
   case VS_KIND_SAMPLE: *expect = "a whole number from 1 to 1000000000"; return parse_count(text, 1, 1000000000, v);
+  case VS_KIND_PEER:
+    *expect = "auto, all or none";
+    if (!strcasecmp(text, "auto")) { *v = VS_PEER_AUTO; return 0; }
+    if (!strcasecmp(text, "all")) { *v = VS_PEER_ALL; return 0; }
+    if (!strcasecmp(text, "none")) { *v = VS_PEER_NONE; return 0; }
+    return -1;
   case VS_KIND_UNWIND:
     *expect = "auto, libunwind, dwarf or fp";
     if (!strcasecmp(text, "auto")) { *v = VS_UNWIND_AUTO; return 0; }
@@ -250,6 +257,11 @@ void _vs_config_print(void) {
       break;
     }
     case VS_KIND_STRING: shown = o->text ? o->text : "(unset)"; break;
+    case VS_KIND_PEER: {
+      static const char *names[] = {"auto", "all", "none", "?"};
+      shown = names[o->value & 3];
+      break;
+    }
     case VS_KIND_UNWIND: {
       static const char *names[] = {"auto", "libunwind", "dwarf", "fp"};
       shown = names[o->value & 3];
