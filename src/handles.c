@@ -281,7 +281,24 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
     if (r != CUDA_SUCCESS) atomic_fetch_sub(&vs_mapped_total, len);
   }
 
-  CUdeviceptr b_addr = b->addr;
+  /* The new mappings become visible to peer.c's changes under its lock: one made since the
+   * access above was set is applied here first (the block is still BUSY, so nothing unmaps it). */
+  bool peers = p->access && r == CUDA_SUCCESS;
+  if (peers) {
+    _vs_peer_growth_begin();
+    if (access_gen(p) != gen) {
+      uint64_t rw = atomic_load(&p->access->rw), ro = atomic_load(&p->access->ro);
+      r = _vs_vmm_set_access_devices(&p->caps, b->addr, len, rw, ro, atomic_load(&p->access->ever) & ~(rw | ro));
+      if (r != CUDA_SUCCESS) {
+        for (int i = np; i-- > 0;) {
+          _vs_vmm_unmap(&p->caps, pieces[i].va, pieces[i].size);
+          _vs_vmm_release(&p->caps, pieces[i].handle, pieces[i].size);
+        }
+        atomic_fetch_sub(&vs_mapped_total, len);
+        np = 0;
+      }
+    }
+  }
   pool_lock(p);
   int added = 0;
   while (r == CUDA_SUCCESS && added < np && seg_add(p, pieces[added].va, pieces[added].size, pieces[added].handle) == 0)
@@ -307,15 +324,10 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   }
   VS_POOL_CHECK(p);
   pool_unlock(p);
+  if (peers) _vs_peer_growth_end();
   if (r == CUDA_SUCCESS) {
     uint64_t m = VS_STAT_ADD(bytes_mapped, len) + len;
     _vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);
-    /* The peers changed while this was mapped: the change did not see it, so apply it here,
-     * taking away what an earlier state gave. */
-    if (access_gen(p) != gen && p->access) {
-      uint64_t rw = atomic_load(&p->access->rw), ro = atomic_load(&p->access->ro);
-      _vs_vmm_set_access_devices(&p->caps, b_addr, len, rw, ro, atomic_load(&p->access->ever) & ~(rw | ro));
-    }
   }
   return r;
 }

@@ -9,16 +9,18 @@
  * change, and to every new mapping when a pool grows (handles.c reads the masks here).
  *
  *   reasons, per device d of the context's peers:
- *     peer_refs[d]   contexts on device d that enabled peer access to this context
+ *     links          contexts on device d that enabled peer access to this context (a link goes
+ *                    when either context goes away, as the driver drops the grant)
  *     pool_rw/ro     the device's current memory pool grants d read-write / read access (kept
  *                    per device: contexts whose first allocation comes later get them too)
  *     all            VMMSHIM_PEER_ACCESS=all: every device that can access this one
- *   effective: rw = all | pool_rw | {d : peer_refs[d] > 0};  ro = pool_ro minus rw
+ *   effective: rw = all | pool_rw | {d : a link from d};  ro = pool_ro minus rw
  * VMMSHIM_PEER_ACCESS=none keeps every reason empty (the owner alone, as before).
  *
  * Changes are rare: they take a mutex that serialises them (held across the cuMemSetAccess
- * calls that apply them; no allocation or free ever takes it). A growth that raced a change
- * sees the generation move and applies the new masks to what it mapped. */
+ * calls that apply them; no allocation or free ever takes it). A growth takes it too, briefly,
+ * while it records its new mappings (_vs_peer_growth_begin/end): a change then either came
+ * before, and the growth gives its mappings the new access, or comes after and finds them. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,16 +28,23 @@
 #include "vmmshim/internal.h"
 
 #define VS_PEER_CONTEXTS 64
+#define VS_PEER_LINKS 256
 
 typedef struct vs_peer_entry_s {
   CUcontext ctx; /* NULL: free */
   int dev;
   vs_access_state_t st;
-  uint16_t peer_refs[VS_MAX_DEVICES];
   uint64_t all;
 } vs_peer_entry_t;
 
+/* cuCtxEnablePeerAccess(to) made with `from` current, from on device from_dev. */
+typedef struct vs_peer_link_s {
+  CUcontext from, to; /* from NULL: free */
+  int from_dev;
+} vs_peer_link_t;
+
 static vs_peer_entry_t vs_peer[VS_PEER_CONTEXTS];
+static vs_peer_link_t vs_links[VS_PEER_LINKS];
 /* Per device: the peers its memory pool grants (cuMemPoolSetAccess), for every context on it,
  * also those whose first allocation comes later. */
 static uint64_t vs_pool_rw[VS_MAX_DEVICES], vs_pool_ro[VS_MAX_DEVICES];
@@ -68,19 +77,11 @@ static vs_peer_entry_t *entry_of(CUcontext ctx, int dev, bool create) {
 }
 
 const vs_access_state_t *_vs_peer_state(CUcontext ctx, int dev) {
+  if (_vs_option(VS_OPT_PEER_ACCESS) == VS_PEER_NONE) return NULL; /* the owner alone, nothing to follow */
   pthread_mutex_lock(&vs_peer_lock);
   vs_peer_entry_t *e = entry_of(ctx, dev, true);
   pthread_mutex_unlock(&vs_peer_lock);
   return e ? &e->st : NULL;
-}
-
-void _vs_peer_forget(CUcontext ctx) {
-  pthread_mutex_lock(&vs_peer_lock);
-  for (int i = 0; i < VS_PEER_CONTEXTS; i++) {
-    vs_peer_entry_t *e = &vs_peer[i];
-    if (e->ctx == ctx) e->ctx = NULL;
-  }
-  pthread_mutex_unlock(&vs_peer_lock);
 }
 
 typedef struct vs_apply_s {
@@ -93,12 +94,12 @@ static void apply_pool(vs_pool_t *pool, void *arg) {
   if (_vs_pool_context(pool) == a->ctx) _vs_pool_set_access(pool, a->rw, a->ro, a->none);
 }
 
-/* Recomputes an entry's masks from its reasons; when they changed, applies them to the
- * context's pools (after the peer lock is dropped: the apply lock is held by the caller). */
+/* Recomputes an entry's masks from its reasons; *changed when they moved (the caller applies
+ * them to the context's pools after the peer lock is dropped, the apply lock still held). */
 static void update(vs_peer_entry_t *e, vs_apply_t *out, bool *changed) {
   uint64_t rw = e->all | vs_pool_rw[e->dev];
-  for (int d = 0; d < VS_MAX_DEVICES; d++)
-    if (e->peer_refs[d]) rw |= 1ull << d;
+  for (int i = 0; i < VS_PEER_LINKS; i++)
+    if (vs_links[i].from && vs_links[i].to == e->ctx) rw |= 1ull << vs_links[i].from_dev;
   uint64_t ro = vs_pool_ro[e->dev] & ~rw;
   uint64_t old = atomic_load(&e->st.rw) | atomic_load(&e->st.ro);
   *changed = rw != atomic_load(&e->st.rw) || ro != atomic_load(&e->st.ro);
@@ -134,22 +135,62 @@ static int device_of(CUcontext ctx) {
 
 void _vs_peer_access_changed(CUcontext peer, bool enabled) {
   if (_vs_guard || !_vs_active() || _vs_option(VS_OPT_PEER_ACCESS) == VS_PEER_NONE) return;
+  CUcontext self = NULL;
+  if (_vs_cu.cuCtxGetCurrent(&self) != CUDA_SUCCESS || !self) return;
   int from = current_device(), to = device_of(peer);
   if (from < 0 || to < 0 || from >= VS_MAX_DEVICES) return;
   pthread_mutex_lock(&vs_apply_lock);
   pthread_mutex_lock(&vs_peer_lock);
+  /* The driver refuses a second enable of the same pair and a disable of none: one link each. */
+  vs_peer_link_t *link = NULL, *free_link = NULL;
+  for (int i = 0; i < VS_PEER_LINKS; i++) {
+    if (vs_links[i].from == self && vs_links[i].to == peer) link = &vs_links[i];
+    if (!vs_links[i].from && !free_link) free_link = &vs_links[i];
+  }
+  if (enabled && !link && free_link) *free_link = (vs_peer_link_t){self, peer, from};
+  else if (enabled && !link) _vs_warn("more than %d peer-access grants; device %d gets no access to context %p's pools",
+                                      VS_PEER_LINKS, from, (void *)peer);
+  if (!enabled && link) link->from = NULL;
   vs_peer_entry_t *e = entry_of(peer, to, true);
   vs_apply_t a;
   bool changed = false;
-  if (e) {
-    if (enabled) e->peer_refs[from]++;
-    else if (e->peer_refs[from]) e->peer_refs[from]--;
-    update(e, &a, &changed);
-  }
+  if (e) update(e, &a, &changed);
   pthread_mutex_unlock(&vs_peer_lock);
   if (changed) apply(&a, enabled ? "peer access enabled" : "peer access disabled");
   pthread_mutex_unlock(&vs_apply_lock);
 }
+
+void _vs_peer_forget(CUcontext ctx) {
+  if (!ctx) return;
+  pthread_mutex_lock(&vs_apply_lock);
+  pthread_mutex_lock(&vs_peer_lock);
+  /* Grants it made go: the contexts it had access to lose its device. */
+  CUcontext gave[VS_PEER_LINKS];
+  int ng = 0;
+  for (int i = 0; i < VS_PEER_LINKS; i++) {
+    vs_peer_link_t *l = &vs_links[i];
+    if (l->from == ctx && l->to != ctx) gave[ng++] = l->to;
+    if (l->from == ctx || l->to == ctx) l->from = NULL;
+  }
+  for (int i = 0; i < VS_PEER_CONTEXTS; i++)
+    if (vs_peer[i].ctx == ctx) vs_peer[i].ctx = NULL; /* its pools are gone already */
+  vs_apply_t todo[VS_PEER_CONTEXTS];
+  int nt = 0;
+  for (int i = 0; i < VS_PEER_CONTEXTS; i++) {
+    vs_peer_entry_t *e = &vs_peer[i];
+    bool touched = false;
+    for (int k = 0; e->ctx && k < ng && !touched; k++) touched = gave[k] == e->ctx;
+    bool changed = false;
+    if (touched) update(e, &todo[nt], &changed);
+    if (changed) nt++;
+  }
+  pthread_mutex_unlock(&vs_peer_lock);
+  for (int i = 0; i < nt; i++) apply(&todo[i], "the context that enabled peer access went away");
+  pthread_mutex_unlock(&vs_apply_lock);
+}
+
+void _vs_peer_growth_begin(void) { pthread_mutex_lock(&vs_apply_lock); }
+void _vs_peer_growth_end(void) { pthread_mutex_unlock(&vs_apply_lock); }
 
 void _vs_mempool_access_changed(CUmemoryPool pool, const CUmemAccessDesc *desc, size_t count) {
   if (_vs_guard || !_vs_active() || _vs_option(VS_OPT_PEER_ACCESS) == VS_PEER_NONE || !desc) return;

@@ -270,12 +270,19 @@ typedef struct vs_access_state_s {
 
 typedef struct vs_pool_s vs_pool_t;
 
-/* The state of a context (created on first use; NULL when the table is full). */
+/* The state of a context (created on first use; NULL when the table is full, or with
+ * VMMSHIM_PEER_ACCESS=none: the owner alone, nothing to follow). */
 const vs_access_state_t *_vs_peer_state(CUcontext ctx, int dev);
-void _vs_peer_forget(CUcontext ctx); /* the context is going away */
+/* The context is going away: its state, and the grants it made to others (their pools lose its
+ * device, as the driver drops them). */
+void _vs_peer_forget(CUcontext ctx);
 /* The current context enabled (or disabled) peer access to `peer`: peer's memory gains (loses)
  * the current device. Called after the driver said yes. */
 void _vs_peer_access_changed(CUcontext peer, bool enabled);
+/* A growth records its new mappings between these (peer.c's lock: no change is being applied
+ * meanwhile). Rare driver calls only, never an allocation's fast path. */
+void _vs_peer_growth_begin(void);
+void _vs_peer_growth_end(void);
 /* cuMemPoolSetAccess succeeded: when `pool` is a device's current or default pool, its peers'
  * access to the shim's memory on that device follows. */
 void _vs_mempool_access_changed(CUmemoryPool pool, const CUmemAccessDesc *desc, size_t count);
