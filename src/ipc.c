@@ -19,7 +19,12 @@
  * returns to the pool (and the trace shows its free) when the last importer is gone. Opening a
  * handle whose exporter has exited, or whose block was freed with no importer, fails with
  * CUDA_ERROR_MAP_FAILED, as the driver's own handles do. Handles the shim did not make pass to the
- * driver untouched; so do events. */
+ * driver untouched; so do events.
+ *
+ * A fork child inherits descriptors, not the exports or imports: it closes its copies of the
+ * server's sockets and of the imports' connections (an importer's fork child would otherwise keep
+ * the exporter's block held after the importer closed it), and starts its own server if it
+ * exports. The exports of a pool whose context goes away are forgotten with it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -29,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -122,15 +128,21 @@ typedef struct vs_conn_s {
   uint64_t holds; /* the export this connection holds open, 0 none */
 } vs_conn_t;
 
+/* Room for the descriptors of a reply, aligned as a cmsghdr must be. */
+typedef union vs_ipc_ctrl_u {
+  char buf[CMSG_SPACE(sizeof(int) * VS_IPC_MAX_SEGS)];
+  struct cmsghdr align;
+} vs_ipc_ctrl_t;
+
 static int send_reply(int fd, const vs_ipc_reply_t *rep, const int *fds, unsigned nfds) {
   struct iovec iov = {(void *)rep, sizeof *rep};
-  char ctrl[CMSG_SPACE(sizeof(int) * VS_IPC_MAX_SEGS)];
+  vs_ipc_ctrl_t ctrl;
   struct msghdr m = {0};
   m.msg_iov = &iov;
   m.msg_iovlen = 1;
   if (nfds) {
-    memset(ctrl, 0, sizeof ctrl);
-    m.msg_control = ctrl;
+    memset(&ctrl, 0, sizeof ctrl);
+    m.msg_control = ctrl.buf;
     m.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
     struct cmsghdr *c = CMSG_FIRSTHDR(&m);
     c->cmsg_level = SOL_SOCKET;
@@ -144,13 +156,13 @@ static int send_reply(int fd, const vs_ipc_reply_t *rep, const int *fds, unsigne
   return w == (ssize_t)sizeof *rep ? 0 : -1;
 }
 
-/* The last importer of a block the program freed is gone: the block goes back to the pool. */
+/* The last importer of a block the program freed is gone: the block goes back to the pool. Lock
+ * held (throughout: a pool's exports are forgotten under it before the pool is destroyed). */
 static void give_back(vs_export_t *x) {
   vs_pool_t *pool = x->pool;
   CUdeviceptr ptr = x->ptr;
   vmmshim_api_t api = x->free_api;
   export_remove(x);
-  pthread_mutex_unlock(&vs_ipc_lock);
   CUcontext popped;
   bool pushed = _vs_cu.cuCtxPushCurrent(_vs_pool_context(pool)) == CUDA_SUCCESS;
   size_t size, requested;
@@ -158,31 +170,21 @@ static void give_back(vs_export_t *x) {
   _vs_pool_free(pool, ptr, VS_NO_STREAM, api, &size, &requested, &err); /* counted at the program's free */
   if (pushed) _vs_cu.cuCtxPopCurrent(&popped);
   _vs_debug("ipc: block 0x%llx, freed while open in another process, is back in the pool", (unsigned long long)ptr);
-  pthread_mutex_lock(&vs_ipc_lock);
 }
 
-static void release_hold(vs_conn_t *c) {
+/* Lock held. */
+static void release_hold_locked(vs_conn_t *c) {
   if (!c->holds) return;
-  pthread_mutex_lock(&vs_ipc_lock);
   vs_export_t *x = export_by_id(c->holds);
   if (x && --x->opens == 0 && x->freed) give_back(x);
-  pthread_mutex_unlock(&vs_ipc_lock);
   c->holds = 0;
 }
 
-/* One request: the importer's credentials, the export, its handles as descriptors. */
-static void answer(vs_conn_t *c) {
-  vs_ipc_request_t req;
-  ssize_t r;
-  do r = recv(c->fd, &req, sizeof req, MSG_WAITALL);
-  while (r < 0 && errno == EINTR);
+/* One request: the importer's credentials, the export, its handles as descriptors. Returns false
+ * when the connection is to be closed (a refusal: the reply is all the importer gets). */
+static bool answer(vs_conn_t *c) {
   vs_ipc_reply_t rep;
   memset(&rep, 0, sizeof rep);
-  if (r != (ssize_t)sizeof req || memcmp(req.magic, VS_IPC_MAGIC, 8) != 0 || c->holds) {
-    rep.status = VS_IPC_FAILED;
-    send_reply(c->fd, &rep, NULL, 0);
-    return;
-  }
   struct ucred cred;
   socklen_t cl = sizeof cred;
   if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != geteuid()) {
@@ -190,26 +192,35 @@ static void answer(vs_conn_t *c) {
              cl == sizeof cred ? (int)cred.uid : -1, (int)geteuid());
     rep.status = VS_IPC_DENIED;
     send_reply(c->fd, &rep, NULL, 0);
-    return;
+    return false;
   }
+  vs_ipc_request_t req;
+  ssize_t r;
+  do r = recv(c->fd, &req, sizeof req, MSG_WAITALL); /* the socket times out: a stalled client cannot stop the server */
+  while (r < 0 && errno == EINTR);
+  if (r != (ssize_t)sizeof req || memcmp(req.magic, VS_IPC_MAGIC, 8) != 0 || c->holds) {
+    rep.status = VS_IPC_FAILED;
+    send_reply(c->fd, &rep, NULL, 0);
+    return false;
+  }
+  /* The lock is held while the handles are exported: the pool cannot go away meanwhile, and a
+   * free of the block waits, then finds it open. */
   pthread_mutex_lock(&vs_ipc_lock);
   vs_export_t *x = export_by_id(req.id);
   if (!x || x->freed) {
     pthread_mutex_unlock(&vs_ipc_lock);
     rep.status = VS_IPC_GONE;
     send_reply(c->fd, &rep, NULL, 0);
-    return;
+    return false;
   }
-  x->opens++; /* held while answering: a free meanwhile keeps the block out of the pool */
-  vs_pool_t *pool = x->pool;
-  CUdeviceptr ptr = x->ptr;
-  pthread_mutex_unlock(&vs_ipc_lock);
   CUmemGenericAllocationHandle handles[VS_IPC_MAX_SEGS];
   size_t sizes[VS_IPC_MAX_SEGS], offset = 0;
   int n = 0, fds[VS_IPC_MAX_SEGS];
-  bool ok = _vs_pool_handles_of(pool, ptr, &offset, handles, sizes, VS_IPC_MAX_SEGS, &n) == VS_POOL_OK;
+  bool ok = _vs_pool_handles_of(x->pool, x->ptr, &offset, handles, sizes, VS_IPC_MAX_SEGS, &n) == VS_POOL_OK;
+  if (!ok) _vs_warn("ipc: block 0x%llx lies on more than %d handles; it cannot be shared", (unsigned long long)x->ptr,
+                    VS_IPC_MAX_SEGS);
   int nfds = 0;
-  const vs_device_caps_t *caps = _vs_pool_caps(pool);
+  const vs_device_caps_t *caps = _vs_pool_caps(x->pool);
   for (int i = 0; ok && i < n; i++) {
     ok = _vs_vmm_export(caps, handles[i], &fds[i]) == CUDA_SUCCESS;
     if (ok) nfds++;
@@ -219,30 +230,32 @@ static void answer(vs_conn_t *c) {
     rep.nsegs = (uint32_t)n;
     rep.offset = offset;
     for (int i = 0; i < n; i++) rep.seg_size[i] = sizes[i];
+    x->opens++; /* until the importer closes the connection */
+    c->holds = req.id;
   } else {
     rep.status = VS_IPC_FAILED;
   }
+  pthread_mutex_unlock(&vs_ipc_lock);
   bool sent = send_reply(c->fd, &rep, ok ? fds : NULL, ok ? (unsigned)nfds : 0) == 0;
   for (int i = 0; i < nfds; i++) close(fds[i]);
-  if (ok && sent) {
-    c->holds = req.id; /* until the importer closes the connection */
-  } else {
-    c->holds = req.id;
-    release_hold(c);
-  }
+  return ok && sent; /* held until the importer closes the connection */
 }
 
 static int vs_listen_fd = -1;
+/* The server's connections: changed under the lock, so that a fork child (whose atfork handler
+ * runs with the lock taken in the parent) finds them whole and closes its copies. */
+static vs_conn_t vs_conns[VS_IPC_MAX_CONNS];
+static int vs_nconn;
 
 static void *server_main(void *arg) {
   (void)arg;
   _vs_guard++; /* the driver calls made here are the shim's own */
-  static vs_conn_t conns[VS_IPC_MAX_CONNS];
-  int nconn = 0;
+  struct timeval tmo = {1, 0};
   for (;;) {
     struct pollfd pfd[VS_IPC_MAX_CONNS + 1];
     pfd[0] = (struct pollfd){vs_listen_fd, POLLIN, 0};
-    for (int i = 0; i < nconn; i++) pfd[i + 1] = (struct pollfd){conns[i].fd, POLLIN, 0};
+    int nconn = vs_nconn;
+    for (int i = 0; i < nconn; i++) pfd[i + 1] = (struct pollfd){vs_conns[i].fd, POLLIN, 0};
     int r = poll(pfd, (nfds_t)nconn + 1, -1);
     if (r < 0) {
       if (errno == EINTR) continue;
@@ -251,25 +264,30 @@ static void *server_main(void *arg) {
     }
     for (int i = nconn; i-- > 0;) {
       if (!pfd[i + 1].revents) continue;
+      vs_conn_t *c = &vs_conns[i];
       char peek;
-      ssize_t k = recv(conns[i].fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (k > 0 && !conns[i].holds) {
-        answer(&conns[i]);
-        continue;
-      }
-      if (k > 0) { /* an importer sends nothing after its request: drop stray bytes */
+      ssize_t k = recv(c->fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (k > 0 && !c->holds && answer(c)) continue;
+      if (k > 0 && c->holds) { /* an importer sends nothing after its request: drop stray bytes */
         char junk[64];
-        if (recv(conns[i].fd, junk, sizeof junk, MSG_DONTWAIT) > 0) continue;
+        if (recv(c->fd, junk, sizeof junk, MSG_DONTWAIT) > 0) continue;
       }
       if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      release_hold(&conns[i]); /* closed: the importer closed its handle or exited */
-      close(conns[i].fd);
-      conns[i] = conns[--nconn];
+      /* Closed: the importer closed its handle or exited (or was refused). */
+      pthread_mutex_lock(&vs_ipc_lock);
+      release_hold_locked(c);
+      close(c->fd);
+      vs_conns[i] = vs_conns[--vs_nconn];
+      pthread_mutex_unlock(&vs_ipc_lock);
     }
     if (pfd[0].revents & POLLIN) {
       int fd = accept4(vs_listen_fd, NULL, NULL, SOCK_CLOEXEC);
-      if (fd >= 0 && nconn < VS_IPC_MAX_CONNS) conns[nconn++] = (vs_conn_t){fd, 0};
-      else if (fd >= 0) {
+      if (fd >= 0 && vs_nconn < VS_IPC_MAX_CONNS) {
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof tmo);
+        pthread_mutex_lock(&vs_ipc_lock);
+        vs_conns[vs_nconn++] = (vs_conn_t){fd, 0};
+        pthread_mutex_unlock(&vs_ipc_lock);
+      } else if (fd >= 0) {
         _vs_warn("ipc: more than %d handles open in other processes; a request is refused", VS_IPC_MAX_CONNS);
         close(fd);
       }
@@ -277,24 +295,16 @@ static void *server_main(void *arg) {
   }
 }
 
-static void atfork_child(void) {
-  /* The server thread and its socket are the parent's; so are the exports (and imports). */
-  if (vs_listen_fd >= 0) close(vs_listen_fd);
-  vs_listen_fd = -1;
-  vs_server_pid = 0;
-  vs_exports = NULL; /* the parent's list: left to it */
-  atomic_store(&_vs_ipc_exports, 0);
-  pthread_mutex_init(&vs_ipc_lock, NULL);
-}
+static void atfork_prepare(void);
+static void atfork_parent(void);
+static void atfork_child(void);
+static pthread_once_t vs_atfork_once = PTHREAD_ONCE_INIT;
+static void atfork_register(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
 
 /* Starts this process's server on its first export. Lock held. */
 static int start_server(void) {
   if (vs_server_pid == getpid()) return 0;
-  static bool atfork_done;
-  if (!atfork_done) {
-    pthread_atfork(NULL, NULL, atfork_child);
-    atfork_done = true;
-  }
+  pthread_once(&vs_atfork_once, atfork_register);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   struct timespec ts;
@@ -346,6 +356,11 @@ bool _vs_ipc_get_handle(CUdeviceptr ptr, CUipcMemHandle *out, CUresult *err) {
     return true;
   }
   vs_export_t *x = export_by_ptr(ptr);
+  if (x && x->freed) { /* freed by the program, still open elsewhere: not a live allocation */
+    pthread_mutex_unlock(&vs_ipc_lock);
+    *err = CUDA_ERROR_INVALID_VALUE;
+    return true;
+  }
   if (!x) {
     x = calloc(1, sizeof *x);
     if (!x) {
@@ -377,21 +392,33 @@ bool _vs_ipc_get_handle(CUdeviceptr ptr, CUipcMemHandle *out, CUresult *err) {
   return true;
 }
 
-bool _vs_ipc_on_free(CUdeviceptr ptr, vmmshim_api_t api) {
+vs_ipc_free_t _vs_ipc_on_free(CUdeviceptr ptr, vmmshim_api_t api) {
   pthread_mutex_lock(&vs_ipc_lock);
   vs_export_t *x = export_by_ptr(ptr);
-  bool held = false;
-  if (x && x->opens > 0 && !x->freed) {
+  vs_ipc_free_t r = VS_IPC_FREE_NOW;
+  if (x && x->freed) {
+    r = VS_IPC_FREE_TWICE; /* it only looks live: the pool must not get it while it is open */
+  } else if (x && x->opens > 0) {
     x->freed = true;
     x->free_api = api;
-    held = true;
+    r = VS_IPC_FREE_HELD;
     _vs_debug("ipc: block 0x%llx freed while open in another process: kept out of the pool until it is closed",
               (unsigned long long)ptr);
-  } else if (x && !x->freed) {
+  } else if (x) {
     export_remove(x); /* no importer: its handle goes stale with the free */
   }
   pthread_mutex_unlock(&vs_ipc_lock);
-  return held;
+  return r;
+}
+
+void _vs_ipc_forget_pool(vs_pool_t *pool) {
+  if (!atomic_load(&_vs_ipc_exports)) return;
+  pthread_mutex_lock(&vs_ipc_lock);
+  for (vs_export_t *x = vs_exports, *next; x; x = next) {
+    next = x->next;
+    if (x->pool == pool) export_remove(x); /* its memory goes with the context; open copies elsewhere stay */
+  }
+  pthread_mutex_unlock(&vs_ipc_lock);
 }
 
 /* ------------------------------------------------------------------ imports */
@@ -447,13 +474,13 @@ static CUresult fetch(const vs_ipc_handle_t *h, vs_import_t *im) {
   memcpy(req.magic, VS_IPC_MAGIC, 8);
   req.id = h->id;
   vs_ipc_reply_t rep;
-  char ctrl[CMSG_SPACE(sizeof(int) * VS_IPC_MAX_SEGS)];
+  vs_ipc_ctrl_t ctrl;
   struct iovec iov = {&rep, sizeof rep};
   struct msghdr m = {0};
   m.msg_iov = &iov;
   m.msg_iovlen = 1;
-  m.msg_control = ctrl;
-  m.msg_controllen = sizeof ctrl;
+  m.msg_control = ctrl.buf;
+  m.msg_controllen = sizeof ctrl.buf;
   ssize_t r;
   if (send(fd, &req, sizeof req, MSG_NOSIGNAL) != (ssize_t)sizeof req) r = -1;
   else do r = recvmsg(fd, &m, MSG_WAITALL | MSG_CMSG_CLOEXEC);
@@ -506,10 +533,9 @@ bool _vs_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle, CUresult *er
     *err = CUDA_ERROR_INVALID_VALUE;
     return true;
   }
-  if (!_vs_active()) {
-    *err = CUDA_ERROR_NOT_INITIALIZED;
-    return true;
-  }
+  /* Without the pools (VMMSHIM_DISABLE) the handle still opens: the driver could not. */
+  if (!_vs_active() && _vs_cuda_resolve() != 0) return false;
+  pthread_once(&vs_atfork_once, atfork_register);
   CUdevice dev = 0;
   if (_vs_cu.cuCtxGetDevice(&dev) != CUDA_SUCCESS) {
     *err = CUDA_ERROR_INVALID_CONTEXT;
@@ -524,7 +550,12 @@ bool _vs_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle, CUresult *er
       return true;
     }
   pthread_mutex_unlock(&vs_import_lock);
-  if (h.pid == (uint32_t)getpid()) {
+  /* The pid alone could be a process of another pid namespace, or an exited one whose pid was
+   * reused: the nonce says whether this process made it. */
+  pthread_mutex_lock(&vs_ipc_lock);
+  bool own = h.pid == (uint32_t)getpid() && vs_server_pid == getpid() && h.nonce == vs_nonce;
+  pthread_mutex_unlock(&vs_ipc_lock);
+  if (own) {
     *err = CUDA_ERROR_INVALID_CONTEXT; /* the driver refuses a process's own handles so */
     return true;
   }
@@ -593,4 +624,42 @@ bool _vs_ipc_close(CUdeviceptr ptr, CUresult *err) {
   _vs_info("ipc: closed handle %llu of pid %u", (unsigned long long)im->id, im->pid);
   free(im);
   return true;
+}
+
+/* ------------------------------------------------------------------ fork */
+
+/* The lists are whole when the child copies them: both locks are taken around fork(). */
+static void atfork_prepare(void) {
+  pthread_mutex_lock(&vs_import_lock);
+  pthread_mutex_lock(&vs_ipc_lock);
+}
+
+static void atfork_parent(void) {
+  pthread_mutex_unlock(&vs_ipc_lock);
+  pthread_mutex_unlock(&vs_import_lock);
+}
+
+/* The child has no server thread and owns neither the parent's exports nor its imports: it closes
+ * its copies of their sockets (an open import's connection would keep the exporter's block held
+ * after the parent closed it) and forgets them. */
+static void atfork_child(void) {
+  if (vs_listen_fd >= 0) close(vs_listen_fd);
+  vs_listen_fd = -1;
+  for (int i = 0; i < vs_nconn; i++) close(vs_conns[i].fd);
+  vs_nconn = 0;
+  vs_server_pid = 0;
+  for (vs_export_t *x = vs_exports, *next; x; x = next) {
+    next = x->next;
+    free(x);
+  }
+  vs_exports = NULL;
+  atomic_store(&_vs_ipc_exports, 0);
+  for (vs_import_t *im = vs_imports, *next; im; im = next) {
+    next = im->next;
+    close(im->conn);
+    free(im);
+  }
+  vs_imports = NULL;
+  pthread_mutex_init(&vs_ipc_lock, NULL);
+  pthread_mutex_init(&vs_import_lock, NULL);
 }

@@ -294,9 +294,13 @@ extern atomic_int _vs_ipc_exports; /* exports alive: frees look at ipc.c only wh
 bool _vs_ipc_get_handle(CUdeviceptr ptr, CUipcMemHandle *out, CUresult *err);
 bool _vs_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle, CUresult *err);
 bool _vs_ipc_close(CUdeviceptr ptr, CUresult *err);
-/* The program frees an exported block: true when an importer still has it open (the block then
- * stays out of the pool until the last one closes; the free counts now). */
-bool _vs_ipc_on_free(CUdeviceptr ptr, vmmshim_api_t api);
+/* The program frees an exported block. HELD: an importer still has it open (the block stays out
+ * of the pool until the last one closes; the free counts now). TWICE: it was freed already (and is
+ * still held): not a live allocation. NOW: free it as usual (its handle is stale from now on). */
+typedef enum vs_ipc_free_e { VS_IPC_FREE_NOW = 0, VS_IPC_FREE_HELD = 1, VS_IPC_FREE_TWICE = 2 } vs_ipc_free_t;
+vs_ipc_free_t _vs_ipc_on_free(CUdeviceptr ptr, vmmshim_api_t api);
+/* The pool's context is going away: its exports are forgotten (before the pool is destroyed). */
+void _vs_ipc_forget_pool(vs_pool_t *pool);
 
 /* ---------------------------------------------------------------- "pool.c" */
 
