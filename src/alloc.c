@@ -316,6 +316,14 @@ bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err
     switch_ctx = cur != _vs_pool_context(pool);
   }
   size_t size = 0, requested = 0;
+  if (vs_unlikely(atomic_load_explicit(&_vs_ipc_exports, memory_order_relaxed)) && _vs_pool_block(pool, ptr, &size, &requested)) {
+    vs_ipc_free_t f = _vs_ipc_on_free(ptr, api);
+    if (f == VS_IPC_FREE_HELD) {
+      _vs_stat_free(api, size, requested); /* another process has it open: the pool gets it back later */
+      return true;
+    }
+    if (f == VS_IPC_FREE_TWICE) return false; /* freed already: the driver answers for an unknown pointer */
+  }
   CUcontext saved = NULL;
   if (switch_ctx) _vs_cu.cuCtxPushCurrent(_vs_pool_context(pool));
   vs_pool_status_t st = _vs_pool_free(pool, ptr, stream, api, &size, &requested, err);
@@ -390,7 +398,11 @@ void _vs_drop_context(CUcontext ctx, int dev) {
   }
   slots_unlock();
   /* Unmapping is a driver call: outside the lock, the pools already out of every table. */
-  for (int i = 0; i < n; i++) _vs_pool_destroy(dropped[i]);
+  for (int i = 0; i < n; i++) {
+    _vs_ipc_forget_pool(dropped[i]);
+    _vs_pool_destroy(dropped[i]);
+  }
+  _vs_peer_forget(ctx);
 }
 
 size_t _vs_trim_all(void) {

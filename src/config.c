@@ -136,6 +136,7 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_SAMPLE: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
   case VS_KIND_UNWIND: return "auto";
   case VS_KIND_PYTHON: return "on";
+  case VS_KIND_PEER: return "auto";
   }
   return "?";
 }
@@ -170,6 +171,12 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     if (_vs_parse_bool(text, v) != 0) return -1;
     *v = *v ? VS_PYTHON_ON : VS_PYTHON_OFF;
     return 0;
+  case VS_KIND_PEER:
+    *expect = "auto, all or none";
+    if (!strcasecmp(text, "auto")) { *v = VS_PEER_AUTO; return 0; }
+    if (!strcasecmp(text, "all")) { *v = VS_PEER_ALL; return 0; }
+    if (!strcasecmp(text, "none")) { *v = VS_PEER_NONE; return 0; }
+    return -1;
   case VS_KIND_UNWIND:
     *expect = "auto, libunwind, dwarf or fp";
     if (!strcasecmp(text, "auto")) { *v = VS_UNWIND_AUTO; return 0; }
@@ -259,6 +266,11 @@ void _vs_config_print(void) {
     case VS_KIND_STRING: shown = o->text ? o->text : "(unset)"; break;
     case VS_KIND_PYTHON: {
       static const char *names[] = {"off", "held", "on", "?"};
+      shown = names[o->value & 3];
+      break;
+    }
+    case VS_KIND_PEER: {
+      static const char *names[] = {"auto", "all", "none", "?"};
       shown = names[o->value & 3];
       break;
     }

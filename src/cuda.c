@@ -58,6 +58,15 @@ static int resolve_locked(void) {
   } while (0);
   VS_REAL_DRIVER(VS_RESOLVE)
 #undef VS_RESOLVE
+#define VS_RESOLVE_OPTIONAL(name, ver, ret, args)                                                  \
+  do {                                                                                          \
+    void *fn = NULL;                                                                            \
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;                   \
+    if (gpa(#name, &fn, ver, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS) fn = NULL;      \
+    _vs_cu.name = (ret(*) args)fn;                                                              \
+  } while (0);
+  VS_REAL_DRIVER_OPTIONAL(VS_RESOLVE_OPTIONAL)
+#undef VS_RESOLVE_OPTIONAL
   if (missing) {
     _vs_warn("%d driver functions missing; passing every call through", missing);
     return -1;

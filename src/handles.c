@@ -88,6 +88,66 @@ int _vs_pool_add_reservation(vs_pool_t *p, int heap_id, size_t size) {
   return 0;
 }
 
+/* ------------------------------------------------------------------ IPC export */
+
+vs_pool_status_t _vs_pool_handles_of(vs_pool_t *p, CUdeviceptr ptr, size_t *offset_out, CUmemGenericAllocationHandle *handles,
+                                     size_t *sizes, int max, int *n_out) {
+  *n_out = 0;
+  *offset_out = 0;
+  vs_pool_status_t st = VS_POOL_NOT_OWNED;
+  pool_lock(p);
+  vs_block_t *b;
+  HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
+  if (b && b != &p->map_anchor && b->state == B_USED) {
+    /* The segment holding the block's first byte, then those after it up to its end. */
+    size_t i = seg_lower_bound(p, ptr + 1);
+    if (i > 0) i--;
+    CUdeviceptr end = b->addr + b->size;
+    int n = 0;
+    st = VS_POOL_OK;
+    if (i >= p->n_segs || p->segs[i].va > ptr || p->segs[i].va + p->segs[i].size <= ptr) st = VS_POOL_NOT_OWNED;
+    else *offset_out = (size_t)(ptr - p->segs[i].va);
+    for (; st == VS_POOL_OK && i < p->n_segs && p->segs[i].va < end; i++) {
+      if (n == max || (n && p->segs[i].va != p->segs[i - 1].va + p->segs[i - 1].size)) {
+        st = VS_POOL_NOT_OWNED; /* too many pieces, or a gap: cannot be shared as one range */
+        break;
+      }
+      handles[n] = p->segs[i].handle;
+      sizes[n++] = p->segs[i].size;
+    }
+    if (st == VS_POOL_OK) *n_out = n;
+  }
+  pool_unlock(p);
+  return st;
+}
+
+const vs_device_caps_t *_vs_pool_caps(const vs_pool_t *p) { return &p->caps; }
+
+/* ------------------------------------------------------------------ access */
+
+/* Access for a new mapping: the owner and the peers peer.c names now. */
+static CUresult set_access_now(vs_pool_t *p, CUdeviceptr va, size_t len) {
+  uint64_t rw = p->access ? atomic_load(&p->access->rw) : 0, ro = p->access ? atomic_load(&p->access->ro) : 0;
+  return _vs_vmm_set_access_devices(&p->caps, va, len, rw, ro, 0);
+}
+
+static unsigned access_gen(const vs_pool_t *p) { return p->access ? atomic_load(&p->access->gen) : 0; }
+
+void _vs_pool_set_access(vs_pool_t *p, uint64_t rw, uint64_t ro, uint64_t none) {
+  pool_lock(p);
+  p->applying_access++;
+  size_t n = p->n_segs;
+  vs_seg_t *copy = n ? malloc(n * sizeof *copy) : NULL;
+  if (copy) memcpy(copy, p->segs, n * sizeof *copy);
+  pool_unlock(p);
+  if (n && !copy) _vs_warn("device %d: no host memory to change the pool's access; it stays as it was", (int)p->caps.device);
+  for (size_t i = 0; copy && i < n; i++) _vs_vmm_set_access_devices(&p->caps, copy[i].va, copy[i].size, rw, ro, none);
+  free(copy);
+  pool_lock(p);
+  p->applying_access--;
+  pool_unlock(p);
+}
+
 /* ------------------------------------------------------------------ growth */
 
 /* Maps [va, va+len) with handles of at most `chunk` bytes each, back to back, and sets
@@ -112,7 +172,7 @@ static CUresult map_range(vs_pool_t *p, CUdeviceptr va, size_t len, size_t chunk
     segs_out[n++] = (vs_seg_t){va + off, piece, h};
     off += piece;
   }
-  if (r == CUDA_SUCCESS) r = _vs_vmm_set_access(&p->caps, va, len);
+  if (r == CUDA_SUCCESS) r = set_access_now(p, va, len);
   if (r != CUDA_SUCCESS) {
     for (int i = n; i-- > 0;) {
       _vs_vmm_unmap(&p->caps, segs_out[i].va, segs_out[i].size);
@@ -212,6 +272,7 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   size_t chunk = p->chunk;
   if (len / chunk >= MAX_PIECES) chunk = round_up(len / (MAX_PIECES - 1), p->caps.min_granularity);
   CUresult r;
+  unsigned gen = access_gen(p);
   if (_vs_over_limit(len)) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
@@ -220,6 +281,24 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
     if (r != CUDA_SUCCESS) atomic_fetch_sub(&vs_mapped_total, len);
   }
 
+  /* The new mappings become visible to peer.c's changes under its lock: one made since the
+   * access above was set is applied here first (the block is still BUSY, so nothing unmaps it). */
+  bool peers = p->access && r == CUDA_SUCCESS;
+  if (peers) {
+    _vs_peer_growth_begin();
+    if (access_gen(p) != gen) {
+      uint64_t rw = atomic_load(&p->access->rw), ro = atomic_load(&p->access->ro);
+      r = _vs_vmm_set_access_devices(&p->caps, b->addr, len, rw, ro, atomic_load(&p->access->ever) & ~(rw | ro));
+      if (r != CUDA_SUCCESS) {
+        for (int i = np; i-- > 0;) {
+          _vs_vmm_unmap(&p->caps, pieces[i].va, pieces[i].size);
+          _vs_vmm_release(&p->caps, pieces[i].handle, pieces[i].size);
+        }
+        atomic_fetch_sub(&vs_mapped_total, len);
+        np = 0;
+      }
+    }
+  }
   pool_lock(p);
   int added = 0;
   while (r == CUDA_SUCCESS && added < np && seg_add(p, pieces[added].va, pieces[added].size, pieces[added].handle) == 0)
@@ -245,6 +324,7 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   }
   VS_POOL_CHECK(p);
   pool_unlock(p);
+  if (peers) _vs_peer_growth_end();
   if (r == CUDA_SUCCESS) {
     uint64_t m = VS_STAT_ADD(bytes_mapped, len) + len;
     _vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);
@@ -312,6 +392,10 @@ size_t _vs_pool_trim_some(vs_pool_t *p, size_t keep) {
     vs_block_t *cand[MAX_CAND];
     int n = 0, nc = 0;
     pool_lock(p);
+    if (p->applying_access) { /* the mappings are being given new access: not now */
+      pool_unlock(p);
+      break;
+    }
     /* Candidates: free blocks at least one minimum handle large, biggest bins first. */
     unsigned lowest = _vs_bin_of(p->caps.min_granularity);
     for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++)

@@ -16,6 +16,8 @@
 
 /* cuda.h maps cuGetProcAddress to _v2; the shim also exports the original (CUDA 11.3) one. */
 #undef cuGetProcAddress
+/* ... and cuIpcOpenMemHandle to _v2 (CUDA 11.0, same arguments); both are exported. */
+#undef cuIpcOpenMemHandle
 
 #define PTDS CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
 
@@ -42,7 +44,14 @@
   X(END_CAPTURE_PTSZ, "cuStreamEndCapture", 10000, 1, cuStreamEndCapture_ptsz) \
   X(STREAM_DESTROY, "cuStreamDestroy", 4000, 0, cuStreamDestroy_v2)        \
   X(CTX_DESTROY, "cuCtxDestroy", 4000, 0, cuCtxDestroy_v2)                 \
-  X(PRIMARY_RESET, "cuDevicePrimaryCtxReset", 11000, 0, cuDevicePrimaryCtxReset_v2)
+  X(PRIMARY_RESET, "cuDevicePrimaryCtxReset", 11000, 0, cuDevicePrimaryCtxReset_v2) \
+  X(PEER_ENABLE, "cuCtxEnablePeerAccess", 4000, 0, cuCtxEnablePeerAccess) \
+  X(PEER_DISABLE, "cuCtxDisablePeerAccess", 4000, 0, cuCtxDisablePeerAccess) \
+  X(MEMPOOL_SET_ACCESS, "cuMemPoolSetAccess", 11020, 0, cuMemPoolSetAccess) \
+  X(IPC_GET, "cuIpcGetMemHandle", 4010, 0, cuIpcGetMemHandle) \
+  X(IPC_OPEN_V2, "cuIpcOpenMemHandle", 11000, 0, cuIpcOpenMemHandle_v2) \
+  X(IPC_OPEN, "cuIpcOpenMemHandle", 4010, 0, cuIpcOpenMemHandle) \
+  X(IPC_CLOSE, "cuIpcCloseMemHandle", 4010, 0, cuIpcCloseMemHandle)
 
 typedef enum vs_hook_e {
 #define VS_HOOK_ENUM(id, base, ver, ptsz, sym) VS_HOOK_##id,
@@ -404,6 +413,67 @@ VS_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     }
   }
   return real(dev);
+}
+
+/* ------------------------------------------------------------------ peers and IPC */
+
+/* Peer access and pool access lists reach the driver first; when it agrees, the shim gives
+ * (or takes) the same access on its own mappings (peer.c). */
+VS_API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+  typedef CUresult (*fn_t)(CUcontext, unsigned int);
+  fn_t real = REAL(PEER_ENABLE, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(peer, flags);
+  if (r == CUDA_SUCCESS) _vs_peer_access_changed(peer, true);
+  return r;
+}
+
+VS_API CUresult cuCtxDisablePeerAccess(CUcontext peer) {
+  typedef CUresult (*fn_t)(CUcontext);
+  fn_t real = REAL(PEER_DISABLE, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(peer);
+  if (r == CUDA_SUCCESS) _vs_peer_access_changed(peer, false);
+  return r;
+}
+
+VS_API CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count) {
+  typedef CUresult (*fn_t)(CUmemoryPool, const CUmemAccessDesc *, size_t);
+  fn_t real = REAL(MEMPOOL_SET_ACCESS, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(pool, map, count);
+  if (r == CUDA_SUCCESS) _vs_mempool_access_changed(pool, map, count);
+  return r;
+}
+
+VS_API CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {
+  CUresult err;
+  if (_vs_ipc_get_handle(dptr, handle, &err)) return err;
+  typedef CUresult (*fn_t)(CUipcMemHandle *, CUdeviceptr);
+  CALL_REAL(IPC_GET, fn_t, handle, dptr);
+}
+
+typedef CUresult (*ipc_open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+static CUresult ipc_open(vs_hook_t id, CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) {
+  CUresult err;
+  if (_vs_ipc_open(pdptr, &handle, &err)) return err;
+  ipc_open_fn real = (ipc_open_fn)real_fn(id);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  return real(pdptr, handle, flags);
+}
+VS_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) {
+  return ipc_open(VS_HOOK_IPC_OPEN_V2, pdptr, handle, flags);
+}
+VS_API CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags);
+VS_API CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) {
+  return ipc_open(VS_HOOK_IPC_OPEN, pdptr, handle, flags);
+}
+
+VS_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  CUresult err;
+  if (_vs_ipc_close(dptr, &err)) return err;
+  typedef CUresult (*fn_t)(CUdeviceptr);
+  CALL_REAL(IPC_CLOSE, fn_t, dptr);
 }
 
 /* Hook addresses for the table (the exported functions above). */

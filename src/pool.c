@@ -34,6 +34,7 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
   pthread_cond_init(&p->sealed, NULL);
   p->ctx = ctx;
   p->caps = *caps;
+  p->access = _vs_peer_state(ctx, (int)caps->device);
   p->map_anchor.state = B_USED;
   HASH_ADD(hh, p->map, addr, sizeof p->map_anchor.addr, &p->map_anchor);
   size_t g = (size_t)_vs_option(VS_OPT_GRANULARITY);
@@ -346,6 +347,20 @@ bool _vs_pool_range(vs_pool_t *p, CUdeviceptr addr, CUdeviceptr *base_out, size_
     *base_out = b->addr;
     *size_out = b->requested;
     found = true;
+  }
+  pool_unlock(p);
+  return found;
+}
+
+bool _vs_pool_block(vs_pool_t *p, CUdeviceptr ptr, size_t *served_out, size_t *requested_out) {
+  if (!ptr) return false;
+  pool_lock(p);
+  vs_block_t *b;
+  HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
+  bool found = b && b != &p->map_anchor && b->state == B_USED;
+  if (found) {
+    *served_out = b->size;
+    *requested_out = b->requested;
   }
   pool_unlock(p);
   return found;

@@ -5,6 +5,7 @@
  * failure or, worse, a silent misuse; each call is timed and counted (stats), logged
  * with its addresses, sizes, handles and access flags (VMMSHIM_LOG=info) and traced. */
 #include <inttypes.h>
+#include <stdio.h>
 
 #include "vmmshim/internal.h"
 
@@ -150,14 +151,90 @@ CUresult _vs_vmm_unmap(const vs_device_caps_t *caps, CUdeviceptr va, size_t size
 }
 
 CUresult _vs_vmm_set_access(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
+  return _vs_vmm_set_access_devices(caps, va, size, 0, 0, 0);
+}
+
+static const char *flag_name(unsigned f) {
+  return f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? "READWRITE" : f == CU_MEM_ACCESS_FLAGS_PROT_READ ? "READ" : "NONE";
+}
+
+CUresult _vs_vmm_set_access_devices(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, uint64_t rw, uint64_t ro,
+                                    uint64_t none) {
   CUresult r = check_range("cuMemSetAccess", caps, va, size, true);
   if (r != CUDA_SUCCESS) return r;
-  CUmemAccessDesc desc = {0};
-  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  desc.location.id = caps->device;
-  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUmemAccessDesc desc[VS_MAX_DEVICES + 1];
+  size_t n = 0;
+  desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc[n].location.id = caps->device;
+  desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (int d = 0; d < VS_MAX_DEVICES; d++) {
+    if (d == caps->device) continue;
+    CUmemAccess_flags f;
+    if (rw >> d & 1) f = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    else if (ro >> d & 1) f = CU_MEM_ACCESS_FLAGS_PROT_READ;
+    else if (none >> d & 1) f = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    else continue;
+    desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc[n].location.id = d;
+    desc[n++].flags = f;
+  }
   VS_DRIVER_CALL_START();
   uint64_t t0 = _vs_now_ns();
-  r = _vs_cu.cuMemSetAccess(va, size, &desc, 1);
-  return finish(VS_VMM_SET_ACCESS, "cuMemSetAccess", r, t0, va, size, 0, desc.flags, caps->device);
+  r = _vs_cu.cuMemSetAccess(va, size, desc, n);
+  uint64_t dt = _vs_now_ns() - t0;
+  VS_STAT_ADD(vmm_calls, 1);
+  VS_STAT_ADD(vmm_ns, dt);
+  if (r != CUDA_SUCCESS) {
+    _vs_warn("cuMemSetAccess(va 0x%llx, size 0x%zx, %zu devices) failed: %s", (unsigned long long)va, size, n,
+             _vs_cu_error_name(r));
+  } else if (VS_LOG_ON(VS_LOG_INFO)) {
+    char list[512];
+    size_t o = 0;
+    for (size_t i = 0; i < n && o < sizeof list - 40; i++)
+      o += (size_t)snprintf(list + o, sizeof list - o, "%s device %d access %s", i ? "," : "", desc[i].location.id,
+                            flag_name(desc[i].flags));
+    _vs_info("cuMemSetAccess va 0x%llx size 0x%zx handle 0x0%s (%.1f us)", (unsigned long long)va, size, list,
+             (double)dt / 1000.0);
+  }
+  if (vs_unlikely(_vs_trace_on)) /* one record per device; the call's time on the first */
+    for (size_t i = 0; i < n; i++)
+      _vs_trace_vmm(VS_VMM_SET_ACCESS, va, size, 0, desc[i].flags, desc[i].location.id, r, i ? 0 : dt);
+  return r;
+}
+
+CUresult _vs_vmm_export(const vs_device_caps_t *caps, CUmemGenericAllocationHandle handle, int *fd_out) {
+  *fd_out = -1;
+  if (!_vs_cu.cuMemExportToShareableHandle || !caps->posix_fd_supported) return CUDA_ERROR_NOT_SUPPORTED;
+  VS_DRIVER_CALL_START();
+  uint64_t t0 = _vs_now_ns();
+  int fd = -1;
+  CUresult r = _vs_cu.cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  uint64_t dt = _vs_now_ns() - t0;
+  VS_STAT_ADD(vmm_calls, 1);
+  VS_STAT_ADD(vmm_ns, dt);
+  if (r != CUDA_SUCCESS) {
+    _vs_warn("cuMemExportToShareableHandle(handle 0x%llx) on device %d failed: %s", (unsigned long long)handle,
+             (int)caps->device, _vs_cu_error_name(r));
+    return r;
+  }
+  _vs_info("cuMemExportToShareableHandle handle 0x%llx device %d -> fd %d (%.1f us)", (unsigned long long)handle,
+           (int)caps->device, fd, (double)dt / 1000.0);
+  *fd_out = fd;
+  return CUDA_SUCCESS;
+}
+
+CUresult _vs_vmm_import(int fd, CUmemGenericAllocationHandle *handle_out) {
+  *handle_out = 0;
+  if (!_vs_cu.cuMemImportFromShareableHandle) return CUDA_ERROR_NOT_SUPPORTED;
+  VS_DRIVER_CALL_START();
+  uint64_t t0 = _vs_now_ns();
+  CUresult r = _vs_cu.cuMemImportFromShareableHandle(handle_out, (void *)(uintptr_t)fd,
+                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  uint64_t dt = _vs_now_ns() - t0;
+  VS_STAT_ADD(vmm_calls, 1);
+  VS_STAT_ADD(vmm_ns, dt);
+  if (r != CUDA_SUCCESS) _vs_warn("cuMemImportFromShareableHandle(fd %d) failed: %s", fd, _vs_cu_error_name(r));
+  else _vs_info("cuMemImportFromShareableHandle fd %d -> handle 0x%llx (%.1f us)", fd, (unsigned long long)*handle_out,
+                (double)dt / 1000.0);
+  return r;
 }

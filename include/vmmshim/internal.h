@@ -65,6 +65,7 @@ extern _Thread_local int _vs_locks_held;
 typedef enum vs_free_mode_e { VS_FREE_SYNC = 0, VS_FREE_DEFERRED = 1 } vs_free_mode_t;
 typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trace_format_t;
 typedef enum vs_python_mode_e { VS_PYTHON_OFF = 0, VS_PYTHON_HELD = 1, VS_PYTHON_ON = 2 } vs_python_mode_t;
+typedef enum vs_peer_mode_e { VS_PEER_AUTO = 0, VS_PEER_ALL = 1, VS_PEER_NONE = 2 } vs_peer_mode_t;
 typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIND_DWARF = 2, VS_UNWIND_FP = 3 } vs_unwind_t;
 
 /* Defaults a build may override with -D. */
@@ -92,7 +93,8 @@ typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIN
   X(TRACE_STACKS_MIN, VS_KIND_SIZE, 0)           /* allocations this large always get one */ \
   X(TRACE_STACKS_SAMPLE, VS_KIND_SAMPLE, 1)      /* one in N smaller allocations gets one */ \
   X(TRACE_UNWIND, VS_KIND_UNWIND, VS_UNWIND_AUTO) /* auto | libunwind | dwarf | fp */        \
-  X(TRACE_PYTHON, VS_KIND_PYTHON, VS_PYTHON_ON)  /* off | held | on: Python frames (pyframes.c) */
+  X(TRACE_PYTHON, VS_KIND_PYTHON, VS_PYTHON_ON)  /* off | held | on: Python frames (pyframes.c) */ \
+  X(PEER_ACCESS, VS_KIND_PEER, VS_PEER_AUTO)     /* auto | all | none */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -107,7 +109,8 @@ typedef enum vs_option_kind_e {
   VS_KIND_FRAMES, /* 0 .. 64 */
   VS_KIND_SAMPLE, /* 1 .. 1000000000 */
   VS_KIND_UNWIND,
-  VS_KIND_PYTHON
+  VS_KIND_PYTHON,
+  VS_KIND_PEER
 } vs_option_kind_t;
 
 typedef enum vs_option_e {
@@ -190,9 +193,22 @@ const char *_vs_cu_error_name(CUresult r);
   X(cuGetErrorName, 6000, CUresult, (CUresult, const char **))                                        \
   X(cuMemGetInfo, 3020, CUresult, (size_t *, size_t *))
 
+/* Functions the shim uses when the driver has them (multi-GPU and IPC support); NULL otherwise,
+ * and what needs them is then not offered. */
+#define VS_REAL_DRIVER_OPTIONAL(X)                                                                     \
+  X(cuDeviceGetCount, 2000, CUresult, (int *))                                                        \
+  X(cuDeviceCanAccessPeer, 4000, CUresult, (int *, CUdevice, CUdevice))                               \
+  X(cuDeviceGetDefaultMemPool, 11020, CUresult, (CUmemoryPool *, CUdevice))                           \
+  X(cuDeviceGetMemPool, 11020, CUresult, (CUmemoryPool *, CUdevice))                                  \
+  X(cuMemExportToShareableHandle, 10020, CUresult,                                                    \
+    (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long))            \
+  X(cuMemImportFromShareableHandle, 10020, CUresult,                                                  \
+    (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))
+
 typedef struct vs_real_driver_s {
 #define VS_REAL_FIELD(name, ver, ret, args) ret(*name) args;
   VS_REAL_DRIVER(VS_REAL_FIELD)
+  VS_REAL_DRIVER_OPTIONAL(VS_REAL_FIELD)
 #undef VS_REAL_FIELD
 } vs_real_driver_t;
 
@@ -236,9 +252,59 @@ CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, 
 CUresult _vs_vmm_unmap(const vs_device_caps_t *caps, CUdeviceptr va, size_t size);
 /* Read-write access for caps->device. */
 CUresult _vs_vmm_set_access(const vs_device_caps_t *caps, CUdeviceptr va, size_t size);
+/* Access for several devices in one call: caps->device read-write, the devices of bitmask rw
+ * read-write, of ro read-only, of none no access (taken away). Logged with every device's flags. */
+#define VS_MAX_DEVICES 64
+CUresult _vs_vmm_set_access_devices(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, uint64_t rw, uint64_t ro,
+                                    uint64_t none);
+/* A handle as a POSIX file descriptor (cuMemExportToShareableHandle), and back (the caller
+ * closes the descriptor). CUDA_ERROR_NOT_SUPPORTED where the driver or device has no such handles. */
+CUresult _vs_vmm_export(const vs_device_caps_t *caps, CUmemGenericAllocationHandle handle, int *fd_out);
+CUresult _vs_vmm_import(int fd, CUmemGenericAllocationHandle *handle_out);
+
+/* ---------------------------------------------------------------- "peer.c" */
+/* The devices besides its owner that may access a context's pool memory (peer.c keeps it). */
+typedef struct vs_access_state_s {
+  _Atomic uint64_t rw, ro; /* device bitmasks: read-write, read-only */
+  _Atomic uint64_t ever;   /* every device ever given access (to take it away again) */
+  atomic_uint gen;         /* bumped on every change */
+} vs_access_state_t;
+
+typedef struct vs_pool_s vs_pool_t;
+
+/* The state of a context (created on first use; NULL when the table is full, or with
+ * VMMSHIM_PEER_ACCESS=none: the owner alone, nothing to follow). */
+const vs_access_state_t *_vs_peer_state(CUcontext ctx, int dev);
+/* The context is going away: its state, and the grants it made to others (their pools lose its
+ * device, as the driver drops them). */
+void _vs_peer_forget(CUcontext ctx);
+/* The current context enabled (or disabled) peer access to `peer`: peer's memory gains (loses)
+ * the current device. Called after the driver said yes. */
+void _vs_peer_access_changed(CUcontext peer, bool enabled);
+/* A growth records its new mappings between these (peer.c's lock: no change is being applied
+ * meanwhile). Rare driver calls only, never an allocation's fast path. */
+void _vs_peer_growth_begin(void);
+void _vs_peer_growth_end(void);
+/* cuMemPoolSetAccess succeeded: when `pool` is a device's current or default pool, its peers'
+ * access to the shim's memory on that device follows. */
+void _vs_mempool_access_changed(CUmemoryPool pool, const CUmemAccessDesc *desc, size_t count);
+
+/* ---------------------------------------------------------------- "ipc.c" */
+/* Each returns false when the call is not the shim's to answer (the driver's then), true with
+ * *err set when it is. */
+extern atomic_int _vs_ipc_exports; /* exports alive: frees look at ipc.c only when there are any */
+bool _vs_ipc_get_handle(CUdeviceptr ptr, CUipcMemHandle *out, CUresult *err);
+bool _vs_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle, CUresult *err);
+bool _vs_ipc_close(CUdeviceptr ptr, CUresult *err);
+/* The program frees an exported block. HELD: an importer still has it open (the block stays out
+ * of the pool until the last one closes; the free counts now). TWICE: it was freed already (and is
+ * still held): not a live allocation. NOW: free it as usual (its handle is stale from now on). */
+typedef enum vs_ipc_free_e { VS_IPC_FREE_NOW = 0, VS_IPC_FREE_HELD = 1, VS_IPC_FREE_TWICE = 2 } vs_ipc_free_t;
+vs_ipc_free_t _vs_ipc_on_free(CUdeviceptr ptr, vmmshim_api_t api);
+/* The pool's context is going away: its exports are forgotten (before the pool is destroyed). */
+void _vs_ipc_forget_pool(vs_pool_t *pool);
 
 /* ---------------------------------------------------------------- "pool.c" */
-typedef struct vs_pool_s vs_pool_t;
 
 typedef enum vs_pool_status_e {
   VS_POOL_OK = 0,
@@ -263,8 +329,19 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *pool, CUdeviceptr ptr, CUstream stream
                                size_t *size_out, size_t *requested_out, CUresult *err_out);
 /* The live block holding addr (interior pointers too). Returns false if none. */
 bool _vs_pool_range(vs_pool_t *pool, CUdeviceptr addr, CUdeviceptr *base_out, size_t *size_out);
+/* The live block starting at ptr: its served and requested sizes. */
+bool _vs_pool_block(vs_pool_t *pool, CUdeviceptr ptr, size_t *served_out, size_t *requested_out);
 /* Bytes mapped by all pools together. */
 size_t _vs_mapped_total(void);
+/* Sets access on every mapping of the pool: the owner and rw read-write, ro read-only, none
+ * taken away. Lock not held (snapshots the mappings, calls the driver without it). */
+void _vs_pool_set_access(vs_pool_t *pool, uint64_t rw, uint64_t ro, uint64_t none);
+/* The physical handles under the live block at ptr (for IPC): their handles and sizes, back to
+ * back, and the block's offset in the first. VS_POOL_NOT_OWNED when ptr does not start a live
+ * block (or it lies on more than max handles). */
+vs_pool_status_t _vs_pool_handles_of(vs_pool_t *pool, CUdeviceptr ptr, size_t *offset_out,
+                                     CUmemGenericAllocationHandle *handles, size_t *sizes, int max, int *n_out);
+const vs_device_caps_t *_vs_pool_caps(const vs_pool_t *pool);
 /* Called when a stream is about to be destroyed: its pending blocks get an event. */
 void _vs_pool_stream_destroyed(vs_pool_t *pool, CUstream stream);
 /* Idle mapped bytes (mapped but not in a live block). */

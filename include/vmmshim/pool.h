@@ -115,6 +115,8 @@ struct vs_pool_s {
   pthread_mutex_t lock;
   CUcontext ctx;
   vs_device_caps_t caps;
+  const vs_access_state_t *access; /* peers that may access the pool's memory (peer.c); may be NULL */
+  int applying_access;             /* mappings being given new access: not trimmed meanwhile */
   size_t gran;  /* largest growth step; requests this large grow the heap by their own size */
   size_t chunk; /* largest handle: bigger growths are stitched from several */
   vs_block_t *map;

@@ -1,0 +1,233 @@
+/* peer.c: which other devices may touch a context's pool memory.
+ *
+ * The driver gives a cudaMalloc allocation to a peer device when the program enables peer
+ * access (cuCtxEnablePeerAccess, which cudaDeviceEnablePeerAccess reaches through the driver
+ * table), and a cudaMallocAsync allocation when it grants the device's memory pool to the peer
+ * (cuMemPoolSetAccess). VMM memory has no such automatic access: each mapping carries its own
+ * access list (cuMemSetAccess). So the shim keeps, per context, the devices that may access its
+ * memory and why, and applies them: to every existing mapping of the context's pools when they
+ * change, and to every new mapping when a pool grows (handles.c reads the masks here).
+ *
+ *   reasons, per device d of the context's peers:
+ *     links          contexts on device d that enabled peer access to this context (a link goes
+ *                    when either context goes away, as the driver drops the grant)
+ *     pool_rw/ro     the device's current memory pool grants d read-write / read access (kept
+ *                    per device: contexts whose first allocation comes later get them too)
+ *     all            VMMSHIM_PEER_ACCESS=all: every device that can access this one
+ *   effective: rw = all | pool_rw | {d : a link from d};  ro = pool_ro minus rw
+ * VMMSHIM_PEER_ACCESS=none keeps every reason empty (the owner alone, as before).
+ *
+ * Changes are rare: they take a mutex that serialises them (held across the cuMemSetAccess
+ * calls that apply them; no allocation or free ever takes it). A growth takes it too, briefly,
+ * while it records its new mappings (_vs_peer_growth_begin/end): a change then either came
+ * before, and the growth gives its mappings the new access, or comes after and finds them. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vmmshim/internal.h"
+
+#define VS_PEER_CONTEXTS 64
+#define VS_PEER_LINKS 256
+
+typedef struct vs_peer_entry_s {
+  CUcontext ctx; /* NULL: free */
+  int dev;
+  vs_access_state_t st;
+  uint64_t all;
+} vs_peer_entry_t;
+
+/* cuCtxEnablePeerAccess(to) made with `from` current, from on device from_dev. */
+typedef struct vs_peer_link_s {
+  CUcontext from, to; /* from NULL: free */
+  int from_dev;
+} vs_peer_link_t;
+
+static vs_peer_entry_t vs_peer[VS_PEER_CONTEXTS];
+static vs_peer_link_t vs_links[VS_PEER_LINKS];
+/* Per device: the peers its memory pool grants (cuMemPoolSetAccess), for every context on it,
+ * also those whose first allocation comes later. */
+static uint64_t vs_pool_rw[VS_MAX_DEVICES], vs_pool_ro[VS_MAX_DEVICES];
+static pthread_mutex_t vs_peer_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The entry of ctx (on device dev), created when asked; NULL when the table is full. Lock held. */
+static vs_peer_entry_t *entry_of(CUcontext ctx, int dev, bool create) {
+  vs_peer_entry_t *free_slot = NULL;
+  for (int i = 0; i < VS_PEER_CONTEXTS; i++) {
+    if (vs_peer[i].ctx == ctx) return &vs_peer[i];
+    if (!vs_peer[i].ctx && !free_slot) free_slot = &vs_peer[i];
+  }
+  if (!create || !free_slot || dev < 0 || dev >= VS_MAX_DEVICES) return NULL;
+  memset(free_slot, 0, sizeof *free_slot);
+  free_slot->ctx = ctx;
+  free_slot->dev = dev;
+  uint64_t mode = _vs_option(VS_OPT_PEER_ACCESS);
+  if (mode == VS_PEER_ALL && _vs_cu.cuDeviceCanAccessPeer && _vs_cu.cuDeviceGetCount) {
+    int n = 0;
+    if (_vs_cu.cuDeviceGetCount(&n) != CUDA_SUCCESS) n = 0;
+    for (int d = 0; d < n && d < VS_MAX_DEVICES; d++) {
+      int can = 0;
+      if (d != dev && _vs_cu.cuDeviceCanAccessPeer(&can, d, dev) == CUDA_SUCCESS && can) free_slot->all |= 1ull << d;
+    }
+  }
+  atomic_store(&free_slot->st.rw, free_slot->all | vs_pool_rw[dev]);
+  atomic_store(&free_slot->st.ro, vs_pool_ro[dev] & ~(free_slot->all | vs_pool_rw[dev]));
+  atomic_store(&free_slot->st.ever, free_slot->all | vs_pool_rw[dev] | vs_pool_ro[dev]);
+  return free_slot;
+}
+
+const vs_access_state_t *_vs_peer_state(CUcontext ctx, int dev) {
+  if (_vs_option(VS_OPT_PEER_ACCESS) == VS_PEER_NONE) return NULL; /* the owner alone, nothing to follow */
+  pthread_mutex_lock(&vs_peer_lock);
+  vs_peer_entry_t *e = entry_of(ctx, dev, true);
+  pthread_mutex_unlock(&vs_peer_lock);
+  return e ? &e->st : NULL;
+}
+
+typedef struct vs_apply_s {
+  CUcontext ctx;
+  uint64_t rw, ro, none;
+} vs_apply_t;
+
+static void apply_pool(vs_pool_t *pool, void *arg) {
+  const vs_apply_t *a = arg;
+  if (_vs_pool_context(pool) == a->ctx) _vs_pool_set_access(pool, a->rw, a->ro, a->none);
+}
+
+/* Recomputes an entry's masks from its reasons; *changed when they moved (the caller applies
+ * them to the context's pools after the peer lock is dropped, the apply lock still held). */
+static void update(vs_peer_entry_t *e, vs_apply_t *out, bool *changed) {
+  uint64_t rw = e->all | vs_pool_rw[e->dev];
+  for (int i = 0; i < VS_PEER_LINKS; i++)
+    if (vs_links[i].from && vs_links[i].to == e->ctx) rw |= 1ull << vs_links[i].from_dev;
+  uint64_t ro = vs_pool_ro[e->dev] & ~rw;
+  uint64_t old = atomic_load(&e->st.rw) | atomic_load(&e->st.ro);
+  *changed = rw != atomic_load(&e->st.rw) || ro != atomic_load(&e->st.ro);
+  atomic_store(&e->st.rw, rw);
+  atomic_store(&e->st.ro, ro);
+  atomic_fetch_or(&e->st.ever, rw | ro);
+  if (*changed) atomic_fetch_add(&e->st.gen, 1);
+  *out = (vs_apply_t){e->ctx, rw, ro, old & ~(rw | ro)};
+}
+
+static pthread_mutex_t vs_apply_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void apply(const vs_apply_t *a, const char *why) {
+  _vs_info("context %p: access for peers now read-write 0x%llx, read 0x%llx%s (%s)", (void *)a->ctx,
+           (unsigned long long)a->rw, (unsigned long long)a->ro, a->none ? ", taken from the others" : "", why);
+  _vs_visit_pools(apply_pool, (void *)a);
+}
+
+static int current_device(void) {
+  CUdevice d = -1;
+  if (_vs_cu.cuCtxGetDevice(&d) != CUDA_SUCCESS) return -1;
+  return (int)d;
+}
+
+/* The device of a context that may not be current. */
+static int device_of(CUcontext ctx) {
+  CUcontext popped;
+  if (_vs_cu.cuCtxPushCurrent(ctx) != CUDA_SUCCESS) return -1;
+  int d = current_device();
+  _vs_cu.cuCtxPopCurrent(&popped);
+  return d;
+}
+
+void _vs_peer_access_changed(CUcontext peer, bool enabled) {
+  if (_vs_guard || !_vs_active() || _vs_option(VS_OPT_PEER_ACCESS) == VS_PEER_NONE) return;
+  CUcontext self = NULL;
+  if (_vs_cu.cuCtxGetCurrent(&self) != CUDA_SUCCESS || !self) return;
+  int from = current_device(), to = device_of(peer);
+  if (from < 0 || to < 0 || from >= VS_MAX_DEVICES) return;
+  pthread_mutex_lock(&vs_apply_lock);
+  pthread_mutex_lock(&vs_peer_lock);
+  /* The driver refuses a second enable of the same pair and a disable of none: one link each. */
+  vs_peer_link_t *link = NULL, *free_link = NULL;
+  for (int i = 0; i < VS_PEER_LINKS; i++) {
+    if (vs_links[i].from == self && vs_links[i].to == peer) link = &vs_links[i];
+    if (!vs_links[i].from && !free_link) free_link = &vs_links[i];
+  }
+  if (enabled && !link && free_link) *free_link = (vs_peer_link_t){self, peer, from};
+  else if (enabled && !link) _vs_warn("more than %d peer-access grants; device %d gets no access to context %p's pools",
+                                      VS_PEER_LINKS, from, (void *)peer);
+  if (!enabled && link) link->from = NULL;
+  vs_peer_entry_t *e = entry_of(peer, to, true);
+  vs_apply_t a;
+  bool changed = false;
+  if (e) update(e, &a, &changed);
+  pthread_mutex_unlock(&vs_peer_lock);
+  if (changed) apply(&a, enabled ? "peer access enabled" : "peer access disabled");
+  pthread_mutex_unlock(&vs_apply_lock);
+}
+
+void _vs_peer_forget(CUcontext ctx) {
+  if (!ctx) return;
+  pthread_mutex_lock(&vs_apply_lock);
+  pthread_mutex_lock(&vs_peer_lock);
+  /* Grants it made go: the contexts it had access to lose its device. */
+  CUcontext gave[VS_PEER_LINKS];
+  int ng = 0;
+  for (int i = 0; i < VS_PEER_LINKS; i++) {
+    vs_peer_link_t *l = &vs_links[i];
+    if (l->from == ctx && l->to != ctx) gave[ng++] = l->to;
+    if (l->from == ctx || l->to == ctx) l->from = NULL;
+  }
+  for (int i = 0; i < VS_PEER_CONTEXTS; i++)
+    if (vs_peer[i].ctx == ctx) vs_peer[i].ctx = NULL; /* its pools are gone already */
+  vs_apply_t todo[VS_PEER_CONTEXTS];
+  int nt = 0;
+  for (int i = 0; i < VS_PEER_CONTEXTS; i++) {
+    vs_peer_entry_t *e = &vs_peer[i];
+    bool touched = false;
+    for (int k = 0; e->ctx && k < ng && !touched; k++) touched = gave[k] == e->ctx;
+    bool changed = false;
+    if (touched) update(e, &todo[nt], &changed);
+    if (changed) nt++;
+  }
+  pthread_mutex_unlock(&vs_peer_lock);
+  for (int i = 0; i < nt; i++) apply(&todo[i], "the context that enabled peer access went away");
+  pthread_mutex_unlock(&vs_apply_lock);
+}
+
+void _vs_peer_growth_begin(void) { pthread_mutex_lock(&vs_apply_lock); }
+void _vs_peer_growth_end(void) { pthread_mutex_unlock(&vs_apply_lock); }
+
+void _vs_mempool_access_changed(CUmemoryPool pool, const CUmemAccessDesc *desc, size_t count) {
+  if (_vs_guard || !_vs_active() || _vs_option(VS_OPT_PEER_ACCESS) == VS_PEER_NONE || !desc) return;
+  if (!_vs_cu.cuDeviceGetCount || !_vs_cu.cuDeviceGetMemPool) return;
+  int n = 0;
+  if (_vs_cu.cuDeviceGetCount(&n) != CUDA_SUCCESS) return;
+  /* The device whose current (or default) pool this is: its stream-ordered allocations are
+   * the shim's. A pool the program created is not served by the shim. */
+  int dev = -1;
+  for (int d = 0; d < n && dev < 0; d++) {
+    CUmemoryPool cur = NULL, def = NULL;
+    if (_vs_cu.cuDeviceGetMemPool(&cur, d) == CUDA_SUCCESS && cur == pool) dev = d;
+    else if (_vs_cu.cuDeviceGetDefaultMemPool && _vs_cu.cuDeviceGetDefaultMemPool(&def, d) == CUDA_SUCCESS && def == pool)
+      dev = d;
+  }
+  if (dev < 0) return;
+  pthread_mutex_lock(&vs_apply_lock);
+  vs_apply_t todo[VS_PEER_CONTEXTS];
+  int nt = 0;
+  pthread_mutex_lock(&vs_peer_lock);
+  for (size_t k = 0; k < count; k++) {
+    int d = desc[k].location.id;
+    if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE || d == dev || d < 0 || d >= VS_MAX_DEVICES) continue;
+    uint64_t bit = 1ull << d;
+    vs_pool_rw[dev] &= ~bit;
+    vs_pool_ro[dev] &= ~bit;
+    if (desc[k].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) vs_pool_rw[dev] |= bit;
+    else if (desc[k].flags == CU_MEM_ACCESS_FLAGS_PROT_READ) vs_pool_ro[dev] |= bit;
+  }
+  for (int i = 0; i < VS_PEER_CONTEXTS; i++) {
+    vs_peer_entry_t *e = &vs_peer[i];
+    if (!e->ctx || e->dev != dev) continue;
+    bool changed = false;
+    update(e, &todo[nt], &changed);
+    if (changed) nt++;
+  }
+  pthread_mutex_unlock(&vs_peer_lock);
+  for (int i = 0; i < nt; i++) apply(&todo[i], "memory pool access set");
+  pthread_mutex_unlock(&vs_apply_lock);
+}

@@ -1,0 +1,832 @@
+/* test_shim_ipc: CUDA IPC on the shim's pool memory (src/ipc.c) between processes.
+ *
+ * Each scenario runs in a process of its own (the driver of the scenario, usually the exporter).
+ * The other side is an "agent": this program executed again (a fresh process with its own
+ * emulated driver, as a second CUDA program would be), which does what the scenario asks over a
+ * pair of pipes (open a handle, check or write bytes, count driver calls, allocate, export,
+ * exit) and answers with the results; the checks are made by the scenario. The emulation shares
+ * a handle's memory between processes through the descriptor the shim passes (a memfd), so
+ * bytes written on one side are read on the other.
+ *
+ *   open      VMMSHIM_GRANULARITY=8M VMMSHIM_MAX_HANDLE=2M (handles of 2 MiB): a small block
+ *             that starts inside a handle shared with another block, and a 7 MiB block over 4 or
+ *             more handles: opened in another process at the same offset in its handle, one
+ *             import per handle, data read and written both ways; the same handle twice in one
+ *             process gives the same pointer, the first close keeps it mapped, the second unmaps
+ *             it; a third close is the driver's (and refused); the driver never sees the shim's
+ *             handles; the exporter's own open is CUDA_ERROR_INVALID_CONTEXT; a handle of an
+ *             interior pointer is refused without reaching the driver; the same block gives the
+ *             same handle bytes.
+ *   free      the exporter frees a block an importer has open: the free succeeds and counts,
+ *             no later allocation overlaps the block, the importer's bytes stay, a new open of
+ *             the handle fails, a second free is refused, a handle of it is refused; once the
+ *             importer closes, the block is idle in the pool again (cudaMemGetInfo grows by its
+ *             size). The same when the importer dies without closing, and when the importer
+ *             closes while a fork child of it still runs. A handle of a block freed with no
+ *             importer is stale (CUDA_ERROR_MAP_FAILED) even when the address is reused by a
+ *             newer block, whose own handle opens.
+ *   stale     the exporter exited: cudaErrorMapBufferObjectFailed / CUDA_ERROR_MAP_FAILED.
+ *   uid       (as root only) an importer running as another user is refused, by its own shim
+ *             and by the exporter's server (a request sent straight to the socket gets no
+ *             descriptor); the exporter still serves its own user afterwards.
+ *   passthrough  handles that are not the shim's reach the driver: a pointer outside the pools,
+ *             bytes that are no handle, and a handle of plain memory from an exporter running
+ *             with VMMSHIM_DISABLE=1 (the driver's own answers: INVALID_VALUE, NOT_SUPPORTED,
+ *             INVALID_CONTEXT, each call counted by the emulation); a shim handle opens in an
+ *             importer that runs with VMMSHIM_DISABLE=1.
+ *   fork      a fork child of the exporter (after export), alive and then exited through
+ *             exit(), leaves the exporter's server answering, for handles made before and after.
+ *   stall     a client that sends part of a request and stops does not stop the exporter's
+ *             server: another process's open is answered. */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include "cudart_emu.h"
+#include "emu.h"
+#include "vmmshim.h"
+#define CHECK_SHIM_HELPERS
+#include "check.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------------ messages */
+
+typedef struct msg_s {
+  int32_t op, res;
+  uint64_t a, b, c;
+  unsigned char h[CU_IPC_HANDLE_SIZE];
+} msg_t;
+
+enum {
+  A_READY = 1, /* agent -> scenario, at start: a = pid */
+  A_OPEN,      /* h -> res cudaIpcOpenMemHandle's error, a the pointer */
+  A_OPEN_DRV,  /* h -> res cuIpcOpenMemHandle's result, a the pointer */
+  A_CLOSE,     /* a -> res cudaIpcCloseMemHandle's error */
+  A_CHECK,     /* a, b, c: res 1 when [a, a+b) holds pattern c (sparse) */
+  A_FILL,      /* a, b, c: writes pattern c */
+  A_ACCESS,    /* a, b, c: res emu_device_access(0, a, b, write c) */
+  A_CALLS,     /* h: a function name -> a emu_calls */
+  A_COUNTERS,  /* -> a live mappings, b violations, c device faults */
+  A_MALLOC,    /* a bytes -> res, a pointer */
+  A_FREE,      /* a -> res */
+  A_GET,       /* a -> res cudaIpcGetMemHandle's error, h */
+  A_FORK_HOLD, /* forks a child that waits; res 0 */
+  A_FORK_END,  /* lets the child exit, res its wait status */
+  A_RAW,       /* h: asks the exporter's socket directly; res its status (or -errno), a descriptors received */
+  A_CRASH,     /* exits at once, closing nothing (no answer) */
+  A_EXIT       /* answers, then exits normally */
+};
+
+static int msg_send(int fd, const msg_t *m) {
+  const char *p = (const char *)m;
+  size_t off = 0;
+  while (off < sizeof *m) {
+    ssize_t w = write(fd, p + off, sizeof *m - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    off += (size_t)w;
+  }
+  return 0;
+}
+
+/* -1 on end of file or after 30 s. */
+static int msg_recv(int fd, msg_t *m) {
+  char *p = (char *)m;
+  size_t off = 0;
+  while (off < sizeof *m) {
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int r = poll(&pfd, 1, 30000);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    ssize_t n = read(fd, p + off, sizeof *m - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    off += (size_t)n;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ the agent */
+
+typedef struct agent_s {
+  pid_t pid;
+  int to, from;
+  int dead;
+} agent_t;
+
+/* Starts an agent: this program run again as "agent" with the extra "NAME=value" settings
+ * (NULL-terminated). */
+static agent_t agent_start(const char *env0, ...) {
+  agent_t ag = {-1, -1, -1, 0};
+  int down[2], up[2];
+  if (pipe(down) != 0 || pipe(up) != 0) {
+    CHECK(0, "pipe");
+    ag.dead = 1;
+    return ag;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    va_list ap;
+    va_start(ap, env0);
+    for (const char *kv = env0; kv; kv = va_arg(ap, const char *)) putenv((char *)kv);
+    va_end(ap);
+    static char fds[64];
+    snprintf(fds, sizeof fds, "AGENT_FDS=%d,%d", down[0], up[1]);
+    putenv(fds);
+    close(down[1]);
+    close(up[0]);
+    char *args[] = {(char *)"agent", (char *)"agent", NULL};
+    extern char **environ;
+    execve("/proc/self/exe", args, environ);
+    _exit(127);
+  }
+  close(down[0]);
+  close(up[1]);
+  ag.pid = pid;
+  ag.to = down[1];
+  ag.from = up[0];
+  msg_t m;
+  if (pid < 0 || msg_recv(ag.from, &m) != 0 || m.op != A_READY) {
+    CHECK(0, "the agent did not start");
+    ag.dead = 1;
+  }
+  return ag;
+}
+
+/* One request, its answer (op 0 when there was none). */
+static msg_t ask(agent_t *ag, int op, uint64_t a, uint64_t b, uint64_t c, const void *h) {
+  msg_t m;
+  memset(&m, 0, sizeof m);
+  m.op = op;
+  m.a = a;
+  m.b = b;
+  m.c = c;
+  if (h) memcpy(m.h, h, sizeof m.h);
+  if (ag->dead) return (msg_t){0};
+  if (msg_send(ag->to, &m) != 0 || msg_recv(ag->from, &m) != 0) {
+    CHECK(0, "agent %d: no answer to request %d", (int)ag->pid, op);
+    ag->dead = 1;
+    return (msg_t){0};
+  }
+  return m;
+}
+
+static long long agent_calls(agent_t *ag, const char *fn) {
+  char name[CU_IPC_HANDLE_SIZE] = {0};
+  snprintf(name, sizeof name, "%s", fn);
+  return (long long)ask(ag, A_CALLS, 0, 0, 0, name).a;
+}
+
+/* Ends an agent: it exits normally; its exit status must be 0. One that stopped answering (a
+ * failure counted already) is killed. */
+static void agent_end(agent_t *ag) {
+  int hung = ag->dead;
+  if (!ag->dead) ask(ag, A_EXIT, 0, 0, 0, NULL);
+  close(ag->to);
+  close(ag->from);
+  int st = 0;
+  if (hung && ag->pid > 0) kill(ag->pid, SIGKILL);
+  if (ag->pid > 0 && waitpid(ag->pid, &st, 0) == ag->pid && !hung)
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "agent %d ended with status 0x%x", (int)ag->pid, st);
+  ag->pid = -1;
+}
+
+static pid_t g_hold_pid = -1;
+static int g_hold_fd = -1;
+
+/* Asks the socket named in handle bytes h for handle h straight away (the wire format of
+ * src/ipc.c, repeated here on purpose: the server must refuse whoever asks, not only a shim). */
+static int raw_request(const unsigned char *h, int *nfds) {
+  struct {
+    char magic[8];
+    uint32_t pid;
+    int32_t dev;
+    uint64_t nonce, id, size;
+    char note[24];
+  } hd;
+  memcpy(&hd, h, sizeof hd);
+  *nfds = 0;
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return -errno;
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "vmmshim-ipc-%u-%016llx", hd.pid, (unsigned long long)hd.nonce);
+  if (connect(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) != 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  struct {
+    char magic[8];
+    uint64_t id;
+  } req;
+  memcpy(req.magic, hd.magic, 8);
+  req.id = hd.id;
+  struct {
+    int32_t status;
+    uint32_t nsegs;
+    uint64_t offset;
+    uint64_t seg_size[64];
+  } rep;
+  memset(&rep, 0, sizeof rep);
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * 64)];
+    struct cmsghdr align;
+  } u;
+  struct iovec iov = {&rep, sizeof rep};
+  struct msghdr m;
+  memset(&m, 0, sizeof m);
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = u.buf;
+  m.msg_controllen = sizeof u.buf;
+  int st;
+  if (send(fd, &req, sizeof req, MSG_NOSIGNAL) != (ssize_t)sizeof req) st = -EPIPE;
+  else if (recvmsg(fd, &m, MSG_WAITALL) != (ssize_t)sizeof rep) st = -EPROTO;
+  else st = rep.status;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); st >= 0 && c; c = CMSG_NXTHDR(&m, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      for (int i = 0; i < k; i++) {
+        int f;
+        memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+        close(f);
+      }
+      *nfds += k;
+    }
+  close(fd);
+  return st;
+}
+
+static int agent_main(void) {
+  const char *fds = getenv("AGENT_FDS");
+  int in = -1, out = -1;
+  if (!fds || sscanf(fds, "%d,%d", &in, &out) != 2) return 2;
+  const char *uid = getenv("AGENT_SETUID");
+  if (uid && setuid((uid_t)atoi(uid)) != 0) {
+    printf("agent: setuid(%s): %s\n", uid, strerror(errno));
+    return 3;
+  }
+  msg_t m;
+  memset(&m, 0, sizeof m);
+  m.op = A_READY;
+  m.a = (uint64_t)getpid();
+  cudaSetDevice(0);
+  msg_send(out, &m);
+  while (msg_recv(in, &m) == 0) {
+    msg_t r = m;
+    r.res = 0;
+    void *p = (void *)(uintptr_t)m.a;
+    switch (m.op) {
+    case A_OPEN: {
+      cudaIpcMemHandle_t h;
+      memcpy(&h, m.h, sizeof h);
+      void *q = NULL;
+      r.res = (int32_t)cudaIpcOpenMemHandle(&q, h, cudaIpcMemLazyEnablePeerAccess);
+      r.a = (uint64_t)(uintptr_t)q;
+      cudaGetLastError();
+      break;
+    }
+    case A_OPEN_DRV: {
+      CUipcMemHandle h;
+      memcpy(&h, m.h, sizeof h);
+      CUdeviceptr q = 0;
+      r.res = (int32_t)cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      r.a = q;
+      break;
+    }
+    case A_CLOSE: r.res = (int32_t)cudaIpcCloseMemHandle(p); cudaGetLastError(); break;
+    case A_CHECK: r.res = pat_check_sparse(p, m.b, m.c) == (size_t)-1; break;
+    case A_FILL: pat_fill_sparse(p, m.b, m.c); break;
+    case A_ACCESS: r.res = emu_device_access(0, m.a, m.b, (int)m.c); break;
+    case A_CALLS: r.a = (uint64_t)emu_calls((const char *)m.h); break;
+    case A_COUNTERS: {
+      emu_counters_t c = emu_now();
+      r.a = (uint64_t)c.live_mappings;
+      r.b = (uint64_t)c.violations;
+      r.c = (uint64_t)emu_device_faults();
+      break;
+    }
+    case A_MALLOC: {
+      void *q = NULL;
+      r.res = (int32_t)cudaMalloc(&q, m.a);
+      r.a = (uint64_t)(uintptr_t)q;
+      break;
+    }
+    case A_FREE: r.res = (int32_t)cudaFree(p); cudaGetLastError(); break;
+    case A_GET: {
+      cudaIpcMemHandle_t h;
+      memset(&h, 0, sizeof h);
+      r.res = (int32_t)cudaIpcGetMemHandle(&h, p);
+      memcpy(r.h, &h, sizeof r.h);
+      cudaGetLastError();
+      break;
+    }
+    case A_FORK_HOLD: {
+      int pp[2];
+      if (pipe(pp) != 0) { r.res = -1; break; }
+      fflush(stdout);
+      pid_t c = fork();
+      if (c == 0) { /* waits for a byte (or the end of the pipe), then leaves without cleanup */
+        close(pp[1]);
+        char x;
+        while (read(pp[0], &x, 1) < 0 && errno == EINTR) {
+        }
+        _exit(0);
+      }
+      close(pp[0]);
+      g_hold_pid = c;
+      g_hold_fd = pp[1];
+      r.res = c > 0 ? 0 : -1;
+      break;
+    }
+    case A_FORK_END: {
+      int st = -1;
+      if (write(g_hold_fd, "x", 1) != 1) st = -2;
+      close(g_hold_fd);
+      if (waitpid(g_hold_pid, &st, 0) != g_hold_pid) st = -3;
+      r.res = st;
+      break;
+    }
+    case A_RAW: {
+      int n = 0;
+      r.res = raw_request(m.h, &n);
+      r.a = (uint64_t)n;
+      break;
+    }
+    case A_CRASH: _exit(0);
+    case A_EXIT: msg_send(out, &r); return 0;
+    default: r.res = -1;
+    }
+    msg_send(out, &r);
+  }
+  return 4; /* the scenario went away without saying goodbye */
+}
+
+/* ------------------------------------------------------------------ helpers of the scenarios */
+
+static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
+
+static void *must_malloc(size_t n) {
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, n);
+  CHECK(e == cudaSuccess && p, "cudaMalloc(%zu): %s", n, cudaGetErrorName(e));
+  return p;
+}
+
+static cudaIpcMemHandle_t must_handle(void *p) {
+  cudaIpcMemHandle_t h;
+  memset(&h, 0, sizeof h);
+  cudaError_t e = cudaIpcGetMemHandle(&h, p);
+  CHECK(e == cudaSuccess, "cudaIpcGetMemHandle(%p): %s", p, cudaGetErrorName(e));
+  return h;
+}
+
+/* Idle bytes of this process's pools as cudaMemGetInfo shows them (the driver's free memory is
+ * constant while nothing is mapped or unmapped). */
+static size_t info_free(void) {
+  size_t f = 0, t = 0;
+  return cudaMemGetInfo(&f, &t) == cudaSuccess ? f : 0; /* 0 fails every comparison */
+}
+
+/* Waits up to 5 s for cudaMemGetInfo's free bytes to reach `want`. */
+static int wait_free(size_t want) {
+  for (int i = 0; i < 500; i++) {
+    if (info_free() == want) return 1;
+    sleep_ms(10);
+  }
+  return 0;
+}
+
+static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + bn && y < x + an;
+}
+
+/* Handles of 2 MiB, back to back from an aligned start: the handles [p, p+n) lies on. */
+static unsigned handles_spanned(const void *p, size_t n) {
+  uintptr_t a = (uintptr_t)p;
+  return (unsigned)((a + n - 1) / (2 * MiB) - a / (2 * MiB) + 1);
+}
+
+/* ------------------------------------------------------------------ open */
+
+static void scenario_open(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  CHECK(shim_active() == 1, "the shim is active");
+  void *s1 = must_malloc(256 * KiB), *s2 = must_malloc(300 * KiB);
+  void *big = must_malloc(7 * MiB + 3);
+  CHECK(dptr(s2) % (2 * MiB) != 0, "the small block %p starts inside a handle", s2);
+  CHECK(dptr(s1) / (2 * MiB) == dptr(s2) / (2 * MiB), "and shares it with another block (%p, %p)", s1, s2);
+  unsigned nbig = handles_spanned(big, 7 * MiB + 3);
+  CHECK(nbig >= 4, "the 7 MiB block lies on %u handles of 2 MiB", nbig);
+  pat_fill(s1, 256 * KiB, 1);
+  pat_fill(s2, 300 * KiB, 2);
+  pat_fill_sparse(big, 7 * MiB + 3, 3);
+
+  long long get0 = emu_calls("cuIpcGetMemHandle"), open0 = emu_calls("cuIpcOpenMemHandle");
+  long long exp0 = emu_calls("cuMemExportToShareableHandle");
+  cudaIpcMemHandle_t h2 = must_handle(s2), hbig = must_handle(big), again = must_handle(s2);
+  CHECK(!memcmp(&h2, &again, sizeof h2), "the same block gives the same handle");
+  CHECK(memcmp(&h2, &hbig, sizeof h2) != 0, "two blocks, two handles");
+  cudaIpcMemHandle_t hx;
+  CHECK(cudaIpcGetMemHandle(&hx, (char *)big + 4096) == cudaErrorInvalidValue, "an interior pointer is refused");
+  cudaGetLastError();
+  CHECK(emu_calls("cuIpcGetMemHandle") == get0, "the driver saw none of the pool's handles");
+  /* This process's own handle, as the driver answers its own. */
+  void *own = NULL;
+  CHECK(cudaIpcOpenMemHandle(&own, h2, cudaIpcMemLazyEnablePeerAccess) == cudaErrorDeviceUninitialized && !own,
+        "own handle through the runtime");
+  cudaGetLastError();
+  CUdeviceptr downn = 0;
+  CUipcMemHandle ch;
+  memcpy(&ch, &h2, sizeof ch);
+  CHECK(cuIpcOpenMemHandle(&downn, ch, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_CONTEXT,
+        "own handle: CUDA_ERROR_INVALID_CONTEXT");
+  CHECK(emu_calls("cuIpcOpenMemHandle") == open0, "answered by the shim");
+
+  agent_t ag = agent_start(NULL);
+  long long imp0 = agent_calls(&ag, "cuMemImportFromShareableHandle");
+  long long maps0 = (long long)ask(&ag, A_COUNTERS, 0, 0, 0, NULL).a;
+  msg_t r = ask(&ag, A_OPEN, 0, 0, 0, &h2);
+  void *p2 = (void *)(uintptr_t)r.a;
+  CHECK(r.res == cudaSuccess && p2, "open the small block: %d", r.res);
+  CHECK(dptr(p2) % (2 * MiB) == dptr(s2) % (2 * MiB), "at its offset in the handle (%p, %p)", p2, s2);
+  CHECK(agent_calls(&ag, "cuMemImportFromShareableHandle") == imp0 + 1, "one handle imported");
+  CHECK(ask(&ag, A_CHECK, dptr(p2), 300 * KiB, 2, NULL).res == 1, "the importer reads the exporter's bytes");
+  CHECK(ask(&ag, A_ACCESS, dptr(p2), 300 * KiB, 1, NULL).res == 0, "its device may write there");
+  r = ask(&ag, A_OPEN_DRV, 0, 0, 0, &hbig);
+  void *pbig = (void *)(uintptr_t)r.a;
+  CHECK(r.res == CUDA_SUCCESS && pbig, "open the 7 MiB block (driver API): %d", r.res);
+  CHECK(dptr(pbig) % (2 * MiB) == dptr(big) % (2 * MiB), "at its offset");
+  CHECK(agent_calls(&ag, "cuMemImportFromShareableHandle") == imp0 + 1 + nbig, "%u handles imported, calls %lld",
+        nbig, agent_calls(&ag, "cuMemImportFromShareableHandle") - imp0 - 1);
+  CHECK(ask(&ag, A_CHECK, dptr(pbig), 7 * MiB + 3, 3, NULL).res == 1, "the importer reads the 7 MiB block");
+  CHECK(ask(&ag, A_ACCESS, dptr(pbig), 7 * MiB + 3, 1, NULL).res == 0, "and may write all of it");
+  /* Both ways: the importer writes, the exporter reads. */
+  ask(&ag, A_FILL, dptr(p2), 300 * KiB, 12, NULL);
+  ask(&ag, A_FILL, dptr(pbig), 7 * MiB + 3, 13, NULL);
+  CHECK(pat_check_sparse(s2, 300 * KiB, 12) == (size_t)-1, "the exporter reads the importer's bytes");
+  CHECK(pat_check_sparse(big, 7 * MiB + 3, 13) == (size_t)-1, "the exporter reads the importer's bytes (7 MiB)");
+  CHECK(pat_check(s1, 256 * KiB, 1) == (size_t)-1, "the neighbour in the shared handle is untouched");
+
+  /* The same handle again in the same process: the same pointer, counted. */
+  r = ask(&ag, A_OPEN, 0, 0, 0, &hbig);
+  CHECK(r.res == cudaSuccess && r.a == dptr(pbig), "opened twice: the same pointer (%p, %p)", (void *)(uintptr_t)r.a,
+        pbig);
+  CHECK(agent_calls(&ag, "cuMemImportFromShareableHandle") == imp0 + 1 + nbig, "nothing imported again");
+  CHECK(ask(&ag, A_CLOSE, dptr(pbig), 0, 0, NULL).res == cudaSuccess, "first close");
+  CHECK(ask(&ag, A_ACCESS, dptr(pbig), 7 * MiB + 3, 0, NULL).res == 0, "still mapped after the first close");
+  CHECK(ask(&ag, A_CHECK, dptr(pbig), 7 * MiB + 3, 13, NULL).res == 1, "and its bytes readable");
+  CHECK(ask(&ag, A_CLOSE, dptr(pbig), 0, 0, NULL).res == cudaSuccess, "second close");
+  CHECK(ask(&ag, A_ACCESS, dptr(pbig), 4096, 0, NULL).res != 0, "unmapped after the second close");
+  long long close0 = agent_calls(&ag, "cuIpcCloseMemHandle");
+  CHECK(ask(&ag, A_CLOSE, dptr(pbig), 0, 0, NULL).res == cudaErrorInvalidValue, "a third close: the driver's answer");
+  CHECK(agent_calls(&ag, "cuIpcCloseMemHandle") == close0 + 1, "which the driver gave");
+  CHECK(ask(&ag, A_CLOSE, dptr(p2), 0, 0, NULL).res == cudaSuccess, "close the small block");
+  msg_t c = ask(&ag, A_COUNTERS, 0, 0, 0, NULL);
+  CHECK((long long)c.a == maps0, "the importer's mappings are gone: %lld, before %lld", (long long)c.a, maps0);
+  CHECK(c.b == 1 && c.c == 1, "the importer's one violation is the refused access above: %llu, %llu",
+        (unsigned long long)c.b, (unsigned long long)c.c);
+  CHECK(agent_calls(&ag, "cuIpcOpenMemHandle") == 0 && agent_calls(&ag, "cuIpcCloseMemHandle") == close0 + 1,
+        "the importer's driver saw no shim handle");
+  agent_end(&ag);
+  CHECK(emu_calls("cuMemExportToShareableHandle") == exp0 + 1 + nbig, "the exporter exported each handle once");
+  CHECK(cudaFree(s1) == cudaSuccess && cudaFree(s2) == cudaSuccess && cudaFree(big) == cudaSuccess, "frees");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* ------------------------------------------------------------------ free */
+
+static void scenario_free(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  const size_t N = 4 * MiB;
+  void *p = must_malloc(N);
+  pat_fill_sparse(p, N, 5);
+  cudaIpcMemHandle_t h = must_handle(p);
+  agent_t ag = agent_start(NULL);
+  msg_t r = ask(&ag, A_OPEN, 0, 0, 0, &h);
+  void *q = (void *)(uintptr_t)r.a;
+  CHECK(r.res == cudaSuccess && q, "opened: %d", r.res);
+
+  /* Freed here while open there. */
+  size_t f0 = info_free();
+  vmmshim_stats_t s0 = shim_stats();
+  CHECK(cudaFree(p) == cudaSuccess, "the exporter frees the open block");
+  vmmshim_stats_t s1 = shim_stats();
+  CHECK(s1.frees[VMMSHIM_API_RUNTIME] == s0.frees[VMMSHIM_API_RUNTIME] + 1 && s1.bytes_in_use == s0.bytes_in_use - N,
+        "the free counts at once");
+  CHECK(info_free() == f0, "but the block is not idle memory: %zu, was %zu", info_free(), f0);
+  enum { K = 6 };
+  void *n[K];
+  for (int i = 0; i < K; i++) {
+    n[i] = must_malloc(N);
+    CHECK(!overlaps(n[i], N, p, N), "a new block %p does not reuse the open block %p", n[i], p);
+    pat_fill_sparse(n[i], N, 100 + (unsigned)i);
+  }
+  CHECK(ask(&ag, A_CHECK, dptr(q), N, 5, NULL).res == 1, "the importer's bytes are intact");
+  f0 = info_free(); /* the new blocks mapped more memory */
+  CHECK(cudaFree(p) != cudaSuccess, "a second free is refused");
+  cudaGetLastError();
+  cudaIpcMemHandle_t hx;
+  CHECK(cudaIpcGetMemHandle(&hx, p) == cudaErrorInvalidValue, "no handle of a freed block");
+  cudaGetLastError();
+  agent_t ag2 = agent_start(NULL);
+  CHECK(ask(&ag2, A_OPEN, 0, 0, 0, &h).res == cudaErrorMapBufferObjectFailed, "a new open after the free fails");
+  CHECK(ask(&ag, A_CHECK, dptr(q), N, 5, NULL).res == 1, "still intact after the second free");
+  CHECK(info_free() == f0, "still not idle");
+  /* The importer closes: the block is idle in the pool again, and serves. */
+  CHECK(ask(&ag, A_CLOSE, dptr(q), 0, 0, NULL).res == cudaSuccess, "close");
+  CHECK(wait_free(f0 + N), "the block came back to the pool: free %zu, want %zu", info_free(), f0 + N);
+  for (int i = 0; i < K; i++) CHECK(pat_check_sparse(n[i], N, 100 + (unsigned)i) == (size_t)-1, "new block intact");
+  void *back = must_malloc(N);
+  CHECK(back == p, "the block serves again: %p, was %p", back, p);
+  CHECK(cudaFree(back) == cudaSuccess, "free");
+
+  /* The importer dies without closing: its connection closes the handle. */
+  void *p3 = must_malloc(N);
+  cudaIpcMemHandle_t h3 = must_handle(p3);
+  CHECK(ask(&ag2, A_OPEN, 0, 0, 0, &h3).res == cudaSuccess, "opened by a second importer");
+  size_t f3 = info_free();
+  CHECK(cudaFree(p3) == cudaSuccess, "freed while open");
+  CHECK(info_free() == f3, "held");
+  msg_t crash = {A_CRASH, 0, 0, 0, 0, {0}};
+  msg_send(ag2.to, &crash);
+  ag2.dead = 1;
+  int st = 0;
+  CHECK(waitpid(ag2.pid, &st, 0) == ag2.pid, "the importer is gone");
+  ag2.pid = -1;
+  agent_end(&ag2);
+  CHECK(wait_free(f3 + N), "the block came back when its importer died: free %zu, want %zu", info_free(), f3 + N);
+
+  /* The importer closes while a fork child of it lives: the close counts. */
+  void *p4 = must_malloc(N);
+  cudaIpcMemHandle_t h4 = must_handle(p4);
+  r = ask(&ag, A_OPEN, 0, 0, 0, &h4);
+  CHECK(r.res == cudaSuccess, "opened again");
+  CHECK(ask(&ag, A_FORK_HOLD, 0, 0, 0, NULL).res == 0, "the importer forks");
+  size_t f4 = info_free();
+  CHECK(cudaFree(p4) == cudaSuccess, "freed while open");
+  CHECK(ask(&ag, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "closed by the importer, its child still running");
+  CHECK(wait_free(f4 + N), "the block came back: free %zu, want %zu", info_free(), f4 + N);
+  r = ask(&ag, A_FORK_END, 0, 0, 0, NULL);
+  CHECK(WIFEXITED(r.res) && WEXITSTATUS(r.res) == 0, "the importer's child: status 0x%x", r.res);
+
+  /* Freed with no importer: the handle is stale, even when the address serves a newer block. */
+  void *p5 = must_malloc(N);
+  cudaIpcMemHandle_t h5 = must_handle(p5);
+  CHECK(cudaFree(p5) == cudaSuccess, "free with no importer");
+  void *p6 = must_malloc(N);
+  pat_fill_sparse(p6, N, 6);
+  cudaIpcMemHandle_t h6 = must_handle(p6);
+  if (p6 == p5) CHECK(memcmp(&h5, &h6, sizeof h5) != 0, "a new block at the same address: a new handle");
+  CHECK(ask(&ag, A_OPEN, 0, 0, 0, &h5).res == cudaErrorMapBufferObjectFailed, "the freed block's handle is stale");
+  CHECK(ask(&ag, A_OPEN_DRV, 0, 0, 0, &h5).res == CUDA_ERROR_MAP_FAILED, "CUDA_ERROR_MAP_FAILED");
+  r = ask(&ag, A_OPEN, 0, 0, 0, &h6);
+  CHECK(r.res == cudaSuccess && ask(&ag, A_CHECK, r.a, N, 6, NULL).res == 1, "the newer block's handle opens");
+  CHECK(ask(&ag, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "close");
+  CHECK(agent_calls(&ag, "cuIpcOpenMemHandle") == 0, "the importer's driver saw no shim handle");
+  agent_end(&ag);
+  CHECK(cudaFree(p6) == cudaSuccess, "free");
+  for (int i = 0; i < K; i++) CHECK(cudaFree(n[i]) == cudaSuccess, "free");
+  CHECK(shim_stats().bytes_in_use == 0, "nothing in use: %llu", (unsigned long long)shim_stats().bytes_in_use);
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* ------------------------------------------------------------------ stale */
+
+static void scenario_stale(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  agent_t ex = agent_start(NULL);
+  msg_t r = ask(&ex, A_MALLOC, 2 * MiB, 0, 0, NULL);
+  CHECK(r.res == cudaSuccess, "the exporter allocates");
+  msg_t g = ask(&ex, A_GET, r.a, 0, 0, NULL);
+  CHECK(g.res == cudaSuccess, "and exports");
+  /* While it lives, the handle opens; once it has exited, it does not. */
+  void *q = NULL;
+  cudaIpcMemHandle_t h;
+  memcpy(&h, g.h, sizeof h);
+  CHECK(cudaIpcOpenMemHandle(&q, h, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess && q, "open");
+  CHECK(cudaIpcCloseMemHandle(q) == cudaSuccess, "close");
+  agent_end(&ex);
+  long long open0 = emu_calls("cuIpcOpenMemHandle");
+  q = NULL;
+  CHECK(cudaIpcOpenMemHandle(&q, h, cudaIpcMemLazyEnablePeerAccess) == cudaErrorMapBufferObjectFailed && !q,
+        "the exporter exited: cudaErrorMapBufferObjectFailed");
+  cudaGetLastError();
+  CUdeviceptr d = 0;
+  CUipcMemHandle ch;
+  memcpy(&ch, &h, sizeof ch);
+  CHECK(cuIpcOpenMemHandle(&d, ch, 0) == CUDA_ERROR_MAP_FAILED && !d, "CUDA_ERROR_MAP_FAILED");
+  CHECK(emu_calls("cuIpcOpenMemHandle") == open0, "answered by the shim");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* ------------------------------------------------------------------ uid */
+
+static void scenario_uid(void) {
+  if (geteuid() != 0) {
+    printf("note: not root, so no process of another user can be made: the other-user checks are skipped\n");
+    return;
+  }
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  void *p = must_malloc(MiB);
+  pat_fill(p, MiB, 9);
+  cudaIpcMemHandle_t h = must_handle(p);
+  agent_t other = agent_start("AGENT_SETUID=65534", NULL);
+  CHECK(ask(&other, A_OPEN, 0, 0, 0, &h).res == cudaErrorMapBufferObjectFailed, "another user's open is refused");
+  msg_t r = ask(&other, A_RAW, 0, 0, 0, &h);
+  CHECK(r.res == 1 && r.a == 0, "the exporter refuses another user's request: status %d, %llu descriptors", r.res,
+        (unsigned long long)r.a);
+  agent_end(&other);
+  agent_t same = agent_start(NULL);
+  r = ask(&same, A_RAW, 0, 0, 0, &h);
+  CHECK(r.res == 0 && r.a >= 1, "the same user's request gets descriptors: status %d, %llu", r.res,
+        (unsigned long long)r.a);
+  r = ask(&same, A_OPEN, 0, 0, 0, &h);
+  CHECK(r.res == cudaSuccess && ask(&same, A_CHECK, r.a, MiB, 9, NULL).res == 1, "and the same user's open works");
+  CHECK(ask(&same, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "close");
+  agent_end(&same);
+  CHECK(cudaFree(p) == cudaSuccess, "free");
+}
+
+/* ------------------------------------------------------------------ passthrough */
+
+static void scenario_passthrough(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  CHECK(shim_active() == 1, "the shim is active here");
+  /* A pointer no pool holds, and bytes that are no handle: the driver's answers. */
+  long long get0 = emu_calls("cuIpcGetMemHandle"), open0 = emu_calls("cuIpcOpenMemHandle");
+  long long close0 = emu_calls("cuIpcCloseMemHandle");
+  static char host[64];
+  cudaIpcMemHandle_t h;
+  CHECK(cudaIpcGetMemHandle(&h, host) == cudaErrorInvalidValue, "a host pointer");
+  CHECK(emu_calls("cuIpcGetMemHandle") == get0 + 1, "passed to the driver");
+  memset(&h, 0x5a, sizeof h);
+  void *q = NULL;
+  CHECK(cudaIpcOpenMemHandle(&q, h, cudaIpcMemLazyEnablePeerAccess) == cudaErrorInvalidValue, "junk bytes");
+  CHECK(emu_calls("cuIpcOpenMemHandle") == open0 + 1, "passed to the driver");
+  CHECK(cudaIpcCloseMemHandle(host) == cudaErrorInvalidValue && emu_calls("cuIpcCloseMemHandle") == close0 + 1,
+        "closing what was never opened: the driver's");
+  cudaGetLastError();
+
+  /* An exporter without the pools: its handle is the driver's, and so is every answer about it. */
+  agent_t plain = agent_start("VMMSHIM_DISABLE=1", NULL);
+  msg_t r = ask(&plain, A_MALLOC, MiB, 0, 0, NULL);
+  CHECK(r.res == cudaSuccess, "plain allocation");
+  msg_t g = ask(&plain, A_GET, r.a, 0, 0, NULL);
+  CHECK(g.res == cudaSuccess && !memcmp(g.h, "EMUIPC", 6), "the driver's own handle");
+  CHECK(agent_calls(&plain, "cuIpcGetMemHandle") == 1, "made by the driver");
+  CHECK(ask(&plain, A_OPEN, 0, 0, 0, g.h).res == cudaErrorDeviceUninitialized, "its own handle: the driver's answer");
+  CHECK(agent_calls(&plain, "cuIpcOpenMemHandle") == 1, "given by the driver");
+  memcpy(&h, g.h, sizeof h);
+  open0 = emu_calls("cuIpcOpenMemHandle");
+  q = NULL;
+  CHECK(cudaIpcOpenMemHandle(&q, h, cudaIpcMemLazyEnablePeerAccess) == cudaErrorNotSupported,
+        "here: the driver's answer for plain memory of a live process");
+  cudaGetLastError();
+  CHECK(emu_calls("cuIpcOpenMemHandle") == open0 + 1, "given by the driver");
+  agent_end(&plain);
+
+  /* A shim handle opens in a process that runs with VMMSHIM_DISABLE=1 (its shim still knows the
+   * handle's format; the driver would not). */
+  void *p = must_malloc(3 * MiB);
+  pat_fill_sparse(p, 3 * MiB, 4);
+  cudaIpcMemHandle_t hs = must_handle(p);
+  agent_t off = agent_start("VMMSHIM_DISABLE=1", NULL);
+  r = ask(&off, A_OPEN, 0, 0, 0, &hs);
+  CHECK(r.res == cudaSuccess && ask(&off, A_CHECK, r.a, 3 * MiB, 4, NULL).res == 1, "opened with VMMSHIM_DISABLE=1: %d",
+        r.res);
+  CHECK(ask(&off, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "and closed");
+  CHECK(agent_calls(&off, "cuIpcOpenMemHandle") == 0 && agent_calls(&off, "cuIpcCloseMemHandle") == 0,
+        "without the driver");
+  agent_end(&off);
+  CHECK(cudaFree(p) == cudaSuccess, "free");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* ------------------------------------------------------------------ stall */
+
+static void scenario_stall(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  void *p = must_malloc(MiB);
+  pat_fill(p, MiB, 31);
+  cudaIpcMemHandle_t h = must_handle(p);
+  /* A client that connects, sends part of a request and stops. */
+  struct {
+    char magic[8];
+    uint32_t pid;
+    int32_t dev;
+    uint64_t nonce;
+  } hd;
+  memcpy(&hd, &h, sizeof hd);
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "vmmshim-ipc-%u-%016llx", hd.pid, (unsigned long long)hd.nonce);
+  CHECK(connect(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) == 0,
+        "connect to the exporter's socket: %s", strerror(errno));
+  CHECK(send(fd, "vmm", 3, MSG_NOSIGNAL) == 3, "a partial request");
+  sleep_ms(50);
+  /* The server still answers others. */
+  agent_t ag = agent_start(NULL);
+  double t0 = now_s();
+  msg_t r = ask(&ag, A_OPEN, 0, 0, 0, &h);
+  CHECK(r.res == cudaSuccess && ask(&ag, A_CHECK, r.a, MiB, 31, NULL).res == 1, "opened behind a stalled client");
+  CHECK(now_s() - t0 < 10, "within %.1f s", now_s() - t0);
+  CHECK(ask(&ag, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "close");
+  agent_end(&ag);
+  close(fd);
+  CHECK(cudaFree(p) == cudaSuccess, "free");
+}
+
+/* ------------------------------------------------------------------ fork */
+
+static void scenario_fork(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  void *p1 = must_malloc(2 * MiB);
+  pat_fill(p1, 2 * MiB, 21);
+  cudaIpcMemHandle_t h1 = must_handle(p1);
+  int pp[2];
+  CHECK(pipe(pp) == 0, "pipe");
+  fflush(stdout);
+  pid_t child = fork();
+  if (child == 0) { /* no CUDA here: waits for a byte, then leaves through exit() (atexit handlers run) */
+    close(pp[1]);
+    char x;
+    while (read(pp[0], &x, 1) < 0 && errno == EINTR) {
+    }
+    exit(0);
+  }
+  close(pp[0]);
+  CHECK(child > 0, "fork");
+  agent_t ag = agent_start(NULL);
+  msg_t r = ask(&ag, A_OPEN, 0, 0, 0, &h1);
+  CHECK(r.res == cudaSuccess && ask(&ag, A_CHECK, r.a, 2 * MiB, 21, NULL).res == 1, "opened while the fork child lives");
+  CHECK(ask(&ag, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "close");
+  CHECK(write(pp[1], "x", 1) == 1, "release the child");
+  close(pp[1]);
+  int st = 0;
+  CHECK(waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child exited: 0x%x", st);
+  void *p2 = must_malloc(2 * MiB);
+  pat_fill(p2, 2 * MiB, 22);
+  cudaIpcMemHandle_t h2 = must_handle(p2);
+  r = ask(&ag, A_OPEN, 0, 0, 0, &h1);
+  CHECK(r.res == cudaSuccess && ask(&ag, A_CHECK, r.a, 2 * MiB, 21, NULL).res == 1, "a handle made before the fork opens");
+  msg_t r2 = ask(&ag, A_OPEN, 0, 0, 0, &h2);
+  CHECK(r2.res == cudaSuccess && ask(&ag, A_CHECK, r2.a, 2 * MiB, 22, NULL).res == 1, "and one made after it");
+  /* The exporter frees one while open: still handled by its server. */
+  size_t f0 = info_free();
+  CHECK(cudaFree(p1) == cudaSuccess, "free while open");
+  CHECK(ask(&ag, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess && ask(&ag, A_CLOSE, r2.a, 0, 0, NULL).res == cudaSuccess,
+        "closes");
+  CHECK(wait_free(f0 + 2 * MiB), "the freed block came back: free %zu, want %zu", info_free(), f0 + 2 * MiB);
+  agent_end(&ag);
+  CHECK(cudaFree(p2) == cudaSuccess, "free");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  const char *sc = check_child_main(argc, argv);
+  if (sc && !strcmp(sc, "agent")) return agent_main();
+  if (sc) {
+    signal(SIGPIPE, SIG_IGN);
+    alarm(120);
+    if (!strcmp(sc, "open")) scenario_open();
+    else if (!strcmp(sc, "free")) scenario_free();
+    else if (!strcmp(sc, "stale")) scenario_stale();
+    else if (!strcmp(sc, "uid")) scenario_uid();
+    else if (!strcmp(sc, "passthrough")) scenario_passthrough();
+    else if (!strcmp(sc, "fork")) scenario_fork();
+    else if (!strcmp(sc, "stall")) scenario_stall();
+    else CHECK(0, "unknown scenario %s", sc);
+    return check_child_summary(sc);
+  }
+  check_run_child("open", "VMMSHIM_GRANULARITY=8M", "VMMSHIM_MAX_HANDLE=2M", NULL);
+  check_run_child("free", NULL);
+  check_run_child("stale", NULL);
+  check_run_child("uid", NULL);
+  check_run_child("passthrough", NULL);
+  check_run_child("fork", NULL);
+  check_run_child("stall", NULL);
+  return check_summary();
+}
