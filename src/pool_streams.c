@@ -75,6 +75,42 @@ static bool take_own_pending(vs_pool_t *p, vs_block_t *b, vs_stream_t *s) {
   return true;
 }
 
+/* The FREE neighbours of a block (same reservation, touching it), which a pending block of a
+ * stream may take in: free memory is no one's. */
+static vs_block_t *free_before(const vs_pool_t *p, const vs_block_t *b) {
+  (void)p;
+  return !b->prev || b->prev->state != B_FREE || b->prev->resv != b->resv || b->prev->addr + b->prev->size != b->addr
+             ? NULL
+             : b->prev;
+}
+static vs_block_t *free_after(const vs_pool_t *p, const vs_block_t *b) {
+  (void)p;
+  return !b->next || b->next->state != B_FREE || b->next->resv != b->resv || b->addr + b->size != b->next->addr
+             ? NULL
+             : b->next;
+}
+
+/* Takes b's FREE neighbours into b (off every list, PENDING): returns the block, which starts
+ * at the lower neighbour when there is one. */
+static vs_block_t *absorb_free_around(vs_pool_t *p, vs_block_t *b) {
+  vs_block_t *a = free_before(p, b);
+  if (a) {
+    _vs_bin_remove(p, a);
+    p->pending_bytes += a->size;
+    a->state = B_PENDING;
+    a->freed_seq = b->freed_seq;
+    absorb_next(p, a, b);
+    b = a;
+  }
+  vs_block_t *c = free_after(p, b);
+  if (c) {
+    _vs_bin_remove(p, c);
+    p->pending_bytes += c->size;
+    absorb_next(p, b, c);
+  }
+  return b;
+}
+
 /* A freed block joins its stream's pending list. Returns whether the stream's older blocks
  * are now to be sealed (policy.h: vs_policy_seal_stream). */
 static bool pend_on_stream(vs_pool_t *p, vs_block_t *b, vs_stream_t *s) {
@@ -104,30 +140,41 @@ static bool pend_on_stream(vs_pool_t *p, vs_block_t *b, vs_stream_t *s) {
 
 /* Before the pool grows for a request on stream s: the smallest block that serves it among all
  * of s's pending blocks and the blocks of the batches sealed on s (their events may not have
- * completed, but s's own work is ordered after their frees), whatever the piece left over.
+ * completed, but s's own work is ordered after their frees), whatever the piece left over,
+ * each counted with the FREE neighbours it takes in: else the stream's freed memory and the
+ * memory its earlier batches gave back lie side by side in pieces that neither serves a large
+ * request alone, and the pool grows (seen on the H100, where the GPU runs behind the program).
  * Freed memory of the stream costs no driver call; a growth does, and holds more. Taken off
  * its list; the leftover pieces go to s's pending list. Lock held. */
 static vs_block_t *take_from_stream_loose(vs_pool_t *p, vs_stream_t *s, int heap_id, size_t size, size_t align) {
   vs_block_t *best = NULL;
   vs_list_t *from = NULL;
+  size_t best_total = 0;
   int n = 0;
-  for (vs_block_t *b = s->pending.tail; b && n < VS_STREAM_LOOSE_SCAN; b = b->fprev, n++)
-    if (heap_id_of(p, b) == heap_id && fits(b, size, align) && (!best || b->size < best->size)) {
-      best = b;
-      from = &s->pending;
-    }
+  /* A block counts with the FREE neighbours it would take in. */
+#define VS_CONSIDER(b, list)                                                                        \
+  do {                                                                                              \
+    const vs_block_t *fb_ = free_before(p, (b)), *fa_ = free_after(p, (b));                          \
+    CUdeviceptr start_ = fb_ ? fb_->addr : (b)->addr;                                                \
+    size_t total_ = (b)->size + (fb_ ? fb_->size : 0) + (fa_ ? fa_->size : 0);                       \
+    size_t pad_ = _vs_align_pad(start_, align);                                                      \
+    if (heap_id_of(p, (b)) == heap_id && total_ >= pad_ + size && (!best || total_ < best_total)) { \
+      best = (b);                                                                                   \
+      best_total = total_;                                                                          \
+      from = (list);                                                                                \
+    }                                                                                               \
+  } while (0)
+  for (vs_block_t *b = s->pending.tail; b && n < VS_STREAM_LOOSE_SCAN; b = b->fprev, n++) VS_CONSIDER(b, &s->pending);
   for (vs_batch_t *bt = p->batches; bt && n < VS_STREAM_LOOSE_SCAN; bt = bt->next) {
     if (bt->key != s->key || bt->epoch != p->stream_epoch) continue;
-    for (vs_block_t *b = bt->blocks.tail; b && n < VS_STREAM_LOOSE_SCAN; b = b->fprev, n++)
-      if (heap_id_of(p, b) == heap_id && fits(b, size, align) && (!best || b->size < best->size)) {
-        best = b;
-        from = &bt->blocks;
-      }
+    for (vs_block_t *b = bt->blocks.tail; b && n < VS_STREAM_LOOSE_SCAN; b = b->fprev, n++) VS_CONSIDER(b, &bt->blocks);
   }
+#undef VS_CONSIDER
   if (!best) return NULL;
   list_remove(from, best);
-  p->pending_bytes -= best->size;
   best->stream = NULL;
   best->batch = NULL;
+  best = absorb_free_around(p, best);
+  p->pending_bytes -= best->size;
   return best;
 }

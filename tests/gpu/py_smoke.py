@@ -173,8 +173,10 @@ def _ipc_child(q_in, q_out):
 
 def run_torch_ipc():
     """CUDA tensors sent to another process (torch.multiprocessing, spawn): it opens them with
-    cudaIpcOpenMemHandle, reads and writes them in place; the parent sees its writes."""
-    os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    cudaIpcOpenMemHandle, reads and writes them in place; the parent sees its writes. PyTorch's
+    caching allocator stays on: without it PyTorch cannot share CUDA tensors (it finds no base
+    allocation for them: 'invalid device pointer', also without the shim); its segments are
+    cudaMalloc blocks, which the shim serves."""
     try:
         import torch
         import torch.multiprocessing as mp
@@ -194,17 +196,22 @@ def run_torch_ipc():
     child = ctx.Process(target=_ipc_child, args=(q_in, q_out))
     child.start()
     q_in.put((x, y))
-    sx, sy = q_out.get(timeout=120)
+    try:
+        sx, sy = q_out.get(timeout=60)
+    except Exception as e:  # noqa: BLE001
+        print("FAIL torch-ipc: no answer from the child: %r" % e)
+        child.kill()
+        sys.exit(1)
     value("child_x_sum", sx)
     value("child_y_sum", sy)
-    if q_out.get(timeout=120) != "written":
+    if q_out.get(timeout=60) != "written":
         print("FAIL torch-ipc: the child did not write")
         sys.exit(1)
     torch.cuda.synchronize()
     value("x_sum_after_child", x.sum().item())
     value("y_sum_after_child", y.double().sum().item())
     q_in.put("done")
-    child.join(120)
+    child.join(60)
     if child.exitcode != 0:
         print("FAIL torch-ipc: child exit %s" % child.exitcode)
         sys.exit(1)
