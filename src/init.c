@@ -7,6 +7,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include <signal.h>
+
 #include "vmmshim/internal.h"
 
 static pthread_once_t vs_once = PTHREAD_ONCE_INIT;
@@ -28,3 +30,16 @@ static void init_once(void) {
 }
 
 void _vs_init_once(void) { pthread_once(&vs_once, init_once); }
+
+int _vs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg) {
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  sigset_t all, prev;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &prev);
+  int rc = pthread_create(out, &at, fn, arg);
+  pthread_sigmask(SIG_SETMASK, &prev, NULL);
+  pthread_attr_destroy(&at);
+  return rc;
+}

@@ -319,16 +319,8 @@ static int start_server(void) {
     return -1;
   }
   vs_listen_fd = fd;
-  pthread_attr_t at;
-  pthread_attr_init(&at);
-  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-  sigset_t all, prev;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &prev); /* the program's signals stay with its own threads */
   pthread_t t;
-  int rc = pthread_create(&t, &at, server_main, NULL);
-  pthread_sigmask(SIG_SETMASK, &prev, NULL);
-  pthread_attr_destroy(&at);
+  int rc = _vs_thread_start(&t, server_main, NULL);
   if (rc != 0) {
     close(fd);
     vs_listen_fd = -1;

@@ -265,18 +265,11 @@ static void *reclaimer_main(void *arg) {
 
 void _vs_pool_start_reclaimer(vs_pool_t *p) {
   if (p->reclaimer_running || p->stopping) return;
-  pthread_attr_t at;
-  pthread_attr_init(&at);
-  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old); /* the program's signals stay with its own threads */
-  if (pthread_create(&p->reclaimer, &at, reclaimer_main, p) == 0) p->reclaimer_running = true;
+  int rc = _vs_thread_start(&p->reclaimer, reclaimer_main, p);
+  if (rc == 0) p->reclaimer_running = true;
   else
     _vs_warn("cannot start the reclaimer thread (%s); deferred frees wait for the next synchronisation",
-             strerror(errno));
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  pthread_attr_destroy(&at);
+             strerror(rc));
 }
 
 void _vs_pool_stop_reclaimer(vs_pool_t *p) {

@@ -271,16 +271,8 @@ void _vs_report_init(void) {
   }
   if (pipe2(vs_dump_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
   fcntl(vs_dump_pipe[0], F_SETFL, 0); /* the thread blocks on the read end; the handler never does */
-  pthread_attr_t at;
-  pthread_attr_init(&at);
-  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-  sigset_t all, prev;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &prev); /* the program's signals stay with its own threads */
   pthread_t t;
-  int rc = pthread_create(&t, &at, dump_thread, NULL);
-  pthread_sigmask(SIG_SETMASK, &prev, NULL);
-  pthread_attr_destroy(&at);
+  int rc = _vs_thread_start(&t, dump_thread, NULL);
   if (rc != 0) {
     close(vs_dump_pipe[0]);
     close(vs_dump_pipe[1]);

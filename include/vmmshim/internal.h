@@ -456,6 +456,9 @@ void _vs_report_init(void);
 
 /* ---------------------------------------------------------------- "init.c" */
 void _vs_init_once(void); /* config, log, trace, atexit; no CUDA */
+/* Starts a detached thread of the shim with every signal blocked (the program's signals stay
+ * with its own threads); pthread_create's result. */
+int _vs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg);
 
 /* ---------------------------------------------------------------- "clock.c" */
 uint64_t _vs_now_ns(void); /* CLOCK_MONOTONIC ns; the trace's raw clock is in vmmshim/clock.h */

@@ -193,6 +193,17 @@ static inline void verify(const void *p, size_t n, uint32_t seed, unsigned long 
   CK(cudaGetLastError());
 }
 
+/* Words of [0, n) at p that differ from the pattern, counted on the current device (synchronous). */
+static inline size_t errors_in(const void *p, size_t n, uint32_t seed) {
+  unsigned long long *d_errs, errs = 0;
+  CK(cudaMalloc(&d_errs, sizeof *d_errs));
+  CK(cudaMemset(d_errs, 0, sizeof *d_errs));
+  verify(p, n, seed, d_errs, 0);
+  CK(cudaMemcpy(&errs, d_errs, sizeof errs, cudaMemcpyDeviceToHost));
+  CK(cudaFree(d_errs));
+  return (size_t)errs;
+}
+
 /* A 200 ms (or ns) spinning writer on stream s: one wave of blocks, so all of them spin at once. */
 static inline void spin_fill(void *p, size_t n, uint32_t seed, unsigned long long ns, cudaStream_t s) {
   k_spin_fill<<<sm_count(), 256, 0, s>>>((uint8_t *)p, n, seed, ns);

@@ -40,16 +40,6 @@ static bool read_line(FILE *f, char *buf, size_t n) {
   return true;
 }
 
-static size_t errors_in(const void *p, size_t n, uint32_t seed) {
-  unsigned long long *d_errs, errs = 0;
-  CK(cudaMalloc(&d_errs, sizeof *d_errs));
-  CK(cudaMemset(d_errs, 0, sizeof *d_errs));
-  verify(p, n, seed, d_errs, 0);
-  CK(cudaMemcpy(&errs, d_errs, sizeof errs, cudaMemcpyDeviceToHost));
-  CK(cudaFree(d_errs));
-  return (size_t)errs;
-}
-
 /* ---- the importer: argv = import SIZE0 SIZE1 SIZE2 HANDLE0 HANDLE1 HANDLE2 ---- */
 static int importer(char **argv, FILE *in, FILE *out) {
   g_prog = "ipc-importer";

@@ -13,13 +13,7 @@
 
 static size_t errors_on(int dev, const void *p, size_t n, uint32_t seed) {
   CK(cudaSetDevice(dev));
-  unsigned long long *d_errs, errs = 0;
-  CK(cudaMalloc(&d_errs, sizeof *d_errs));
-  CK(cudaMemset(d_errs, 0, sizeof *d_errs));
-  verify(p, n, seed, d_errs, 0);
-  CK(cudaMemcpy(&errs, d_errs, sizeof errs, cudaMemcpyDeviceToHost));
-  CK(cudaFree(d_errs));
-  return (size_t)errs;
+  return errors_in(p, n, seed);
 }
 
 static void fill_on(int dev, void *p, size_t n, uint32_t seed) {
