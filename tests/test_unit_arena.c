@@ -2,10 +2,13 @@
  * alloc.c's entry points (_vs_alloc/_vs_free) on the host emulation.
  *   - threads on different arenas get memory from different pools; frees find the owner
  *     from any thread; a pointer freed twice or an interior pointer is refused;
- *   - threads that contend for one arena spread over several by themselves;
+ *   - a thread that finds its arena's lock held by another allocating thread 4 times moves to
+ *     another arena (driven step by step); threads hammering one arena at once keep it whole;
  *   - out of memory in one arena takes back what another holds idle;
  *   - bytes in use and the peak are exact for one thread and sum up across threads. */
 #include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +17,7 @@
 
 #include "emu.h"
 #include "vmmshim/internal.h"
+#include "vmmshim/pool.h"
 #include "check.h"
 
 #define MiB (1024ull * 1024)
@@ -99,59 +103,128 @@ static void test_two_arenas(void) {
   CHECK(_vs_pool_check(pa) == 0 && _vs_pool_check(pb) == 0, "both arenas consistent");
 }
 
-/* ---- contention spreads threads ---- */
+/* ---- contention moves a thread to another arena ----
+ * Whether threads meet on a lock depends on the machine running them in parallel (a loaded
+ * machine time-slices them and they rarely do), so the rule is driven step by step: a holder
+ * thread takes arena 0's lock, the mover allocates behind it, the holder lets go after 20 ms.
+ * After VMMSHIM's 4 contended allocations (within its last 64) the mover allocates elsewhere;
+ * a lock held by a thread that does not allocate does not count. A round in which the mover
+ * was not scheduled before the holder let go is simply not contended (hence up to 40). */
+#define MOVE_ROUNDS 40
+typedef struct {
+  vs_pool_t *pool;      /* arena 0's pool */
+  bool holder_allocates; /* the holder allocates before taking the lock (so it is "another allocating thread") */
+  int rounds;
+  sem_t held, done;
+  int first_elsewhere; /* the mover's first round whose block is not in arena 0, or -1 */
+  int failed;
+} move_t;
+
+static void *mover(void *arg) {
+  move_t *m = arg;
+  cuCtxSetCurrent(g_ctx);
+  _vs_arena_select(0);
+  for (int r = 0; r < m->rounds; r++) {
+    sem_wait(&m->held);
+    CUdeviceptr p = alloc_or_0(4096);
+    if (!p) m->failed++;
+    else if (m->first_elsewhere < 0 && _vs_dir_lookup(p) != m->pool) m->first_elsewhere = r;
+    if (p && !free_ok(p)) m->failed++;
+    sem_post(&m->done);
+  }
+  return NULL;
+}
+
+static int run_move(bool holder_allocates, int rounds) {
+  CUdeviceptr probe = alloc_or_0(4096); /* the main thread is on arena 0 */
+  move_t m = {.pool = _vs_dir_lookup(probe), .holder_allocates = holder_allocates, .rounds = rounds,
+              .first_elsewhere = -1};
+  CHECK(m.pool && free_ok(probe), "arena 0's pool");
+  sem_init(&m.held, 0, 0);
+  sem_init(&m.done, 0, 0);
+  pthread_t t;
+  pthread_create(&t, NULL, mover, &m);
+  for (int r = 0; r < rounds; r++) {
+    if (holder_allocates) {
+      CUdeviceptr q = alloc_or_0(4096);
+      if (!q || !free_ok(q)) m.failed++;
+    }
+    pool_lock(m.pool);
+    sem_post(&m.held);
+    usleep(20000);
+    pool_unlock(m.pool);
+    sem_wait(&m.done);
+    if (m.first_elsewhere >= 0) break;
+  }
+  if (m.first_elsewhere >= 0) /* the mover has left: release its remaining rounds */
+    for (int r = m.first_elsewhere + 1; r < rounds; r++) {
+      sem_post(&m.held);
+      sem_wait(&m.done);
+    }
+  pthread_join(t, NULL);
+  sem_destroy(&m.held);
+  sem_destroy(&m.done);
+  CHECK(m.failed == 0, "%d allocations or frees failed", m.failed);
+  return m.first_elsewhere;
+}
+
+static void test_contention_moves(void) {
+  _vs_arena_select(0);
+  int moved = run_move(true, MOVE_ROUNDS);
+  CHECK(moved >= 4, "the mover left arena 0 after %d contended allocations: at least 4 are needed", moved);
+  CHECK(moved >= 0 && moved < MOVE_ROUNDS, "the mover never left arena 0 in %d rounds behind an allocating holder",
+        MOVE_ROUNDS);
+  moved = run_move(false, 12);
+  CHECK(moved < 0, "a lock held by a thread that does not allocate moved the mover (round %d)", moved);
+}
+
+/* ---- threads hammering one arena at once: every allocation and free succeeds, the pools stay whole ---- */
 #define NTHREADS 4
 static pthread_barrier_t g_bar;
-static _Atomic(CUdeviceptr) g_last[NTHREADS]; /* read by the main thread while the threads run */
-static atomic_int g_stop;
+static atomic_int g_stop, g_failed;
+static vs_pool_t *g_seen[NTHREADS];
 
 static void *hammer(void *arg) {
   int id = (int)(intptr_t)arg;
   cuCtxSetCurrent(g_ctx);
   _vs_arena_select(0);
   pthread_barrier_wait(&g_bar);
-  for (long i = 0; i < 2000000 && !atomic_load(&g_stop); i++) {
-    CUdeviceptr p = alloc_or_0(4096);
-    if (!p) break;
-    CUresult err;
-    /* keep the last block of each round of 256 to see where this thread now allocates */
-    if ((i & 255) == 255) {
-      CUdeviceptr last = atomic_load(&g_last[id]);
-      if (last) _vs_free(VMMSHIM_API_DRIVER, last, VS_NO_STREAM, &err);
-      atomic_store(&g_last[id], p);
-    } else {
-      _vs_free(VMMSHIM_API_DRIVER, p, VS_NO_STREAM, &err);
+  CUdeviceptr keep[8] = {0};
+  for (long i = 0; i < 200000 && !atomic_load(&g_stop); i++) {
+    CUdeviceptr p = alloc_or_0(4096 + (size_t)(i % 7) * 256);
+    if (!p) {
+      atomic_fetch_add(&g_failed, 1);
+      break;
     }
+    g_seen[id] = _vs_dir_lookup(p);
+    CUdeviceptr old = keep[i % 8]; /* a few blocks live at a time, freed later */
+    keep[i % 8] = p;
+    if (old && !free_ok(old)) atomic_fetch_add(&g_failed, 1);
   }
+  for (int k = 0; k < 8; k++)
+    if (keep[k] && !free_ok(keep[k])) atomic_fetch_add(&g_failed, 1);
   return NULL;
 }
 
-static int distinct_arenas(void) {
-  vs_pool_t *seen[NTHREADS];
-  int n = 0;
-  for (int i = 0; i < NTHREADS; i++) {
-    CUdeviceptr last = atomic_load(&g_last[i]);
-    vs_pool_t *p = last ? _vs_dir_lookup(last) : NULL;
-    bool dup = false;
-    for (int k = 0; k < n; k++) dup |= seen[k] == p;
-    if (p && !dup) seen[n++] = p;
-  }
-  return n;
-}
-
-static void test_contention_spreads(void) {
+static void test_threads_at_once(void) {
   pthread_t t[NTHREADS];
   pthread_barrier_init(&g_bar, NULL, NTHREADS);
   for (int i = 0; i < NTHREADS; i++) pthread_create(&t[i], NULL, hammer, (void *)(intptr_t)i);
-  for (int ms = 0; ms < 10000 && distinct_arenas() < 2; ms += 10) usleep(10000);
+  usleep(300000);
   atomic_store(&g_stop, 1);
   for (int i = 0; i < NTHREADS; i++) pthread_join(t[i], NULL);
-  int n = distinct_arenas();
-  CHECK(n >= 2, "threads contending for arena 0 ended up in %d arena(s)", n);
+  CHECK(atomic_load(&g_failed) == 0, "%d allocations or frees failed", atomic_load(&g_failed));
+  int bad = 0, pools = 0;
   for (int i = 0; i < NTHREADS; i++) {
-    CUdeviceptr last = atomic_load(&g_last[i]);
-    CHECK(!last || free_ok(last), "free the kept block of %d", i);
+    bool dup = false;
+    for (int k = 0; k < i; k++) dup |= g_seen[k] == g_seen[i];
+    if (g_seen[i] && !dup) {
+      pools++;
+      bad += _vs_pool_check(g_seen[i]) != 0;
+    }
   }
+  printf("threads at once: %d pool(s) used at the end\n", pools);
+  CHECK(pools >= 1 && bad == 0, "%d of %d pools inconsistent", bad, pools);
 }
 
 /* ---- out of memory in one arena: another arena's idle memory is taken back ---- */
@@ -189,7 +262,8 @@ int main(void) {
   CHECK(_vs_active(), "shim active");
   test_stats_one_thread();
   test_two_arenas();
-  test_contention_spreads();
+  test_contention_moves();
+  test_threads_at_once();
   test_oom_takes_sibling_idle();
   CHECK(stats().bytes_in_use == 0, "nothing in use at the end (%llu)", (unsigned long long)stats().bytes_in_use);
   CHECK(emu_violations() == 0, "%d contract violations", emu_violations());
