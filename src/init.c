@@ -5,9 +5,8 @@
  * _vs_init_once (options, log, trace, atexit); the pools are built later, per
  * context, when the first allocation arrives (alloc.c). */
 #include <pthread.h>
-#include <stdlib.h>
-
 #include <signal.h>
+#include <stdlib.h>
 
 #include "vmmshim/internal.h"
 

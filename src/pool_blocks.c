@@ -139,9 +139,14 @@ vs_block_t *_vs_block_split(vs_pool_t *p, vs_block_t *b, size_t off) {
   return r;
 }
 
+/* Whether a ends where b starts, in the same reservation. */
+static inline bool touching(const vs_block_t *a, const vs_block_t *b) {
+  return a && b && a->resv == b->resv && a->addr + a->size == b->addr;
+}
+
 bool _vs_block_mergeable(const vs_pool_t *p, const vs_block_t *a, const vs_block_t *b, vs_block_state_t st) {
   (void)p;
-  return a && b && a->state == st && b->state == st && a->resv == b->resv && a->addr + a->size == b->addr;
+  return touching(a, b) && a->state == st && b->state == st;
 }
 
 /* Absorbs the neighbour c (after b, same state, off its list already) into b. */

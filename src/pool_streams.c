@@ -77,23 +77,17 @@ static bool take_own_pending(vs_pool_t *p, vs_block_t *b, vs_stream_t *s) {
 
 /* The FREE neighbours of a block (same reservation, touching it), which a pending block of a
  * stream may take in: free memory is no one's. */
-static vs_block_t *free_before(const vs_pool_t *p, const vs_block_t *b) {
-  (void)p;
-  return !b->prev || b->prev->state != B_FREE || b->prev->resv != b->resv || b->prev->addr + b->prev->size != b->addr
-             ? NULL
-             : b->prev;
+static vs_block_t *free_before(const vs_block_t *b) {
+  return touching(b->prev, b) && b->prev->state == B_FREE ? b->prev : NULL;
 }
-static vs_block_t *free_after(const vs_pool_t *p, const vs_block_t *b) {
-  (void)p;
-  return !b->next || b->next->state != B_FREE || b->next->resv != b->resv || b->addr + b->size != b->next->addr
-             ? NULL
-             : b->next;
+static vs_block_t *free_after(const vs_block_t *b) {
+  return touching(b, b->next) && b->next->state == B_FREE ? b->next : NULL;
 }
 
 /* Takes b's FREE neighbours into b (off every list, PENDING): returns the block, which starts
  * at the lower neighbour when there is one. */
 static vs_block_t *absorb_free_around(vs_pool_t *p, vs_block_t *b) {
-  vs_block_t *a = free_before(p, b);
+  vs_block_t *a = free_before(b);
   if (a) {
     _vs_bin_remove(p, a);
     p->pending_bytes += a->size;
@@ -102,7 +96,7 @@ static vs_block_t *absorb_free_around(vs_pool_t *p, vs_block_t *b) {
     absorb_next(p, a, b);
     b = a;
   }
-  vs_block_t *c = free_after(p, b);
+  vs_block_t *c = free_after(b);
   if (c) {
     _vs_bin_remove(p, c);
     p->pending_bytes += c->size;
@@ -138,6 +132,21 @@ static bool pend_on_stream(vs_pool_t *p, vs_block_t *b, vs_stream_t *s) {
   return vs_policy_seal_stream(s->pending.count, s->pending.bytes - newest, p->mapped);
 }
 
+/* Makes pending block b (on list l) the best candidate of take_from_stream_loose when it serves
+ * the request counted with the FREE neighbours it would take in, and is smaller than the best. */
+static void consider_loose(const vs_pool_t *p, vs_block_t *b, vs_list_t *l, int heap_id, size_t size, size_t align,
+                           vs_block_t **best, size_t *best_total, vs_list_t **from) {
+  if (heap_id_of(p, b) != heap_id) return;
+  const vs_block_t *before = free_before(b), *after = free_after(b);
+  CUdeviceptr start = before ? before->addr : b->addr;
+  size_t total = b->size + (before ? before->size : 0) + (after ? after->size : 0);
+  if (total >= _vs_align_pad(start, align) + size && (!*best || total < *best_total)) {
+    *best = b;
+    *best_total = total;
+    *from = l;
+  }
+}
+
 /* Before the pool grows for a request on stream s: the smallest block that serves it among all
  * of s's pending blocks and the blocks of the batches sealed on s (their events may not have
  * completed, but s's own work is ordered after their frees), whatever the piece left over,
@@ -151,25 +160,13 @@ static vs_block_t *take_from_stream_loose(vs_pool_t *p, vs_stream_t *s, int heap
   vs_list_t *from = NULL;
   size_t best_total = 0;
   int n = 0;
-  /* A block counts with the FREE neighbours it would take in. */
-#define VS_CONSIDER(b, list)                                                                        \
-  do {                                                                                              \
-    const vs_block_t *fb_ = free_before(p, (b)), *fa_ = free_after(p, (b));                          \
-    CUdeviceptr start_ = fb_ ? fb_->addr : (b)->addr;                                                \
-    size_t total_ = (b)->size + (fb_ ? fb_->size : 0) + (fa_ ? fa_->size : 0);                       \
-    size_t pad_ = _vs_align_pad(start_, align);                                                      \
-    if (heap_id_of(p, (b)) == heap_id && total_ >= pad_ + size && (!best || total_ < best_total)) { \
-      best = (b);                                                                                   \
-      best_total = total_;                                                                          \
-      from = (list);                                                                                \
-    }                                                                                               \
-  } while (0)
-  for (vs_block_t *b = s->pending.tail; b && n < VS_STREAM_LOOSE_SCAN; b = b->fprev, n++) VS_CONSIDER(b, &s->pending);
+  for (vs_block_t *b = s->pending.tail; b && n < VS_STREAM_LOOSE_SCAN; b = b->fprev, n++)
+    consider_loose(p, b, &s->pending, heap_id, size, align, &best, &best_total, &from);
   for (vs_batch_t *bt = p->batches; bt && n < VS_STREAM_LOOSE_SCAN; bt = bt->next) {
     if (bt->key != s->key || bt->epoch != p->stream_epoch) continue;
-    for (vs_block_t *b = bt->blocks.tail; b && n < VS_STREAM_LOOSE_SCAN; b = b->fprev, n++) VS_CONSIDER(b, &bt->blocks);
+    for (vs_block_t *b = bt->blocks.tail; b && n < VS_STREAM_LOOSE_SCAN; b = b->fprev, n++)
+      consider_loose(p, b, &bt->blocks, heap_id, size, align, &best, &best_total, &from);
   }
-#undef VS_CONSIDER
   if (!best) return NULL;
   list_remove(from, best);
   best->stream = NULL;

@@ -171,17 +171,24 @@ static int module_of_locked(uintptr_t ip) {
   return 0;
 }
 
-static int add_module(struct dl_phdr_info *info, size_t size, void *arg) {
-  (void)size;
-  (void)arg;
-  uintptr_t lo = UINTPTR_MAX, hi = 0;
+/* The addresses an object's loaded segments span: [*lo, *hi) (empty when it has none). */
+static void load_extent(const struct dl_phdr_info *info, uintptr_t *lo, uintptr_t *hi) {
+  *lo = UINTPTR_MAX;
+  *hi = 0;
   for (int i = 0; i < info->dlpi_phnum; i++) {
     const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
     if (ph->p_type != PT_LOAD) continue;
     uintptr_t a = info->dlpi_addr + ph->p_vaddr;
-    if (a < lo) lo = a;
-    if (a + ph->p_memsz > hi) hi = a + ph->p_memsz;
+    if (a < *lo) *lo = a;
+    if (a + ph->p_memsz > *hi) *hi = a + ph->p_memsz;
   }
+}
+
+static int add_module(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  (void)arg;
+  uintptr_t lo, hi;
+  load_extent(info, &lo, &hi);
   if (lo >= hi || module_of_locked(lo)) return 0;
   unsigned n = atomic_load_explicit(&vs_nmodules, memory_order_relaxed);
   if (n >= VS_MODULES_MAX) return 1;
@@ -227,14 +234,8 @@ struct range_arg {
 static int find_range(struct dl_phdr_info *info, size_t size, void *arg) {
   (void)size;
   struct range_arg *r = arg;
-  uintptr_t lo = UINTPTR_MAX, hi = 0;
-  for (int i = 0; i < info->dlpi_phnum; i++) {
-    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-    if (ph->p_type != PT_LOAD) continue;
-    uintptr_t a = info->dlpi_addr + ph->p_vaddr;
-    if (a < lo) lo = a;
-    if (a + ph->p_memsz > hi) hi = a + ph->p_memsz;
-  }
+  uintptr_t lo, hi;
+  load_extent(info, &lo, &hi);
   if (r->addr >= lo && r->addr < hi) {
     r->lo = lo;
     r->hi = hi;

@@ -15,11 +15,21 @@ static bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
  * takes tens of microseconds to milliseconds, and other threads must not wait behind it. */
 #define VS_DRIVER_CALL_START() vs_assert(_vs_locks_held == 0)
 
-static CUresult finish(vs_vmm_op_t op, const char *what, CUresult r, uint64_t t0, CUdeviceptr va, size_t size,
-                       uint64_t handle, unsigned flags, int dev) {
+static const char *flag_name(unsigned f) {
+  return f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? "READWRITE" : f == CU_MEM_ACCESS_FLAGS_PROT_READ ? "READ" : "NONE";
+}
+
+/* Counts a driver call that started at t0 in the stats; returns its time. */
+static uint64_t count_call(uint64_t t0) {
   uint64_t dt = _vs_now_ns() - t0;
   VS_STAT_ADD(vmm_calls, 1);
   VS_STAT_ADD(vmm_ns, dt);
+  return dt;
+}
+
+static CUresult finish(vs_vmm_op_t op, const char *what, CUresult r, uint64_t t0, CUdeviceptr va, size_t size,
+                       uint64_t handle, unsigned flags, int dev) {
+  uint64_t dt = count_call(t0);
   if (r != CUDA_SUCCESS) {
     /* Out of memory is an expected answer the pool handles; anything else is a bug or a dying context. */
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
@@ -29,10 +39,7 @@ static CUresult finish(vs_vmm_op_t op, const char *what, CUresult r, uint64_t t0
                (unsigned long long)va, size, handle, dev, _vs_cu_error_name(r));
   } else {
     _vs_info("%s va 0x%llx size 0x%zx handle 0x%" PRIx64 " device %d%s%s (%.1f us)", what, (unsigned long long)va,
-             size, handle, dev, op == VS_VMM_SET_ACCESS ? " access " : "",
-             op == VS_VMM_SET_ACCESS ? (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? "READWRITE"
-                                        : flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? "READ" : "NONE")
-                                     : "",
+             size, handle, dev, op == VS_VMM_SET_ACCESS ? " access " : "", op == VS_VMM_SET_ACCESS ? flag_name(flags) : "",
              (double)dt / 1000.0);
   }
   if (vs_unlikely(_vs_trace_on)) _vs_trace_vmm(op, va, size, handle, flags, dev, r, dt);
@@ -154,10 +161,6 @@ CUresult _vs_vmm_set_access(const vs_device_caps_t *caps, CUdeviceptr va, size_t
   return _vs_vmm_set_access_devices(caps, va, size, 0, 0, 0);
 }
 
-static const char *flag_name(unsigned f) {
-  return f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? "READWRITE" : f == CU_MEM_ACCESS_FLAGS_PROT_READ ? "READ" : "NONE";
-}
-
 CUresult _vs_vmm_set_access_devices(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, uint64_t rw, uint64_t ro,
                                     uint64_t none) {
   CUresult r = check_range("cuMemSetAccess", caps, va, size, true);
@@ -181,9 +184,7 @@ CUresult _vs_vmm_set_access_devices(const vs_device_caps_t *caps, CUdeviceptr va
   VS_DRIVER_CALL_START();
   uint64_t t0 = _vs_now_ns();
   r = _vs_cu.cuMemSetAccess(va, size, desc, n);
-  uint64_t dt = _vs_now_ns() - t0;
-  VS_STAT_ADD(vmm_calls, 1);
-  VS_STAT_ADD(vmm_ns, dt);
+  uint64_t dt = count_call(t0);
   if (r != CUDA_SUCCESS) {
     _vs_warn("cuMemSetAccess(va 0x%llx, size 0x%zx, %zu devices) failed: %s", (unsigned long long)va, size, n,
              _vs_cu_error_name(r));
@@ -209,9 +210,7 @@ CUresult _vs_vmm_export(const vs_device_caps_t *caps, CUmemGenericAllocationHand
   uint64_t t0 = _vs_now_ns();
   int fd = -1;
   CUresult r = _vs_cu.cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-  uint64_t dt = _vs_now_ns() - t0;
-  VS_STAT_ADD(vmm_calls, 1);
-  VS_STAT_ADD(vmm_ns, dt);
+  uint64_t dt = count_call(t0);
   if (r != CUDA_SUCCESS) {
     _vs_warn("cuMemExportToShareableHandle(handle 0x%llx) on device %d failed: %s", (unsigned long long)handle,
              (int)caps->device, _vs_cu_error_name(r));
@@ -230,9 +229,7 @@ CUresult _vs_vmm_import(int fd, CUmemGenericAllocationHandle *handle_out) {
   uint64_t t0 = _vs_now_ns();
   CUresult r = _vs_cu.cuMemImportFromShareableHandle(handle_out, (void *)(uintptr_t)fd,
                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  uint64_t dt = _vs_now_ns() - t0;
-  VS_STAT_ADD(vmm_calls, 1);
-  VS_STAT_ADD(vmm_ns, dt);
+  uint64_t dt = count_call(t0);
   if (r != CUDA_SUCCESS) _vs_warn("cuMemImportFromShareableHandle(fd %d) failed: %s", fd, _vs_cu_error_name(r));
   else _vs_info("cuMemImportFromShareableHandle fd %d -> handle 0x%llx (%.1f us)", fd, (unsigned long long)*handle_out,
                 (double)dt / 1000.0);
