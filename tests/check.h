@@ -198,6 +198,14 @@ static inline const char *lib_of(const void *fn) {
 }
 static inline int in_shim(const void *fn) { return strstr(lib_of(fn), "libvmmshim") != NULL; }
 static inline int in_libcuda(const void *fn) { return strstr(lib_of(fn), "libcuda.so") != NULL; }
+
+/* cudaMalloc that must succeed (a failure is counted, and NULL returned). */
+static inline void *must_malloc(size_t n) {
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, n);
+  CHECK(e == cudaSuccess && p, "cudaMalloc(%zu): %s", n, cudaGetErrorName(e));
+  return p;
+}
 #endif
 
 /* Byte patterns: byte i of a block with seed s. */
@@ -260,4 +268,22 @@ static inline double now_s(void) {
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static inline void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* The file at path, NUL-terminated in buf (at most cap - 1 bytes); NULL (and buf empty) when
+ * it cannot be opened. */
+static inline char *check_read_file(const char *path, char *buf, size_t cap) {
+  buf[0] = 0;
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  size_t n = fread(buf, 1, cap - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  return buf;
+}
+
 #endif
+

@@ -48,11 +48,6 @@ static void work_fill(void *arg) {
   __atomic_store_n(&w->ran, 1, __ATOMIC_RELEASE);
 }
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {0, ms * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* ------------------------------------------------------------------ deferred */
 /* True once no freed block is waiting (idle bytes = mapped - in use), polled up to t s. */
 static int wait_reclaimed(double t) {

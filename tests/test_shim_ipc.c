@@ -60,11 +60,6 @@
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* ------------------------------------------------------------------ messages */
 
 typedef struct msg_s {
@@ -385,13 +380,6 @@ static int agent_main(void) {
 /* ------------------------------------------------------------------ helpers of the scenarios */
 
 static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
-
-static void *must_malloc(size_t n) {
-  void *p = NULL;
-  cudaError_t e = cudaMalloc(&p, n);
-  CHECK(e == cudaSuccess && p, "cudaMalloc(%zu): %s", n, cudaGetErrorName(e));
-  return p;
-}
 
 static cudaIpcMemHandle_t must_handle(void *p) {
   cudaIpcMemHandle_t h;

@@ -120,13 +120,6 @@ static void pool_access(int dev, int peer, enum cudaMemAccessFlags flags) {
   CHECK(cudaMemPoolGetAccess(&got, pool, &loc) == cudaSuccess && got == flags, "the pool says %d", (int)got);
 }
 
-static void *must_malloc(size_t n) {
-  void *p = NULL;
-  cudaError_t e = cudaMalloc(&p, n);
-  CHECK(e == cudaSuccess && p, "cudaMalloc(%zu): %s", n, cudaGetErrorName(e));
-  return p;
-}
-
 static void *must_malloc_async(size_t n, cudaStream_t s) {
   void *p = NULL;
   cudaError_t e = cudaMallocAsync(&p, n, s);
@@ -492,12 +485,7 @@ static char g_log[256];
 
 static const char *read_log(void) {
   static char buf[1 << 18];
-  buf[0] = 0;
-  FILE *f = fopen(g_log, "r");
-  if (!f) return buf;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  buf[n] = 0;
-  fclose(f);
+  check_read_file(g_log, buf, sizeof buf);
   return buf;
 }
 

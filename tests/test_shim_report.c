@@ -34,12 +34,7 @@ static char g_log[256];
 /* The log file as a string (static buffer). */
 static const char *read_log(void) {
   static char buf[1 << 16];
-  buf[0] = 0;
-  FILE *f = fopen(g_log, "r");
-  if (!f) return buf;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  buf[n] = 0;
-  fclose(f);
+  check_read_file(g_log, buf, sizeof buf);
   return buf;
 }
 
@@ -71,11 +66,6 @@ static long long int_after(const char *from, const char *key) {
   long long v = -1;
   if (!p || sscanf(p + strlen(key), "%lld", &v) != 1) return -1;
   return v;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
 }
 
 /* Waits up to 2 s for the log to hold `n` copies of `needle`. */

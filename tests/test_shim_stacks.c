@@ -96,13 +96,8 @@ typedef struct {
 static unsigned long long hx(const char *s) { return strtoull(s, NULL, 16); }
 
 static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
   static char buf[1 << 20];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  buf[n] = 0;
-  fclose(f);
-  return buf;
+  return check_read_file(path, buf, sizeof buf);
 }
 
 static const stack_t_ *find_stack(const trace_t *t, unsigned long id) {
