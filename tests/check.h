@@ -286,4 +286,3 @@ static inline char *check_read_file(const char *path, char *buf, size_t cap) {
 }
 
 #endif
-
