@@ -110,7 +110,7 @@ typedef struct vs_request_s {
   const void *owner;
   bool *contended; /* out: the lock was held by another allocating thread */
   /* the pool's figures at the last failed try, for the slow path's decisions */
-  size_t pending, deferred, mapped;
+  size_t pending, deferred, used, mapped;
 } vs_request_t;
 
 /* Takes a block for the request under the lock: from the stream's own pending blocks, else
@@ -153,6 +153,7 @@ static vs_block_t *take_block(vs_pool_t *p, vs_request_t *rq) {
   } else {
     rq->pending = p->pending_bytes;
     rq->deferred = p->deferred.bytes;
+    rq->used = p->used;
     rq->mapped = p->mapped;
   }
   pool_unlock(p);
@@ -191,8 +192,8 @@ static vs_block_t *alloc_slow(vs_pool_t *p, vs_request_t *rq, vs_pool_status_t *
     _vs_pool_reclaim_by_events(p, _vs_thread_tag(), 0);
     if ((b = take_block(p, rq)) != NULL) return b;
   }
-  /* 2. A large request while deferred frees hold half the pool: wait for them first. */
-  if (vs_policy_sync_before_growth(rq->size, p->gran, rq->deferred, rq->mapped) &&
+  /* 2. Deferred frees that could serve the request, when growing would hold too much: wait for them. */
+  if (vs_policy_sync_before_growth(rq->size, p->gran, rq->deferred, rq->used, rq->mapped) &&
       !atomic_load(&_vs_captures_active) && _vs_pool_sync_and_reclaim(p) == CUDA_SUCCESS &&
       (b = take_block(p, rq)) != NULL)
     return b;

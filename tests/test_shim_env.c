@@ -5,6 +5,10 @@
  *   deferred  VMMSHIM_FREE_MODE=deferred: cudaFree does not wait for earlier work, the
  *             range is not reused while that work is pending, and the background
  *             reclaimer makes it reusable once the work has completed.
+ *   deferred-bound  VMMSHIM_FREE_MODE=deferred: a program that frees and allocates again
+ *             faster than the reclaimer synchronises keeps what the pool maps within 1.1 x
+ *             what it has in use (plus one growth step): a request that growth would take past
+ *             that waits for the deferred frees that can hold it.
  *   gran2m    VMMSHIM_GRANULARITY=2M: blocks spanning many handles, every byte written
  *             and read back, no overlaps.
  *   limit     VMMSHIM_LIMIT=64M: allocations beyond fail with out-of-memory,
@@ -405,12 +409,47 @@ static void scenario_badgran(void) {
   cudaFree(p);
 }
 
+static void scenario_deferred_bound(void) {
+  enum { N = 24, ROUNDS = 600 };
+  const size_t size = 40 * MiB; /* below the granularity (64 MiB) */
+  cudaStream_t s;
+  CHECK(cudaStreamCreate(&s) == cudaSuccess, "stream");
+  void *b[N];
+  static work_t wk[N];
+  for (int i = 0; i < N; i++) CHECK(cudaMalloc(&b[i], size) == cudaSuccess, "alloc %d", i);
+  uint64_t peak = 0, syncs0 = shim_stats().syncs;
+  int bad = 0;
+  for (int i = 0; i < ROUNDS && !bad; i++) {
+    int k = i % N;
+    /* work on the block, queued and not completed: only a synchronisation ends it */
+    wk[k] = (work_t){b[k], 4096, pthread_self(), 0, 0};
+    emu_launch((CUstream)s, work_fill, &wk[k]);
+    if (cudaFree(b[k]) != cudaSuccess || cudaMalloc(&b[k], size) != cudaSuccess) bad = i + 1;
+    vmmshim_stats_t st = shim_stats();
+    if (st.bytes_mapped > peak) peak = st.bytes_mapped;
+  }
+  CHECK(!bad, "free and allocate again failed in round %d", bad - 1);
+  vmmshim_stats_t st = shim_stats();
+  uint64_t in_use = st.bytes_in_use, bound = in_use + in_use / 10 + 64 * MiB;
+  printf("deferred-bound: in use %llu MiB, peak mapped %llu MiB (bound %llu MiB), syncs %llu\n",
+         (unsigned long long)(in_use >> 20), (unsigned long long)(peak >> 20), (unsigned long long)(bound >> 20),
+         (unsigned long long)(st.syncs - syncs0));
+  CHECK(in_use == (uint64_t)N * size, "in use %llu", (unsigned long long)in_use);
+  CHECK(peak <= bound, "peak mapped %llu MiB past 1.1 x in use + 64 MiB (%llu MiB)", (unsigned long long)(peak >> 20),
+        (unsigned long long)(bound >> 20));
+  emu_complete((CUstream)s, -1);
+  for (int i = 0; i < N; i++) CHECK(cudaFree(b[i]) == cudaSuccess, "free");
+  CHECK(cudaStreamDestroy(s) == cudaSuccess, "destroy");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *sc = check_child_main(argc, argv);
   if (sc) {
     alarm(60);
     if (!strcmp(sc, "deferred")) scenario_deferred();
+    else if (!strcmp(sc, "deferred-bound")) scenario_deferred_bound();
     else if (!strcmp(sc, "gran2m")) scenario_gran2m();
     else if (!strcmp(sc, "limit")) scenario_limit();
     else if (!strcmp(sc, "oom")) scenario_oom();
@@ -424,6 +463,7 @@ int main(int argc, char **argv) {
     return check_child_summary(sc);
   }
   check_run_child("deferred", "VMMSHIM_FREE_MODE=deferred", NULL);
+  check_run_child("deferred-bound", "VMMSHIM_FREE_MODE=deferred", NULL);
   check_run_child("gran2m", "VMMSHIM_GRANULARITY=2M", NULL);
   check_run_child("limit", "VMMSHIM_LIMIT=64M", NULL);
   check_run_child("threshold", "VMMSHIM_RELEASE_THRESHOLD=0", NULL);

@@ -97,13 +97,24 @@ static inline bool vs_policy_seal_stream(unsigned count, size_t older_bytes, siz
   return count > VS_SEAL_KEEP && (count >= VS_SEAL_COUNT || older_bytes >= mapped / VS_SEAL_FRACTION);
 }
 
-/* Deferred mode: a request of the granularity or more first waits for the deferred frees (the
- * reclaimer's synchronisation, made now: ~1 us on an idle GPU) when they hold half the pool or
- * more and enough for it: far cheaper than mapping a large handle, and a program that frees
- * big blocks faster than the reclaimer catches up does not grow without bound. Smaller
- * requests grow the pool instead, as the reclaimer's period (~100 us) needs some room. */
-static inline bool vs_policy_sync_before_growth(size_t size, size_t gran, size_t deferred, size_t mapped) {
-  return size >= gran && deferred >= size && deferred * 2 >= mapped;
+/* Deferred mode: before growing, a request waits for the deferred frees (the reclaimer's
+ * synchronisation, made now: ~1 us on an idle GPU, the queued work's time on a busy one) when
+ * they hold enough for it and either
+ *   - it is of the granularity or more and they hold half the pool: far cheaper than mapping a
+ *     large handle, and a program that frees big blocks faster than the reclaimer catches up
+ *     does not grow without bound; or
+ *   - growing would take what the pool maps past VS_HELD_BOUND_NUM/VS_HELD_BOUND_DEN of what
+ *     it would have in use: the memory the program freed is what it is asking for again, and
+ *     mapping more would hold memory nobody uses once the reclaimer catches up.
+ * Otherwise the pool grows: the reclaimer's period (~100 us) needs some room. */
+#define VS_HELD_BOUND_NUM 11
+#define VS_HELD_BOUND_DEN 10
+static inline bool vs_policy_sync_before_growth(size_t size, size_t gran, size_t deferred, size_t used,
+                                                size_t mapped) {
+  if (deferred < size) return false;
+  if (size >= gran && deferred * 2 >= mapped) return true;
+  size_t in_use = used + size;
+  return (mapped + size) / VS_HELD_BOUND_NUM > in_use / VS_HELD_BOUND_DEN;
 }
 
 #endif
