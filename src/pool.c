@@ -111,7 +111,17 @@ typedef struct vs_request_s {
   bool *contended; /* out: the lock was held by another allocating thread */
   /* the pool's figures at the last failed try, for the slow path's decisions */
   size_t pending, deferred, used, mapped;
+  size_t own_pending; /* a stream request: bytes freed on its stream and not yet free */
 } vs_request_t;
+
+/* Bytes freed on stream s that wait for its work: its pending list and the batches sealed on it
+ * (those a thread holds outside the lock are not counted). Lock held. */
+static size_t stream_waiting(const vs_pool_t *p, const vs_stream_t *s) {
+  size_t n = s->pending.bytes;
+  for (const vs_batch_t *bt = p->batches; bt; bt = bt->next)
+    if (bt->key == s->key && bt->epoch == p->stream_epoch) n += bt->blocks.bytes;
+  return n;
+}
 
 /* Takes a block for the request under the lock: from the stream's own pending blocks, else
  * from the bins. Returns it USED and in the map, or NULL (and the pool's figures in rq). */
@@ -129,8 +139,9 @@ static vs_block_t *take_block(vs_pool_t *p, vs_request_t *rq) {
     p->last_allocator = self;
   }
   vs_block_t *b = NULL;
+  vs_stream_t *s = NULL;
   if (rq->stream != VS_NO_STREAM) {
-    vs_stream_t *s = _vs_stream_get(p, rq->key, rq->stream, rq->owner, false);
+    s = _vs_stream_get(p, rq->key, rq->stream, rq->owner, false);
     if (s && s->pending.head) {
       b = take_from_stream(p, s, rq->heap_id, rq->size, rq->align);
       if (b) b = carve(p, b, rq->size, rq->align, s);
@@ -155,6 +166,7 @@ static vs_block_t *take_block(vs_pool_t *p, vs_request_t *rq) {
     rq->deferred = p->deferred.bytes;
     rq->used = p->used;
     rq->mapped = p->mapped;
+    rq->own_pending = s ? stream_waiting(p, s) : 0;
   }
   pool_unlock(p);
   return b;
@@ -192,11 +204,20 @@ static vs_block_t *alloc_slow(vs_pool_t *p, vs_request_t *rq, vs_pool_status_t *
     _vs_pool_reclaim_by_events(p, _vs_thread_tag(), 0);
     if ((b = take_block(p, rq)) != NULL) return b;
   }
-  /* 2. Deferred frees that could serve the request, when growing would hold too much: wait for them. */
-  if (vs_policy_sync_before_growth(rq->size, p->gran, rq->deferred, rq->used, rq->mapped) &&
-      !atomic_load(&_vs_captures_active) && _vs_pool_sync_and_reclaim(p) == CUDA_SUCCESS &&
-      (b = take_block(p, rq)) != NULL)
-    return b;
+  /* 2. Freed memory that waits for the GPU, when growing would hold too much (policy.h): wait
+   *    for it; once free it serves the request, or is given back before the growth. A synchronous request waits for the deferred frees (a
+   *    context sync, as the reclaimer makes); a stream request for its own stream's frees
+   *    (a sync of that stream only: other streams' work may run long). Never while a graph is
+   *    captured: a sync would invalidate the capture. */
+  if (!atomic_load(&_vs_captures_active)) {
+    bool on_stream = rq->stream != VS_NO_STREAM;
+    size_t waiting = on_stream ? rq->own_pending : rq->deferred;
+    if (vs_policy_sync_before_growth(rq->size, p->gran, waiting, rq->used, rq->mapped) &&
+        (on_stream ? _vs_pool_sync_stream_and_reclaim(p, rq->key, rq->stream) : _vs_pool_sync_and_reclaim(p)) ==
+            CUDA_SUCCESS &&
+        (b = take_block(p, rq)) != NULL)
+      return b;
+  }
   /* 3. Grow (again, while another thread takes what was grown). */
   for (;;) {
     CUresult r = _vs_pool_grow(p, rq->heap_id, rq->size, rq->align, false);

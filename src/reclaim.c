@@ -6,7 +6,9 @@
  *     freed before it: the sync-mode free does one, the deferred mode's reclaimer thread
  *     does them in the background, the out-of-memory path does one);
  *   - an event recorded on the block's stream after the free completed: a stream's pending
- *     blocks are sealed into a batch with one event, queried later, never waited for.
+ *     blocks are sealed into a batch with one event, queried later, never waited for;
+ *   - a synchronisation of the block's stream that started after the free completed (made
+ *     by a request on that stream that would otherwise grow the pool past its bound: pool.c).
  * Lock never held across a driver call: batches and events are prepared under the lock and
  * recorded or queried after it is dropped. */
 #include <errno.h>
@@ -85,6 +87,38 @@ CUresult _vs_pool_sync_and_reclaim(vs_pool_t *p) {
   vs_batch_t *done = NULL;
   pool_lock(p);
   after_sync_locked(p, seq, &done);
+  VS_POOL_CHECK(p);
+  pool_unlock(p);
+  recycle_batches(p, done);
+  return CUDA_SUCCESS;
+}
+
+CUresult _vs_pool_sync_stream_and_reclaim(vs_pool_t *p, CUstream key, CUstream handle) {
+  pool_lock(p);
+  /* A sequence number of its own, so that blocks freed on the stream while it synchronises
+   * stay pending (they carry this number or a later one). */
+  uint64_t seq = ++p->sync_seq;
+  pool_unlock(p);
+  CUresult r = _vs_cu.cuStreamSynchronize(handle);
+  VS_STAT_ADD(syncs, 1);
+  if (r != CUDA_SUCCESS) return r;
+  vs_batch_t *done = NULL;
+  pool_lock(p);
+  vs_stream_t *s;
+  HASH_FIND(hh, p->streams, &key, sizeof key, s);
+  if (s) release_before(p, &s->pending, seq);
+  vs_batch_t **pp = &p->batches;
+  while (*pp) {
+    vs_batch_t *bt = *pp;
+    if (bt->key == key && bt->epoch == p->stream_epoch && bt->max_seq < seq) {
+      release_batch(p, bt);
+      *pp = bt->next;
+      bt->next = done;
+      done = bt;
+    } else {
+      pp = &bt->next;
+    }
+  }
   VS_POOL_CHECK(p);
   pool_unlock(p);
   recycle_batches(p, done);

@@ -9,6 +9,11 @@
  *             faster than the reclaimer synchronises keeps what the pool maps within 1.1 x
  *             what it has in use (plus one growth step): a request that growth would take past
  *             that waits for the deferred frees that can hold it.
+ *   async-bound  the same on a stream: a program that allocates on a stream the GPU has not
+ *             caught up with, in sizes its own freed blocks do not fit one by one, keeps what
+ *             the pool maps within 1.1 x what it has in use (plus one growth step): the
+ *             request waits for that stream (only); live blocks never overlap, and the
+ *             work queued on them runs.
  *   gran2m    VMMSHIM_GRANULARITY=2M: blocks spanning many handles, every byte written
  *             and read back, no overlaps.
  *   limit     VMMSHIM_LIMIT=64M: allocations beyond fail with out-of-memory,
@@ -443,6 +448,57 @@ static void scenario_deferred_bound(void) {
   CHECK(emu_violations() == 0, "%d violations", emu_violations());
 }
 
+static void scenario_async_bound(void) {
+  enum { N = 32, ROUNDS = 200 };
+  cudaStream_t s, other;
+  CHECK(cudaStreamCreate(&s) == cudaSuccess && cudaStreamCreate(&other) == cudaSuccess, "streams");
+  /* Work queued on another stream that never completes during the scenario: waiting for the
+   * request's own stream must not wait for it (a context sync would end it). */
+  static work_t idle_work;
+  static unsigned char sink[4096];
+  idle_work = (work_t){sink, sizeof sink, pthread_self(), 0, 0};
+  emu_launch((CUstream)other, work_fill, &idle_work);
+  void *b[N];
+  static work_t wk[N];
+  uint64_t peak = 0, max_in_use = 0, syncs0 = shim_stats().syncs;
+  int bad = 0;
+  for (int r = 0; r < ROUNDS && !bad; r++) {
+    /* 4-43 MiB, a size larger by 1 MiB each round (then back to 4): the stream's freed blocks,
+     * pending, serve most of a round and run short by a few blocks. 1590 MiB mapped for
+     * 1376 MiB in use when the pool grows instead of waiting (1462 when it waits). */
+    size_t size = (size_t)(4 + r % 40) * MiB;
+    for (int i = 0; i < N && !bad; i++) {
+      if (cudaMallocAsync(&b[i], size, s) != cudaSuccess) bad = r + 1;
+    }
+    if (bad) break;
+    for (int i = 0; i < N; i++)
+      for (int j = 0; j < i; j++)
+        if (overlaps((uintptr_t)b[i], size, (uintptr_t)b[j], size)) bad = r + 1;
+    for (int i = 0; i < N; i++) {
+      wk[i] = (work_t){b[i], 4096, pthread_self(), 0, 0};
+      emu_launch((CUstream)s, work_fill, &wk[i]);
+    }
+    vmmshim_stats_t st = shim_stats();
+    if (st.bytes_mapped > peak) peak = st.bytes_mapped;
+    if (st.bytes_in_use > max_in_use) max_in_use = st.bytes_in_use;
+    for (int i = 0; i < N; i++)
+      if (cudaFreeAsync(b[i], s) != cudaSuccess) bad = r + 1;
+  }
+  CHECK(!bad, "allocation, overlap or free failed in round %d", bad - 1);
+  uint64_t bound = max_in_use + max_in_use / 10 + 64 * MiB;
+  printf("async-bound: max in use %llu MiB, peak mapped %llu MiB (bound %llu MiB), syncs %llu\n",
+         (unsigned long long)(max_in_use >> 20), (unsigned long long)(peak >> 20), (unsigned long long)(bound >> 20),
+         (unsigned long long)(shim_stats().syncs - syncs0));
+  CHECK(peak <= bound, "peak mapped %llu MiB past 1.1 x in use + 64 MiB (%llu MiB)", (unsigned long long)(peak >> 20),
+        (unsigned long long)(bound >> 20));
+  CHECK(emu_pending((CUstream)other) == 1, "the other stream's work was waited for (%d left)", emu_pending((CUstream)other));
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess, "sync");
+  for (int i = 0; i < N; i++) CHECK(wk[i].ran, "work %d of the last round did not run", i);
+  emu_complete((CUstream)other, -1);
+  CHECK(cudaStreamDestroy(s) == cudaSuccess && cudaStreamDestroy(other) == cudaSuccess, "destroy");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *sc = check_child_main(argc, argv);
@@ -450,6 +506,7 @@ int main(int argc, char **argv) {
     alarm(60);
     if (!strcmp(sc, "deferred")) scenario_deferred();
     else if (!strcmp(sc, "deferred-bound")) scenario_deferred_bound();
+    else if (!strcmp(sc, "async-bound")) scenario_async_bound();
     else if (!strcmp(sc, "gran2m")) scenario_gran2m();
     else if (!strcmp(sc, "limit")) scenario_limit();
     else if (!strcmp(sc, "oom")) scenario_oom();
@@ -464,6 +521,7 @@ int main(int argc, char **argv) {
   }
   check_run_child("deferred", "VMMSHIM_FREE_MODE=deferred", NULL);
   check_run_child("deferred-bound", "VMMSHIM_FREE_MODE=deferred", NULL);
+  check_run_child("async-bound", NULL, NULL);
   check_run_child("gran2m", "VMMSHIM_GRANULARITY=2M", NULL);
   check_run_child("limit", "VMMSHIM_LIMIT=64M", NULL);
   check_run_child("threshold", "VMMSHIM_RELEASE_THRESHOLD=0", NULL);

@@ -167,6 +167,7 @@ const char *_vs_cu_error_name(CUresult r);
   X(cuCtxSetCurrent, 4000, CUresult, (CUcontext))                                                     \
   X(cuCtxGetDevice, 2000, CUresult, (CUdevice *))                                                     \
   X(cuCtxSynchronize, 2000, CUresult, (void))                                                         \
+  X(cuStreamSynchronize, 2000, CUresult, (CUstream))                                                  \
   X(cuCtxPushCurrent, 4000, CUresult, (CUcontext))                                                    \
   X(cuCtxPopCurrent, 4000, CUresult, (CUcontext *))                                                   \
   X(cuDevicePrimaryCtxRetain, 7000, CUresult, (CUcontext *, CUdevice))                                \

@@ -241,6 +241,9 @@ bool _vs_over_limit(size_t add);
 /* Synchronises the pool's context (which must be current) and frees what was pending
  * before. Lock not held. */
 CUresult _vs_pool_sync_and_reclaim(vs_pool_t *p);
+/* Synchronises one stream, then frees every block freed on it before (its pending list and the
+ * batches sealed on it). The stream is given by its key (pool_streams.c) and handle. */
+CUresult _vs_pool_sync_stream_and_reclaim(vs_pool_t *p, CUstream key, CUstream handle);
 /* Seals streams' pending blocks with events (all but the `keep` newest of each stream) and
  * frees batches whose events completed; never waits. self: the calling thread's tag (only it
  * may record on its per-thread stream). Lock not held. */
