@@ -46,6 +46,14 @@ static inline unsigned long long shim_allocs(const vmmshim_stats_t *s) {
   return n;
 }
 
+/* Appends " pool_reserved_high=.. pool_used_high=.." of a cudaMallocAsync pool. */
+static inline void print_pool_high(cudaMemPool_t pool) {
+  uint64_t reserved_high = 0, used_high = 0;
+  CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &reserved_high));
+  CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
+  printf(" pool_reserved_high=%llu pool_used_high=%llu", (unsigned long long)reserved_high, (unsigned long long)used_high);
+}
+
 /* Appends " shim_allocs=.. shim_peak_mapped=.. shim_peak_in_use=.. shim_vmm_calls=.." (or " shim=0"). */
 static inline void print_shim_fields(void) {
   vmmshim_stats_t s;

@@ -111,13 +111,7 @@ int main(int argc, char **argv) {
   unsigned timed_steps = varlen ? steps - steps / 10 : (unsigned)((n - warm) / 2);
   printf("R churn work=%s cfg=%s steps=%u us_per_step=%.2f peak_live=%zu bad=%u", argv[1], label, timed_steps,
          (t1 - t0) / timed_steps, peak, h_bad);
-  if (async) {
-    uint64_t reserved_high = 0, used_high = 0;
-    CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &reserved_high));
-    CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
-    printf(" pool_reserved_high=%llu pool_used_high=%llu", (unsigned long long)reserved_high,
-           (unsigned long long)used_high);
-  }
+  if (async) print_pool_high(pool);
   vmmshim_stats_t st;
   if (shim_stats(&st)) printf(" shim_vmm_steady=%llu", st.vmm_calls - vmm_warm);
   print_shim_fields();

@@ -91,13 +91,7 @@ int main(int argc, char **argv) {
   double t1 = now_us();
   printf("R frag cfg=%s events=%zu allocs=%zu peak_live=%zu time_ms=%.1f", label, evs.size(), allocs, peak,
          (t1 - t0) / 1e3);
-  if (async) {
-    uint64_t reserved_high = 0, used_high = 0;
-    CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &reserved_high));
-    CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
-    printf(" pool_reserved_high=%llu pool_used_high=%llu", (unsigned long long)reserved_high,
-           (unsigned long long)used_high);
-  }
+  if (async) print_pool_high(pool);
   print_shim_fields();
   printf("\n");
   for (unsigned id = 0; id <= max_id; id++)

@@ -227,6 +227,9 @@ def run_torch_dp():
         import torch.nn as nn
     except Exception as e:  # noqa: BLE001
         skip("torch: import failed: %s" % e)
+    if not torch.cuda.is_available():
+        print("FAIL torch-dp: torch.cuda.is_available() is False")
+        sys.exit(1)
     if torch.cuda.device_count() < 2:
         skip("torch-dp: %d GPU(s); DataParallel needs two" % torch.cuda.device_count())
     torch.manual_seed(0)
