@@ -8,15 +8,7 @@
 # on the machine. Ends with "N passed, N failed".
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DEPS="$ROOT/scripts/deps.sh"
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-ko() { fail=$((fail + 1)); echo "FAIL $1"; }
-check() { # description, then a command whose success means pass
-  d=$1; shift
-  if "$@"; then ok "$d"; else ko "$d"; fi
-}
-has() { case $1 in *"$2"*) return 0 ;; *) return 1 ;; esac; }
+. "$(dirname "$0")/harness.sh"
 lines() { [ -z "$1" ] && echo 0 || printf '%s\n' "$1" | wc -l; }
 # where the real uthash.h is (make test got here, so it is somewhere)
 real_uthash=
@@ -174,5 +166,4 @@ else
   ko "no uthash.h found on this machine to copy"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+summary

@@ -12,15 +12,7 @@ BUILD=${BUILD:-build}
 case $BUILD in /*) B=$BUILD ;; *) B=$ROOT/$BUILD ;; esac
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 CC=${CC:-cc}
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-ko() { fail=$((fail + 1)); echo "FAIL $1"; }
-check() { # description, then a command whose success means pass
-  d=$1; shift
-  if "$@"; then ok "$d"; else ko "$d"; fi
-}
-has() { case $1 in *"$2"*) return 0 ;; *) return 1 ;; esac; }
+. "$(dirname "$0")/harness.sh"
 skip_or_fail() { # a tool make test's dependency step installs is missing
   if [ "${CI:-}" = true ]; then ko "$1 (scripts/deps.sh --test installs it)"; else echo "SKIP $1; not counted"; fi
 }
@@ -209,5 +201,4 @@ check "make uninstall removes every installed file and only those [left: $left]"
 make BUILD="$BUILD" DESTDIR="$D" PREFIX=/usr uninstall >/dev/null 2>&1
 check "make uninstall again (nothing there) exits 0" test $? = 0
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+summary

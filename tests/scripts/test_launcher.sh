@@ -5,14 +5,7 @@
 # needs neither CUDA nor a built shim. Ends with "N passed, N failed".
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 L="$ROOT/scripts/vmmshim"
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-ko() { fail=$((fail + 1)); echo "FAIL $1"; }
-check() { # description, then a command whose success means pass
-  d=$1; shift
-  if "$@"; then ok "$d"; else ko "$d"; fi
-}
+. "$(dirname "$0")/harness.sh"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/vmmshim-launcher-test.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -87,5 +80,4 @@ case $last in *"vmmshim-report t.$pid.trace") ok "last message is the report com
 "$L" -q -o "t2.%p.trace" true 2> err
 check "-q prints nothing" test ! -s err
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+summary
