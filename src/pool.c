@@ -112,6 +112,8 @@ typedef struct vs_request_s {
   /* the pool's figures at the last failed try, for the slow path's decisions */
   size_t pending, deferred, used, mapped;
   size_t own_pending; /* a stream request: bytes freed on its stream and not yet free */
+  uint64_t sync_since_ns; /* start of the oldest context sync in flight, 0 if none */
+  uint64_t last_sync_ns;  /* how long the last context sync took */
 } vs_request_t;
 
 /* Bytes freed on stream s that wait for its work: its pending list and the batches sealed on it
@@ -167,6 +169,8 @@ static vs_block_t *take_block(vs_pool_t *p, vs_request_t *rq) {
     rq->used = p->used;
     rq->mapped = p->mapped;
     rq->own_pending = s ? stream_waiting(p, s) : 0;
+    rq->sync_since_ns = p->sync_since_ns;
+    rq->last_sync_ns = p->last_sync_ns;
   }
   pool_unlock(p);
   return b;
@@ -212,7 +216,12 @@ static vs_block_t *alloc_slow(vs_pool_t *p, vs_request_t *rq, vs_pool_status_t *
   if (!atomic_load(&_vs_captures_active)) {
     bool on_stream = rq->stream != VS_NO_STREAM;
     size_t waiting = on_stream ? rq->own_pending : rq->deferred;
-    if (vs_policy_sync_before_growth(rq->size, p->gran, waiting, rq->used, rq->mapped) &&
+    /* The deferred frees lag when the last context sync took long, or the one in flight runs
+     * long (the GPU is busy); a stream's, whenever they could not be reused (only the stream's
+     * own sync frees them). */
+    bool lagging = on_stream || rq->last_sync_ns >= VS_LAG_NS ||
+                   (rq->sync_since_ns && _vs_now_ns() - rq->sync_since_ns >= VS_LAG_NS);
+    if (vs_policy_sync_before_growth(rq->size, p->gran, waiting, lagging, rq->used, rq->mapped) &&
         (on_stream ? _vs_pool_sync_stream_and_reclaim(p, rq->key, rq->stream) : _vs_pool_sync_and_reclaim(p)) ==
             CUDA_SUCCESS &&
         (b = take_block(p, rq)) != NULL)

@@ -78,14 +78,22 @@ static void recycle_batches(vs_pool_t *p, vs_batch_t *list) {
 }
 
 CUresult _vs_pool_sync_and_reclaim(vs_pool_t *p) {
+  uint64_t t0 = _vs_now_ns();
   pool_lock(p);
   uint64_t seq = ++p->sync_seq;
+  if (!p->syncs_running++) p->sync_since_ns = t0;
   pool_unlock(p);
   CUresult r = _vs_cu.cuCtxSynchronize();
   VS_STAT_ADD(syncs, 1);
-  if (r != CUDA_SUCCESS) return r;
   vs_batch_t *done = NULL;
+  uint64_t took = _vs_now_ns() - t0;
   pool_lock(p);
+  if (!--p->syncs_running) p->sync_since_ns = 0;
+  p->last_sync_ns = took;
+  if (r != CUDA_SUCCESS) {
+    pool_unlock(p);
+    return r;
+  }
   after_sync_locked(p, seq, &done);
   VS_POOL_CHECK(p);
   pool_unlock(p);

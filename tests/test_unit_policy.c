@@ -80,28 +80,33 @@ static void test_seal(void) {
 static void test_sync_before_growth(void) {
   size_t gran = 64 * MiB;
   /* Nothing waits for the GPU: grow, whatever the figures. */
-  CHECK(!vs_policy_sync_before_growth(GiB, gran, 0, 0, 4 * GiB), "nothing waiting: grow");
-  /* A request of the granularity or more: waiting frees that hold half the pool and enough. */
-  CHECK(vs_policy_sync_before_growth(GiB, gran, 2 * GiB, 2 * GiB, 4 * GiB), "waiting holds half the pool and enough");
-  CHECK(!vs_policy_sync_before_growth(3 * GiB, gran, 2 * GiB, 5 * GiB, 4 * GiB),
+  CHECK(!vs_policy_sync_before_growth(GiB, gran, 0, true, 0, 4 * GiB), "nothing waiting: grow");
+  /* A request of the granularity or more: waiting frees that hold half the pool and enough,
+   * whether or not the GPU lags. */
+  CHECK(vs_policy_sync_before_growth(GiB, gran, 2 * GiB, false, 2 * GiB, 4 * GiB), "waiting holds half the pool and enough");
+  CHECK(!vs_policy_sync_before_growth(3 * GiB, gran, 2 * GiB, true, 5 * GiB, 4 * GiB),
         "not enough for the request, and growing stays within the bound: grow");
-  CHECK(!vs_policy_sync_before_growth(gran, gran, gran, GiB, GiB + gran),
-        "less than half, and growing stays within the bound (1152 MiB for 1088 MiB): grow");
-  CHECK(vs_policy_sync_before_growth(gran, gran, gran, GiB, GiB + 2 * gran),
-        "less than half, but past the bound (1216 MiB for 1088 MiB): wait");
-  /* Any request: growing past 1.1 x what would be in use waits for whatever waits, even when it
-   * cannot hold the request (once free it is given back before the growth). */
-  CHECK(vs_policy_sync_before_growth(8 * MiB, gran, 100 * MiB, 900 * MiB, GiB),
-        "1 GiB + 8 MiB mapped for 908 MiB in use (1.13): wait");
-  CHECK(vs_policy_sync_before_growth(8 * MiB, gran, 2 * MiB, 900 * MiB, GiB),
+  /* The bound: what the pool would map, less one handle of the granularity, against 1.1 x what
+   * it would have in use; only while the GPU lags. */
+  CHECK(!vs_policy_sync_before_growth(gran, gran, gran, true, GiB, GiB + 2 * gran),
+        "less than half, within the bound (1152 MiB + 64 for 1088 MiB): grow");
+  CHECK(vs_policy_sync_before_growth(gran, gran, gran, true, GiB, GiB + 3 * gran),
+        "less than half, past the bound (1280 MiB - 64 for 1088 MiB): wait");
+  CHECK(!vs_policy_sync_before_growth(gran, gran, gran, false, GiB, GiB + 3 * gran),
+        "past the bound, but the GPU keeps up: grow");
+  CHECK(vs_policy_sync_before_growth(8 * MiB, gran, 100 * MiB, true, 800 * MiB, GiB),
+        "1032 MiB - 64 for 808 MiB in use (1.20): wait");
+  CHECK(vs_policy_sync_before_growth(8 * MiB, gran, 2 * MiB, true, 800 * MiB, GiB),
         "past the bound, with less waiting than the request: wait all the same");
-  CHECK(!vs_policy_sync_before_growth(8 * MiB, gran, 100 * MiB, 950 * MiB, GiB),
-        "1 GiB + 8 MiB mapped for 958 MiB in use (1.08): grow");
-  CHECK(!vs_policy_sync_before_growth(gran - 256, gran, 2 * GiB, 4 * GiB, 4 * GiB + gran),
+  CHECK(!vs_policy_sync_before_growth(8 * MiB, gran, 100 * MiB, true, 900 * MiB, GiB),
+        "1032 MiB - 64 for 908 MiB in use (1.07): grow");
+  CHECK(!vs_policy_sync_before_growth(16 * MiB, gran, 16 * MiB, true, 0, 48 * MiB),
+        "a pool smaller than one handle of the granularity: grow");
+  CHECK(!vs_policy_sync_before_growth(gran - 256, gran, 2 * GiB, true, 4 * GiB, 4 * GiB + gran),
         "below the granularity, within the bound: grow");
-  /* The bound itself: 11 mapped to 10 in use, at the edge. */
-  CHECK(!vs_policy_sync_before_growth(0, gran, GiB, 10 * GiB, 11 * GiB), "exactly 1.1: grow");
-  CHECK(vs_policy_sync_before_growth(0, gran, GiB, 10 * GiB, 11 * GiB + 64 * MiB), "past 1.1: wait");
+  /* The bound itself: 11 to 10, at the edge. */
+  CHECK(!vs_policy_sync_before_growth(0, gran, GiB, true, 10 * GiB, 11 * GiB + gran), "exactly 1.1: grow");
+  CHECK(vs_policy_sync_before_growth(0, gran, GiB, true, 10 * GiB, 11 * GiB + gran + 64 * MiB), "past 1.1: wait");
 }
 
 int main(void) {

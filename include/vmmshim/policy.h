@@ -104,20 +104,27 @@ static inline bool vs_policy_seal_stream(unsigned count, size_t older_bytes, siz
  *     far cheaper than mapping a large handle, and a program that frees big blocks faster than
  *     the GPU catches up does not grow without bound; or
  *   - growing would take what the pool maps past VS_HELD_BOUND_NUM/VS_HELD_BOUND_DEN of what it
- *     would have in use: once the GPU catches up that memory is idle, and mapping more now would
- *     hold memory nobody uses (once free, it can serve the request, or be given back before
- *     the growth).
+ *     would have in use, plus one handle of the granularity, while the GPU lags (`lagging`: the
+ *     last context sync, or the one in flight, took VS_LAG_NS or more; always, for a stream's
+ *     frees): once the
+ *     GPU catches up that memory is idle, and mapping more now would hold memory nobody uses
+ *     (once free, it serves the request, or is given back before the growth). While the GPU
+ *     keeps up the pool grows instead: a program that frees and allocates again in a tight
+ *     loop would otherwise synchronise at every allocation that comes before the reclaimer
+ *     (deferred pairs of 16 MiB on the H100: 0.33 -> 1.5 us).
  * A sync costs ~1 us on an idle GPU, the queued work's time on a busy one; a growth 100-1000 us.
- * Otherwise the pool grows: the reclaimer's period (~100 us) needs some room. Measured on the
- * H100 (bench varlen, a transformer step at random sequence lengths): held / live at peak
- * 1.64 -> 1.08 in deferred mode, 1.43 -> 1.22 on the async path. */
+ * Measured on the H100 (bench varlen, a transformer step at random sequence lengths): held /
+ * live at peak 1.43-1.64 -> 1.08-1.13 in deferred mode, 1.43 -> 1.22-1.26 on the async path. */
 #define VS_HELD_BOUND_NUM 11
 #define VS_HELD_BOUND_DEN 10
-static inline bool vs_policy_sync_before_growth(size_t size, size_t gran, size_t waiting, size_t used, size_t mapped) {
+#define VS_LAG_NS 100000ull
+static inline bool vs_policy_sync_before_growth(size_t size, size_t gran, size_t waiting, bool lagging, size_t used,
+                                                size_t mapped) {
   if (!waiting) return false;
   if (size >= gran && waiting >= size && waiting * 2 >= mapped) return true;
   size_t in_use = used + size;
-  return (mapped + size) / VS_HELD_BOUND_NUM > in_use / VS_HELD_BOUND_DEN;
+  size_t after = mapped + size; /* what the pool would map, at the least */
+  return lagging && after > gran && (after - gran) / VS_HELD_BOUND_NUM > in_use / VS_HELD_BOUND_DEN;
 }
 
 #endif

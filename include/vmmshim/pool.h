@@ -143,6 +143,9 @@ struct vs_pool_s {
   size_t mapped, used, free_bytes, pending_bytes;
   size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq;    /* synchronisations started */
+  unsigned syncs_running;  /* context synchronisations in flight */
+  uint64_t sync_since_ns;  /* when the oldest of them started (0: none) */
+  uint64_t last_sync_ns;   /* how long the last one that completed took: how far the GPU lags */
   uint64_t allocs;      /* allocations served */
   const void *last_allocator; /* thread tag of the last allocation */
   vs_block_t *spare_blocks;
