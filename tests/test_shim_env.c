@@ -428,6 +428,17 @@ static void scenario_deferred_bound(void) {
   void *b[N];
   static work_t wk[N];
   for (int i = 0; i < N; i++) CHECK(cudaMalloc(&b[i], size) == cudaSuccess, "alloc %d", i);
+  /* The GPU is first seen busy: one block freed behind 300 us of work, and the reclaimer's
+   * sync that waits for it, measured. */
+  {
+    static work_t first;
+    first = (work_t){b[0], 4096, pthread_self(), 0, 0};
+    emu_launch((CUstream)s, work_slow, &first);
+    void *extra;
+    CHECK(cudaMalloc(&extra, size) == cudaSuccess, "alloc");
+    CHECK(cudaFree(extra) == cudaSuccess, "free");
+    CHECK(wait_reclaimed(10), "the reclaimer did not take the block back");
+  }
   uint64_t peak = 0, syncs0 = shim_stats().syncs;
   int bad = 0;
   for (int i = 0; i < ROUNDS && !bad; i++) {
