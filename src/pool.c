@@ -209,10 +209,11 @@ static vs_block_t *alloc_slow(vs_pool_t *p, vs_request_t *rq, vs_pool_status_t *
     if ((b = take_block(p, rq)) != NULL) return b;
   }
   /* 2. Freed memory that waits for the GPU, when growing would hold too much (policy.h): wait
-   *    for it; once free it serves the request, or is given back before the growth. A synchronous request waits for the deferred frees (a
-   *    context sync, as the reclaimer makes); a stream request for its own stream's frees
-   *    (a sync of that stream only: other streams' work may run long). Never while a graph is
-   *    captured: a sync would invalidate the capture. */
+   *    for it; once free it serves the request, or is given back before the growth. A
+   *    synchronous request waits for the deferred frees (a context sync, as the reclaimer
+   *    makes); a stream request for its own stream's frees (a sync of that stream only: other
+   *    streams' work may run long). Never while a graph is captured: a sync would invalidate
+   *    the capture. */
   if (!atomic_load(&_vs_captures_active)) {
     bool on_stream = rq->stream != VS_NO_STREAM;
     size_t waiting = on_stream ? rq->own_pending : rq->deferred;

@@ -40,16 +40,23 @@ static void release_batch(vs_pool_t *p, vs_batch_t *bt) {
   }
 }
 
-/* After a synchronisation numbered `done` completed: everything freed before it is free.
- * Batches emptied that way are moved to *done_batches (their events are recycled after the
- * unlock). Lock held. */
-static void after_sync_locked(vs_pool_t *p, uint64_t done, vs_batch_t **done_batches) {
-  release_before(p, &p->deferred, done);
-  for (vs_stream_t *s = p->streams; s; s = s->hh.next) release_before(p, &s->pending, done);
+/* After a synchronisation numbered `done` completed: everything freed before it is free, or,
+ * when it synchronised one stream (key not NULL), everything freed on that stream before it:
+ * its pending list and the batches sealed on it. Batches emptied that way are moved to
+ * *done_batches (their events are recycled after the unlock). Lock held. */
+static void after_sync_locked(vs_pool_t *p, uint64_t done, const CUstream *key, vs_batch_t **done_batches) {
+  if (key) {
+    vs_stream_t *s;
+    HASH_FIND(hh, p->streams, key, sizeof *key, s);
+    if (s) release_before(p, &s->pending, done);
+  } else {
+    release_before(p, &p->deferred, done);
+    for (vs_stream_t *s = p->streams; s; s = s->hh.next) release_before(p, &s->pending, done);
+  }
   vs_batch_t **pp = &p->batches;
   while (*pp) {
     vs_batch_t *bt = *pp;
-    if (bt->max_seq < done) {
+    if (bt->max_seq < done && (!key || (bt->key == *key && bt->epoch == p->stream_epoch))) {
       release_batch(p, bt);
       *pp = bt->next;
       bt->next = *done_batches;
@@ -77,60 +84,38 @@ static void recycle_batches(vs_pool_t *p, vs_batch_t *list) {
   }
 }
 
-CUresult _vs_pool_sync_and_reclaim(vs_pool_t *p) {
-  uint64_t t0 = _vs_now_ns();
+/* Synchronises the context (key NULL) or one stream, then frees what was freed before the
+ * synchronisation started (after_sync_locked). A context sync is timed: how long the GPU lags
+ * (pool.c's slow path asks). Blocks freed while it runs carry its number or a later one, and
+ * stay pending. */
+static CUresult sync_then_release(vs_pool_t *p, const CUstream *key, CUstream handle) {
+  uint64_t t0 = key ? 0 : _vs_now_ns();
   pool_lock(p);
   uint64_t seq = ++p->sync_seq;
-  if (!p->syncs_running++) p->sync_since_ns = t0;
+  if (!key && !p->syncs_running++) p->sync_since_ns = t0;
   pool_unlock(p);
-  CUresult r = _vs_cu.cuCtxSynchronize();
+  CUresult r = key ? _vs_cu.cuStreamSynchronize(handle) : _vs_cu.cuCtxSynchronize();
   VS_STAT_ADD(syncs, 1);
+  uint64_t took = key ? 0 : _vs_now_ns() - t0;
   vs_batch_t *done = NULL;
-  uint64_t took = _vs_now_ns() - t0;
   pool_lock(p);
-  if (!--p->syncs_running) p->sync_since_ns = 0;
-  p->last_sync_ns = took;
-  if (r != CUDA_SUCCESS) {
-    pool_unlock(p);
-    return r;
+  if (!key) {
+    if (!--p->syncs_running) p->sync_since_ns = 0;
+    p->last_sync_ns = took;
   }
-  after_sync_locked(p, seq, &done);
-  VS_POOL_CHECK(p);
+  if (r == CUDA_SUCCESS) {
+    after_sync_locked(p, seq, key, &done);
+    VS_POOL_CHECK(p);
+  }
   pool_unlock(p);
   recycle_batches(p, done);
-  return CUDA_SUCCESS;
+  return r;
 }
 
+CUresult _vs_pool_sync_and_reclaim(vs_pool_t *p) { return sync_then_release(p, NULL, NULL); }
+
 CUresult _vs_pool_sync_stream_and_reclaim(vs_pool_t *p, CUstream key, CUstream handle) {
-  pool_lock(p);
-  /* A sequence number of its own, so that blocks freed on the stream while it synchronises
-   * stay pending (they carry this number or a later one). */
-  uint64_t seq = ++p->sync_seq;
-  pool_unlock(p);
-  CUresult r = _vs_cu.cuStreamSynchronize(handle);
-  VS_STAT_ADD(syncs, 1);
-  if (r != CUDA_SUCCESS) return r;
-  vs_batch_t *done = NULL;
-  pool_lock(p);
-  vs_stream_t *s;
-  HASH_FIND(hh, p->streams, &key, sizeof key, s);
-  if (s) release_before(p, &s->pending, seq);
-  vs_batch_t **pp = &p->batches;
-  while (*pp) {
-    vs_batch_t *bt = *pp;
-    if (bt->key == key && bt->epoch == p->stream_epoch && bt->max_seq < seq) {
-      release_batch(p, bt);
-      *pp = bt->next;
-      bt->next = done;
-      done = bt;
-    } else {
-      pp = &bt->next;
-    }
-  }
-  VS_POOL_CHECK(p);
-  pool_unlock(p);
-  recycle_batches(p, done);
-  return CUDA_SUCCESS;
+  return sync_then_release(p, &key, handle);
 }
 
 void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self, unsigned keep) {

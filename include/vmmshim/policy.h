@@ -106,15 +106,14 @@ static inline bool vs_policy_seal_stream(unsigned count, size_t older_bytes, siz
  *   - growing would take what the pool maps past VS_HELD_BOUND_NUM/VS_HELD_BOUND_DEN of what it
  *     would have in use, plus one handle of the granularity, while the GPU lags (`lagging`: the
  *     last context sync, or the one in flight, took VS_LAG_NS or more; always, for a stream's
- *     frees): once the
- *     GPU catches up that memory is idle, and mapping more now would hold memory nobody uses
- *     (once free, it serves the request, or is given back before the growth). While the GPU
- *     keeps up the pool grows instead: a program that frees and allocates again in a tight
- *     loop would otherwise synchronise at every allocation that comes before the reclaimer
- *     (deferred pairs of 16 MiB on the H100: 0.33 -> 1.5 us).
+ *     frees): once the GPU catches up that memory is idle, and mapping more now would hold
+ *     memory nobody uses (once free, it serves the request, or is given back before the
+ *     growth). While the GPU keeps up the pool grows instead: a program that frees and
+ *     allocates again in a tight loop would otherwise synchronise at every allocation that
+ *     comes before the reclaimer (deferred pairs of 16 MiB on the H100: 0.33 -> 1.5 us).
  * A sync costs ~1 us on an idle GPU, the queued work's time on a busy one; a growth 100-1000 us.
  * Measured on the H100 (bench varlen, a transformer step at random sequence lengths): held /
- * live at peak 1.43-1.64 -> 1.08-1.13 in deferred mode, 1.43 -> 1.22-1.26 on the async path. */
+ * live at peak 1.64 -> 1.15 in deferred mode, 1.43 -> 1.10 on the async path. */
 #define VS_HELD_BOUND_NUM 11
 #define VS_HELD_BOUND_DEN 10
 #define VS_LAG_NS 100000ull

@@ -36,16 +36,22 @@ def report_shim(sample_ptr=None):
             print("VMM sample %s" % ("yes" if vsstats.is_vmm(sample_ptr) else "no"))
 
 
-def run_torch():
-    os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+def torch_with_cuda(name):
+    """PyTorch, or a skip when it cannot be imported; a failure (named `name`) without CUDA."""
     try:
         import torch
     except Exception as e:  # noqa: BLE001
         skip("torch: import failed: %s" % e)
     if not torch.cuda.is_available():
-        print("FAIL torch: torch.cuda.is_available() is False")
+        print("FAIL %s: torch.cuda.is_available() is False" % name)
         sys.exit(1)
+    return torch
+
+
+def run_torch():
+    os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch = torch_with_cuda("torch")
     import torch.nn as nn
     import torch.nn.functional as F
 
@@ -177,14 +183,8 @@ def run_torch_ipc():
     caching allocator stays on: without it PyTorch cannot share CUDA tensors (it finds no base
     allocation for them: 'invalid device pointer', also without the shim); its segments are
     cudaMalloc blocks, which the shim serves."""
-    try:
-        import torch
-        import torch.multiprocessing as mp
-    except Exception as e:  # noqa: BLE001
-        skip("torch: import failed: %s" % e)
-    if not torch.cuda.is_available():
-        print("FAIL torch: torch.cuda.is_available() is False")
-        sys.exit(1)
+    torch = torch_with_cuda("torch")
+    import torch.multiprocessing as mp
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1 << 20, generator=g, dtype=torch.float64).to(dev)  # 8 MiB
@@ -222,14 +222,8 @@ def run_torch_ipc():
 def run_torch_dp():
     """nn.DataParallel over two GPUs: replicas, scatter and gather go through peer access."""
     os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
-    try:
-        import torch
-        import torch.nn as nn
-    except Exception as e:  # noqa: BLE001
-        skip("torch: import failed: %s" % e)
-    if not torch.cuda.is_available():
-        print("FAIL torch-dp: torch.cuda.is_available() is False")
-        sys.exit(1)
+    torch = torch_with_cuda("torch-dp")
+    import torch.nn as nn
     if torch.cuda.device_count() < 2:
         skip("torch-dp: %d GPU(s); DataParallel needs two" % torch.cuda.device_count())
     torch.manual_seed(0)
