@@ -1,10 +1,13 @@
 """What the Python tests share: the repository root, check() with its tally, printed at the
-end as the "N passed, N failed" line that tests/run.sh reads, and headless chromium with a
-PNG decoder (zlib only) for the tests that render the HTML report."""
+end as the "N passed, N failed" line that tests/run.sh reads, a scratch directory kept when a
+check failed, and headless chromium with a PNG decoder (zlib only) for the tests that render
+the HTML report."""
+import contextlib
 import os
 import shutil
 import struct
 import subprocess
+import tempfile
 import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,6 +27,20 @@ def summary():
     """Prints the closing line; returns the exit status."""
     print("%d passed, %d failed" % (_tally["passed"], _tally["failed"]))
     return 1 if _tally["failed"] else 0
+
+
+@contextlib.contextmanager
+def scratch(prefix):
+    """A new temporary directory (its path: `with scratch(prefix) as tmp:`), removed at the end
+    of the with block when no check has failed, else kept and its path printed."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield tmp
+    finally:
+        if failures() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print("files kept in " + tmp)
 
 
 # ---------------------------------------------------------------- PNG (zlib only)

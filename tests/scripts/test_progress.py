@@ -12,12 +12,10 @@ import pty
 import random
 import re
 import select
-import shutil
 import subprocess
 import sys
-import tempfile
 
-from harness import ROOT, check, failures, summary
+from harness import ROOT, check, scratch, summary
 
 REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
 REPLAY = os.path.join(ROOT, "scripts", "vmmshim-replay")
@@ -80,8 +78,7 @@ def run(cmd, tty, delay="0", stdin=None):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="vmmshim-progress-test-")
-    try:
+    with scratch("vmmshim-progress-test-") as tmp:
         trace = os.path.join(tmp, "big.trace")
         synth(trace, 400000)
         rep = [sys.executable, REPORT, trace]
@@ -116,11 +113,6 @@ def main():
               "replay with stderr piped: only its summary line")
         rc, _, err = run(rpl + ["--no-progress"], True)
         check(rc == 0 and "reading" not in err, "replay --no-progress: no progress")
-    finally:
-        if failures() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            print("files kept in " + tmp)
     return summary()
 
 

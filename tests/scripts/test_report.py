@@ -9,13 +9,11 @@ import pickle
 import pickletools
 import random
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
-from harness import ROOT, browser, check, colored_pixels, failures, screenshot, summary
+from harness import ROOT, browser, check, colored_pixels, scratch, screenshot, summary
 
 REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
 DATA = os.path.join("tests", "data")
@@ -168,18 +166,12 @@ def test_html_render(page, tmp):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="vmmshim-report-test-")
-    try:
+    with scratch("vmmshim-report-test-") as tmp:
         test_golden()
         test_refusals(tmp)
         page = test_exports(tmp)
         test_synthetic(tmp)
         test_html_render(page, tmp)
-    finally:
-        if failures() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            print("files kept in " + tmp)
     return summary()
 
 

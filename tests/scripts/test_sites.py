@@ -26,9 +26,8 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 
-from harness import ROOT, browser, check, colour_mask, colored_pixels, dump_dom, failures, screenshot, summary
+from harness import ROOT, browser, check, colour_mask, colored_pixels, dump_dom, scratch, screenshot, summary
 
 REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
 MiB = 1 << 20
@@ -583,8 +582,7 @@ def test_html(fx, trace, tmp):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="vmmshim-sites-test-")
-    try:
+    with scratch("vmmshim-sites-test-") as tmp:
         if not (shutil.which(os.environ.get("CC", "cc")) and shutil.which("addr2line") and shutil.which("readelf")):
             check(False, "cc, addr2line and readelf (binutils) are needed")
             return summary()
@@ -602,11 +600,6 @@ def main():
         test_python_libs(tmp)
         test_exports(fx, trace, tmp)
         test_html(fx, trace, tmp)
-    finally:
-        if failures() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            print("files kept in " + tmp)
     return summary()
 
 
