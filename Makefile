@@ -5,6 +5,7 @@
 #   make test-sanitize  only the sanitizer pass
 #   make gpu-test   GPU tests (needs a GPU and nvcc)
 #   make bench      GPU benchmarks (needs a GPU and nvcc)
+#   make bench-spread  the irregular workloads at seeds 1-5, default and small handles (GPU)
 #   make bench-cpu  the shim's own costs on the host emulation (no GPU)
 #   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc and the man page
 #                   under $(DESTDIR)$(PREFIX) (PREFIX=/usr/local); make uninstall removes them
@@ -37,7 +38,7 @@ LIB       := $(BUILD)/libvmmshim.so
 MAN       := $(BUILD)/vmmshim.1
 PC        := $(BUILD)/vmmshim.pc
 
-.PHONY: all demo test test-sanitize gpu-test bench bench-cpu clean deps install uninstall FORCE
+.PHONY: all demo test test-sanitize gpu-test bench bench-spread bench-cpu clean deps install uninstall FORCE
 all: $(LIB) $(MAN)
 
 # The dependency check: a prerequisite of every target, order-only for each object, so that
@@ -159,6 +160,10 @@ gpu-test: deps $(LIB)
 
 bench: deps $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) sh bench/run.sh
+
+bench-spread: deps $(LIB)
+	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) BENCH_SPREAD=1 BENCH_ONLY=spread- BENCH_TAG=spread \
+	  BENCH_BUDGET=$${BENCH_BUDGET:-540} sh bench/run.sh
 
 # ---- the shim's own costs on the host emulation: no GPU needed (bench/cpu_*.c) ----
 $(BUILD)/bench/cpu_pairs: bench/cpu_pairs.c $(EMU_DRV) $(EMU_RT) | $(BUILD)/bench

@@ -1,18 +1,20 @@
 /* Irregular allocation churn on the GPU (bench/workloads.h's generators): the time per step, the
  * memory held at peak against live at peak, and the shim's VMM calls.
  *
- *   churn <churn|varlen> <malloc|async> <label> [steps]
+ *   churn <churn|varlen> <malloc|async> <label> [steps] [seed]
  *
  * churn: a window of 256 live buffers, log-uniform sizes (70% 256 B - 1 MiB, 25% 1 - 64 MiB,
  * 5% 64 - 512 MiB); each step frees one at random, after a kernel checks it, and allocates a
- * new one, which a kernel writes (default 20000 steps). varlen: a transformer training step at
+ * new one, which a kernel writes (default 20000 steps). seed: the workload generator's (default 1;
+ * bench/spread.sh runs several). varlen: a transformer training step at
  * a random sequence length (default 100 steps); each new buffer written by a kernel, each
  * checked before its free. malloc: cudaMalloc/cudaFree (run it under the shim for the shim's
  * sync or deferred mode); async: cudaMallocAsync/cudaFreeAsync on one stream (the device's
  * default pool with release threshold UINT64_MAX without the shim; the shim's async path under
  * it). The kernels touch the first and last 4 KiB of a buffer and 1 KiB every 4 MiB between, so
  * the allocator's work is what differs, not the kernels'. Prints
- *   R churn work=.. cfg=<label> steps=.. us_per_step=.. peak_live=<requested bytes> bad=<buffers whose check failed>
+ *   R churn work=.. cfg=<label> seed=.. steps=.. us_per_step=.. peak_live=<requested bytes> bad=<buffers whose check failed>
+ *     allocs_steady=<allocations after the warm-up>
  *     [pool_reserved_high=.. pool_used_high=..] [shim fields]
  * The first tenth of the steps warms up and is not timed; the VMM calls after it are printed
  * as shim_vmm_steady. */
@@ -43,16 +45,21 @@ __global__ void check_k(const unsigned *p, size_t words, unsigned tag, unsigned 
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: churn <churn|varlen> <malloc|async> <label> [steps]\n");
+    fprintf(stderr, "usage: churn <churn|varlen> <malloc|async> <label> [steps] [seed]\n");
     return 2;
   }
   bool varlen = !strcmp(argv[1], "varlen");
   bool async = !strcmp(argv[2], "async");
   const char *label = argv[3];
   unsigned steps = argc > 4 ? (unsigned)atoi(argv[4]) : (varlen ? 100 : 20000);
+  uint64_t seed = argc > 5 ? strtoull(argv[5], NULL, 10) : 1;
+  if (!steps || !seed) {
+    fprintf(stderr, "churn: steps and seed must be positive integers\n");
+    return 2;
+  }
   std::vector<wl_event_t> ev(varlen ? WL_VARLEN_PARAM_EVENTS + (size_t)steps * WL_VARLEN_STEP_EVENTS
                                     : WL_CHURN_WINDOW + 2 * (size_t)steps);
-  size_t n = varlen ? wl_varlen(1, steps, ev.data()) : wl_churn(1, steps, ev.data());
+  size_t n = varlen ? wl_varlen(seed, steps, ev.data()) : wl_churn(seed, steps, ev.data());
   ev.resize(n);
   unsigned max_id = 0;
   for (auto &e : ev) max_id = e.id > max_id ? e.id : max_id;
@@ -72,7 +79,7 @@ int main(int argc, char **argv) {
   CK(cudaMemset(bad, 0, sizeof *bad));
   std::vector<void *> ptr(max_id + 1, nullptr);
   std::vector<size_t> size(max_id + 1, 0);
-  size_t live = 0, peak = 0, warm = n / 10;
+  size_t live = 0, peak = 0, warm = n / 10, allocs_steady = 0;
   unsigned long long vmm_warm = 0;
   double t0 = 0;
   for (size_t i = 0; i < n; i++) {
@@ -86,12 +93,13 @@ int main(int argc, char **argv) {
     if (e.op == 'a') {
       cudaError_t r = async ? cudaMallocAsync(&ptr[e.id], e.size, s) : cudaMalloc(&ptr[e.id], e.size);
       if (r != cudaSuccess) {
-        printf("R churn work=%s cfg=%s failed=1 at_event=%zu size=%zu live=%zu error=%s\n", argv[1], label, i, e.size,
-               live, cudaGetErrorName(r));
+        printf("R churn work=%s cfg=%s seed=%llu failed=1 at_event=%zu size=%zu live=%zu error=%s\n", argv[1], label,
+               (unsigned long long)seed, i, e.size, live, cudaGetErrorName(r));
         return 1;
       }
       size[e.id] = e.size;
       live += e.size;
+      allocs_steady += i >= warm;
       if (live > peak) peak = live;
       size_t words = e.size / sizeof(unsigned);
       if (words) write_k<<<1, 256, 0, s>>>((unsigned *)ptr[e.id], words, e.id * 2654435761u);
@@ -109,8 +117,8 @@ int main(int argc, char **argv) {
   unsigned h_bad = 0;
   CK(cudaMemcpy(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost));
   unsigned timed_steps = varlen ? steps - steps / 10 : (unsigned)((n - warm) / 2);
-  printf("R churn work=%s cfg=%s steps=%u us_per_step=%.2f peak_live=%zu bad=%u", argv[1], label, timed_steps,
-         (t1 - t0) / timed_steps, peak, h_bad);
+  printf("R churn work=%s cfg=%s seed=%llu steps=%u us_per_step=%.2f peak_live=%zu bad=%u allocs_steady=%zu", argv[1],
+         label, (unsigned long long)seed, timed_steps, (t1 - t0) / timed_steps, peak, h_bad, allocs_steady);
   if (async) print_pool_high(pool);
   vmmshim_stats_t st;
   if (shim_stats(&st)) printf(" shim_vmm_steady=%llu", st.vmm_calls - vmm_warm);

@@ -8,7 +8,7 @@
  * malloc: cudaMalloc/cudaFree. async: cudaMallocAsync/cudaFreeAsync on one stream, the default
  * pool with release threshold UINT64_MAX (reports its ReservedMemHigh and UsedMemHigh).
  * Under the shim, its stats give peak_bytes_mapped and peak_bytes_in_use. Prints
- *   R frag cfg=<label> events=.. allocs=.. peak_live=<requested bytes> time_ms=.. [pool_* | shim_*]
+ *   R frag cfg=<label> trace=<file name> events=.. allocs=.. peak_live=<requested bytes> time_ms=.. [pool_* | shim_*]
  * The memory is not touched: this measures the allocators' bookkeeping and footprint only. */
 #include <vector>
 
@@ -89,8 +89,9 @@ int main(int argc, char **argv) {
   }
   if (async) CK(cudaStreamSynchronize(s));
   double t1 = now_us();
-  printf("R frag cfg=%s events=%zu allocs=%zu peak_live=%zu time_ms=%.1f", label, evs.size(), allocs, peak,
-         (t1 - t0) / 1e3);
+  const char *base = strrchr(argv[1], '/');
+  printf("R frag cfg=%s trace=%s events=%zu allocs=%zu peak_live=%zu time_ms=%.1f", label, base ? base + 1 : argv[1],
+         evs.size(), allocs, peak, (t1 - t0) / 1e3);
   if (async) print_pool_high(pool);
   print_shim_fields();
   printf("\n");

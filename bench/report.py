@@ -419,8 +419,7 @@ def sec_frag(recs, out):
             us = num(r, "us_per_step")
             live = num(r, "peak_live")
             held = num(r, "pool_reserved_high") if c == "pool" else num(r, "shim_peak_mapped") if c.startswith("shim") else None
-            steps = num(r, "steps")
-            allocs_steady = steps if work == "churn" else None
+            allocs_steady = num(r, "allocs_steady") or (num(r, "steps") if work == "churn" else None)
             calls = num(r, "shim_vmm_steady") if c.startswith("shim") else None
             per100 = "-" if calls is None else ("%.2f" % (100.0 * calls / allocs_steady) if allocs_steady else "%d calls" % calls)
             out.append("| %s | %.2f | %s | %s | %s | %s |" % (label, us, ratio(us, pool_us, "%.2fx"), ratio(held, live, "%.3f"),
@@ -441,6 +440,90 @@ def sec_frag(recs, out):
         out.append("| %s | %s | %s | %s | %s |" % (label, fsize(held), fsize(live), ratio(held, live, "%.3f"),
                                                   r.get("loss")))
     out.append("")
+
+
+SPREAD_WORK = (("churn", "churn", "us per step"), ("varlen", "varlen", "us per step"),
+               ("replay", "synthetic trace (bench/gen_trace.py at each seed, replayed)", "replay time"))
+
+
+def spread_runs(recs, work):
+    """The spread records of one workload: {cfg: {seed: record}}."""
+    runs = {}
+    for r in recs:
+        cfg = r.get("cfg", "")
+        if not cfg.startswith("spread-"):
+            continue
+        if work == "replay":
+            m = re.match(r"synthetic-seed(\d+)\.csv$", r.get("trace", "")) if r["_section"] == "frag" else None
+            seed = m and int(m.group(1))
+        else:
+            seed = int(r["seed"]) if r["_section"] == "churn" and r.get("work") == work and r.get("seed") else None
+        if seed:
+            runs.setdefault(cfg[len("spread-"):], {})[seed] = r
+    return runs
+
+
+def spread_cell(values, fmt):
+    """median (min - max) of the values that are not None."""
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return "-"
+    if len(v) == 1:
+        return fmt % v[0]
+    return (fmt + " (" + fmt + " - " + fmt + ")") % (statistics.median(v), v[0], v[-1])
+
+
+def sec_spread(recs, out):
+    """Held / live, time against the pool and VMM calls over several workload seeds (BENCH_SPREAD)."""
+    first = True
+    for work, what, time_label in SPREAD_WORK:
+        runs = spread_runs(recs, work)
+        if not runs:
+            continue
+        if first:
+            out.append("## 3c. Spread over workload seeds\n")
+            out.append("Each workload again at every seed, the shim with its default handles and with "
+                       "VMMSHIM_MAX_HANDLE=64M and 32M. Cells: median (min - max) over the seeds. held / live: peak "
+                       "mapped (shim) or reserved high (pool) over peak live (requested); time: against the "
+                       "cudaMallocAsync pool's at the same seed; VMM calls per 100 allocations: after the first "
+                       "tenth of the events for churn and varlen, over the whole replay for the trace.\n")
+            first = False
+        pool = runs.get("pool", {})
+        seeds = sorted(set(s for c in runs.values() for s in c))
+        out.append("### %s, seeds %s\n" % (what, " ".join(str(x) for x in seeds)))
+        out.append("| allocator | runs | held / live | seeds at held <= 1.10 | %s vs pool | VMM calls per 100 allocations | bad |"
+                   % time_label)
+        out.append("| --- | --- | --- | --- | --- | --- | --- |")
+        order = ["pool"] + ["shim-%s%s" % (m, h) for h in ("", "-max64M", "-max32M") for m in ("sync", "deferred", "async")]
+        for cfg in order + sorted(c for c in runs if c not in order):
+            by_seed = runs.get(cfg)
+            if not by_seed:
+                continue
+            held, speed, calls, bad, failed = [], [], [], 0, 0
+            for seed, r in sorted(by_seed.items()):
+                if r.get("failed"):
+                    failed += 1
+                    continue
+                live = num(r, "peak_live")
+                h = num(r, "pool_reserved_high") if cfg == "pool" else num(r, "shim_peak_mapped")
+                held.append(h / live if h and live else None)
+                tk = "time_ms" if work == "replay" else "us_per_step"
+                t, pr = num(r, tk), pool.get(seed)
+                pt = num(pr, tk) if pr and not pr.get("failed") else None
+                speed.append(t / pt if t and pt else None)
+                if cfg != "pool":
+                    n = num(r, "shim_vmm_calls" if work == "replay" else "shim_vmm_steady")
+                    a = num(r, "allocs" if work == "replay" else "allocs_steady")
+                    calls.append(100.0 * n / a if n is not None and a else None)
+                bad += int(num(r, "bad") or 0)
+            ok = sum(1 for x in held if x is not None and x <= 1.10)
+            label = "cudaMallocAsync pool, threshold max" if cfg == "pool" else "shim " + cfg[5:].replace(
+                "-max", ", VMMSHIM_MAX_HANDLE=")
+            out.append("| %s | %d%s | %s | %d of %d | %s | %s | %d |" % (
+                label, len(by_seed), " (%d FAILED)" % failed if failed else "", spread_cell(held, "%.3f"),
+                ok, len([x for x in held if x is not None]), "1.00x" if cfg == "pool" else spread_cell(speed, "%.2fx"),
+                "-" if cfg == "pool" else spread_cell(calls, "%.2f"), bad))
+        out.append("")
 
 
 def sec_step(recs, out):
@@ -537,15 +620,26 @@ def main():
     out.append("| machine | |\n| --- | --- |")
     for k, label in (("gpu", "GPU"), ("driver", "driver"), ("cuda", "CUDA (driver / nvcc)"), ("cpu", "CPU"),
                      ("date", "date"), ("shim", "shim commit"), ("torch", "PyTorch"), ("runtime", "bench run time"),
-                     ("trace_cost_runs", "trace cost runs under")):
+                     ("trace_cost_runs", "trace cost runs under"), ("only", "steps run (BENCH_ONLY)")):
         if k in machine:
             out.append("| %s | %s |" % (label, machine[k]))
     out.append("")
-    sec_pairs(recs, out)
-    sec_growth(recs, out, a.logs, results_dir, stem)
-    sec_frag(recs, out)
-    mismatch = sec_step(recs, out)
-    sec_overhead(recs, out)
+
+    # A run of some steps only (BENCH_ONLY) leaves out the sections none of whose steps ran.
+    def ran(*sections):
+        return not machine.get("only") or any(
+            r["_section"] in sections and not r.get("cfg", "").startswith("spread-") for r in recs)
+
+    if ran("pairs"):
+        sec_pairs(recs, out)
+    if ran("growth"):
+        sec_growth(recs, out, a.logs, results_dir, stem)
+    if ran("frag", "churn", "tfrag"):
+        sec_frag(recs, out)
+    sec_spread(recs, out)
+    mismatch = sec_step(recs, out) if ran("step") else False
+    if ran("overhead"):
+        sec_overhead(recs, out)
     failed = find(recs, "failed")
     if failed:
         out.append("## Steps that failed\n")

@@ -19,6 +19,10 @@
 # bench/out. Every step runs under a timeout; a failed step prints FAILED and the rest go on.
 # BENCH_ONLY="PREFIX ...": only the steps whose names start with one of the prefixes run (say
 # "pairs-stk churn-"), and the table goes to bench/results/<gpu>-<driver>-partial.md.
+# BENCH_SPREAD=1 (make bench-spread): the irregular workloads again at several seeds
+# (BENCH_SPREAD_SEEDS, default "1 2 3 4 5"), with default handles and VMMSHIM_MAX_HANDLE=64M and
+# 32M: how much held / live moves from one workload seed to the next. Not part of a plain run
+# (about 3 minutes more). BENCH_TAG=NAME: the table goes to bench/results/<gpu>-<driver>-NAME.md.
 BUILD=${BUILD:-build}
 NVCC=${NVCC:-nvcc}
 PYTHON=${PYTHON:-python3}
@@ -50,7 +54,8 @@ DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1
 CUDA_DRV=$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1)
 NVCC_VER=$("$NVCC_PATH" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 STEM=$(echo "$GPU-$DRIVER" | tr ' /' '--')
-RESULT="bench/results/$STEM${BENCH_ONLY:+-partial}.md"
+TAG=${BENCH_TAG:-${BENCH_ONLY:+partial}}
+RESULT="bench/results/$STEM${TAG:+-$TAG}.md"
 CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
 case "$CAP" in [0-9][0-9] | [0-9][0-9][0-9]) ARCH="sm_$CAP" ;; *) ARCH=sm_90 ;; esac
 TORCH=$("$PYTHON" -c 'import torch; print(torch.__version__ + (" cuda " + str(torch.version.cuda) if torch.cuda.is_available() else " NO-GPU"))' 2>/dev/null)
@@ -68,6 +73,7 @@ TORCH=$("$PYTHON" -c 'import torch; print(torch.__version__ + (" cuda " + str(to
     echo "shim=$rev"
   fi
   echo "torch=${TORCH:-not installed}"
+  [ -n "$BENCH_ONLY" ] && echo "only=$BENCH_ONLY"
 } >"$LOGDIR/machine.txt"
 say "bench: $GPU, driver $DRIVER, CUDA $CUDA_DRV, nvcc $NVCC_VER, torch ${TORCH:-none}; logs in $LOGDIR"
 nvidia-smi >"$LOGDIR/nvidia-smi.txt" 2>&1
@@ -222,6 +228,40 @@ for w in churn varlen; do
   step "churn-$w-shim-deferred" churn 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/churn" "$w" malloc shim-deferred
   step "churn-$w-shim-async" churn 120 "$SHIM" -- "$BIN/churn" "$w" async shim-async
 done
+
+# The spread over workload seeds (BENCH_SPREAD=1): each program is deterministic for its seed,
+# and held / live at peak moves by up to 0.2 from one seed to the next (the README's "The pool").
+# spread_step NAME LABEL MODE [ENV=VALUE ...]: workload $w at seed $seed (trace $strace).
+spread_step() {
+  sp_name=$1 sp_label=$2 sp_mode=$3
+  shift 3
+  case $w in
+  replay) step "$sp_name" frag 120 "$@" -- "$BIN/replay" "$strace" "$sp_mode" "$sp_label" ;;
+  churn) step "$sp_name" churn 120 "$@" -- "$BIN/churn" churn "$sp_mode" "$sp_label" 20000 "$seed" ;;
+  varlen) step "$sp_name" churn 120 "$@" -- "$BIN/churn" varlen "$sp_mode" "$sp_label" 100 "$seed" ;;
+  esac
+}
+if [ -n "$BENCH_SPREAD" ]; then
+  section "3/5 fragmentation: spread over seeds ${BENCH_SPREAD_SEEDS:-1 2 3 4 5}"
+  for seed in ${BENCH_SPREAD_SEEDS:-1 2 3 4 5}; do
+    strace="$LOGDIR/synthetic-seed$seed.csv"
+    "$PYTHON" bench/gen_trace.py -o "$strace" --seed "$seed" >/dev/null || say "bench: gen_trace.py --seed $seed failed"
+    for w in churn varlen replay; do
+      spread_step "spread-$w-$seed-pool" spread-pool async
+      for mh in "" 64M 32M; do
+        h=${mh:+-max$mh}
+        hv=${mh:+VMMSHIM_MAX_HANDLE=$mh}
+        # shellcheck disable=SC2086 # hv is one word or none
+        spread_step "spread-$w-$seed-sync$h" "spread-shim-sync$h" malloc "$SHIM" VMMSHIM_FREE_MODE=sync $hv
+        # shellcheck disable=SC2086
+        spread_step "spread-$w-$seed-deferred$h" "spread-shim-deferred$h" malloc "$SHIM" VMMSHIM_FREE_MODE=deferred $hv
+        # shellcheck disable=SC2086
+        spread_step "spread-$w-$seed-async$h" "spread-shim-async$h" async "$SHIM" $hv
+      done
+    done
+    rm -f "$strace"
+  done
+fi
 
 have_torch=0
 case "$TORCH" in *cuda*) have_torch=1 ;; esac
