@@ -371,31 +371,36 @@ def growth_svg(rows, totals, reqs):
     return "\n".join(s) + "\n"
 
 
-def sec_frag(recs, out):
+def sec_frag(recs, out, partial=False):
+    """partial (a BENCH_ONLY run): the tables none of whose steps ran are left out."""
+    def ran(section):
+        return not partial or any(r["_section"] == section and not r.get("cfg", "").startswith("spread-") for r in recs)
+
     out.append("## 3. Fragmentation\n")
-    out.append("### Synthetic trace (bench/traces/synthetic.csv) replayed\n")
-    out.append("| allocator | peak live (requested) | held at peak | held / live | in use at peak (served) | replay time |")
-    out.append("| --- | --- | --- | --- | --- | --- |")
-    names = [("cudaMalloc", "cudaMalloc (time only)"), ("pool", "cudaMallocAsync pool, threshold max"),
-             ("shim-sync", "shim sync"), ("shim-sync-max64M", "shim sync, VMMSHIM_MAX_HANDLE=64M"),
-             ("shim-sync-max16M", "shim sync, VMMSHIM_MAX_HANDLE=16M"), ("shim-deferred", "shim deferred"),
-             ("shim-async", "shim async path")]
-    for c, label in names:
-        r = one(recs, "frag", cfg=c)
-        if r is None or r.get("failed"):
-            why = "FAILED" if r is None else "FAILED at event %s (%s)" % (r.get("at_event"), r.get("error"))
-            out.append("| %s | %s | | | | |" % (label, why))
-            continue
-        live = num(r, "peak_live")
-        if c == "pool":
-            held, used = num(r, "pool_reserved_high"), num(r, "pool_used_high")
-        elif c.startswith("shim"):
-            held, used = num(r, "shim_peak_mapped"), num(r, "shim_peak_in_use")
-        else:
-            held = used = None
-        out.append("| %s | %s | %s | %s | %s | %.0f ms |" % (
-            label, fsize(live), "-" if held is None else fsize(held), ratio(held, live, "%.3f"),
-            "-" if used is None else fsize(used), num(r, "time_ms")))
+    if ran("frag"):
+        out.append("### Synthetic trace (bench/traces/synthetic.csv) replayed\n")
+        out.append("| allocator | peak live (requested) | held at peak | held / live | in use at peak (served) | replay time |")
+        out.append("| --- | --- | --- | --- | --- | --- |")
+        names = [("cudaMalloc", "cudaMalloc (time only)"), ("pool", "cudaMallocAsync pool, threshold max"),
+                 ("shim-sync", "shim sync"), ("shim-sync-max64M", "shim sync, VMMSHIM_MAX_HANDLE=64M"),
+                 ("shim-sync-max16M", "shim sync, VMMSHIM_MAX_HANDLE=16M"), ("shim-deferred", "shim deferred"),
+                 ("shim-async", "shim async path")]
+        for c, label in names:
+            r = one(recs, "frag", cfg=c)
+            if r is None or r.get("failed"):
+                why = "FAILED" if r is None else "FAILED at event %s (%s)" % (r.get("at_event"), r.get("error"))
+                out.append("| %s | %s | | | | |" % (label, why))
+                continue
+            live = num(r, "peak_live")
+            if c == "pool":
+                held, used = num(r, "pool_reserved_high"), num(r, "pool_used_high")
+            elif c.startswith("shim"):
+                held, used = num(r, "shim_peak_mapped"), num(r, "shim_peak_in_use")
+            else:
+                held = used = None
+            out.append("| %s | %s | %s | %s | %s | %.0f ms |" % (
+                label, fsize(live), "-" if held is None else fsize(held), ratio(held, live, "%.3f"),
+                "-" if used is None else fsize(used), num(r, "time_ms")))
     for work, what in (("churn", "churn: 256 live buffers, one replaced a step, log-uniform 256 B - 512 MiB"),
                        ("varlen", "varlen: a transformer step at a random sequence length")):
         rows = {c: one(recs, "churn", work=work, cfg=c)
@@ -424,6 +429,8 @@ def sec_frag(recs, out):
             per100 = "-" if calls is None else ("%.2f" % (100.0 * calls / allocs_steady) if allocs_steady else "%d calls" % calls)
             out.append("| %s | %.2f | %s | %s | %s | %s |" % (label, us, ratio(us, pool_us, "%.2fx"), ratio(held, live, "%.3f"),
                                                             per100, r.get("bad", "?")))
+    if not ran("tfrag") and not any(r.get("step", "").startswith("tfrag-") for r in find(recs, "skip")):
+        return
     out.append("\n### PyTorch, variable sequence length (bench/torch_frag.py)\n")
     out.append("| configuration | held at peak | live at peak | held / live | final loss |")
     out.append("| --- | --- | --- | --- | --- |")
@@ -635,7 +642,7 @@ def main():
     if ran("growth"):
         sec_growth(recs, out, a.logs, results_dir, stem)
     if ran("frag", "churn", "tfrag"):
-        sec_frag(recs, out)
+        sec_frag(recs, out, bool(machine.get("only")))
     sec_spread(recs, out)
     mismatch = sec_step(recs, out) if ran("step") else False
     if ran("overhead"):
