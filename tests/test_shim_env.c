@@ -14,6 +14,9 @@
  *             the pool maps within 1.1 x what it has in use (plus one growth step): the
  *             request waits for that stream (only); live blocks never overlap, and the
  *             work queued on them runs.
+ *   relocate  VMMSHIM_MAX_HANDLE=8M: a growth maps idle handles again at its own address
+ *             instead of releasing them and creating new ones; with a failing map too. Without
+ *             the variable: the growth is one new handle.
  *   gran2m    VMMSHIM_GRANULARITY=2M: blocks spanning many handles, every byte written
  *             and read back, no overlaps.
  *   limit     VMMSHIM_LIMIT=64M: allocations beyond fail with out-of-memory,
@@ -28,6 +31,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>
@@ -231,6 +235,63 @@ static void scenario_maxhandle(void) {
   CHECK(cudaFree(a) == cudaSuccess, "free");
   shim_trim();
   CHECK(emu_now().mapped_bytes == 0, "trim left %llu bytes", emu_now().mapped_bytes);
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* A growth maps the idle handles it unmaps again at its own address instead of releasing them
+ * and creating new ones (handles.c, release_before_growth): 12 blocks of 24 MiB on 8 MiB
+ * handles, every other one freed (144 MiB idle in pieces of 24 MiB), then 96 MiB. fail_map:
+ * the first cuMemMap of that growth fails (the relocated handle must be released, and the
+ * request still served). Either way no handle leaks and every live block keeps its data. */
+static void scenario_relocate(bool fail_map) {
+  bool bounded = getenv("VMMSHIM_MAX_HANDLE") != NULL;
+  enum { N = 12 };
+  const size_t size = 24 * MiB, big_size = 96 * MiB;
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  void *b[N], *big = NULL;
+  for (int i = 0; i < N; i++) {
+    CHECK(cudaMalloc(&b[i], size) == cudaSuccess, "alloc %d", i);
+    pat_fill(b[i], size, (unsigned)i + 1);
+  }
+  for (int i = 1; i < N; i += 2) CHECK(cudaFree(b[i]) == cudaSuccess, "free %d", i);
+  emu_counters_t c0 = emu_now();
+  if (fail_map) emu_fail_next("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY, 1);
+  CHECK(cudaMalloc(&big, big_size) == cudaSuccess, "alloc %zu MiB", big_size >> 20);
+  emu_clear_faults();
+  emu_counters_t c1 = emu_now();
+  unsigned long long maps = c1.n_cuMemMap - c0.n_cuMemMap, creates = c1.n_cuMemCreate - c0.n_cuMemCreate,
+                     releases = c1.n_cuMemRelease - c0.n_cuMemRelease;
+  printf("relocate%s: growth of %zu MiB: %llu maps, %llu creates, %llu releases\n", fail_map ? " (a map fails)" : "",
+         big_size >> 20, maps, creates, releases);
+  if (!bounded) {
+    /* Unlimited handles: the growth is one handle of its own size (72 MiB after the free
+     * 24 MiB block it extends), the idle handles released as before. */
+    CHECK(creates == 1 && maps == 1, "unlimited handles: %llu creates, %llu maps for one growth", creates, maps);
+  } else if (!fail_map) {
+    /* 12 handles of 8 MiB cover 96 MiB: creating them all (the release-and-create way) would
+     * make maps == creates. */
+    CHECK(maps >= 12 && creates + 4 <= maps, "%llu maps but %llu creates: idle handles were not mapped again", maps,
+          creates);
+    /* The release-and-create way releases about 9 (the idle bytes beyond what is kept); here
+     * only a spare that fits nowhere in the new range goes. */
+    CHECK(releases <= 2, "%llu handles released although the growth could map them", releases);
+  } else {
+    CHECK(releases >= 1, "the handle whose map failed was not released");
+  }
+  pat_fill(big, big_size, 77);
+  CHECK(pat_check(big, big_size, 77) == (size_t)-1, "data of the new block");
+  for (int i = 0; i < N; i += 2) {
+    CHECK(!overlaps((uintptr_t)big, big_size, (uintptr_t)b[i], size), "block %d overlaps the new one", i);
+    CHECK(pat_check(b[i], size, (unsigned)i + 1) == (size_t)-1, "data of block %d", i);
+  }
+  CHECK(shim_stats().bytes_mapped == emu_now().mapped_bytes, "mapped: shim %llu, driver %llu",
+        (unsigned long long)shim_stats().bytes_mapped, emu_now().mapped_bytes);
+  CHECK(cudaFree(big) == cudaSuccess, "free");
+  for (int i = 0; i < N; i += 2) CHECK(cudaFree(b[i]) == cudaSuccess, "free %d", i);
+  shim_trim();
+  emu_counters_t e = emu_now();
+  CHECK(e.mapped_bytes == 0 && e.live_handles == 0, "after trim: %llu bytes mapped, %ld handles", e.mapped_bytes,
+        e.live_handles);
   CHECK(emu_violations() == 0, "%d violations", emu_violations());
 }
 
@@ -535,6 +596,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(sc, "badgran")) scenario_badgran();
     else if (!strcmp(sc, "threshold")) scenario_threshold();
     else if (!strcmp(sc, "maxhandle")) scenario_maxhandle();
+    else if (!strcmp(sc, "relocate")) scenario_relocate(false);
+    else if (!strcmp(sc, "relocate-fail")) scenario_relocate(true);
     else CHECK(0, "unknown scenario %s", sc);
     return check_child_summary(sc);
   }
@@ -546,6 +609,9 @@ int main(int argc, char **argv) {
   check_run_child("threshold", "VMMSHIM_RELEASE_THRESHOLD=0", NULL);
   check_run_child("maxhandle", "VMMSHIM_MAX_HANDLE=4M", NULL);
   check_run_child("maxhandle", NULL);
+  check_run_child("relocate", "VMMSHIM_MAX_HANDLE=8M", NULL);
+  check_run_child("relocate-fail", "VMMSHIM_MAX_HANDLE=8M", NULL);
+  check_run_child("relocate", NULL);
   check_run_child("oom", NULL);
   check_run_child("novmm", NULL);
   check_run_child("nofd", NULL);
