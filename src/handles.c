@@ -5,7 +5,9 @@
  * block may span handles. Unmapped ranges are HOLE blocks. Growth maps what a request needs
  * right after a free block that ends at a hole (so the two join), else into the lowest hole
  * that fits; before it maps, it gives back idle handles (policy.h says which to keep), so
- * physical memory follows what is live, not the history of the address space.
+ * physical memory follows what is live, not the history of the address space. With handles
+ * bounded (VMMSHIM_MAX_HANDLE), the handles given back are mapped again into the new range
+ * where they fit, instead of being released and new ones created.
  *
  * Why large handles (VMMSHIM_GRANULARITY): cuMemSetAccess alone costs ~28 us per handle on
  * an H100 whatever its size, so a pool that maps and unmaps in its steady state loses to
