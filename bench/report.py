@@ -371,13 +371,15 @@ def growth_svg(rows, totals, reqs):
     return "\n".join(s) + "\n"
 
 
-def sec_frag(recs, out, partial=False):
-    """partial (a BENCH_ONLY run): the tables none of whose steps ran are left out."""
-    def ran(section):
-        return not partial or any(r["_section"] == section and not r.get("cfg", "").startswith("spread-") for r in recs)
+def ran(recs, partial, *sections):
+    """Whether a step of these sections ran (the spread's aside): always, unless the run was
+    partial (BENCH_ONLY), whose report leaves out the sections and tables none of whose steps ran."""
+    return not partial or any(r["_section"] in sections and not r.get("cfg", "").startswith("spread-") for r in recs)
 
+
+def sec_frag(recs, out, partial=False):
     out.append("## 3. Fragmentation\n")
-    if ran("frag"):
+    if ran(recs, partial, "frag"):
         out.append("### Synthetic trace (bench/traces/synthetic.csv) replayed\n")
         out.append("| allocator | peak live (requested) | held at peak | held / live | in use at peak (served) | replay time |")
         out.append("| --- | --- | --- | --- | --- | --- |")
@@ -429,7 +431,7 @@ def sec_frag(recs, out, partial=False):
             per100 = "-" if calls is None else ("%.2f" % (100.0 * calls / allocs_steady) if allocs_steady else "%d calls" % calls)
             out.append("| %s | %.2f | %s | %s | %s | %s |" % (label, us, ratio(us, pool_us, "%.2fx"), ratio(held, live, "%.3f"),
                                                             per100, r.get("bad", "?")))
-    if not ran("tfrag") and not any(r.get("step", "").startswith("tfrag-") for r in find(recs, "skip")):
+    if not ran(recs, partial, "tfrag") and not any(r.get("step", "").startswith("tfrag-") for r in find(recs, "skip")):
         return
     out.append("\n### PyTorch, variable sequence length (bench/torch_frag.py)\n")
     out.append("| configuration | held at peak | live at peak | held / live | final loss |")
@@ -632,20 +634,16 @@ def main():
             out.append("| %s | %s |" % (label, machine[k]))
     out.append("")
 
-    # A run of some steps only (BENCH_ONLY) leaves out the sections none of whose steps ran.
-    def ran(*sections):
-        return not machine.get("only") or any(
-            r["_section"] in sections and not r.get("cfg", "").startswith("spread-") for r in recs)
-
-    if ran("pairs"):
+    partial = bool(machine.get("only"))
+    if ran(recs, partial, "pairs"):
         sec_pairs(recs, out)
-    if ran("growth"):
+    if ran(recs, partial, "growth"):
         sec_growth(recs, out, a.logs, results_dir, stem)
-    if ran("frag", "churn", "tfrag"):
-        sec_frag(recs, out, bool(machine.get("only")))
+    if ran(recs, partial, "frag", "churn", "tfrag"):
+        sec_frag(recs, out, partial)
     sec_spread(recs, out)
-    mismatch = sec_step(recs, out) if ran("step") else False
-    if ran("overhead"):
+    mismatch = sec_step(recs, out) if ran(recs, partial, "step") else False
+    if ran(recs, partial, "overhead"):
         sec_overhead(recs, out)
     failed = find(recs, "failed")
     if failed:

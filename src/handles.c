@@ -152,9 +152,11 @@ void _vs_pool_set_access(vs_pool_t *p, uint64_t rw, uint64_t ro, uint64_t none) 
 
 /* ------------------------------------------------------------------ growth */
 
+#define VS_GROW_PIECES 256 /* handles one growth maps at most, and spares it keeps */
+
 /* Idle handles a growth unmapped to map them again at its own address (release_before_growth). */
 typedef struct vs_spares_s {
-  vs_seg_t seg[256];
+  vs_seg_t seg[VS_GROW_PIECES];
   int n;
 } vs_spares_t;
 
@@ -319,7 +321,7 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
 
-  enum { MAX_PIECES = 256 };
+  enum { MAX_PIECES = VS_GROW_PIECES };
   vs_seg_t pieces[MAX_PIECES];
   int np = 0;
   size_t chunk = p->chunk;
@@ -463,7 +465,7 @@ static size_t unmap_idle(vs_pool_t *p, size_t keep, vs_spares_t *sp) {
     if (!n) break;
     for (int i = 0; i < n; i++) {
       _vs_vmm_unmap(&p->caps, victims[i].va, victims[i].size);
-      if (sp && sp->n < (int)(sizeof sp->seg / sizeof sp->seg[0])) {
+      if (sp && sp->n < VS_GROW_PIECES) {
         sp->seg[sp->n++] = victims[i];
       } else {
         _vs_vmm_release(&p->caps, victims[i].handle, victims[i].size);
