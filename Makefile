@@ -141,7 +141,8 @@ $(eval $(call SANITIZER_BUILD,tsan))
 SAN_DEPS := $(BUILD)/asan/libvmmshim.so $(BUILD)/tsan/libvmmshim.so \
             $(T_UNIT_NAMES:%=$(BUILD)/asan/tests/%) $(T_UNIT_NAMES:%=$(BUILD)/tsan/tests/%)
 
-TEST_DEPS := deps $(LIB) $(MAN) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC)
+TEST_DEPS := deps $(LIB) $(MAN) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC) \
+             $(BUILD)/bench/frag_floor
 
 # Every CPU test on the release library, then the sanitizer pass (tests/run.sh says which tests).
 test: $(TEST_DEPS) $(SAN_DEPS)
@@ -172,7 +173,11 @@ $(BUILD)/bench/cpu_pairs: bench/cpu_pairs.c $(EMU_DRV) $(EMU_RT) | $(BUILD)/benc
 $(BUILD)/bench/cpu_frag: bench/cpu_frag.c bench/workloads.h $(EMU_DRV) $(EMU_RT) | $(BUILD)/bench
 	$(CC) $(T_CFLAGS) -O2 -Ibench -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -lm -pthread
 
-bench-cpu: deps $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag
+# The least fixed arena that serves each irregular workload with no driver call (no CUDA).
+$(BUILD)/bench/frag_floor: bench/frag_floor.c bench/workloads.h | $(BUILD)/bench
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -O2 -Ibench -o $@ $< -lm
+
+bench-cpu: deps $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag $(BUILD)/bench/frag_floor
 	@BUILD=$(BUILD) sh bench/cpu_run.sh
 
 # ---- install: PREFIX (default /usr/local), DESTDIR for staging ----
