@@ -21,8 +21,9 @@
 # "pairs-stk churn-"), and the table goes to bench/results/<gpu>-<driver>-partial.md.
 # BENCH_SPREAD=1 (make bench-spread): the irregular workloads again at several seeds
 # (BENCH_SPREAD_SEEDS, default "1 2 3 4 5"), with default handles and VMMSHIM_MAX_HANDLE=64M and
-# 32M: how much held / live moves from one workload seed to the next. Not part of a plain run
-# (about 3 minutes more). BENCH_TAG=NAME: the table goes to bench/results/<gpu>-<driver>-NAME.md.
+# 32M (BENCH_SPREAD_HANDLES, default "default 64M 32M"; "default" is no VMMSHIM_MAX_HANDLE):
+# how much held / live moves from one workload seed to the next. Not part of a plain run (about
+# 3 minutes more). BENCH_TAG=NAME: the table goes to bench/results/<gpu>-<driver>-NAME.md.
 BUILD=${BUILD:-build}
 NVCC=${NVCC:-nvcc}
 PYTHON=${PYTHON:-python3}
@@ -248,7 +249,8 @@ if [ -n "$BENCH_SPREAD" ]; then
     "$PYTHON" bench/gen_trace.py -o "$strace" --seed "$seed" >/dev/null || say "bench: gen_trace.py --seed $seed failed"
     for w in churn varlen replay; do
       spread_step "spread-$w-$seed-pool" spread-pool async
-      for mh in "" 64M 32M; do
+      for mh in ${BENCH_SPREAD_HANDLES:-default 64M 32M}; do
+        [ "$mh" = default ] && mh=
         h=${mh:+-max$mh}
         hv=${mh:+VMMSHIM_MAX_HANDLE=$mh}
         # shellcheck disable=SC2086 # hv is one word or none
