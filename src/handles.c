@@ -171,6 +171,14 @@ static vs_seg_t take_spare(vs_spares_t *sp, size_t room) {
   return s;
 }
 
+/* Unmaps and releases the handles a growth mapped (segs, n of them), the last first. */
+static void unmap_pieces(vs_pool_t *p, const vs_seg_t *segs, int n) {
+  for (int i = n; i-- > 0;) {
+    _vs_vmm_unmap(&p->caps, segs[i].va, segs[i].size);
+    _vs_vmm_release(&p->caps, segs[i].handle, segs[i].size);
+  }
+}
+
 /* Maps [va, va+len) back to back: first with spare handles that fit (a cuMemMap each instead
  * of cuMemCreate + cuMemMap, and the cuMemUnmap + cuMemRelease their release would have cost),
  * then with new handles of at most `chunk` bytes each; and sets access over the whole range
@@ -209,10 +217,7 @@ static CUresult map_range(vs_pool_t *p, CUdeviceptr va, size_t len, size_t chunk
   }
   if (r == CUDA_SUCCESS) r = set_access_now(p, va, len);
   if (r != CUDA_SUCCESS) {
-    for (int i = n; i-- > 0;) {
-      _vs_vmm_unmap(&p->caps, segs_out[i].va, segs_out[i].size);
-      _vs_vmm_release(&p->caps, segs_out[i].handle, segs_out[i].size);
-    }
+    unmap_pieces(p, segs_out, n);
     n = 0;
   }
   *n_out = n;
@@ -321,18 +326,17 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
 
-  enum { MAX_PIECES = VS_GROW_PIECES };
-  vs_seg_t pieces[MAX_PIECES];
+  vs_seg_t pieces[VS_GROW_PIECES];
   int np = 0;
   size_t chunk = p->chunk;
-  if (len / chunk >= MAX_PIECES) chunk = round_up(len / (MAX_PIECES - 1), p->caps.min_granularity);
+  if (len / chunk >= VS_GROW_PIECES) chunk = round_up(len / (VS_GROW_PIECES - 1), p->caps.min_granularity);
   CUresult r;
   unsigned gen = access_gen(p);
   if (_vs_over_limit(len)) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
     atomic_fetch_add(&vs_mapped_total, len);
-    r = map_range(p, b->addr, len, chunk, &spares, pieces, MAX_PIECES, &np);
+    r = map_range(p, b->addr, len, chunk, &spares, pieces, VS_GROW_PIECES, &np);
     if (r != CUDA_SUCCESS) atomic_fetch_sub(&vs_mapped_total, len);
   }
   release_spares(p, &spares);
@@ -346,10 +350,7 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
       uint64_t rw = atomic_load(&p->access->rw), ro = atomic_load(&p->access->ro);
       r = _vs_vmm_set_access_devices(&p->caps, b->addr, len, rw, ro, atomic_load(&p->access->ever) & ~(rw | ro));
       if (r != CUDA_SUCCESS) {
-        for (int i = np; i-- > 0;) {
-          _vs_vmm_unmap(&p->caps, pieces[i].va, pieces[i].size);
-          _vs_vmm_release(&p->caps, pieces[i].handle, pieces[i].size);
-        }
+        unmap_pieces(p, pieces, np);
         atomic_fetch_sub(&vs_mapped_total, len);
         np = 0;
       }
@@ -363,10 +364,7 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
     /* No host memory for the segment table: undo the whole growth. */
     for (int i = 0; i < added; i++) seg_remove_at(p, seg_lower_bound(p, pieces[i].va));
     pool_unlock(p);
-    for (int i = np; i-- > 0;) {
-      _vs_vmm_unmap(&p->caps, pieces[i].va, pieces[i].size);
-      _vs_vmm_release(&p->caps, pieces[i].handle, pieces[i].size);
-    }
+    unmap_pieces(p, pieces, np);
     atomic_fetch_sub(&vs_mapped_total, len);
     pool_lock(p);
     r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -483,9 +481,7 @@ static size_t unmap_idle(vs_pool_t *p, size_t keep, vs_spares_t *sp) {
   return released;
 }
 
-size_t _vs_pool_trim_some(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, NULL); }
-
-size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return _vs_pool_trim_some(p, keep); }
+size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, NULL); }
 
 void _vs_pool_unmap_all(vs_pool_t *p) {
   for (size_t i = 0; i < p->n_segs; i++) {

@@ -180,38 +180,38 @@ static void release_hold_locked(vs_conn_t *c) {
   c->holds = 0;
 }
 
+/* A reply that refuses the request with `status`; false, as answer() returns for it. */
+static bool refuse(int fd, int32_t status) {
+  vs_ipc_reply_t rep;
+  memset(&rep, 0, sizeof rep);
+  rep.status = status;
+  send_reply(fd, &rep, NULL, 0);
+  return false;
+}
+
 /* One request: the importer's credentials, the export, its handles as descriptors. Returns false
  * when the connection is to be closed (a refusal: the reply is all the importer gets). */
 static bool answer(vs_conn_t *c) {
-  vs_ipc_reply_t rep;
-  memset(&rep, 0, sizeof rep);
   struct ucred cred;
   socklen_t cl = sizeof cred;
   if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != geteuid()) {
     _vs_warn("ipc: a process of user %d asked for a handle of this process (user %d): refused",
              cl == sizeof cred ? (int)cred.uid : -1, (int)geteuid());
-    rep.status = VS_IPC_DENIED;
-    send_reply(c->fd, &rep, NULL, 0);
-    return false;
+    return refuse(c->fd, VS_IPC_DENIED);
   }
   vs_ipc_request_t req;
   ssize_t r;
   do r = recv(c->fd, &req, sizeof req, MSG_WAITALL); /* the socket times out: a stalled client cannot stop the server */
   while (r < 0 && errno == EINTR);
-  if (r != (ssize_t)sizeof req || memcmp(req.magic, VS_IPC_MAGIC, 8) != 0 || c->holds) {
-    rep.status = VS_IPC_FAILED;
-    send_reply(c->fd, &rep, NULL, 0);
-    return false;
-  }
+  if (r != (ssize_t)sizeof req || memcmp(req.magic, VS_IPC_MAGIC, 8) != 0 || c->holds)
+    return refuse(c->fd, VS_IPC_FAILED);
   /* The lock is held while the handles are exported: the pool cannot go away meanwhile, and a
    * free of the block waits, then finds it open. */
   pthread_mutex_lock(&vs_ipc_lock);
   vs_export_t *x = export_by_id(req.id);
   if (!x || x->freed) {
     pthread_mutex_unlock(&vs_ipc_lock);
-    rep.status = VS_IPC_GONE;
-    send_reply(c->fd, &rep, NULL, 0);
-    return false;
+    return refuse(c->fd, VS_IPC_GONE);
   }
   CUmemGenericAllocationHandle handles[VS_IPC_MAX_SEGS];
   size_t sizes[VS_IPC_MAX_SEGS], offset = 0;
@@ -220,6 +220,8 @@ static bool answer(vs_conn_t *c) {
   if (!ok) _vs_warn("ipc: block 0x%llx lies on more than %d handles; it cannot be shared", (unsigned long long)x->ptr,
                     VS_IPC_MAX_SEGS);
   int nfds = 0;
+  vs_ipc_reply_t rep;
+  memset(&rep, 0, sizeof rep);
   const vs_device_caps_t *caps = _vs_pool_caps(x->pool);
   for (int i = 0; ok && i < n; i++) {
     ok = _vs_vmm_export(caps, handles[i], &fds[i]) == CUDA_SUCCESS;

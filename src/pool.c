@@ -125,6 +125,14 @@ static size_t stream_waiting(const vs_pool_t *p, const vs_stream_t *s) {
   return n;
 }
 
+/* The carved block b becomes the request's: in the map, counted. Lock held. */
+static inline void serve_block(vs_pool_t *p, vs_block_t *b, const vs_request_t *rq) {
+  b->requested = rq->req;
+  HASH_ADD(hh, p->map, addr, sizeof b->addr, b);
+  p->used += b->size;
+  p->allocs++;
+}
+
 /* Takes a block for the request under the lock: from the stream's own pending blocks, else
  * from the bins. Returns it USED and in the map, or NULL (and the pool's figures in rq). */
 static vs_block_t *take_block(vs_pool_t *p, vs_request_t *rq) {
@@ -159,10 +167,7 @@ static vs_block_t *take_block(vs_pool_t *p, vs_request_t *rq) {
   }
   if (vs_likely(b != NULL)) {
     vs_assert(b->state == B_USED && b->size >= rq->size && _vs_align_pad(b->addr, rq->align) == 0);
-    b->requested = rq->req;
-    HASH_ADD(hh, p->map, addr, sizeof b->addr, b);
-    p->used += b->size;
-    p->allocs++;
+    serve_block(p, b, rq);
   } else {
     rq->pending = p->pending_bytes;
     rq->deferred = p->deferred.bytes;
@@ -186,12 +191,7 @@ static vs_block_t *take_block_loose(vs_pool_t *p, vs_request_t *rq) {
     b = take_from_stream_loose(p, s, rq->heap_id, rq->size, rq->align);
     if (b) b = carve(p, b, rq->size, rq->align, s);
   }
-  if (b) {
-    b->requested = rq->req;
-    HASH_ADD(hh, p->map, addr, sizeof b->addr, b);
-    p->used += b->size;
-    p->allocs++;
-  }
+  if (b) serve_block(p, b, rq);
   VS_POOL_CHECK(p);
   pool_unlock(p);
   return b;

@@ -349,7 +349,8 @@ void _vs_pool_stream_destroyed(vs_pool_t *pool, CUstream stream);
 size_t _vs_pool_idle_bytes(vs_pool_t *pool);
 /* Synchronises the pool's context (which must be current) so that pending frees become idle. */
 CUresult _vs_pool_reclaim(vs_pool_t *pool);
-/* Releases every fully idle handle; returns the bytes released. */
+/* Unmaps and releases whole idle handles until at most keep_bytes idle bytes remain; returns
+ * the bytes released. */
 size_t _vs_pool_trim(vs_pool_t *pool, size_t keep_bytes);
 CUcontext _vs_pool_context(const vs_pool_t *pool);
 int _vs_pool_device(const vs_pool_t *pool);

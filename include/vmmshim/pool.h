@@ -229,9 +229,6 @@ int _vs_pool_add_reservation(vs_pool_t *p, int heap_id, size_t size);
 /* Maps more memory into heap heap_id so that a request of size/align fits (exact: handles
  * of exactly what is missing, for the out-of-memory retry). Lock not held. */
 CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, bool exact);
-/* Unmaps and releases whole idle handles until at most `keep` idle bytes remain. Returns the
- * bytes released. Lock not held. */
-size_t _vs_pool_trim_some(vs_pool_t *p, size_t keep);
 /* Unmaps and releases every segment and reservation (the pool is being destroyed). */
 void _vs_pool_unmap_all(vs_pool_t *p);
 /* Idle bytes of free block b that lie in whole handles (which trimming could give back). Lock held. */
