@@ -113,6 +113,14 @@ run_prog() {
   fi
 }
 
+# run_plain: run_prog without the shim (LD_PRELOAD empty), for reference runs.
+run_plain() {
+  _saved_lib=$LIB
+  LIB=
+  run_prog "$@"
+  LIB=$_saved_lib
+}
+
 for rt in static shared; do
   run_prog "$rt/integrity" "$BIN/t_integrity.$rt"
   run_prog "$rt/free-sync" "$BIN/t_free.$rt" VMMSHIM_FREE_MODE=sync
@@ -241,13 +249,6 @@ fi
 . tests/gpu/trace_torch.sh
 
 # ---- robustness (tests/gpu/t_robust.cu, one ROBUST_MODE per run) ----
-# run_plain: run_prog without the shim (LD_PRELOAD empty), for reference runs.
-run_plain() {
-  _saved_lib=$LIB
-  LIB=
-  run_prog "$@"
-  LIB=$_saved_lib
-}
 # robust_value LOG KEY: KEY=value of the "RESULT pressure" line.
 robust_value() { sed -n "s/^RESULT pressure .*$2=\([^ ]*\).*/\1/p" "$1" | head -n 1; }
 # Memory pressure: the failing cudaMalloc's error and the number of 1 GiB blocks, with and without.
