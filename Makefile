@@ -174,8 +174,8 @@ $(BUILD)/bench/cpu_frag: bench/cpu_frag.c bench/workloads.h $(EMU_DRV) $(EMU_RT)
 	$(CC) $(T_CFLAGS) -O2 -Ibench -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -lm -pthread
 
 # The least fixed arena that serves each irregular workload with no driver call (no CUDA).
-$(BUILD)/bench/frag_floor: bench/frag_floor.c bench/workloads.h | $(BUILD)/bench
-	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -O2 -Ibench -o $@ $< -lm
+$(BUILD)/bench/frag_floor: bench/frag_floor.c bench/workloads.h include/vmmshim/policy.h | $(BUILD)/bench
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -O2 -Ibench -Iinclude -o $@ $< -lm
 
 bench-cpu: deps $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag $(BUILD)/bench/frag_floor
 	@BUILD=$(BUILD) sh bench/cpu_run.sh

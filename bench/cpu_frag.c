@@ -40,28 +40,6 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static wl_event_t *read_trace(const char *path, size_t *n_out) {
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    perror(path);
-    return NULL;
-  }
-  size_t cap = 1 << 16, n = 0;
-  wl_event_t *ev = malloc(cap * sizeof *ev);
-  char line[256];
-  while (ev && fgets(line, sizeof line, f)) {
-    unsigned id;
-    unsigned long long sz;
-    if (n == cap) ev = realloc(ev, (cap *= 2) * sizeof *ev);
-    if (!ev) break;
-    if (sscanf(line, "a %u %llu", &id, &sz) == 2) ev[n++] = (wl_event_t){'a', id, (size_t)sz};
-    else if (sscanf(line, "f %u", &id) == 1) ev[n++] = (wl_event_t){'f', id, 0};
-  }
-  fclose(f);
-  *n_out = n;
-  return ev;
-}
-
 static unsigned long long vmm_calls(void) {
   static int (*get)(vmmshim_stats_t *, size_t);
   if (!get) *(void **)&get = dlsym(RTLD_DEFAULT, "vmmshim_get_stats");
@@ -89,7 +67,8 @@ int main(int argc, char **argv) {
     ev = malloc((WL_VARLEN_PARAM_EVENTS + (size_t)steps * WL_VARLEN_STEP_EVENTS) * sizeof *ev);
     n = wl_varlen(1, steps, ev);
   } else {
-    ev = read_trace(work, &n);
+    ev = wl_read_trace(work, &n);
+    if (!ev) perror(work);
     const char *slash = strrchr(work, '/');
     work = slash ? slash + 1 : work;
   }

@@ -18,18 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vmmshim/policy.h"
 #include "workloads.h"
 
 #define GRAN (64ull << 20) /* VMMSHIM_GRANULARITY's default */
 #define MIN_GRAN (2ull << 20)
-#define SMALL_MAX (1ull << 20)
 
-static size_t block_size(size_t req) { /* policy.h: vs_policy_block_size */
-  size_t s = (req + 255) / 256 * 256;
-  if (s >= GRAN) s = (s + MIN_GRAN - 1) / MIN_GRAN * MIN_GRAN;
-  return s;
-}
-static size_t block_align(size_t s) { return s >= (4ull << 20) ? MIN_GRAN : 256; }
+static size_t block_size(size_t req) { return vs_policy_block_size(req, GRAN, MIN_GRAN); }
 
 typedef struct {
   size_t start, end;
@@ -104,13 +99,13 @@ static int serves(const wl_event_t *ev, size_t n, size_t *addr, size_t bytes, in
   arena_insert_at(&a, 0, (range_t){0, bytes});
   int ok = 1;
   for (size_t i = 0; i < n && ok; i++) {
-    if (heap >= 0 && (ev[i].size >= SMALL_MAX) != heap) continue;
     size_t s = block_size(ev[i].size);
+    if (heap >= 0 && vs_policy_heap_for(s) != heap) continue; /* the heap of the block, as the shim picks */
     if (ev[i].op == 'f') {
       arena_free(&a, addr[ev[i].id], s);
       continue;
     }
-    addr[ev[i].id] = arena_alloc(&a, s, block_align(s), best);
+    addr[ev[i].id] = arena_alloc(&a, s, vs_policy_align(s), best);
     ok = addr[ev[i].id] != SIZE_MAX;
   }
   free(a.free);
@@ -133,25 +128,6 @@ static size_t least_arena(const wl_event_t *ev, size_t n, size_t *addr, size_t l
   return hi * 256;
 }
 
-static wl_event_t *read_trace(const char *path, size_t *n_out) {
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
-  size_t n = 0, cap = 1 << 16;
-  wl_event_t *ev = malloc(cap * sizeof *ev);
-  char line[256];
-  while (ev && fgets(line, sizeof line, f)) {
-    char op;
-    unsigned id;
-    unsigned long long size = 0;
-    if (line[0] == '#' || sscanf(line, " %c %u %llu", &op, &id, &size) < 2 || (op != 'a' && op != 'f')) continue;
-    if (n == cap) ev = realloc(ev, (cap *= 2) * sizeof *ev);
-    if (ev) ev[n++] = (wl_event_t){op, id, (size_t)size};
-  }
-  fclose(f);
-  *n_out = n;
-  return ev;
-}
-
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: frag_floor <churn|varlen|FILE> [seed] [steps]\n");
@@ -171,7 +147,7 @@ int main(int argc, char **argv) {
     ev = malloc((WL_VARLEN_PARAM_EVENTS + (size_t)steps * WL_VARLEN_STEP_EVENTS) * sizeof *ev);
     n = wl_varlen(seed, steps, ev);
   } else {
-    ev = read_trace(work, &n);
+    ev = wl_read_trace(work, &n);
     const char *slash = strrchr(work, '/');
     work = slash ? slash + 1 : work;
   }

@@ -16,6 +16,8 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 typedef struct wl_rng_s {
   uint64_t s;
@@ -40,6 +42,33 @@ typedef struct wl_event_s {
   unsigned id;
   size_t size;
 } wl_event_t;
+
+/* A trace in bench/replay.cu's format ("a <id> <size>", "f <id>", other lines skipped), read
+ * whole: its events (malloc'd, *n_out of them), or NULL when the file cannot be opened (errno
+ * says why) or memory runs out. */
+static inline wl_event_t *wl_read_trace(const char *path, size_t *n_out) {
+  *n_out = 0;
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0;
+  wl_event_t *ev = (wl_event_t *)malloc(cap * sizeof *ev);
+  char line[256];
+  while (ev && fgets(line, sizeof line, f)) {
+    unsigned id;
+    unsigned long long sz;
+    if (n == cap) {
+      wl_event_t *more = (wl_event_t *)realloc(ev, (cap *= 2) * sizeof *ev);
+      if (!more) free(ev);
+      ev = more;
+      if (!ev) break;
+    }
+    if (sscanf(line, "a %u %llu", &id, &sz) == 2) ev[n++] = (wl_event_t){'a', id, (size_t)sz};
+    else if (sscanf(line, "f %u", &id) == 1) ev[n++] = (wl_event_t){'f', id, 0};
+  }
+  fclose(f);
+  *n_out = ev ? n : 0;
+  return ev;
+}
 
 /* ---- churn ---- */
 #define WL_CHURN_WINDOW 256
