@@ -208,6 +208,9 @@ static inline void *must_malloc(size_t n) {
 }
 #endif
 
+/* Whether [a, a+an) and [b, b+bn) share a byte. */
+static inline int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
+
 /* Byte patterns: byte i of a block with seed s. */
 static inline unsigned char pat_byte(unsigned long long seed, size_t i) {
   unsigned long long x = (seed + 1) * 0x9E3779B97F4A7C15ull ^ (i >> 3) * 0xBF58476D1CE4E5B9ull;

@@ -24,8 +24,6 @@
 
 #define MiB (1ull << 20)
 
-static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
-
 /* ------------------------------------------------------------------ interception */
 
 static void test_runtime_paths(void) {

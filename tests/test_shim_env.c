@@ -44,8 +44,6 @@
 
 #define MiB (1ull << 20)
 
-static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
-
 typedef struct {
   unsigned char *p;
   size_t n;
@@ -603,7 +601,7 @@ int main(int argc, char **argv) {
   }
   check_run_child("deferred", "VMMSHIM_FREE_MODE=deferred", NULL);
   check_run_child("deferred-bound", "VMMSHIM_FREE_MODE=deferred", NULL);
-  check_run_child("async-bound", NULL, NULL);
+  check_run_child("async-bound", NULL);
   check_run_child("gran2m", "VMMSHIM_GRANULARITY=2M", NULL);
   check_run_child("limit", "VMMSHIM_LIMIT=64M", NULL);
   check_run_child("threshold", "VMMSHIM_RELEASE_THRESHOLD=0", NULL);

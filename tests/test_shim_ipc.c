@@ -207,6 +207,31 @@ static void agent_end(agent_t *ag) {
 static pid_t g_hold_pid = -1;
 static int g_hold_fd = -1;
 
+/* Connects to the exporter's socket named in handle bytes h (pid and nonce, as src/ipc.c lays
+ * them out, repeated here on purpose: the server must answer whoever connects, not only a
+ * shim). Returns the socket, or -errno. */
+static int exporter_connect(const void *h) {
+  struct {
+    char magic[8];
+    uint32_t pid;
+    int32_t dev;
+    uint64_t nonce;
+  } hd;
+  memcpy(&hd, h, sizeof hd);
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return -errno;
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "vmmshim-ipc-%u-%016llx", hd.pid, (unsigned long long)hd.nonce);
+  if (connect(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) != 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  return fd;
+}
+
 /* Asks the socket named in handle bytes h for handle h straight away (the wire format of
  * src/ipc.c, repeated here on purpose: the server must refuse whoever asks, not only a shim). */
 static int raw_request(const unsigned char *h, int *nfds) {
@@ -219,17 +244,8 @@ static int raw_request(const unsigned char *h, int *nfds) {
   } hd;
   memcpy(&hd, h, sizeof hd);
   *nfds = 0;
-  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  if (fd < 0) return -errno;
-  struct sockaddr_un a;
-  memset(&a, 0, sizeof a);
-  a.sun_family = AF_UNIX;
-  int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "vmmshim-ipc-%u-%016llx", hd.pid, (unsigned long long)hd.nonce);
-  if (connect(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) != 0) {
-    int e = errno;
-    close(fd);
-    return -e;
-  }
+  int fd = exporter_connect(h);
+  if (fd < 0) return fd;
   struct {
     char magic[8];
     uint64_t id;
@@ -405,11 +421,6 @@ static int wait_free(size_t want) {
   return 0;
 }
 
-static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
-  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-  return x < y + bn && y < x + an;
-}
-
 /* Handles of 2 MiB, back to back from an aligned start: the handles [p, p+n) lies on. */
 static unsigned handles_spanned(const void *p, size_t n) {
   uintptr_t a = (uintptr_t)p;
@@ -528,7 +539,7 @@ static void scenario_free(void) {
   void *n[K];
   for (int i = 0; i < K; i++) {
     n[i] = must_malloc(N);
-    CHECK(!overlaps(n[i], N, p, N), "a new block %p does not reuse the open block %p", n[i], p);
+    CHECK(!overlaps((uintptr_t)n[i], N, (uintptr_t)p, N), "a new block %p does not reuse the open block %p", n[i], p);
     pat_fill_sparse(n[i], N, 100 + (unsigned)i);
   }
   CHECK(ask(&ag, A_CHECK, dptr(q), N, 5, NULL).res == 1, "the importer's bytes are intact");
@@ -720,20 +731,8 @@ static void scenario_stall(void) {
   pat_fill(p, MiB, 31);
   cudaIpcMemHandle_t h = must_handle(p);
   /* A client that connects, sends part of a request and stops. */
-  struct {
-    char magic[8];
-    uint32_t pid;
-    int32_t dev;
-    uint64_t nonce;
-  } hd;
-  memcpy(&hd, &h, sizeof hd);
-  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  struct sockaddr_un a;
-  memset(&a, 0, sizeof a);
-  a.sun_family = AF_UNIX;
-  int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "vmmshim-ipc-%u-%016llx", hd.pid, (unsigned long long)hd.nonce);
-  CHECK(connect(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) == 0,
-        "connect to the exporter's socket: %s", strerror(errno));
+  int fd = exporter_connect(&h);
+  CHECK(fd >= 0, "connect to the exporter's socket: %s", strerror(fd < 0 ? -fd : 0));
   CHECK(send(fd, "vmm", 3, MSG_NOSIGNAL) == 3, "a partial request");
   sleep_ms(50);
   /* The server still answers others. */

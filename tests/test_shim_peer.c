@@ -512,6 +512,7 @@ static int lines_with(size_t from, ...) {
 }
 
 static void scenario_log(void) {
+  snprintf(g_log, sizeof g_log, "/tmp/vmmshim-peer-test.%d.log", (int)getpid()); /* VMMSHIM_LOG's %p */
   emu_set_device_count(3);
   set_device(0);
   void *m = must_malloc(MiB);
@@ -547,6 +548,8 @@ static void scenario_log(void) {
   set_device(0);
   CHECK(cudaFree(m) == cudaSuccess && cudaFree(big) == cudaSuccess, "frees");
   check_faults();
+  if (check_failed) printf("log %s:\n%s\n", g_log, read_log());
+  unlink(g_log);
 }
 
 int main(int argc, char **argv) {
@@ -554,7 +557,6 @@ int main(int argc, char **argv) {
   const char *sc = check_child_main(argc, argv);
   if (sc) {
     alarm(120);
-    snprintf(g_log, sizeof g_log, "/tmp/vmmshim-peer-test.%d.log", (int)getpid());
     if (!strcmp(sc, "auto")) scenario_auto();
     else if (!strcmp(sc, "early")) scenario_early();
     else if (!strcmp(sc, "reset")) scenario_reset();
@@ -564,10 +566,6 @@ int main(int argc, char **argv) {
     else if (!strcmp(sc, "log")) scenario_log();
     else if (!strcmp(sc, "race")) scenario_race();
     else CHECK(0, "unknown scenario %s", sc);
-    if (!strcmp(sc, "log")) {
-      if (check_failed) printf("log %s:\n%s\n", g_log, read_log());
-      unlink(g_log);
-    }
     return check_child_summary(sc);
   }
   check_run_child("auto", NULL);

@@ -101,7 +101,7 @@ static int export_and_exit(FILE *out) {
   return 0;
 }
 
-/* Starts this program with args; its stdin and stdout are pipes (*to, *from). */
+/* Starts this program with args; it reads fd 3 and writes fd 4, pipes from *to and to *from. */
 static pid_t spawn(char *const args[], FILE **to, FILE **from) {
   int down[2], up[2];
   if (pipe(down) || pipe(up)) return -1;
