@@ -504,6 +504,10 @@ def sec_spread(recs, out):
                    % time_label)
         out.append("| --- | --- | --- | --- | --- | --- | --- |")
         order = ["pool"] + ["shim-%s%s" % (m, h) for h in ("", "-max64M", "-max32M") for m in ("sync", "deferred", "async")]
+        # the trace's replay reports its time and all its calls; churn and varlen, after the warm-up
+        tk = "time_ms" if work == "replay" else "us_per_step"
+        calls_key = "shim_vmm_calls" if work == "replay" else "shim_vmm_steady"
+        allocs_key = "allocs" if work == "replay" else "allocs_steady"
         for cfg in order + sorted(c for c in runs if c not in order):
             by_seed = runs.get(cfg)
             if not by_seed:
@@ -516,13 +520,12 @@ def sec_spread(recs, out):
                 live = num(r, "peak_live")
                 h = num(r, "pool_reserved_high") if cfg == "pool" else num(r, "shim_peak_mapped")
                 held.append(h / live if h and live else None)
-                tk = "time_ms" if work == "replay" else "us_per_step"
                 t, pr = num(r, tk), pool.get(seed)
                 pt = num(pr, tk) if pr and not pr.get("failed") else None
                 speed.append(t / pt if t and pt else None)
                 if cfg != "pool":
-                    n = num(r, "shim_vmm_calls" if work == "replay" else "shim_vmm_steady")
-                    a = num(r, "allocs" if work == "replay" else "allocs_steady")
+                    n = num(r, calls_key)
+                    a = num(r, allocs_key)
                     calls.append(100.0 * n / a if n is not None and a else None)
                 bad += int(num(r, "bad") or 0)
             ok = sum(1 for x in held if x is not None and x <= 1.10)
