@@ -30,10 +30,12 @@ CFLAGS    ?= -O2 -g
 CFLAGS    += $(LIB_FLAGS)
 LDLIBS    := -ldl -pthread
 
-# src/pool_*.c are parts of pool.c's translation unit (it includes them): not compiled alone.
-SRC       := $(filter-out src/pool_%.c,$(wildcard src/*.c))
+# src/<layer>/*.c, one folder per layer (docs/design.md). src/pool/pool_*.c are parts of
+# pool.c's translation unit (it includes them): not compiled alone.
+SRC       := $(filter-out src/pool/pool_%.c,$(wildcard src/*/*.c))
 HDR       := include/vmmshim.h $(wildcard include/vmmshim/*.h)
 OBJ       := $(SRC:src/%.c=$(BUILD)/obj/%.o)
+SRC_ALL   := $(wildcard src/*/*.c)
 LIB       := $(BUILD)/libvmmshim.so
 MAN       := $(BUILD)/vmmshim.1
 PC        := $(BUILD)/vmmshim.pc
@@ -48,9 +50,10 @@ deps:
 	@UTHASH_INCLUDE='$(UTHASH_INCLUDE)' sh scripts/deps.sh $(if $(filter test test-sanitize,$(MAKECMDGOALS)),--test)
 
 $(BUILD)/obj/%.o: src/%.c $(HDR) | $(BUILD)/obj deps
+	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/obj/pool.o: $(wildcard src/pool_*.c)
+$(BUILD)/obj/pool/pool.o: $(wildcard src/pool/pool_*.c)
 
 $(LIB): $(OBJ)
 	$(CC) -shared -o $@ $(OBJ) $(LDLIBS)
@@ -109,8 +112,8 @@ $(BUILD)/tests/test_shim_%: tests/test_shim_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT) | 
 $(BUILD)/tests/test_static_%: tests/test_static_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT_A) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< $(EMU_RT_A) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
-$(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(wildcard src/*.c) $(EMU_DRV) | $(BUILD)/tests deps
-	$(CC) $(T_CFLAGS) -fvisibility=hidden -o $@ $< $(filter-out src/hook_%.c,$(SRC)) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
+$(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC_ALL) $(EMU_DRV) | $(BUILD)/tests deps
+	$(CC) $(T_CFLAGS) -fvisibility=hidden -o $@ $< $(filter-out src/hook/%.c,$(SRC)) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
 $(BUILD)/tests/test_emu_%: tests/test_emu_%.c $(T_HDR) $(EMU_DRV) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
@@ -128,12 +131,12 @@ define SANITIZER_BUILD
 $(BUILD)/$(1)/obj/%.o: src/%.c $(HDR) | deps
 	@mkdir -p $$(@D)
 	$(CC) $(DBG_FLAGS) $(SAN_$(1)) $(LIB_FLAGS) -c -o $$@ $$<
-$(BUILD)/$(1)/obj/pool.o: $(wildcard src/pool_*.c)
+$(BUILD)/$(1)/obj/pool/pool.o: $(wildcard src/pool/pool_*.c)
 $(BUILD)/$(1)/libvmmshim.so: $(SRC:src/%.c=$(BUILD)/$(1)/obj/%.o)
 	$(CC) $(SAN_$(1)) -shared -o $$@ $$^ $(LDLIBS)
-$(BUILD)/$(1)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(wildcard src/*.c) $(EMU_DRV) | deps
+$(BUILD)/$(1)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC_ALL) $(EMU_DRV) | deps
 	@mkdir -p $$(@D)
-	$(CC) $(T_CFLAGS) $(DBG_FLAGS) $(SAN_$(1)) -fvisibility=hidden -o $$@ $$< $(filter-out src/hook_%.c,$(SRC)) \
+	$(CC) $(T_CFLAGS) $(DBG_FLAGS) $(SAN_$(1)) -fvisibility=hidden -o $$@ $$< $(filter-out src/hook/%.c,$(SRC)) \
 	  -L$(BUILD)/emu -Wl,-rpath,'$$$$ORIGIN/../../emu' -lcuda -ldl -pthread
 endef
 $(eval $(call SANITIZER_BUILD,asan))

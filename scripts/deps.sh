@@ -1,7 +1,7 @@
 #!/bin/sh
 # scripts/deps.sh [--test]: what building vmmshim needs. make runs it before compiling anything;
 # it returns at once, silently, when everything is there.
-#   always   uthash.h (Debian package uthash-dev), included by src/pool.c;
+#   always   uthash.h (Debian package uthash-dev), included by src/pool/pool.c;
 #   --test   also chromium (test_report renders the HTML report), pkg-config (test_install
 #            reads the installed vmmshim.pc) and libunwind8 (test_shim_stacks runs the default
 #            unwinder; the shim loads it at run time when present): only `make test` needs them.

@@ -17,7 +17,7 @@
 
 #include "emu.h"
 #include "vmmshim/internal.h"
-#include "vmmshim/pool.h"
+#include "vmmshim/pool_internal.h"
 #include "check.h"
 
 #define MiB (1024ull * 1024)

@@ -260,7 +260,7 @@ int main(void) {
   vs_device_caps_t caps;
   CUcontext ctx = check_unit_context(&caps);
   emu_set_device_memory(0, 16 * GiB);
-  pool = _vs_pool_create(ctx, &caps); /* granularity 64 MiB */
+  pool = _vs_pool_create(ctx, &caps, _vs_peer_state(ctx, (int)caps.device)); /* granularity 64 MiB */
   CHECK(pool != NULL, "pool");
   if (!pool) return check_summary();
   test_growth_and_reuse();

@@ -64,7 +64,7 @@ int main(void) {
   CUcontext ctx = check_unit_context(&caps);
   CHECK(caps.vmm_supported && caps.min_granularity == 2 * MiB, "caps: vmm %d gran %zu", caps.vmm_supported,
         caps.min_granularity);
-  vs_pool_t *pool = _vs_pool_create(ctx, &caps);
+  vs_pool_t *pool = _vs_pool_create(ctx, &caps, _vs_peer_state(ctx, (int)caps.device));
   CHECK(pool != NULL, "pool");
   if (!pool) return check_summary();
   CHECK(_vs_pool_context(pool) == ctx && _vs_pool_device(pool) == 0, "pool identity");

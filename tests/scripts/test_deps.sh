@@ -161,7 +161,7 @@ if [ -n "$real_uthash" ]; then
     make -j2 BUILD="$tmp/build-uth" UTHASH_INCLUDE="$tmp/uth" "$tmp/build-uth/libvmmshim.so" >"$tmp/make.out" 2>&1
   mrc=$?
   check "make UTHASH_INCLUDE=DIR builds the library" test "$mrc" = 0 -a -f "$tmp/build-uth/libvmmshim.so"
-  check "make UTHASH_INCLUDE=DIR compiles pool.c with -IDIR" grep -q -- "-I$tmp/uth .*src/pool.c" "$tmp/make.out"
+  check "make UTHASH_INCLUDE=DIR compiles pool.c with -IDIR" grep -q -- "-I$tmp/uth .*src/pool/pool.c" "$tmp/make.out"
 else
   ko "no uthash.h found on this machine to copy"
 fi

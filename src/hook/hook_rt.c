@@ -11,7 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/alloc.h"
 
 typedef cudaError_t (*rt_malloc_fn)(void **, size_t);
 typedef cudaError_t (*rt_free_fn)(void *);

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/base.h"
 
 vmmshim_stats_t _vs_stats_data;
 

@@ -39,7 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/share.h"
 
 #define VS_IPC_MAGIC "vmmshim\x01"
 #define VS_IPC_MAX_SEGS 64

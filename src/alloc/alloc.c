@@ -7,11 +7,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "vmmshim/internal.h"
-
-atomic_int _vs_state;
-_Thread_local int _vs_guard;
-atomic_int _vs_captures_active;
+#include "vmmshim/alloc.h"
 
 #define VS_MAX_POOLS 64 /* contexts */
 
@@ -44,30 +40,6 @@ static _Thread_local unsigned tl_window, tl_hits; /* allocations and contended o
 #define VS_CONTEND_WINDOW 64
 #define VS_CONTEND_MOVE 4 /* contended allocations per window that make a thread move */
 
-static bool activate_slow(void) {
-  _vs_init_once();
-  int st = atomic_load(&_vs_state);
-  if (st) return st == 1;
-  int want = 1;
-  if (_vs_option(VS_OPT_DISABLE)) {
-    _vs_note("VMMSHIM_DISABLE is set: every allocation passes through to the CUDA driver");
-    want = 2;
-  } else if (_vs_cuda_resolve() != 0) {
-    want = 2;
-  }
-  int expected = 0;
-  atomic_compare_exchange_strong(&_vs_state, &expected, want);
-  return atomic_load(&_vs_state) == 1;
-}
-
-bool _vs_active(void) {
-  int st = atomic_load_explicit(&_vs_state, memory_order_acquire);
-  if (vs_likely(st == 1)) return true;
-  if (st == 2) return false;
-  return activate_slow();
-}
-
-VS_API int vmmshim_active(void) { return _vs_active() ? 1 : 0; }
 
 /* Set when the context given to slot_create_slow is destroyed (after cudaDeviceReset the
  * thread may still hold the old handle): the caller treats it as no context at all. */
@@ -115,7 +87,7 @@ static vs_pool_slot_t *slot_create_slow(CUcontext ctx) {
   } else if (!caps.vmm_supported) {
     _vs_note("device %d has no virtual memory management support; its allocations pass through", (int)dev);
   } else {
-    pool = _vs_pool_create(ctx, &caps);
+    pool = _vs_pool_create(ctx, &caps, _vs_peer_state(ctx, (int)caps.device));
   }
   vs_pool_t *unused = NULL;
   slots_lock();
@@ -154,7 +126,7 @@ static vs_pool_t *arena_get(vs_pool_slot_t *slot, unsigned idx) {
   CUcontext ctx = slot->ctx;
   vs_device_caps_t caps = slot->caps;
   slots_unlock();
-  vs_pool_t *made = ctx ? _vs_pool_create(ctx, &caps) : NULL;
+  vs_pool_t *made = ctx ? _vs_pool_create(ctx, &caps, _vs_peer_state(ctx, (int)caps.device)) : NULL;
   if (made) {
     slots_lock();
     vs_pool_t *expected = NULL;
@@ -340,12 +312,6 @@ bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err
     for (int a_ = 0; a_ < VS_MAX_ARENAS; a_++)                                            \
       if (!vs_slots[s_].ctx || !((pool) = atomic_load(&vs_slots[s_].arenas[a_]))) {      \
       } else
-
-void _vs_visit_pools(void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
-  if (atomic_load(&_vs_state) != 1) return;
-  vs_pool_t *pool;
-  FOR_EACH_ARENA(pool) fn(pool, arg);
-}
 
 bool _vs_lookup_range(CUdeviceptr addr, CUdeviceptr *base, size_t *size) {
   if (_vs_guard || atomic_load(&_vs_state) != 1) return false;

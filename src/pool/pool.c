@@ -1,4 +1,4 @@
-/* pool.c: one arena's sub-allocator, built on the VMM layer (vmm.c). Its entry points:
+/* pool.c: one arena's sub-allocator, built on the handle layer (handles.c). Its entry points:
  * create and destroy, allocate (a fast path under the lock, then the slow-path ladder),
  * free, and the lookups. The vocabulary and every block state are in vmmshim/pool.h.
  *
@@ -14,7 +14,7 @@
 #define VS_POOL_UNIT
 #include <stdlib.h>
 
-#include "vmmshim/pool.h"
+#include "vmmshim/pool_internal.h"
 
 #include "pool_blocks.c"
 #include "pool_streams.c"
@@ -26,7 +26,7 @@ void _vs_uthash_fatal(const char *msg) {
 
 /* ------------------------------------------------------------------ lifetime */
 
-vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
+vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps, const vs_access_state_t *access) {
   vs_pool_t *p = calloc(1, sizeof *p);
   if (!p) return NULL;
   pthread_mutex_init(&p->lock, NULL);
@@ -34,7 +34,7 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps) {
   pthread_cond_init(&p->sealed, NULL);
   p->ctx = ctx;
   p->caps = *caps;
-  p->access = _vs_peer_state(ctx, (int)caps->device);
+  p->access = access;
   p->map_anchor.state = B_USED;
   HASH_ADD(hh, p->map, addr, sizeof p->map_anchor.addr, &p->map_anchor);
   size_t g = (size_t)_vs_option(VS_OPT_GRANULARITY);
@@ -87,7 +87,7 @@ void _vs_pool_destroy(vs_pool_t *p) {
   }
   _vs_pool_free_batches(p);
   _vs_pool_free_blocks(p);
-  free(p->segs);
+  _vs_segs_clear(&p->segs);
   pthread_mutex_destroy(&p->lock);
   pthread_cond_destroy(&p->wake);
   pthread_cond_destroy(&p->sealed);
@@ -428,7 +428,7 @@ void _vs_pool_figures(vs_pool_t *p, vs_pool_figures_t *f) {
     f->live_blocks++;
     f->requested += b->requested;
   }
-  f->handles = p->n_segs;
+  f->handles = p->segs.n;
   pool_unlock(p);
 }
 
@@ -493,9 +493,9 @@ int _vs_pool_check_locked(vs_pool_t *p) {
   /* Batches a thread took out of the lock to record or query their events are in no list. */
   if (pending_sum + p->pending_out != p->pending_bytes) bad++;
   size_t seg_sum = 0;
-  for (size_t i = 0; i < p->n_segs; i++) {
-    seg_sum += p->segs[i].size;
-    if (i && p->segs[i - 1].va + p->segs[i - 1].size > p->segs[i].va) bad++;
+  for (size_t i = 0; i < p->segs.n; i++) {
+    seg_sum += p->segs.v[i].size;
+    if (i && p->segs.v[i - 1].va + p->segs.v[i - 1].size > p->segs.v[i].va) bad++;
   }
   size_t heaps_mapped = 0;
   for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++) heaps_mapped += p->heaps[heap_id].mapped;

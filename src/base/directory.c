@@ -8,7 +8,7 @@
  * reader racing a writer sees stale values it then discards, never a torn pointer. */
 #include <pthread.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/base.h"
 
 #define VS_DIR_MAX 1024
 
@@ -92,4 +92,20 @@ vs_pool_t *_vs_dir_lookup(CUdeviceptr addr) {
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&vs_dir_seq, memory_order_relaxed) == seq) return pool;
   }
+}
+
+void _vs_dir_visit_pools(void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
+  /* A snapshot of the distinct pools, taken under the writers' lock; fn runs without it (a
+   * growth adds reservations under its pool's lock, so the lock order forbids holding both). */
+  vs_pool_t *seen[VS_DIR_MAX];
+  unsigned n = 0;
+  pthread_mutex_lock(&vs_dir_lock);
+  for (unsigned i = 0; i < vs_dir_n; i++) {
+    vs_pool_t *pool = LD(vs_dir[i].pool);
+    unsigned k = 0;
+    while (k < n && seen[k] != pool) k++;
+    if (k == n) seen[n++] = pool;
+  }
+  pthread_mutex_unlock(&vs_dir_lock);
+  for (unsigned k = 0; k < n; k++) fn(seen[k], arg);
 }

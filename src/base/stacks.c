@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/base.h"
 #include "vmmshim/stacks.h"
 
 int _vs_stacks_on;

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "vmmshim/clock.h"
-#include "vmmshim/internal.h"
+#include "vmmshim/base.h"
 
 bool _vs_clock_tsc;
 

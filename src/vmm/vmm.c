@@ -7,7 +7,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/vmm.h"
 
 static bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
 

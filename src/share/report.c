@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/share.h"
 
 static const char *const vs_api_names[VMMSHIM_API_COUNT] = {"cudaMalloc", "cudaMallocAsync", "cuMemAlloc",
                                                             "cuMemAllocAsync"};
@@ -172,7 +172,7 @@ static void report(const char *first_line, int failed_dev, size_t need, bool aft
   _vs_note("%s", first_line);
   static vs_sums_t sums; /* one report at a time (callers hold vs_report_lock) */
   memset(&sums, 0, sizeof sums);
-  _vs_visit_pools(add_pool, &sums);
+  _vs_dir_visit_pools(add_pool, &sums);
   vmmshim_stats_t st;
   vmmshim_get_stats(&st, sizeof st);
   if (!sums.n) _vs_note("  no pool: the shim has served no allocation in this process");
@@ -227,63 +227,8 @@ VS_API int vmmshim_dump(void) {
   return 0;
 }
 
-static int vs_dump_pipe[2] = {-1, -1};
+/* The dump signal's thread (init.c) writes the report through this. Registered by a
+ * constructor that only stores a pointer: nothing runs in a process that never sends it. */
+static void dump_on_signal(void) { vmmshim_dump(); }
 
-static void on_dump_signal(int sig) {
-  (void)sig;
-  int saved = errno;
-  char c = 1;
-  if (vs_dump_pipe[1] >= 0 && write(vs_dump_pipe[1], &c, 1) < 0) {
-    /* a full pipe already holds a request: one report serves them all */
-  }
-  errno = saved;
-}
-
-static void *dump_thread(void *arg) {
-  (void)arg;
-  char buf[64];
-  for (;;) {
-    ssize_t n = read(vs_dump_pipe[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return NULL;
-    vmmshim_dump();
-  }
-}
-
-/* A forked child has no reporting thread, and the pipe is its parent's: the signal does
- * nothing there (rather than make the parent report). */
-static void atfork_child(void) {
-  int r = vs_dump_pipe[0], w = vs_dump_pipe[1];
-  vs_dump_pipe[0] = vs_dump_pipe[1] = -1;
-  if (r >= 0) close(r);
-  if (w >= 0) close(w);
-}
-
-void _vs_report_init(void) {
-  int sig = (int)_vs_option(VS_OPT_DUMP_SIGNAL);
-  if (!sig) return;
-  struct sigaction old;
-  if (sigaction(sig, NULL, &old) != 0) return;
-  if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) {
-    /* The program handles (or ignores) this signal itself: it stays the program's. */
-    _vs_info("VMMSHIM_DUMP_SIGNAL %d (%s) has a handler of the program; the shim leaves it alone", sig, strsignal(sig));
-    return;
-  }
-  if (pipe2(vs_dump_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
-  fcntl(vs_dump_pipe[0], F_SETFL, 0); /* the thread blocks on the read end; the handler never does */
-  pthread_t t;
-  int rc = _vs_thread_start(&t, dump_thread, NULL);
-  if (rc != 0) {
-    close(vs_dump_pipe[0]);
-    close(vs_dump_pipe[1]);
-    vs_dump_pipe[0] = vs_dump_pipe[1] = -1;
-    return;
-  }
-  pthread_atfork(NULL, NULL, atfork_child);
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_dump_signal;
-  sa.sa_flags = SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  sigaction(sig, &sa, NULL);
-}
+__attribute__((constructor)) static void register_dump_handler(void) { _vs_set_dump_handler(dump_on_signal); }

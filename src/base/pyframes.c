@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/base.h"
 #include "vmmshim/stacks.h"
 
 typedef struct _object PyObj; /* opaque: only pointers are handled */

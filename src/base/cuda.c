@@ -9,7 +9,7 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/base.h"
 
 vs_real_driver_t _vs_cu;
 vs_get_proc_v2_fn _vs_real_get_proc_v2;

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/base.h"
 
 int _vs_log_level = VS_LOG_WARN;
 static int vs_log_fd = 2;

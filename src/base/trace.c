@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 #include "vmmshim/clock.h"
-#include "vmmshim/internal.h"
+#include "vmmshim/base.h"
 #include "vmmshim/stacks.h"
 #include "vmmshim/trace.h"
 

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "vmmshim/pool.h"
+#include "vmmshim/pool_internal.h"
 
 /* Moves blocks of a FIFO whose free came before sync number `done` into the bins. */
 static void release_before(vs_pool_t *p, vs_list_t *l, uint64_t done) {

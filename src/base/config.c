@@ -10,7 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/base.h"
 
 typedef struct vs_option_desc_s {
   uint64_t value;

@@ -17,15 +17,16 @@
  *   effective: rw = all | pool_rw | {d : a link from d};  ro = pool_ro minus rw
  * VMMSHIM_PEER_ACCESS=none keeps every reason empty (the owner alone, as before).
  *
- * Changes are rare: they take a mutex that serialises them (held across the cuMemSetAccess
- * calls that apply them; no allocation or free ever takes it). A growth takes it too, briefly,
- * while it records its new mappings (_vs_peer_growth_begin/end): a change then either came
- * before, and the growth gives its mappings the new access, or comes after and finds them. */
+ * Changes are rare: they take the handle layer's access lock, which serialises them (held
+ * across the cuMemSetAccess calls that apply them; no allocation or free ever takes it). A
+ * growth takes it too, briefly, while it records its new mappings (handles.h): a change then
+ * either came before, and the growth gives its mappings the new access, or comes after and
+ * finds them. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/share.h"
 
 #define VS_PEER_CONTEXTS 64
 #define VS_PEER_LINKS 256
@@ -110,12 +111,10 @@ static void update(vs_peer_entry_t *e, vs_apply_t *out, bool *changed) {
   *out = (vs_apply_t){e->ctx, rw, ro, old & ~(rw | ro)};
 }
 
-static pthread_mutex_t vs_apply_lock = PTHREAD_MUTEX_INITIALIZER;
-
 static void apply(const vs_apply_t *a, const char *why) {
   _vs_info("context %p: access for peers now read-write 0x%llx, read 0x%llx%s (%s)", (void *)a->ctx,
            (unsigned long long)a->rw, (unsigned long long)a->ro, a->none ? ", taken from the others" : "", why);
-  _vs_visit_pools(apply_pool, (void *)a);
+  _vs_dir_visit_pools(apply_pool, (void *)a);
 }
 
 static int current_device(void) {
@@ -139,7 +138,7 @@ void _vs_peer_access_changed(CUcontext peer, bool enabled) {
   if (_vs_cu.cuCtxGetCurrent(&self) != CUDA_SUCCESS || !self) return;
   int from = current_device(), to = device_of(peer);
   if (from < 0 || to < 0 || from >= VS_MAX_DEVICES) return;
-  pthread_mutex_lock(&vs_apply_lock);
+  _vs_access_lock();
   pthread_mutex_lock(&vs_peer_lock);
   /* The driver refuses a second enable of the same pair and a disable of none: one link each. */
   vs_peer_link_t *link = NULL, *free_link = NULL;
@@ -157,12 +156,12 @@ void _vs_peer_access_changed(CUcontext peer, bool enabled) {
   if (e) update(e, &a, &changed);
   pthread_mutex_unlock(&vs_peer_lock);
   if (changed) apply(&a, enabled ? "peer access enabled" : "peer access disabled");
-  pthread_mutex_unlock(&vs_apply_lock);
+  _vs_access_unlock();
 }
 
 void _vs_peer_forget(CUcontext ctx) {
   if (!ctx) return;
-  pthread_mutex_lock(&vs_apply_lock);
+  _vs_access_lock();
   pthread_mutex_lock(&vs_peer_lock);
   /* Grants it made go: the contexts it had access to lose its device. */
   CUcontext gave[VS_PEER_LINKS];
@@ -186,11 +185,8 @@ void _vs_peer_forget(CUcontext ctx) {
   }
   pthread_mutex_unlock(&vs_peer_lock);
   for (int i = 0; i < nt; i++) apply(&todo[i], "the context that enabled peer access went away");
-  pthread_mutex_unlock(&vs_apply_lock);
+  _vs_access_unlock();
 }
-
-void _vs_peer_growth_begin(void) { pthread_mutex_lock(&vs_apply_lock); }
-void _vs_peer_growth_end(void) { pthread_mutex_unlock(&vs_apply_lock); }
 
 void _vs_mempool_access_changed(CUmemoryPool pool, const CUmemAccessDesc *desc, size_t count) {
   if (_vs_guard || !_vs_active() || _vs_option(VS_OPT_PEER_ACCESS) == VS_PEER_NONE || !desc) return;
@@ -207,7 +203,7 @@ void _vs_mempool_access_changed(CUmemoryPool pool, const CUmemAccessDesc *desc, 
       dev = d;
   }
   if (dev < 0) return;
-  pthread_mutex_lock(&vs_apply_lock);
+  _vs_access_lock();
   vs_apply_t todo[VS_PEER_CONTEXTS];
   int nt = 0;
   pthread_mutex_lock(&vs_peer_lock);
@@ -229,5 +225,5 @@ void _vs_mempool_access_changed(CUmemoryPool pool, const CUmemAccessDesc *desc, 
   }
   pthread_mutex_unlock(&vs_peer_lock);
   for (int i = 0; i < nt; i++) apply(&todo[i], "memory pool access set");
-  pthread_mutex_unlock(&vs_apply_lock);
+  _vs_access_unlock();
 }

@@ -12,7 +12,7 @@
 #include <dlfcn.h>
 #include <string.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/alloc.h"
 
 /* cuda.h maps cuGetProcAddress to _v2; the shim also exports the original (CUDA 11.3) one. */
 #undef cuGetProcAddress

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "vmmshim/internal.h"
+#include "vmmshim/base.h"
 #include "vmmshim/stacks.h"
 #include "vmmshim/trace.h"
 

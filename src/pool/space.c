@@ -1,65 +1,18 @@
-/* handles.c: a pool's reservations and the physical handles mapped into them.
+/* space.c: a pool's address space and the memory mapped into it.
  *
- * Each heap reserves virtual ranges (cuMemAddressReserve) and maps handles (cuMemCreate +
- * cuMemMap + one cuMemSetAccess) into them back to back, so the memory is contiguous and a
- * block may span handles. Unmapped ranges are HOLE blocks. Growth maps what a request needs
- * right after a free block that ends at a hole (so the two join), else into the lowest hole
- * that fits; before it maps, it gives back idle handles (policy.h says which to keep), so
- * physical memory follows what is live, not the history of the address space. With handles
- * bounded (VMMSHIM_MAX_HANDLE), the handles given back are mapped again into the new range
- * where they fit, instead of being released and new ones created.
- *
- * Why large handles (VMMSHIM_GRANULARITY): cuMemSetAccess alone costs ~28 us per handle on
- * an H100 whatever its size, so a pool that maps and unmaps in its steady state loses to
- * cudaMalloc; freed memory stays mapped and is reused without any driver call.
+ * Each heap reserves virtual ranges (cuMemAddressReserve); unmapped ranges are HOLE blocks.
+ * Growth maps what a request needs right after a free block that ends at a hole (so the two
+ * join), else into the lowest hole that fits; before it maps, it gives back idle handles
+ * (policy.h says which to keep), so physical memory follows what is live, not the history of
+ * the address space. With handles bounded (VMMSHIM_MAX_HANDLE), the handles given back are
+ * mapped again into the new range where they fit, instead of being released and new ones
+ * created. The handles themselves are mapped and unmapped by the handle layer (handles.c).
  *
  * Everything here runs on the slow path. The pool lock is taken to edit the block lists
  * and dropped around every driver call: the blocks being mapped or unmapped are BUSY. */
 #include <stdlib.h>
 
-#include "vmmshim/pool.h"
-
-/* Bytes mapped by every pool together, for VMMSHIM_LIMIT. */
-static atomic_size_t vs_mapped_total;
-
-size_t _vs_mapped_total(void) { return atomic_load_explicit(&vs_mapped_total, memory_order_relaxed); }
-
-bool _vs_over_limit(size_t add) {
-  uint64_t limit = _vs_option(VS_OPT_LIMIT);
-  return limit && atomic_load_explicit(&vs_mapped_total, memory_order_relaxed) + add > limit;
-}
-
-/* ------------------------------------------------------------------ segments (one per handle) */
-
-static size_t seg_lower_bound(const vs_pool_t *p, CUdeviceptr va) {
-  size_t lo = 0, hi = p->n_segs;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (p->segs[mid].va < va) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
-static int seg_add(vs_pool_t *p, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h) {
-  if (p->n_segs == p->cap_segs) {
-    size_t cap = p->cap_segs ? p->cap_segs * 2 : 64;
-    vs_seg_t *n = realloc(p->segs, cap * sizeof *n);
-    if (!n) return -1;
-    p->segs = n;
-    p->cap_segs = cap;
-  }
-  size_t i = seg_lower_bound(p, va);
-  memmove(&p->segs[i + 1], &p->segs[i], (p->n_segs - i) * sizeof *p->segs);
-  p->segs[i] = (vs_seg_t){va, size, h};
-  p->n_segs++;
-  return 0;
-}
-
-static void seg_remove_at(vs_pool_t *p, size_t i) {
-  memmove(&p->segs[i], &p->segs[i + 1], (p->n_segs - i - 1) * sizeof *p->segs);
-  p->n_segs--;
-}
+#include "vmmshim/pool_internal.h"
 
 /* ------------------------------------------------------------------ reservations */
 
@@ -100,25 +53,9 @@ vs_pool_status_t _vs_pool_handles_of(vs_pool_t *p, CUdeviceptr ptr, size_t *offs
   pool_lock(p);
   vs_block_t *b;
   HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
-  if (b && b != &p->map_anchor && b->state == B_USED) {
-    /* The segment holding the block's first byte, then those after it up to its end. */
-    size_t i = seg_lower_bound(p, ptr + 1);
-    if (i > 0) i--;
-    CUdeviceptr end = b->addr + b->size;
-    int n = 0;
+  if (b && b != &p->map_anchor && b->state == B_USED &&
+      _vs_segs_covering(&p->segs, ptr, b->addr + b->size, offset_out, handles, sizes, max, n_out) == 0)
     st = VS_POOL_OK;
-    if (i >= p->n_segs || p->segs[i].va > ptr || p->segs[i].va + p->segs[i].size <= ptr) st = VS_POOL_NOT_OWNED;
-    else *offset_out = (size_t)(ptr - p->segs[i].va);
-    for (; st == VS_POOL_OK && i < p->n_segs && p->segs[i].va < end; i++) {
-      if (n == max || (n && p->segs[i].va != p->segs[i - 1].va + p->segs[i - 1].size)) {
-        st = VS_POOL_NOT_OWNED; /* too many pieces, or a gap: cannot be shared as one range */
-        break;
-      }
-      handles[n] = p->segs[i].handle;
-      sizes[n++] = p->segs[i].size;
-    }
-    if (st == VS_POOL_OK) *n_out = n;
-  }
   pool_unlock(p);
   return st;
 }
@@ -127,23 +64,17 @@ const vs_device_caps_t *_vs_pool_caps(const vs_pool_t *p) { return &p->caps; }
 
 /* ------------------------------------------------------------------ access */
 
-/* Access for a new mapping: the owner and the peers peer.c names now. */
-static CUresult set_access_now(vs_pool_t *p, CUdeviceptr va, size_t len) {
-  uint64_t rw = p->access ? atomic_load(&p->access->rw) : 0, ro = p->access ? atomic_load(&p->access->ro) : 0;
-  return _vs_vmm_set_access_devices(&p->caps, va, len, rw, ro, 0);
-}
-
 static unsigned access_gen(const vs_pool_t *p) { return p->access ? atomic_load(&p->access->gen) : 0; }
 
 void _vs_pool_set_access(vs_pool_t *p, uint64_t rw, uint64_t ro, uint64_t none) {
   pool_lock(p);
   p->applying_access++;
-  size_t n = p->n_segs;
-  vs_seg_t *copy = n ? malloc(n * sizeof *copy) : NULL;
-  if (copy) memcpy(copy, p->segs, n * sizeof *copy);
+  size_t n = 0;
+  vs_seg_t *copy = _vs_segs_copy(&p->segs, &n);
+  bool lost = p->segs.n && !copy;
   pool_unlock(p);
-  if (n && !copy) _vs_warn("device %d: no host memory to change the pool's access; it stays as it was", (int)p->caps.device);
-  for (size_t i = 0; copy && i < n; i++) _vs_vmm_set_access_devices(&p->caps, copy[i].va, copy[i].size, rw, ro, none);
+  if (lost) _vs_warn("device %d: no host memory to change the pool's access; it stays as it was", (int)p->caps.device);
+  _vs_handles_set_access(&p->caps, copy, n, rw, ro, none);
   free(copy);
   pool_lock(p);
   p->applying_access--;
@@ -151,78 +82,6 @@ void _vs_pool_set_access(vs_pool_t *p, uint64_t rw, uint64_t ro, uint64_t none) 
 }
 
 /* ------------------------------------------------------------------ growth */
-
-#define VS_GROW_PIECES 256 /* handles one growth maps at most, and spares it keeps */
-
-/* Idle handles a growth unmapped to map them again at its own address (release_before_growth). */
-typedef struct vs_spares_s {
-  vs_seg_t seg[VS_GROW_PIECES];
-  int n;
-} vs_spares_t;
-
-/* The largest spare handle of at most `room` bytes, taken off the list; size 0 when none. */
-static vs_seg_t take_spare(vs_spares_t *sp, size_t room) {
-  int best = -1;
-  for (int i = 0; i < sp->n; i++)
-    if (sp->seg[i].size <= room && (best < 0 || sp->seg[i].size > sp->seg[best].size)) best = i;
-  if (best < 0) return (vs_seg_t){0, 0, 0};
-  vs_seg_t s = sp->seg[best];
-  sp->seg[best] = sp->seg[--sp->n];
-  return s;
-}
-
-/* Unmaps and releases the handles a growth mapped (segs, n of them), the last first. */
-static void unmap_pieces(vs_pool_t *p, const vs_seg_t *segs, int n) {
-  for (int i = n; i-- > 0;) {
-    _vs_vmm_unmap(&p->caps, segs[i].va, segs[i].size);
-    _vs_vmm_release(&p->caps, segs[i].handle, segs[i].size);
-  }
-}
-
-/* Maps [va, va+len) back to back: first with spare handles that fit (a cuMemMap each instead
- * of cuMemCreate + cuMemMap, and the cuMemUnmap + cuMemRelease their release would have cost),
- * then with new handles of at most `chunk` bytes each; and sets access over the whole range
- * with one call (its cost follows the handles, not the calls). Lock not held; the segments are
- * returned in segs_out (at most max) for the caller to record. On failure every handle mapped
- * here, spares included, is unmapped and released. */
-static CUresult map_range(vs_pool_t *p, CUdeviceptr va, size_t len, size_t chunk, vs_spares_t *sp,
-                          vs_seg_t *segs_out, int max, int *n_out) {
-  CUresult r = CUDA_SUCCESS;
-  int n = 0;
-  size_t off = 0;
-  while (off < len) {
-    size_t piece = len - off;
-    vs_seg_t spare = n < max - 1 ? take_spare(sp, piece) : (vs_seg_t){0, 0, 0};
-    if (spare.size) {
-      r = _vs_vmm_map(&p->caps, va + off, spare.size, spare.handle);
-      if (r != CUDA_SUCCESS) {
-        _vs_vmm_release(&p->caps, spare.handle, spare.size);
-        break;
-      }
-      segs_out[n++] = (vs_seg_t){va + off, spare.size, spare.handle};
-      off += spare.size;
-      continue;
-    }
-    if (piece > chunk && n < max - 1) piece = chunk;
-    CUmemGenericAllocationHandle h = 0;
-    r = _vs_vmm_create(&p->caps, piece, &h);
-    if (r != CUDA_SUCCESS) break;
-    r = _vs_vmm_map(&p->caps, va + off, piece, h);
-    if (r != CUDA_SUCCESS) {
-      _vs_vmm_release(&p->caps, h, piece);
-      break;
-    }
-    segs_out[n++] = (vs_seg_t){va + off, piece, h};
-    off += piece;
-  }
-  if (r == CUDA_SUCCESS) r = set_access_now(p, va, len);
-  if (r != CUDA_SUCCESS) {
-    unmap_pieces(p, segs_out, n);
-    n = 0;
-  }
-  *n_out = n;
-  return r;
-}
 
 /* Picks where to map more bytes for a request of `size`: right after a free block ending at
  * a hole (so the two join), else the lowest hole that is large enough. Returns the BUSY
@@ -279,15 +138,6 @@ static void release_before_growth(vs_pool_t *p, size_t want, vs_spares_t *sp) {
   if (idle > keep && idle >= p->caps.min_granularity) unmap_idle(p, keep, sp);
 }
 
-/* Releases the spare handles a growth did not map again (unmapped, out of the accounts). */
-static void release_spares(vs_pool_t *p, vs_spares_t *sp) {
-  for (int i = 0; i < sp->n; i++) {
-    _vs_vmm_release(&p->caps, sp->seg[i].handle, sp->seg[i].size);
-    VS_STAT_ADD(trims, 1);
-  }
-  sp->n = 0;
-}
-
 /* A BUSY block where `size` bytes at `align` can be mapped (its length in *len_out): from a
  * hole, or from a new reservation when no hole is large enough. NULL: no address space. */
 static vs_block_t *claim_space(vs_pool_t *p, int heap_id, size_t size, size_t align, size_t handle,
@@ -321,7 +171,7 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   size_t len = 0;
   vs_block_t *b = claim_space(p, heap_id, size, align, handle, &len);
   if (!b) {
-    release_spares(p, &spares);
+    _vs_handles_release_spares(&p->caps, &spares);
     _vs_warn("device %d: no address space for %zu bytes", (int)p->caps.device, size);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -332,40 +182,36 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   if (len / chunk >= VS_GROW_PIECES) chunk = round_up(len / (VS_GROW_PIECES - 1), p->caps.min_granularity);
   CUresult r;
   unsigned gen = access_gen(p);
-  if (_vs_over_limit(len)) {
+  if (!_vs_mapped_admit(len)) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
-    atomic_fetch_add(&vs_mapped_total, len);
-    r = map_range(p, b->addr, len, chunk, &spares, pieces, VS_GROW_PIECES, &np);
-    if (r != CUDA_SUCCESS) atomic_fetch_sub(&vs_mapped_total, len);
+    uint64_t rw = p->access ? atomic_load(&p->access->rw) : 0, ro = p->access ? atomic_load(&p->access->ro) : 0;
+    r = _vs_handles_map(&p->caps, b->addr, len, chunk, rw, ro, &spares, pieces, VS_GROW_PIECES, &np);
+    if (r != CUDA_SUCCESS) _vs_mapped_return(len);
   }
-  release_spares(p, &spares);
+  _vs_handles_release_spares(&p->caps, &spares);
 
-  /* The new mappings become visible to peer.c's changes under its lock: one made since the
+  /* The new mappings become visible to access changes under their lock: one made since the
    * access above was set is applied here first (the block is still BUSY, so nothing unmaps it). */
   bool peers = p->access && r == CUDA_SUCCESS;
   if (peers) {
-    _vs_peer_growth_begin();
+    _vs_access_lock();
     if (access_gen(p) != gen) {
       uint64_t rw = atomic_load(&p->access->rw), ro = atomic_load(&p->access->ro);
       r = _vs_vmm_set_access_devices(&p->caps, b->addr, len, rw, ro, atomic_load(&p->access->ever) & ~(rw | ro));
       if (r != CUDA_SUCCESS) {
-        unmap_pieces(p, pieces, np);
-        atomic_fetch_sub(&vs_mapped_total, len);
+        _vs_handles_unmap(&p->caps, pieces, np);
+        _vs_mapped_return(len);
         np = 0;
       }
     }
   }
   pool_lock(p);
-  int added = 0;
-  while (r == CUDA_SUCCESS && added < np && seg_add(p, pieces[added].va, pieces[added].size, pieces[added].handle) == 0)
-    added++;
-  if (r == CUDA_SUCCESS && added < np) {
+  if (r == CUDA_SUCCESS && _vs_segs_add(&p->segs, pieces, np) != 0) {
     /* No host memory for the segment table: undo the whole growth. */
-    for (int i = 0; i < added; i++) seg_remove_at(p, seg_lower_bound(p, pieces[i].va));
     pool_unlock(p);
-    unmap_pieces(p, pieces, np);
-    atomic_fetch_sub(&vs_mapped_total, len);
+    _vs_handles_unmap(&p->caps, pieces, np);
+    _vs_mapped_return(len);
     pool_lock(p);
     r = CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -378,7 +224,7 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   }
   VS_POOL_CHECK(p);
   pool_unlock(p);
-  if (peers) _vs_peer_growth_end();
+  if (peers) _vs_access_unlock();
   if (r == CUDA_SUCCESS) {
     uint64_t m = VS_STAT_ADD(bytes_mapped, len) + len;
     _vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);
@@ -395,12 +241,13 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
 static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_block_t **out, vs_seg_t *segs,
                                  int *n, int max) {
   size_t got = 0;
-  size_t i = seg_lower_bound(p, b->addr);
-  if (i == p->n_segs || p->segs[i].va + p->segs[i].size > b->addr + b->size) return 0;
+  vs_segs_t *t = &p->segs;
+  size_t i = _vs_segs_lower_bound(t, b->addr);
+  if (i == t->n || t->v[i].va + t->v[i].size > b->addr + b->size) return 0;
   _vs_bin_remove(p, b);
   vs_block_t *rest = b; /* the part of b not yet looked at */
-  while (i < p->n_segs && *n < max && got < want) {
-    vs_seg_t sg = p->segs[i];
+  while (i < t->n && *n < max && got < want) {
+    vs_seg_t sg = t->v[i];
     if (sg.va + sg.size > rest->addr + rest->size) break;
     vs_block_t *mid = rest;
     if (sg.va > rest->addr) {
@@ -418,7 +265,7 @@ static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_bl
       }
     }
     mid->state = B_BUSY;
-    seg_remove_at(p, i); /* the next segment now sits at index i */
+    _vs_segs_remove_at(t, i); /* the next segment now sits at index i */
     p->mapped -= sg.size;
     heap_of(p, mid)->mapped -= sg.size;
     segs[*n] = sg;
@@ -431,10 +278,7 @@ static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_bl
 }
 
 size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b) {
-  size_t sum = 0;
-  for (size_t i = seg_lower_bound(p, b->addr); i < p->n_segs && p->segs[i].va + p->segs[i].size <= b->addr + b->size; i++)
-    sum += p->segs[i].size;
-  return sum;
+  return _vs_segs_whole_in(&p->segs, b->addr, b->size);
 }
 
 /* Unmaps whole idle handles until at most `keep` idle bytes remain: into sp while it has room
@@ -461,18 +305,10 @@ static size_t unmap_idle(vs_pool_t *p, size_t keep, vs_spares_t *sp) {
       carve_idle_handles(p, cand[c], p->free_bytes - keep, busy, victims, &n, MAX_BATCH);
     pool_unlock(p);
     if (!n) break;
-    for (int i = 0; i < n; i++) {
-      _vs_vmm_unmap(&p->caps, victims[i].va, victims[i].size);
-      if (sp && sp->n < VS_GROW_PIECES) {
-        sp->seg[sp->n++] = victims[i];
-      } else {
-        _vs_vmm_release(&p->caps, victims[i].handle, victims[i].size);
-        VS_STAT_ADD(trims, 1);
-      }
-      atomic_fetch_sub(&vs_mapped_total, victims[i].size);
-      VS_STAT_SUB(bytes_mapped, victims[i].size);
-      released += victims[i].size;
-    }
+    size_t bytes = _vs_handles_unmap_idle(&p->caps, victims, n, sp);
+    _vs_mapped_return(bytes);
+    VS_STAT_SUB(bytes_mapped, bytes);
+    released += bytes;
     pool_lock(p);
     for (int i = 0; i < n; i++) _vs_block_make_hole(p, busy[i]);
     VS_POOL_CHECK(p);
@@ -484,13 +320,12 @@ static size_t unmap_idle(vs_pool_t *p, size_t keep, vs_spares_t *sp) {
 size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, NULL); }
 
 void _vs_pool_unmap_all(vs_pool_t *p) {
-  for (size_t i = 0; i < p->n_segs; i++) {
-    _vs_vmm_unmap(&p->caps, p->segs[i].va, p->segs[i].size);
-    _vs_vmm_release(&p->caps, p->segs[i].handle, p->segs[i].size);
-    atomic_fetch_sub(&vs_mapped_total, p->segs[i].size);
-    VS_STAT_SUB(bytes_mapped, p->segs[i].size);
+  for (size_t i = 0; i < p->segs.n; i++) {
+    _vs_handles_unmap(&p->caps, &p->segs.v[i], 1);
+    _vs_mapped_return(p->segs.v[i].size);
+    VS_STAT_SUB(bytes_mapped, p->segs.v[i].size);
   }
-  p->n_segs = 0;
+  p->segs.n = 0;
   for (int i = 0; i < p->n_resv; i++) _vs_vmm_address_free(&p->caps, p->resv[i].va, p->resv[i].size);
 }
 

@@ -1,0 +1,313 @@
+/* vmmshim base layer: what every layer of src/ may call (the files of src/base).
+ *
+ * The layers, top to bottom (docs/design.md; tests/scripts/test_layers.py checks that every
+ * call and include goes down, never up):
+ *   hook    src/hook/    the entry points a program reaches: cudaMalloc, cuMemAlloc_v2, ...
+ *   alloc   src/alloc/   the current context's arena, stats and trace of each allocation
+ *   share   src/share/   beside the pool: IPC, peer access, the memory report
+ *   pool    src/pool/    one arena's sub-allocator (pool.c -> reclaim.c -> space.c -> streams -> blocks)
+ *   handle  src/handle/  the physical handles mapped into a pool, and what they may be accessed by
+ *   vmm     src/vmm/     the only caller of the driver's VMM functions
+ *   base    src/base/    options, log, trace, clock, stats, the real driver's entry points, the
+ *                        address directory, initialisation
+ * Each layer's header: vmmshim/base.h, vmm.h, handles.h, pool.h, share.h, alloc.h.
+ *
+ * Vocabulary, outermost first; each name keeps this one meaning in every file:
+ *   context slot  a CUDA context the shim has seen, its device's capabilities and its arenas (alloc.c)
+ *   arena         one of a context's pools; threads that contend for one move to another (alloc.c)
+ *   pool          an arena's sub-allocator: one lock, three heaps, a map from address to block (pool.c)
+ *   heap          the part of a pool that serves one size range: small, large or whole (policy.h)
+ *   reservation   a virtual address range a heap reserved (cuMemAddressReserve)
+ *   handle        physical memory (cuMemCreate) mapped into a reservation; its mapping is a segment
+ *   block         a range of a reservation: allocated (used), free, pending, a hole, or busy (pool_internal.h) */
+#ifndef VMMSHIM_BASE_H
+#define VMMSHIM_BASE_H
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+#include "vmmshim.h"
+#include "vmmshim/policy.h"
+
+/* Debug builds (-DVS_DEBUG=1, the CPU tests' sanitizer builds) check invariants: vs_assert
+ * costs O(1); VS_DEBUG=2 adds the full pool check after every slow-path change. Release
+ * builds compile them out. */
+#ifndef VS_DEBUG
+#define VS_DEBUG 0
+#endif
+#if VS_DEBUG
+void _vs_assert_fail(const char *cond, const char *file, int line, const char *func) __attribute__((noreturn));
+#define vs_assert(c) ((c) ? (void)0 : _vs_assert_fail(#c, __FILE__, __LINE__, __func__))
+/* Locks of the shim held by this thread (pools, context slots): none may be held across a
+ * driver call (vmm.c checks). */
+extern _Thread_local int _vs_locks_held;
+#define VS_LOCK_HELD(delta) ((void)(_vs_locks_held += (delta)))
+#else
+#define vs_assert(c) ((void)0)
+#define VS_LOCK_HELD(delta) ((void)0)
+#endif
+
+#define vs_likely(x) __builtin_expect(!!(x), 1)
+#define vs_unlikely(x) __builtin_expect(!!(x), 0)
+#define VS_API __attribute__((visibility("default")))
+/* For code a sanitizer's runtime reaches before it has initialised itself (it looks up the
+ * functions it intercepts with dlsym, which the shim exports): no instrumentation there. */
+#define VS_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
+
+/* Pools are opaque outside src/pool/ (vmmshim/pool.h). */
+typedef struct vs_pool_s vs_pool_t;
+/* The stream of a synchronous allocation or free (cudaMalloc, cudaFree): none. */
+#define VS_NO_STREAM ((CUstream)(uintptr_t)UINTPTR_MAX)
+
+/* ---------------------------------------------------------------- "config.c" */
+
+#define VS_MAX_ARENAS 64 /* per context: threads that contend spread over at most this many pools */
+#define VS_STR_(x) #x
+#define VS_STR(x) VS_STR_(x)
+
+typedef enum vs_free_mode_e { VS_FREE_SYNC = 0, VS_FREE_DEFERRED = 1 } vs_free_mode_t;
+typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trace_format_t;
+typedef enum vs_python_mode_e { VS_PYTHON_OFF = 0, VS_PYTHON_HELD = 1, VS_PYTHON_ON = 2 } vs_python_mode_t;
+typedef enum vs_peer_mode_e { VS_PEER_AUTO = 0, VS_PEER_ALL = 1, VS_PEER_NONE = 2 } vs_peer_mode_t;
+typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIND_DWARF = 2, VS_UNWIND_FP = 3 } vs_unwind_t;
+
+/* Defaults a build may override with -D. */
+#ifndef VS_DEFAULT_GRANULARITY
+#define VS_DEFAULT_GRANULARITY (64ull << 20)
+#endif
+
+/* One token per option: the enum name is VS_OPT_<token>, the variable VMMSHIM_<token>. */
+#define VS_OPTIONS(X)                                                                       \
+  X(DISABLE, VS_KIND_BOOL, 0)                    /* 1: pure pass-through */                 \
+  X(GRANULARITY, VS_KIND_SIZE, VS_DEFAULT_GRANULARITY) /* largest shared handle, smallest whole request */ \
+  X(MAX_HANDLE, VS_KIND_SIZE, 0)                 /* largest handle, 0 = unlimited */        \
+  X(FREE_MODE, VS_KIND_FREE_MODE, VS_FREE_SYNC)  /* sync | deferred */                      \
+  X(RELEASE_THRESHOLD, VS_KIND_SIZE_OR_UNLIMITED, UINT64_MAX) /* idle bytes kept mapped */  \
+  X(LIMIT, VS_KIND_SIZE, 0)                      /* cap on mapped bytes, 0 = none */        \
+  X(RESERVE, VS_KIND_SIZE, 0)                    /* VA per pool, 0 = auto */                \
+  X(ARENAS, VS_KIND_ARENAS, 8)                   /* arenas per context (1..VS_MAX_ARENAS) */ \
+  X(LOG, VS_KIND_LOG, 1)                         /* level[:file] */                         \
+  X(STATS, VS_KIND_BOOL, 0)                      /* print stats at exit */                  \
+  X(VERBOSE, VS_KIND_BOOL, 0)                    /* print version and options at start */   \
+  X(TRACE, VS_KIND_STRING, 0)                    /* trace path, %p pid, %r rank */          \
+  X(TRACE_FORMAT, VS_KIND_TRACE_FORMAT, VS_TRACE_NATIVE) /* native | rmm */                \
+  X(DUMP_SIGNAL, VS_KIND_SIGNAL, SIGUSR2)        /* signal that writes the memory report, 0 off */ \
+  X(TRACE_STACKS, VS_KIND_FRAMES, 0)             /* frames per traced allocation, 0 off */  \
+  X(TRACE_STACKS_MIN, VS_KIND_SIZE, 0)           /* allocations this large always get one */ \
+  X(TRACE_STACKS_SAMPLE, VS_KIND_SAMPLE, 1)      /* one in N smaller allocations gets one */ \
+  X(TRACE_UNWIND, VS_KIND_UNWIND, VS_UNWIND_AUTO) /* auto | libunwind | dwarf | fp */        \
+  X(TRACE_PYTHON, VS_KIND_PYTHON, VS_PYTHON_ON)  /* off | held | on: Python frames (pyframes.c) */ \
+  X(PEER_ACCESS, VS_KIND_PEER, VS_PEER_AUTO)     /* auto | all | none */
+
+typedef enum vs_option_kind_e {
+  VS_KIND_BOOL,
+  VS_KIND_SIZE,
+  VS_KIND_SIZE_OR_UNLIMITED,
+  VS_KIND_FREE_MODE,
+  VS_KIND_ARENAS,
+  VS_KIND_LOG,
+  VS_KIND_STRING,
+  VS_KIND_TRACE_FORMAT,
+  VS_KIND_SIGNAL,
+  VS_KIND_FRAMES, /* 0 .. 64 */
+  VS_KIND_SAMPLE, /* 1 .. 1000000000 */
+  VS_KIND_UNWIND,
+  VS_KIND_PYTHON,
+  VS_KIND_PEER
+} vs_option_kind_t;
+
+typedef enum vs_option_e {
+#define VS_OPT_ENUM(tok, kind, def) VS_OPT_##tok,
+  VS_OPTIONS(VS_OPT_ENUM)
+#undef VS_OPT_ENUM
+  VS_OPT_COUNT
+} vs_option_t;
+
+/* Reads every VMMSHIM_* variable once; safe to call many times (the first call wins). */
+void _vs_config_init(void);
+/* Hot-path getters: no parsing, no getenv. */
+uint64_t _vs_option(vs_option_t opt);
+const char *_vs_option_string(vs_option_t opt); /* STRING and LOG kinds: the text, or NULL */
+void _vs_config_print(void);                   /* VMMSHIM_VERBOSE */
+void _vs_config_report(void);                  /* warns about malformed values, once the log is open */
+/* Parsers, exposed for tests. Return 0 on success, -1 on a malformed value. */
+int _vs_parse_size(const char *text, uint64_t *out);
+int _vs_parse_bool(const char *text, uint64_t *out);
+int _vs_parse_signal(const char *text, uint64_t *out); /* "USR2", "SIGUSR2", "12"; "0"/"off": 0 */
+/* Re-reads the environment (tests only). */
+void _vs_config_reload(void);
+
+/* ---------------------------------------------------------------- "log.c" */
+
+typedef enum vs_log_level_e {
+  VS_LOG_ERROR = 0,
+  VS_LOG_WARN = 1,
+  VS_LOG_INFO = 2, /* every mapping and access change */
+  VS_LOG_DEBUG = 3 /* every allocation and free */
+} vs_log_level_t;
+
+extern int _vs_log_level; /* read without a lock on the hot path */
+void _vs_log_open(const char *spec, vs_log_level_t *level_out); /* "info" or "debug:/tmp/x.log" */
+void _vs_log(vs_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Always printed, prefixed "vmmshim: " (stats, verbose output, one-time notices). */
+void _vs_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define VS_LOG_ON(level) vs_unlikely(_vs_log_level >= (level))
+#define _vs_error(...) _vs_log(VS_LOG_ERROR, __VA_ARGS__)
+#define _vs_warn(...) _vs_log(VS_LOG_WARN, __VA_ARGS__)
+#define _vs_info(...) do { if (VS_LOG_ON(VS_LOG_INFO)) _vs_log(VS_LOG_INFO, __VA_ARGS__); } while (0)
+#define _vs_debug(...) do { if (VS_LOG_ON(VS_LOG_DEBUG)) _vs_log(VS_LOG_DEBUG, __VA_ARGS__); } while (0)
+/* "CUDA_ERROR_OUT_OF_MEMORY" for 2; never NULL, works before the driver is loaded. */
+const char *_vs_cu_error_name(CUresult r);
+
+/* ---------------------------------------------------------------- "cuda.c" */
+/* The real driver entry points, resolved once through libcuda's cuGetProcAddress_v2.
+ * The shim's own driver calls go through this table, never through its own hooks.
+ * Each is looked up at the version whose ABI matches the prototype in cuda.h: asking
+ * for a newer version can return a variant with other arguments (CUDA 13's
+ * cuCtxSynchronize_v2 takes a context). */
+#define VS_REAL_DRIVER(X)                                                                              \
+  X(cuCtxGetCurrent, 4000, CUresult, (CUcontext *))                                                   \
+  X(cuCtxSetCurrent, 4000, CUresult, (CUcontext))                                                     \
+  X(cuCtxGetDevice, 2000, CUresult, (CUdevice *))                                                     \
+  X(cuCtxSynchronize, 2000, CUresult, (void))                                                         \
+  X(cuStreamSynchronize, 2000, CUresult, (CUstream))                                                  \
+  X(cuCtxPushCurrent, 4000, CUresult, (CUcontext))                                                    \
+  X(cuCtxPopCurrent, 4000, CUresult, (CUcontext *))                                                   \
+  X(cuDevicePrimaryCtxRetain, 7000, CUresult, (CUcontext *, CUdevice))                                \
+  X(cuDevicePrimaryCtxRelease, 11000, CUresult, (CUdevice))                                           \
+  X(cuDeviceGetAttribute, 2000, CUresult, (int *, CUdevice_attribute, CUdevice))                      \
+  X(cuDeviceTotalMem, 3020, CUresult, (size_t *, CUdevice))                                           \
+  X(cuMemGetAllocationGranularity, 10020, CUresult,                                                   \
+    (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                        \
+  X(cuMemAddressReserve, 10020, CUresult, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)) \
+  X(cuMemAddressFree, 10020, CUresult, (CUdeviceptr, size_t))                                         \
+  X(cuMemCreate, 10020, CUresult,                                                                      \
+    (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))         \
+  X(cuMemRelease, 10020, CUresult, (CUmemGenericAllocationHandle))                                    \
+  X(cuMemMap, 10020, CUresult, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
+  X(cuMemUnmap, 10020, CUresult, (CUdeviceptr, size_t))                                               \
+  X(cuMemSetAccess, 10020, CUresult, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))          \
+  X(cuEventCreate, 2000, CUresult, (CUevent *, unsigned int))                                         \
+  X(cuEventRecord, 2000, CUresult, (CUevent, CUstream))                                               \
+  X(cuEventQuery, 2000, CUresult, (CUevent))                                                          \
+  X(cuEventDestroy, 4000, CUresult, (CUevent))                                                        \
+  X(cuStreamIsCapturing, 10000, CUresult, (CUstream, CUstreamCaptureStatus *))                        \
+  X(cuStreamGetCtx, 9020, CUresult, (CUstream, CUcontext *))                                          \
+  X(cuThreadExchangeStreamCaptureMode, 10010, CUresult, (CUstreamCaptureMode *))                     \
+  X(cuGetErrorName, 6000, CUresult, (CUresult, const char **))                                        \
+  X(cuMemGetInfo, 3020, CUresult, (size_t *, size_t *))
+
+/* Functions the shim uses when the driver has them (multi-GPU and IPC support); NULL otherwise,
+ * and what needs them is then not offered. */
+#define VS_REAL_DRIVER_OPTIONAL(X)                                                                     \
+  X(cuDeviceGetCount, 2000, CUresult, (int *))                                                        \
+  X(cuDeviceCanAccessPeer, 4000, CUresult, (int *, CUdevice, CUdevice))                               \
+  X(cuDeviceGetDefaultMemPool, 11020, CUresult, (CUmemoryPool *, CUdevice))                           \
+  X(cuDeviceGetMemPool, 11020, CUresult, (CUmemoryPool *, CUdevice))                                  \
+  X(cuMemExportToShareableHandle, 10020, CUresult,                                                    \
+    (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long))            \
+  X(cuMemImportFromShareableHandle, 10020, CUresult,                                                  \
+    (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))
+
+typedef struct vs_real_driver_s {
+#define VS_REAL_FIELD(name, ver, ret, args) ret(*name) args;
+  VS_REAL_DRIVER(VS_REAL_FIELD)
+  VS_REAL_DRIVER_OPTIONAL(VS_REAL_FIELD)
+#undef VS_REAL_FIELD
+} vs_real_driver_t;
+
+extern vs_real_driver_t _vs_cu;
+/* Loads libcuda.so.1 (already loaded in any CUDA program) and fills _vs_cu.
+ * Returns 0, or -1 with a message when the driver or a required symbol is missing. */
+int _vs_cuda_resolve(void);
+/* libcuda's own cuGetProcAddress_v2 (NULL before _vs_cuda_resolve). */
+typedef CUresult (*vs_get_proc_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+extern vs_get_proc_v2_fn _vs_real_get_proc_v2;
+/* glibc's dlsym (the shim exports its own dlsym, so a plain call would reach that). */
+void *_vs_real_dlsym(void *handle, const char *symbol);
+
+/* ---------------------------------------------------------------- "init.c" */
+extern atomic_int _vs_state; /* 0 not initialised, 1 active, 2 pass-through */
+/* True when the shim serves allocations; the first call initialises (options, log, trace, the
+ * driver's functions). Inline: every allocation asks. */
+bool _vs_activate_slow(void);
+static inline bool _vs_active(void) {
+  int st = atomic_load_explicit(&_vs_state, memory_order_acquire);
+  if (__builtin_expect(st == 1, 1)) return true;
+  return st == 2 ? false : _vs_activate_slow();
+}
+/* Thread-local guard: set while the shim calls into the real runtime or driver, so that
+ * the hooks reached from there pass through. */
+extern _Thread_local int _vs_guard;
+/* Active stream captures in the process, kept by the cuStreamBeginCapture/EndCapture hooks. */
+extern atomic_int _vs_captures_active;
+void _vs_init_once(void); /* config, log, trace, atexit, the dump signal; no CUDA */
+/* What the dump signal's thread does (the memory report, registered by report.c). */
+void _vs_set_dump_handler(void (*fn)(void));
+/* Starts a detached thread of the shim with every signal blocked (the program's signals stay
+ * with its own threads); pthread_create's result. */
+int _vs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg);
+
+/* ---------------------------------------------------------------- "directory.c" */
+/* Address -> owning pool, over every reservation of every pool; lock-free lookups. */
+int _vs_dir_add(CUdeviceptr va, size_t size, vs_pool_t *pool); /* -1 when full */
+void _vs_dir_remove_pool(vs_pool_t *pool);
+vs_pool_t *_vs_dir_lookup(CUdeviceptr addr); /* NULL: no pool reserved this address */
+/* Calls fn once for every pool in the directory (every arena of every live context): the
+ * memory report and access changes. Rare paths; a pool dropped meanwhile (its context
+ * destroyed) is the caller's race, as with any pointer to it. */
+void _vs_dir_visit_pools(void (*fn)(vs_pool_t *pool, void *arg), void *arg);
+
+/* ---------------------------------------------------------------- "stats.c" */
+/* Rare events (mappings, syncs, trims, failures): shared relaxed atomics. */
+extern vmmshim_stats_t _vs_stats_data;
+#define VS_STAT_ADD(field, n) __atomic_fetch_add(&_vs_stats_data.field, (uint64_t)(n), __ATOMIC_RELAXED)
+#define VS_STAT_SUB(field, n) __atomic_fetch_sub(&_vs_stats_data.field, (uint64_t)(n), __ATOMIC_RELAXED)
+void _vs_stat_peak(uint64_t *peak, uint64_t value);
+/* Per-allocation counters: written to the calling thread's own block, no shared write. */
+void _vs_stat_alloc(vmmshim_api_t api, size_t served, size_t requested);
+void _vs_stat_free(vmmshim_api_t api, size_t served, size_t requested);
+void _vs_stat_drop(size_t served, size_t requested); /* live blocks of a dropped pool */
+void _vs_stats_print(void);
+
+/* ---------------------------------------------------------------- "trace.c" */
+typedef enum vs_vmm_op_e {
+  VS_VMM_RESERVE = 0,
+  VS_VMM_CREATE = 1,
+  VS_VMM_MAP = 2,
+  VS_VMM_SET_ACCESS = 3,
+  VS_VMM_UNMAP = 4,
+  VS_VMM_RELEASE = 5,
+  VS_VMM_ADDRESS_FREE = 6
+} vs_vmm_op_t;
+
+extern int _vs_trace_on; /* checked inline before any trace call */
+void _vs_trace_open(void); /* after config: opens VMMSHIM_TRACE, writes the header */
+void _vs_trace_alloc(vmmshim_api_t api, size_t requested, size_t served, CUdeviceptr ptr, CUstream stream, int device);
+void _vs_trace_free(vmmshim_api_t api, CUdeviceptr ptr, size_t served, CUstream stream, int device);
+/* A free's record in two steps: its place in the file is taken under the pool lock (before
+ * the block can reach another thread), the record filled in after the unlock, so the lock
+ * is held for one atomic add. The thread traces nothing in between. */
+typedef struct vs_trace_place_s {
+  void *rec; /* NULL: tracing was off */
+  uint64_t pos;
+} vs_trace_place_t;
+vs_trace_place_t _vs_trace_place(void);
+void _vs_trace_free_at(vs_trace_place_t at, vmmshim_api_t api, CUdeviceptr ptr, size_t served, CUstream stream,
+                       int device);
+void _vs_trace_alloc_fail(vmmshim_api_t api, size_t requested, CUstream stream, int device, CUresult err);
+void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle, unsigned access_flags,
+                   int device, CUresult result, uint64_t duration_ns);
+void _vs_trace_flush(void);
+void _vs_trace_close(void);
+
+/* ---------------------------------------------------------------- "clock.c" */
+uint64_t _vs_now_ns(void); /* CLOCK_MONOTONIC ns; the trace's raw clock is in vmmshim/clock.h */
+
+#endif

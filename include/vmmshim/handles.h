@@ -1,0 +1,94 @@
+/* vmmshim handle layer (src/handle/handles.c): the physical handles mapped into a pool.
+ *
+ * A segment is one handle (cuMemCreate) mapped at one address (cuMemMap). A pool keeps its
+ * segments in a table sorted by address (vs_segs_t), which the pool's own lock guards: the
+ * table functions make no driver call and take no lock. The mapping functions make the
+ * driver calls (through vmm.c) with no lock held. Bytes mapped by every pool together are
+ * counted here, against VMMSHIM_LIMIT. */
+#ifndef VMMSHIM_HANDLES_H
+#define VMMSHIM_HANDLES_H
+
+#include "vmmshim/vmm.h"
+
+/* The devices besides its owner that may access a context's pool memory (peer.c keeps it;
+ * a growth reads it for its new mappings). */
+typedef struct vs_access_state_s {
+  _Atomic uint64_t rw, ro; /* device bitmasks: read-write, read-only */
+  _Atomic uint64_t ever;   /* every device ever given access (to take it away again) */
+  atomic_uint gen;         /* bumped on every change */
+} vs_access_state_t;
+
+/* One physical handle mapped at va. */
+typedef struct vs_seg_s {
+  CUdeviceptr va;
+  size_t size;
+  CUmemGenericAllocationHandle handle;
+} vs_seg_t;
+
+/* A pool's segments, sorted by va (the pool's lock guards it). */
+typedef struct vs_segs_s {
+  vs_seg_t *v;
+  size_t n, cap;
+} vs_segs_t;
+
+/* ---- bytes mapped by every pool, against VMMSHIM_LIMIT ---- */
+size_t _vs_mapped_total(void);
+/* Would mapping `add` more bytes pass VMMSHIM_LIMIT? */
+bool _vs_over_limit(size_t add);
+/* Counts `len` bytes about to be mapped, unless that passes VMMSHIM_LIMIT (then false, nothing
+ * counted): two threads racing for the last bytes under the limit cannot both have them. */
+bool _vs_mapped_admit(size_t len);
+/* Bytes unmapped, or admitted and then not mapped. */
+void _vs_mapped_return(size_t len);
+
+/* ---- the segment table (caller holds the pool's lock; no driver call) ---- */
+/* Index of the first segment at or above va. */
+size_t _vs_segs_lower_bound(const vs_segs_t *t, CUdeviceptr va);
+/* Adds n segments, all or none: -1 when there is no host memory for the table. */
+int _vs_segs_add(vs_segs_t *t, const vs_seg_t *segs, int n);
+void _vs_segs_remove_at(vs_segs_t *t, size_t i);
+/* Bytes of the segments lying wholly inside [addr, addr + size). */
+size_t _vs_segs_whole_in(const vs_segs_t *t, CUdeviceptr addr, size_t size);
+/* The segments under [ptr, end), back to back: their handles and sizes and ptr's offset in the
+ * first. -1 when a byte of the range is not mapped, or it lies on more than max handles. */
+int _vs_segs_covering(const vs_segs_t *t, CUdeviceptr ptr, CUdeviceptr end, size_t *offset_out,
+                      CUmemGenericAllocationHandle *handles, size_t *sizes, int max, int *n_out);
+/* A copy of the table (malloc'd, n in *n_out; NULL when empty or out of host memory). */
+vs_seg_t *_vs_segs_copy(const vs_segs_t *t, size_t *n_out);
+void _vs_segs_clear(vs_segs_t *t);
+
+/* ---- mapping (no lock held) ---- */
+#define VS_GROW_PIECES 256 /* handles one growth maps at most, and spares it keeps */
+
+/* Idle handles a growth unmapped to map them again at its own address. */
+typedef struct vs_spares_s {
+  vs_seg_t seg[VS_GROW_PIECES];
+  int n;
+} vs_spares_t;
+
+/* Maps [va, va+len) back to back: first with spare handles that fit (sp may be NULL), then with
+ * new handles of at most `chunk` bytes each; and sets access over the whole range with one call:
+ * the owner and rw read-write, ro read-only. The segments are returned in segs_out (at most max)
+ * for the caller to record. On failure every handle mapped here, spares included, is unmapped
+ * and released. */
+CUresult _vs_handles_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t len, size_t chunk, uint64_t rw,
+                         uint64_t ro, vs_spares_t *sp, vs_seg_t *segs_out, int max, int *n_out);
+/* Unmaps and releases segments, the last first. */
+void _vs_handles_unmap(const vs_device_caps_t *caps, const vs_seg_t *segs, int n);
+/* Unmaps segments: into sp while it has room (sp may be NULL), the rest released (counted as
+ * trims). Returns the bytes unmapped. */
+size_t _vs_handles_unmap_idle(const vs_device_caps_t *caps, const vs_seg_t *segs, int n, vs_spares_t *sp);
+/* Releases the spares not mapped again. */
+void _vs_handles_release_spares(const vs_device_caps_t *caps, vs_spares_t *sp);
+/* Sets access on segments: the owner and rw read-write, ro read-only, none taken away. */
+void _vs_handles_set_access(const vs_device_caps_t *caps, const vs_seg_t *segs, size_t n, uint64_t rw, uint64_t ro,
+                            uint64_t none);
+
+/* ---- access changes and growths never overlap ----
+ * An access change (peer.c) holds this lock while it applies new access to existing mappings; a
+ * growth holds it while it records its new mappings, so a change either came before (and the
+ * growth gives the new access) or comes after (and finds the mappings). Rare paths only. */
+void _vs_access_lock(void);
+void _vs_access_unlock(void);
+
+#endif

@@ -1,0 +1,266 @@
+/* The pool's own types, shared by the files of src/pool/ only (the rest of the shim sees
+ * vs_pool_t as an opaque type through vmmshim/pool.h). A request descends through them:
+ *   pool.c          entry points: create, destroy, alloc with its slow-path ladder, free
+ *   reclaim.c       making pending blocks free: synchronisations, events, the reclaimer thread
+ *   space.c         reservations, holes, growth and giving memory back (the handles themselves:
+ *                   src/handle/handles.c, one layer down)
+ *   pool_streams.c  stream keys and the blocks freed on each stream
+ *   pool_blocks.c   blocks and bins: descriptors, size bins, split, merge, carve
+ *                   (both included by pool.c: the hot path stays in one translation unit)
+ *   policy.h        the decisions (how much to grow, what to keep, when to split) as pure functions
+ *
+ * The states of a block and the list it is on:
+ *   B_FREE     in its heap's size bins (pool_blocks.c)
+ *   B_USED     in the pool's uthash map from address to block
+ *   B_PENDING  freed, earlier GPU work may still touch it: on a stream's pending list, on the
+ *              deferred list, or in a batch sealed by an event (reclaim.c)
+ *   B_HOLE     reserved, no memory mapped: on its heap's hole list (space.c)
+ *   B_BUSY     on no list: being split, mapped or unmapped by a thread that dropped the lock
+ *              for a driver call
+ * A pool's lock is never held across a driver call (asserted in vmm.c in debug builds). */
+#ifndef VMMSHIM_POOL_INTERNAL_H
+#define VMMSHIM_POOL_INTERNAL_H
+
+#include <pthread.h>
+#include <string.h>
+
+#include "vmmshim/pool.h"
+#include "vmmshim/policy.h"
+
+/* uthash with a hash made for our keys (8-byte addresses, multiples of 256, or stream
+ * handles): a multiply-shift mix spreads them far cheaper than uthash's byte-wise default. */
+static inline unsigned vs_hash_key(const void *key, size_t len) {
+  uint64_t x = 0;
+  memcpy(&x, key, len < sizeof x ? len : sizeof x);
+  x = (x >> 8) ^ x;
+  x *= 0x9E3779B97F4A7C15ull;
+  return (unsigned)(x >> 32);
+}
+void _vs_uthash_fatal(const char *msg) __attribute__((noreturn));
+#define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = vs_hash_key((keyptr), (keylen)))
+#define uthash_fatal(msg) _vs_uthash_fatal(msg)
+#include <uthash.h>
+
+#define VS_MIN_ALIGN 256u          /* what cudaMalloc guarantees */
+#define VS_LARGE_SIZE (4ull << 20) /* blocks this big start on a 2 MiB boundary */
+#define VS_LARGE_ALIGN (2ull << 20)
+#define VS_SUB_BITS 2 /* 4 bins per power of two */
+#define VS_NBINS (64 << VS_SUB_BITS)
+#define VS_BIN_SCAN 8     /* blocks examined in one bin */
+#define VS_STREAM_SCAN 16 /* blocks examined on a stream's pending list */
+#define VS_STREAM_LOOSE_SCAN 512 /* ... and among its sealed batches, before the pool grows */
+#define VS_MAX_RESV 32    /* reservations per pool, all heaps together */
+#define VS_SPARE_EVENTS 16
+
+typedef enum vs_block_state_e { B_FREE = 0, B_USED, B_PENDING, B_HOLE, B_BUSY } vs_block_state_t;
+
+typedef struct vs_stream_s vs_stream_t;
+
+typedef struct vs_block_s {
+  CUdeviceptr addr;
+  size_t size;
+  struct vs_block_s *prev, *next;   /* address order, within one reservation */
+  struct vs_block_s *fprev, *fnext; /* bin, hole list or pending list */
+  size_t requested;                 /* USED: what the program asked for */
+  uint64_t freed_seq;               /* PENDING: pool->sync_seq at the free */
+  vs_stream_t *stream;              /* PENDING on a stream's list */
+  struct vs_batch_s *batch;         /* PENDING in a sealed batch */
+  uint16_t resv;                    /* reservation index: blocks never merge across */
+  uint8_t state;
+  uint8_t bin;
+  UT_hash_handle hh; /* USED blocks, by addr */
+} vs_block_t;
+
+typedef struct vs_list_s {
+  vs_block_t *head, *tail;
+  size_t bytes;
+  unsigned count;
+} vs_list_t;
+
+/* Blocks freed on one stream, not yet sealed into a batch. */
+struct vs_stream_s {
+  CUstream key;      /* normalised stream handle (per-thread streams get a private key) */
+  CUstream handle;   /* what to record events on */
+  const void *owner; /* per-thread default stream: only its thread may record on it */
+  vs_list_t pending;
+  UT_hash_handle hh;
+};
+
+/* Blocks sealed by an event recorded after their frees: free once the event completed. */
+typedef struct vs_batch_s {
+  CUevent event;
+  vs_list_t blocks;
+  uint64_t max_seq;
+  CUstream key;   /* the stream its event is recorded on: that stream may reuse its blocks at once */
+  unsigned epoch; /* pool->stream_epoch at sealing: a stream destroyed since then voids key */
+  bool out;       /* off pool->batches while a reclaim queries it: its blocks stay as they are */
+  struct vs_batch_s *next;
+} vs_batch_t;
+
+typedef struct vs_heap_s {
+  vs_block_t *bins[VS_NBINS];
+  uint64_t binmap[VS_NBINS / 64];
+  vs_list_t holes;
+  size_t free_bytes;
+  size_t mapped;
+} vs_heap_t;
+
+struct vs_pool_s {
+  pthread_mutex_t lock;
+  CUcontext ctx;
+  vs_device_caps_t caps;
+  const vs_access_state_t *access; /* peers that may access the pool's memory (peer.c); may be NULL */
+  int applying_access;             /* mappings being given new access: not trimmed meanwhile */
+  size_t gran;  /* largest growth step; requests this large grow the heap by their own size */
+  size_t chunk; /* largest handle: bigger growths are stitched from several */
+  vs_block_t *map;
+  /* Always in the map (address 0, size 0): uthash frees its table when the last entry
+   * goes, which would cost a malloc and a free per allocation of a pool with one block. */
+  vs_block_t map_anchor;
+  vs_stream_t *last_stream; /* the stream of the last lookup: most programs use one or two */
+  vs_heap_t heaps[VS_NHEAPS];
+  uint8_t resv_heap[VS_MAX_RESV];
+  size_t heap_resv_size[VS_NHEAPS]; /* size of each heap's first reservation */
+  vs_list_t deferred;               /* sync frees in deferred mode */
+  vs_stream_t *streams;
+  vs_batch_t *batches;
+  CUevent spare_events[VS_SPARE_EVENTS];
+  int n_spare_events;
+  struct {
+    CUdeviceptr va;
+    size_t size;
+    vs_block_t *first; /* the block at va: merges keep the lower block, so it never changes */
+  } resv[VS_MAX_RESV];
+  int n_resv;
+  vs_segs_t segs; /* the handles mapped, sorted by va (handles.c) */
+  size_t mapped, used, free_bytes, pending_bytes;
+  size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
+  uint64_t sync_seq;    /* synchronisations started */
+  unsigned syncs_running;  /* context synchronisations in flight */
+  uint64_t sync_since_ns;  /* when the oldest of them started (0: none) */
+  uint64_t last_sync_ns;   /* how long the last one that completed took: how far the GPU lags */
+  uint64_t allocs;      /* allocations served */
+  const void *last_allocator; /* thread tag of the last allocation */
+  vs_block_t *spare_blocks;
+  /* Threads recording events on streams they copied out of the lock: a stream must not be
+   * destroyed under them (its destroy hook waits for sealers == 0). */
+  int sealers;
+  unsigned stream_epoch; /* streams destroyed: batches sealed before one no longer know their stream */
+  pthread_cond_t sealed;
+  size_t pending_out; /* pending bytes in batches a thread holds outside the lock */
+  /* deferred-mode reclaimer */
+  pthread_t reclaimer;
+  pthread_cond_t wake;
+  bool reclaimer_running, stopping;
+};
+
+/* ---- the pool lock: counted in debug builds, so vmm.c can assert none is held ---- */
+static inline void pool_lock(vs_pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  VS_LOCK_HELD(1);
+}
+static inline bool pool_trylock(vs_pool_t *p) {
+  if (pthread_mutex_trylock(&p->lock) != 0) return false;
+  VS_LOCK_HELD(1);
+  return true;
+}
+static inline void pool_unlock(vs_pool_t *p) {
+  VS_LOCK_HELD(-1);
+  pthread_mutex_unlock(&p->lock);
+}
+static inline void pool_wait(vs_pool_t *p, pthread_cond_t *cond) {
+  VS_LOCK_HELD(-1);
+  pthread_cond_wait(cond, &p->lock);
+  VS_LOCK_HELD(1);
+}
+
+/* ---- intrusive FIFO lists (holes, pending, deferred, batches) ---- */
+static inline void list_push(vs_list_t *l, vs_block_t *b) {
+  b->fnext = NULL;
+  b->fprev = l->tail;
+  if (l->tail) l->tail->fnext = b;
+  else l->head = b;
+  l->tail = b;
+  l->bytes += b->size;
+  l->count++;
+}
+
+static inline void list_remove(vs_list_t *l, vs_block_t *b) {
+  if (b->fprev) b->fprev->fnext = b->fnext;
+  else l->head = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev;
+  else l->tail = b->fprev;
+  b->fprev = b->fnext = NULL;
+  l->bytes -= b->size;
+  l->count--;
+}
+
+static inline size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static inline vs_heap_t *heap_of(vs_pool_t *p, const vs_block_t *b) { return &p->heaps[p->resv_heap[b->resv]]; }
+static inline int heap_id_of(const vs_pool_t *p, const vs_block_t *b) { return p->resv_heap[b->resv]; }
+
+/* ---- pool_blocks.c (in pool.c's unit; called from space.c and reclaim.c too) ---- */
+vs_block_t *_vs_block_new(vs_pool_t *p);
+void _vs_block_put(vs_pool_t *p, vs_block_t *b);
+/* Splits b at offset off: b keeps [addr, addr+off), the new block gets the rest (same state). */
+vs_block_t *_vs_block_split(vs_pool_t *p, vs_block_t *b, size_t off);
+bool _vs_block_mergeable(const vs_pool_t *p, const vs_block_t *a, const vs_block_t *b, vs_block_state_t st);
+/* A block no longer USED or PENDING goes to the bins, merged with free neighbours. */
+void _vs_block_make_free(vs_pool_t *p, vs_block_t *b);
+/* A block whose memory was unmapped (or never mapped) joins the holes, merged with neighbours. */
+void _vs_block_make_hole(vs_pool_t *p, vs_block_t *b);
+void _vs_bin_insert(vs_pool_t *p, vs_block_t *b);
+void _vs_bin_remove(vs_pool_t *p, vs_block_t *b);
+unsigned _vs_bin_of(size_t size);
+size_t _vs_align_pad(CUdeviceptr addr, size_t align);
+
+/* ---- space.c ---- */
+/* Adds a reservation of `size` bytes to heap heap_id (the lock NOT held: reserving is a
+ * driver call). Returns 0, or -1 when the driver or the table has no room. */
+int _vs_pool_add_reservation(vs_pool_t *p, int heap_id, size_t size);
+/* Maps more memory into heap heap_id so that a request of size/align fits (exact: handles
+ * of exactly what is missing, for the out-of-memory retry). Lock not held. */
+CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, bool exact);
+/* Unmaps and releases every segment and reservation (the pool is being destroyed). */
+void _vs_pool_unmap_all(vs_pool_t *p);
+/* Idle bytes of free block b that lie in whole handles (which trimming could give back). Lock held. */
+size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b);
+/* Frees every block descriptor of every reservation and the spare ones. */
+void _vs_pool_free_blocks(vs_pool_t *p);
+
+/* ---- reclaim.c ---- */
+/* Synchronises the pool's context (which must be current) and frees what was pending
+ * before. Lock not held. */
+CUresult _vs_pool_sync_and_reclaim(vs_pool_t *p);
+/* Synchronises one stream, then frees every block freed on it before (its pending list and the
+ * batches sealed on it). The stream is given by its key (pool_streams.c) and handle. */
+CUresult _vs_pool_sync_stream_and_reclaim(vs_pool_t *p, CUstream key, CUstream handle);
+/* Seals streams' pending blocks with events (all but the `keep` newest of each stream) and
+ * frees batches whose events completed; never waits. self: the calling thread's tag (only it
+ * may record on its per-thread stream). Lock not held. */
+void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self, unsigned keep);
+/* Deferred mode: starts the pool's reclaimer thread if it is not running. Lock held. */
+void _vs_pool_start_reclaimer(vs_pool_t *p);
+/* Stops the reclaimer thread and waits for it (the pool is being destroyed). Lock not held. */
+void _vs_pool_stop_reclaimer(vs_pool_t *p);
+void _vs_pool_free_batches(vs_pool_t *p);
+
+/* ---- pool_streams.c (in pool.c's unit) ---- */
+/* The stream's entry (created when `create`), or NULL. Lock held. */
+vs_stream_t *_vs_stream_get(vs_pool_t *p, CUstream key, CUstream handle, const void *owner, bool create);
+/* Per-thread default streams share one handle value across threads: keyed by thread. */
+CUstream _vs_stream_key(CUstream s, const void **owner);
+/* The calling thread's tag (the owner of its per-thread default stream). */
+const void *_vs_thread_tag(void);
+
+/* ---- invariants (pool.c) ---- */
+/* Every invariant of the pool checked; returns the number of problems found. Lock held. */
+int _vs_pool_check_locked(vs_pool_t *p);
+#if VS_DEBUG >= 2
+#define VS_POOL_CHECK(p) vs_assert(_vs_pool_check_locked(p) == 0)
+#else
+#define VS_POOL_CHECK(p) ((void)0)
+#endif
+
+#endif
