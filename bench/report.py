@@ -612,6 +612,27 @@ def sec_overhead(recs, out):
     out.append("\nRatio shim / without: kernel time %s, process %s.\n" % (ratio(k1, k0, "%.4f"), ratio(w1, w0, "%.4f")))
 
 
+def sec_sleep(recs, out):
+    out.append("## 6. Sleep and wake of an 8 GiB tag (64 MiB blocks)\n")
+    out.append("Host memory obtained at the first host sleep (`cold`), or made ahead with "
+               "VMMSHIM_HOST_RESERVE=8G (`reserved`). GiB/s counts the tag's bytes over the call's time. "
+               "bad: words wrong after the wake (host and mapped modes keep every byte).\n")
+    out.append("| run | mode | cycle | sleep (ms) | wake (ms) | sleep GiB/s | wake GiB/s | bad | rc |")
+    out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for cfg in ("cold", "reserved"):
+        for mode in ("discard", "host", "mapped"):
+            for r in find(recs, "sleep", cfg=cfg, mode=mode):
+                out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                    cfg, mode, r.get("cycle"), fnum(num(r, "sleep_ms")), fnum(num(r, "wake_ms")),
+                    fnum(num(r, "sleep_gibps"), "%.1f"), fnum(num(r, "wake_gibps"), "%.1f"), r.get("bad"), r.get("rc")))
+    for cfg in ("cold", "reserved"):
+        d, m = one(recs, "sleep", cfg=cfg, kernel="device"), one(recs, "sleep", cfg=cfg, kernel="mapped")
+        if d or m:
+            out.append("\nKernel reading and writing the tag (%s run): device memory %s GB/s, asleep in mapped mode %s GB/s." % (
+                cfg, fnum(num(d, "gbps") if d else None, "%.1f"), fnum(num(m, "gbps") if m else None, "%.1f")))
+    out.append("")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--logs", required=True)
@@ -648,6 +669,8 @@ def main():
     mismatch = sec_step(recs, out) if ran(recs, partial, "step") else False
     if ran(recs, partial, "overhead"):
         sec_overhead(recs, out)
+    if ran(recs, partial, "sleep"):
+        sec_sleep(recs, out)
     failed = find(recs, "failed")
     if failed:
         out.append("## Steps that failed\n")

@@ -59,6 +59,90 @@ int vmmshim_active(void);
  * VMMSHIM_DUMP_SIGNAL. Returns 0, or -1 when the shim is not active. */
 int vmmshim_dump(void);
 
+/* ---- tags, sleep and wake ----
+ *
+ * Every allocation belongs to a tag: "default" unless one is set (VMMSHIM_TAG at start, a
+ * thread's own with vmmshim_set_tag, or the process's from outside with vmmshim ctl). A tag's
+ * memory lives on physical handles of that tag only. Sleeping a tag gives its device memory
+ * back and keeps its addresses: pointers held anywhere and captured CUDA graphs stay valid;
+ * waking maps device memory at the same addresses again.
+ *
+ * VMMSHIM_API_VERSION counts changes to what follows; vmmshim_api_version() says which the
+ * loaded shim implements. The functions return 0, or a negative errno value:
+ *   -EINVAL bad argument (tag name: 1-31 of [A-Za-z0-9_.-]), -ENOENT no such tag,
+ *   -EBUSY a stream capture is in progress (a sleep never invalidates one), -ENOMEM the device
+ *   (or VMMSHIM_LIMIT) has no room to wake, -ENOTSUP the device cannot do it (mapped mode needs
+ *   host-location VMM), -EALREADY nothing to do (asleep already, or awake), -ENODEV the shim
+ *   is not active. A result says what moved, also when the call failed part way. */
+#define VMMSHIM_API_VERSION 2
+int vmmshim_api_version(void);
+
+#define VMMSHIM_TAG_MAX 32   /* bytes of a tag name, its terminating zero included */
+#define VMMSHIM_MAX_TAGS 16  /* tags in a process, "default" included */
+
+/* The calling thread's allocations go to tag (created on first use) from now on; NULL: back to
+ * the process's tag. */
+int vmmshim_set_tag(const char *tag);
+/* The process's tag: that of every thread that set none. */
+int vmmshim_set_process_tag(const char *tag);
+/* The tag the calling thread's next allocation goes to, into buf (n bytes). */
+int vmmshim_get_tag(char *buf, size_t n);
+/* A tag marked keep is copied to host memory rather than discarded by a level-2 sleep. */
+int vmmshim_set_tag_keep(const char *tag, int keep);
+
+typedef enum vmmshim_sleep_mode_e {
+  VMMSHIM_SLEEP_DISCARD = 0, /* the bytes are not kept; device memory is given back at once */
+  VMMSHIM_SLEEP_HOST = 1,    /* the bytes are copied to host memory, and back on wake */
+  VMMSHIM_SLEEP_MAPPED = 2   /* the bytes move to host memory mapped at the same addresses: the
+                                program keeps running on them, over the link, until the wake */
+} vmmshim_sleep_mode_t;
+
+#define VMMSHIM_WAKE_ZERO 1u /* discarded bytes wake as zeros (else undefined) */
+
+typedef struct vmmshim_sleep_result_s {
+  uint64_t released;    /* device bytes given back (sleep) */
+  uint64_t restored;    /* device bytes mapped again (wake) */
+  uint64_t to_host;     /* bytes copied to host memory (sleep) or back from it (wake) */
+  uint64_t host_mapped; /* bytes now served from host memory at their addresses (sleep, mapped) */
+  uint64_t discarded;   /* bytes not kept (sleep, discard) */
+  uint64_t skipped;     /* bytes left on the device (sleep), or still asleep (wake) */
+  uint64_t ns;          /* time the call took */
+  int error;            /* what the call returned */
+  char reason[160];     /* why bytes were skipped or the call failed, "" when neither */
+} vmmshim_sleep_result_t;
+
+/* Sleeps tag (NULL: every tag) in mode. First waits for the GPU work that may touch the tag
+ * (the contexts that own it are synchronised; a capture in progress is waited for, up to
+ * VMMSHIM_SLEEP_WAIT milliseconds, then -EBUSY), and holds new kernel launches, copies and
+ * memsets of the process at their driver entry until the move is done. out may be NULL;
+ * size = sizeof(vmmshim_sleep_result_t). */
+int vmmshim_sleep(const char *tag, vmmshim_sleep_mode_t mode, vmmshim_sleep_result_t *out, size_t size);
+/* Wakes tag (NULL: every tag). When the device has no room, nothing changes (-ENOMEM): the tag
+ * stays asleep with its bytes, and a later wake can succeed. */
+int vmmshim_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *out, size_t size);
+/* Whole-process levels: 0 gives back idle memory only (vmmshim_trim); 1 sleeps every tag in
+ * host mode (mapped when mapped != 0); 2 discards every tag but those marked keep (host). */
+int vmmshim_sleep_level(int level, int mapped, vmmshim_sleep_result_t *out, size_t size);
+
+/* Where a tag's memory is, in bytes. */
+typedef struct vmmshim_tag_stats_s {
+  char name[VMMSHIM_TAG_MAX];
+  uint64_t live;        /* in live blocks */
+  uint64_t device;      /* mapped on the device */
+  uint64_t host_copied; /* asleep, copied to host memory */
+  uint64_t host_mapped; /* asleep, served from host memory at its addresses */
+  uint64_t discarded;   /* asleep, not kept */
+  int asleep;           /* 1 when any of its memory is asleep */
+  int keep;             /* marked keep (vmmshim_set_tag_keep) */
+} vmmshim_tag_stats_t;
+
+/* Fills out[0 .. max) with every tag's figures; returns how many tags there are. */
+int vmmshim_tag_stats(vmmshim_tag_stats_t *out, int max, size_t size);
+/* Host memory the shim holds for sleeping tags: in use, and kept for the next sleep. */
+int vmmshim_host_memory(uint64_t *in_use, uint64_t *cached);
+/* Gives the kept host memory back (keep: bytes to keep); returns the bytes given back. */
+size_t vmmshim_release_host(size_t keep);
+
 #ifdef __cplusplus
 }
 #endif

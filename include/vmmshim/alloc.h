@@ -30,4 +30,52 @@ size_t _vs_trim_all(void);
 /* Moves the calling thread to arena idx (mod VMMSHIM_ARENAS); contention does it by itself. */
 void _vs_arena_select(unsigned idx);
 
+/* Pools off allocation (sleep.c): a tag's pools are parked while it sleeps. */
+typedef struct vs_parked_s {
+  vs_pool_t *pool;
+  CUcontext ctx;
+} vs_parked_t;
+/* Takes every arena of tag, in every context, off allocation (new allocations of the tag get new
+ * pools); returns the tag's parked pools, these and those parked before (at most max). */
+int _vs_park_tag(int tag, vs_parked_t *out, int max);
+/* The tag's parked pools. */
+int _vs_parked_of(int tag, vs_parked_t *out, int max);
+/* A woken pool back on allocation, in a free arena of its tag: false when none is free (it stays
+ * parked, serving frees). */
+bool _vs_unpark(vs_pool_t *pool);
+/* Calls fn for every pool of tag (every tag when tag < 0), parked or not. */
+void _vs_visit_tag(int tag, void (*fn)(vs_pool_t *pool, void *arg), void *arg);
+/* Synchronises every context the shim serves (before memory moves). */
+void _vs_sync_contexts(void);
+/* Gives cached host memory back down to keep bytes; returns the bytes given back. */
+size_t _vs_release_host(size_t keep);
+
+/* ---------------------------------------------------------------- "sleep.c" */
+/* vmmshim_sleep, _wake and _sleep_level without the result's time and log (vmmshim.h). */
+int _vs_sleep(const char *tag, int mode, vmmshim_sleep_result_t *res);
+int _vs_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *res);
+int _vs_sleep_level(int level, int mapped, vmmshim_sleep_result_t *res);
+int _vs_tag_stats(vmmshim_tag_stats_t *out, int max);
+/* Whether addr is served from host memory at its own address (a tag asleep in mapped mode), and
+ * its pool's device: pointer queries then answer device memory, as before the sleep. */
+bool _vs_host_mapped(CUdeviceptr addr, int *dev);
+
+/* ---------------------------------------------------------------- "tags.c" */
+#define VS_MAX_TAGS VMMSHIM_MAX_TAGS
+extern atomic_int _vs_process_tag; /* the tag of threads that set none */
+extern _Thread_local int _vs_tl_tag1; /* the thread's own tag + 1; 0: none */
+/* The tag the calling thread's next allocation goes to: the allocation path asks every time. */
+static inline int _vs_current_tag(void) {
+  int t = _vs_tl_tag1;
+  return vs_likely(t == 0) ? atomic_load_explicit(&_vs_process_tag, memory_order_relaxed) : t - 1;
+}
+void _vs_tags_init(void); /* VMMSHIM_TAG; before the first pool */
+bool _vs_tag_name_ok(const char *name);
+/* The index of a tag (created when create and the table has room); -EINVAL, -ENOENT, -ENOSPC. */
+int _vs_tag_find(const char *name, bool create);
+const char *_vs_tag_name(int id);
+int _vs_tag_count(void);
+bool _vs_tag_keep(int id);
+int _vs_set_process_tag(const char *tag);
+
 #endif

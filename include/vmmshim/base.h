@@ -103,7 +103,11 @@ typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIN
   X(TRACE_STACKS_SAMPLE, VS_KIND_SAMPLE, 1)      /* one in N smaller allocations gets one */ \
   X(TRACE_UNWIND, VS_KIND_UNWIND, VS_UNWIND_AUTO) /* auto | libunwind | dwarf | fp */        \
   X(TRACE_PYTHON, VS_KIND_PYTHON, VS_PYTHON_ON)  /* off | held | on: Python frames (pyframes.c) */ \
-  X(PEER_ACCESS, VS_KIND_PEER, VS_PEER_AUTO)     /* auto | all | none */
+  X(PEER_ACCESS, VS_KIND_PEER, VS_PEER_AUTO)     /* auto | all | none */            \
+  X(TAG, VS_KIND_STRING, 0)                      /* tag of new allocations at start ("default") */ \
+  X(HOST_LIMIT, VS_KIND_SIZE, 0)                 /* cap on host memory of sleeping tags, 0 = none */ \
+  X(HOST_RESERVE, VS_KIND_SIZE, 0)               /* host memory made ahead for sleeps */ \
+  X(SLEEP_WAIT, VS_KIND_SAMPLE, 10000)           /* ms a sleep waits for a capture to end */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -213,7 +217,11 @@ const char *_vs_cu_error_name(CUresult r);
   X(cuMemExportToShareableHandle, 10020, CUresult,                                                    \
     (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long))            \
   X(cuMemImportFromShareableHandle, 10020, CUresult,                                                  \
-    (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))
+    (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))                              \
+  X(cuStreamCreate, 2000, CUresult, (CUstream *, unsigned int))                                       \
+  X(cuStreamDestroy, 4000, CUresult, (CUstream))                                                      \
+  X(cuMemcpyDtoDAsync, 3020, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                 \
+  X(cuMemsetD8Async, 3020, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))
 
 typedef struct vs_real_driver_s {
 #define VS_REAL_FIELD(name, ver, ret, args) ret(*name) args;
@@ -307,7 +315,34 @@ void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle,
 void _vs_trace_flush(void);
 void _vs_trace_close(void);
 
+/* ---------------------------------------------------------------- "gate.c" */
+/* The program's new GPU work (launches, copies, memsets) waits at the gate while the shim moves
+ * memory under it (a sleep, a wake). A submission calls _vs_gate_enter before the driver and
+ * _vs_gate_leave after it. */
+typedef struct __attribute__((aligned(64))) vs_gate_line_s {
+  atomic_int inside; /* submissions of its thread in progress */
+  atomic_bool owned;
+  struct vs_gate_line_s *next;
+} vs_gate_line_t;
+extern atomic_int _vs_gate_closed;
+extern _Thread_local vs_gate_line_t *_vs_gate_line;
+vs_gate_line_t *_vs_gate_line_slow(void);
+void _vs_gate_wait(vs_gate_line_t *line);
+static inline vs_gate_line_t *_vs_gate_enter(void) {
+  vs_gate_line_t *l = _vs_gate_line;
+  if (__builtin_expect(l == NULL, 0)) l = _vs_gate_line_slow();
+  /* Dekker's handshake with _vs_gate_close: both sides' operations sequentially consistent. */
+  atomic_fetch_add(&l->inside, 1);
+  if (__builtin_expect(atomic_load(&_vs_gate_closed) != 0, 0)) _vs_gate_wait(l);
+  return l;
+}
+static inline void _vs_gate_leave(vs_gate_line_t *l) { atomic_fetch_sub_explicit(&l->inside, 1, memory_order_release); }
+/* Closes the gate and waits until no submission is in progress; _vs_gate_open lets them go. */
+void _vs_gate_close(void);
+void _vs_gate_open(void);
+
 /* ---------------------------------------------------------------- "clock.c" */
 uint64_t _vs_now_ns(void); /* CLOCK_MONOTONIC ns; the trace's raw clock is in vmmshim/clock.h */
+void _vs_sleep_us(unsigned us); /* nanosleep, restarted when a signal interrupts it */
 
 #endif

@@ -84,6 +84,32 @@ void _vs_handles_release_spares(const vs_device_caps_t *caps, vs_spares_t *sp);
 void _vs_handles_set_access(const vs_device_caps_t *caps, const vs_seg_t *segs, size_t n, uint64_t rw, uint64_t ro,
                             uint64_t none);
 
+/* ---- host memory for sleeping pools (host.c) ---- */
+#define VS_HOST_CHUNK (64ull << 20) /* a sleeping segment's bytes go to host buffers of this size */
+
+/* Host memory mapped at `home` (its own reservation) with access for device `dev`. */
+typedef struct vs_host_buf_s {
+  CUmemGenericAllocationHandle handle;
+  CUdeviceptr home;
+  size_t size;
+  int dev;
+} vs_host_buf_t;
+
+/* A buffer of exactly size bytes for caps->device: from the cache, or new (under
+ * VMMSHIM_HOST_LIMIT: cached buffers of other sizes are released to make room).
+ * CUDA_ERROR_OUT_OF_MEMORY past the limit, CUDA_ERROR_NOT_SUPPORTED without host VMM. */
+CUresult _vs_host_take(const vs_device_caps_t *caps, size_t size, vs_host_buf_t *out);
+/* Back to the cache: the buffer must be mapped at home again. */
+void _vs_host_give(const vs_device_caps_t *caps, const vs_host_buf_t *buf);
+/* Released at once (its bytes are not wanted, or it could not go home); at_home: it is mapped
+ * at home (else mapped nowhere). */
+void _vs_host_drop(const vs_device_caps_t *caps, const vs_host_buf_t *buf, bool at_home);
+/* Releases cached buffers until at most keep bytes stay cached; returns the bytes released. */
+size_t _vs_host_trim(const vs_device_caps_t *caps, size_t keep);
+/* Makes bytes of host memory ahead, in VS_HOST_CHUNK buffers, into the cache. */
+CUresult _vs_host_reserve(const vs_device_caps_t *caps, size_t bytes);
+void _vs_host_counts(size_t *cached, size_t *lent);
+
 /* ---- access changes and growths never overlap ----
  * An access change (peer.c) holds this lock while it applies new access to existing mappings; a
  * growth holds it while it records its new mappings, so a change either came before (and the

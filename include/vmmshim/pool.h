@@ -17,7 +17,7 @@ typedef enum vs_pool_status_e {
 
 /* A new pool for the current context (ctx on device caps->device); access: the peers that may
  * access its memory (peer.c's state of ctx; NULL: the owner alone). NULL with a message on
- * failure. */
+ * failure. Its tag is 0 until _vs_pool_set_tag. */
 vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps, const vs_access_state_t *access);
 /* Unmaps, releases and frees everything (the context is going away). */
 void _vs_pool_destroy(vs_pool_t *pool);
@@ -65,5 +65,42 @@ typedef struct vs_pool_figures_s {
   size_t handles;
 } vs_pool_figures_t;
 void _vs_pool_figures(vs_pool_t *pool, vs_pool_figures_t *out);
+
+/* ---------------------------------------------------------------- "asleep.c" */
+/* What a sleep or a wake moved (bytes). */
+typedef struct vs_move_s {
+  size_t released;    /* device memory given back */
+  size_t to_host;     /* sleep: copied to host memory (host and mapped modes); wake: copied back */
+  size_t host_mapped; /* of which now served from host memory at its own address (mapped mode) */
+  size_t discarded;   /* not kept (discard mode) */
+  size_t skipped;     /* left on the device, why_skipped says why */
+  size_t restored;    /* wake: device memory mapped again */
+  CUresult err;       /* the first failure, why says what it stopped */
+  const char *why, *why_skipped;
+} vs_move_t;
+
+/* Sleeps the pool: its idle whole handles are given back, then every mapped segment that does
+ * not overlap a skip range leaves the device by mode (VMMSHIM_SLEEP_DISCARD, _HOST, _MAPPED).
+ * The pool's context is current and the GPU work that may touch it is done; the pool serves no
+ * allocation meanwhile. Lock not held. */
+void _vs_pool_sleep(vs_pool_t *pool, int mode, const CUdeviceptr *skip_va, const size_t *skip_len, int nskip,
+                    vs_move_t *out);
+/* Wakes every asleep segment at its address (zero: discarded bytes come back as zeros). When
+ * the device has no room nothing changes: CUDA_ERROR_OUT_OF_MEMORY, the pool still asleep. */
+CUresult _vs_pool_wake(vs_pool_t *pool, bool zero, vs_move_t *out);
+/* Whether part of the pool is asleep; its bytes, and those served from host memory at their
+ * addresses. */
+bool _vs_pool_asleep(vs_pool_t *pool, size_t *bytes, size_t *host_mapped);
+/* Whether addr lies in host memory mapped at its own address (mapped mode). */
+bool _vs_pool_host_mapped_at(vs_pool_t *pool, CUdeviceptr addr);
+typedef struct vs_sleep_figures_s {
+  size_t live;        /* bytes in live blocks */
+  size_t device;      /* mapped on the device */
+  size_t host_copied, host_mapped, discarded; /* asleep, by mode */
+} vs_sleep_figures_t;
+void _vs_pool_sleep_figures(vs_pool_t *pool, vs_sleep_figures_t *f);
+/* The tag of the pool's blocks (the alloc layer's index): set once, before it serves. */
+void _vs_pool_set_tag(vs_pool_t *pool, int tag);
+int _vs_pool_tag(const vs_pool_t *pool);
 
 #endif

@@ -2,6 +2,7 @@
  * vs_pool_t as an opaque type through vmmshim/pool.h). A request descends through them:
  *   pool.c          entry points: create, destroy, alloc with its slow-path ladder, free
  *   reclaim.c       making pending blocks free: synchronisations, events, the reclaimer thread
+ *   asleep.c        the pool's memory leaving the device and coming back (sleep and wake)
  *   space.c         reservations, holes, growth and giving memory back (the handles themselves:
  *                   src/handle/handles.c, one layer down)
  *   pool_streams.c  stream keys and the blocks freed on each stream
@@ -105,6 +106,23 @@ typedef struct vs_heap_s {
   size_t mapped;
 } vs_heap_t;
 
+/* A segment whose device memory left (asleep.c): its bytes are discarded, copied to host
+ * buffers, or in host buffers mapped at its own address. */
+typedef struct vs_asleep_seg_s {
+  CUdeviceptr va;
+  size_t size;
+  int mode;             /* VMMSHIM_SLEEP_* */
+  int nbufs;            /* host buffers holding its bytes, back to back (host, mapped) */
+  vs_host_buf_t *bufs;
+} vs_asleep_seg_t;
+
+typedef struct vs_asleep_s {
+  vs_asleep_seg_t *v;
+  size_t n, cap;
+  size_t bytes;       /* their sizes, summed: the pool's memory that is not on the device */
+  size_t host_mapped; /* of which served from host memory at its own address (mapped mode) */
+} vs_asleep_t;
+
 struct vs_pool_s {
   pthread_mutex_t lock;
   CUcontext ctx;
@@ -133,6 +151,8 @@ struct vs_pool_s {
   } resv[VS_MAX_RESV];
   int n_resv;
   vs_segs_t segs; /* the handles mapped, sorted by va (handles.c) */
+  vs_asleep_t asleep; /* segments whose memory left the device (asleep.c): not in segs */
+  int tag;            /* the tag of every block of the pool (a handle never holds two) */
   size_t mapped, used, free_bytes, pending_bytes;
   size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq;    /* synchronisations started */
@@ -253,6 +273,10 @@ vs_stream_t *_vs_stream_get(vs_pool_t *p, CUstream key, CUstream handle, const v
 CUstream _vs_stream_key(CUstream s, const void **owner);
 /* The calling thread's tag (the owner of its per-thread default stream). */
 const void *_vs_thread_tag(void);
+
+/* ---- asleep.c ---- */
+/* Frees the asleep segments' records and host buffers (the pool is being destroyed). */
+void _vs_pool_forget_asleep(vs_pool_t *p);
 
 /* ---- invariants (pool.c) ---- */
 /* Every invariant of the pool checked; returns the number of problems found. Lock held. */

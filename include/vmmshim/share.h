@@ -34,6 +34,9 @@ typedef enum vs_ipc_free_e { VS_IPC_FREE_NOW = 0, VS_IPC_FREE_HELD = 1, VS_IPC_F
 vs_ipc_free_t _vs_ipc_on_free(CUdeviceptr ptr, vmmshim_api_t api);
 /* The pool's context is going away: its exports are forgotten (before the pool is destroyed). */
 void _vs_ipc_forget_pool(vs_pool_t *pool);
+/* The blocks of pool that importers of other processes hold open (they map its handles, so its
+ * memory cannot leave the device): up to max ranges; returns how many. */
+int _vs_ipc_held_ranges(vs_pool_t *pool, CUdeviceptr *va, size_t *len, int max);
 
 /* ---------------------------------------------------------------- "report.c" */
 /* The shim answered out-of-memory: the memory report at warn level, once per burst. */

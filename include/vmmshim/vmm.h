@@ -17,6 +17,8 @@ typedef struct vs_device_caps_s {
   bool vmm_supported;
   bool posix_fd_supported;
   bool rdma_supported;
+  bool host_vmm_supported; /* host-location handles map at device addresses (HOST_NUMA VMM) */
+  int host_numa_id;        /* the host NUMA node nearest the device, -1 when unknown */
 } vs_device_caps_t;
 
 /* Queries the device's VMM support and granularity. */
@@ -27,6 +29,9 @@ CUresult _vs_vmm_reserve(const vs_device_caps_t *caps, size_t size, size_t align
 CUresult _vs_vmm_address_free(const vs_device_caps_t *caps, CUdeviceptr va, size_t size);
 /* Physical memory on caps->device, POSIX-fd shareable and RDMA-capable where supported. */
 CUresult _vs_vmm_create(const vs_device_caps_t *caps, size_t size, CUmemGenericAllocationHandle *handle_out);
+/* Host memory of size bytes, to map at device addresses (CUDA_ERROR_NOT_SUPPORTED when the device
+ * cannot map host-location handles). Released with _vs_vmm_release. */
+CUresult _vs_vmm_create_host(const vs_device_caps_t *caps, size_t size, CUmemGenericAllocationHandle *handle_out);
 CUresult _vs_vmm_release(const vs_device_caps_t *caps, CUmemGenericAllocationHandle handle, size_t size);
 /* Maps the whole handle at va (aligned to min granularity, inside a reservation, unmapped). */
 CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle);

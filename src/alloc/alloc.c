@@ -11,16 +11,22 @@
 
 #define VS_MAX_POOLS 64 /* contexts */
 
-/* A context's pools: its arenas. A thread allocates from one arena; when it finds that
- * arena's lock taken too often, it moves to another (created on first use), so threads
- * that allocate at the same time stop sharing a lock, while a program whose threads do
- * not contend keeps all its memory in arena 0. Frees go to the arena that owns the
- * address, whichever thread frees. */
+#define VS_MAX_PARKED 8 /* pools of one tag off allocation, per context */
+
+/* A context's pools: its arenas, per tag. A thread allocates from one arena of its tag; when
+ * it finds that arena's lock taken too often, it moves to another (created on first use), so
+ * threads that allocate at the same time stop sharing a lock, while a program whose threads
+ * do not contend keeps all its memory in arena 0. Frees go to the arena that owns the address,
+ * whichever thread frees. Each tag has pools of its own: no handle ever holds two tags.
+ * A pool whose tag sleeps is parked: off allocation (its free blocks may be unmapped), still
+ * found by frees, reports and trims; a woken pool returns to a free arena of its tag, or stays
+ * parked (serving frees only) when every arena has a pool again. */
 typedef struct vs_pool_slot_s {
   CUcontext ctx;           /* NULL: free slot (its context was dropped) */
   bool passthrough;        /* no VMM support, no address space: allocations pass through */
   vs_device_caps_t caps;
-  vs_pool_t *_Atomic arenas[VS_MAX_ARENAS];
+  vs_pool_t *_Atomic arenas[VS_MAX_TAGS][VS_MAX_ARENAS];
+  vs_pool_t *parked[VS_MAX_TAGS][VS_MAX_PARKED]; /* under vs_slots_lock */
   atomic_uint_least64_t taken; /* arenas a thread has moved to (bit i: arena i) */
 } vs_pool_slot_t;
 
@@ -34,6 +40,7 @@ static _Thread_local CUcontext tl_ctx;
 static _Thread_local vs_pool_slot_t *tl_slot;
 static _Thread_local vs_pool_t *tl_pool;
 static _Thread_local unsigned tl_gen;
+static _Thread_local int tl_pool_tag;
 static _Thread_local unsigned tl_arena;          /* this thread's arena index */
 static _Thread_local unsigned tl_window, tl_hits; /* allocations and contended ones, this window */
 
@@ -80,6 +87,7 @@ static vs_pool_slot_t *slot_create_slow(CUcontext ctx) {
     return NULL;
   }
   vs_pool_t *pool = NULL;
+  _vs_tags_init();
   if (r == CUDA_SUCCESS) r = _vs_vmm_query(dev, &caps);
   if (r != CUDA_SUCCESS) {
     _vs_warn("device %d: cannot query VMM support (%s); its allocations pass through", (int)dev,
@@ -87,7 +95,11 @@ static vs_pool_slot_t *slot_create_slow(CUcontext ctx) {
   } else if (!caps.vmm_supported) {
     _vs_note("device %d has no virtual memory management support; its allocations pass through", (int)dev);
   } else {
-    pool = _vs_pool_create(ctx, &caps, _vs_peer_state(ctx, (int)caps.device));
+    pool = _vs_pool_create(ctx, &caps, _vs_peer_state(ctx, (int)caps.device)); /* tag 0's arena 0 */
+    uint64_t ahead = _vs_option(VS_OPT_HOST_RESERVE);
+    if (pool && ahead && _vs_host_reserve(&caps, (size_t)ahead) != CUDA_SUCCESS)
+      _vs_warn("VMMSHIM_HOST_RESERVE: could not make %llu bytes of host memory ahead (device %d)",
+               (unsigned long long)ahead, (int)dev);
   }
   vs_pool_t *unused = NULL;
   slots_lock();
@@ -102,8 +114,10 @@ static vs_pool_slot_t *slot_create_slow(CUcontext ctx) {
       slot = &vs_slots[i];
       slot->caps = caps;
       slot->passthrough = pool == NULL;
-      for (int a = 0; a < VS_MAX_ARENAS; a++) atomic_store(&slot->arenas[a], NULL);
-      atomic_store(&slot->arenas[0], pool);
+      for (int t = 0; t < VS_MAX_TAGS; t++)
+        for (int a = 0; a < VS_MAX_ARENAS; a++) atomic_store(&slot->arenas[t][a], NULL);
+      memset(slot->parked, 0, sizeof slot->parked);
+      atomic_store(&slot->arenas[0][0], pool);
       atomic_store(&slot->taken, 1);
       slot->ctx = ctx;
       if (i == n) atomic_store(&vs_nslots, n + 1);
@@ -117,42 +131,49 @@ static vs_pool_slot_t *slot_create_slow(CUcontext ctx) {
   return slot;
 }
 
-/* Arena idx of a slot, created on first use (outside the lock: creating reserves address
- * space); arena 0 if it cannot be. */
-static vs_pool_t *arena_get(vs_pool_slot_t *slot, unsigned idx) {
-  vs_pool_t *pool = atomic_load_explicit(&slot->arenas[idx], memory_order_acquire);
-  if (vs_likely(pool != NULL) || idx == 0) return pool;
-  slots_lock();
-  CUcontext ctx = slot->ctx;
-  vs_device_caps_t caps = slot->caps;
-  slots_unlock();
-  vs_pool_t *made = ctx ? _vs_pool_create(ctx, &caps, _vs_peer_state(ctx, (int)caps.device)) : NULL;
-  if (made) {
+/* Arena idx of a slot's tag, created on first use (outside the lock: creating reserves
+ * address space); that tag's arena 0 if it cannot be, NULL if neither can (the allocation then
+ * passes through: a tag never borrows another's handles). */
+static vs_pool_t *arena_get(vs_pool_slot_t *slot, int tag, unsigned idx) {
+  vs_pool_t *pool = atomic_load_explicit(&slot->arenas[tag][idx], memory_order_acquire);
+  if (vs_likely(pool != NULL)) return pool;
+  for (;;) {
     slots_lock();
-    vs_pool_t *expected = NULL;
-    if (slot->ctx == ctx && atomic_compare_exchange_strong(&slot->arenas[idx], &expected, made)) made = NULL;
+    CUcontext ctx = slot->ctx;
+    vs_device_caps_t caps = slot->caps;
     slots_unlock();
-    if (made) _vs_pool_destroy(made); /* another thread made it first, or the context went away */
+    vs_pool_t *made = ctx ? _vs_pool_create(ctx, &caps, _vs_peer_state(ctx, (int)caps.device)) : NULL;
+    if (made) {
+      _vs_pool_set_tag(made, tag);
+      slots_lock();
+      vs_pool_t *expected = NULL;
+      if (slot->ctx == ctx && atomic_compare_exchange_strong(&slot->arenas[tag][idx], &expected, made)) made = NULL;
+      slots_unlock();
+      if (made) _vs_pool_destroy(made); /* another thread made it first, or the context went away */
+    }
+    pool = atomic_load_explicit(&slot->arenas[tag][idx], memory_order_acquire);
+    if (pool || idx == 0) return pool;
+    idx = 0;
+    if ((pool = atomic_load_explicit(&slot->arenas[tag][0], memory_order_acquire)) != NULL) return pool;
   }
-  pool = atomic_load_explicit(&slot->arenas[idx], memory_order_acquire);
-  return pool ? pool : atomic_load(&slot->arenas[0]);
 }
 
-/* The calling thread's arena of a context (created on first use); NULL when that context
- * passes through. */
-static vs_pool_t *pool_for(CUcontext ctx) {
+/* The calling thread's arena of a context and tag (created on first use); NULL when that
+ * context passes through. */
+static vs_pool_t *pool_for(CUcontext ctx, int tag) {
   unsigned gen = atomic_load_explicit(&vs_slots_gen, memory_order_acquire);
-  if (vs_likely(ctx == tl_ctx && gen == tl_gen)) return tl_pool;
+  if (vs_likely(ctx == tl_ctx && gen == tl_gen && tag == tl_pool_tag)) return tl_pool;
   vs_pool_slot_t *slot = slot_find(ctx);
   if (!slot) {
     slot = slot_create_slow(ctx);
     if (tl_dead_context || !slot) return NULL;
   }
-  vs_pool_t *pool = slot->passthrough ? NULL : arena_get(slot, tl_arena % (unsigned)_vs_option(VS_OPT_ARENAS));
+  vs_pool_t *pool = slot->passthrough ? NULL : arena_get(slot, tag, tl_arena % (unsigned)_vs_option(VS_OPT_ARENAS));
   tl_ctx = ctx;
   tl_slot = slot;
   tl_pool = pool;
   tl_gen = gen;
+  tl_pool_tag = tag;
   return pool;
 }
 
@@ -204,7 +225,7 @@ static vs_pool_t *current_pool(CUstream stream, CUcontext *ctx_out) {
   if (!ctx && stream != VS_NO_STREAM && stream != NULL && stream != CU_STREAM_LEGACY &&
       stream != CU_STREAM_PER_THREAD && _vs_cu.cuStreamGetCtx(stream, &ctx) != CUDA_SUCCESS)
     ctx = NULL;
-  vs_pool_t *pool = ctx ? pool_for(ctx) : NULL;
+  vs_pool_t *pool = ctx ? pool_for(ctx, _vs_current_tag()) : NULL;
   if (!pool && ctx && tl_dead_context) ctx = NULL;
   *ctx_out = ctx;
   return pool;
@@ -217,17 +238,50 @@ static bool stream_capturing(CUstream stream) {
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* Out of memory in one arena: the context's other arenas give back what they hold idle
- * (after their pending frees complete), and the allocation is tried once more. */
+#define VS_SLOT_POOLS (VS_MAX_TAGS * (VS_MAX_ARENAS + VS_MAX_PARKED))
+
+/* Every pool of a slot (each tag's arenas, then the parked ones), copied under the slots lock
+ * for the caller to use without it; *parked_from: the index where the parked ones start. */
+static int slot_pools(vs_pool_slot_t *slot, vs_pool_t **out, int *parked_from) {
+  int n = 0;
+  slots_lock();
+  if (slot->ctx) {
+    for (int t = 0; t < VS_MAX_TAGS; t++)
+      for (int a = 0; a < VS_MAX_ARENAS; a++)
+        if ((out[n] = atomic_load(&slot->arenas[t][a])) != NULL) n++;
+    if (parked_from) *parked_from = n;
+    for (int t = 0; t < VS_MAX_TAGS; t++)
+      for (int k = 0; k < VS_MAX_PARKED; k++)
+        if ((out[n] = slot->parked[t][k]) != NULL) n++;
+  } else if (parked_from) {
+    *parked_from = 0;
+  }
+  slots_unlock();
+  return n;
+}
+
+/* Calls fn for every pool of every live context (rare paths). */
+static void visit_all(void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
+  vs_pool_t *pools[VS_SLOT_POOLS];
+  for (int s_ = 0, n_ = atomic_load_explicit(&vs_nslots, memory_order_acquire); s_ < n_; s_++) {
+    int n = slot_pools(&vs_slots[s_], pools, NULL);
+    for (int i = 0; i < n; i++) fn(pools[i], arg);
+  }
+}
+
+/* Out of memory in one arena: the context's other pools (its other arenas, other tags' and
+ * parked ones) give back what they hold idle (after their pending frees complete), and the
+ * allocation is tried once more. */
 static bool release_sibling_arenas(vs_pool_t *self) {
   vs_pool_slot_t *slot = slot_find(_vs_pool_context(self));
   if (!slot) return false;
+  vs_pool_t *pools[VS_SLOT_POOLS];
+  int n = slot_pools(slot, pools, NULL);
   size_t got = 0;
-  for (int a = 0; a < VS_MAX_ARENAS; a++) {
-    vs_pool_t *other = atomic_load(&slot->arenas[a]);
-    if (!other || other == self) continue;
-    _vs_pool_reclaim(other);
-    got += _vs_pool_trim(other, 0);
+  for (int i = 0; i < n; i++) {
+    if (pools[i] == self) continue;
+    _vs_pool_reclaim(pools[i]);
+    got += _vs_pool_trim(pools[i], 0);
   }
   return got > 0;
 }
@@ -306,13 +360,6 @@ bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err
   return true;
 }
 
-/* Every arena of every live context, for the rare paths that visit them all. */
-#define FOR_EACH_ARENA(pool)                                                          \
-  for (int s_ = 0, n_ = atomic_load_explicit(&vs_nslots, memory_order_acquire); s_ < n_; s_++) \
-    for (int a_ = 0; a_ < VS_MAX_ARENAS; a_++)                                            \
-      if (!vs_slots[s_].ctx || !((pool) = atomic_load(&vs_slots[s_].arenas[a_]))) {      \
-      } else
-
 bool _vs_lookup_range(CUdeviceptr addr, CUdeviceptr *base, size_t *size) {
   if (_vs_guard || atomic_load(&_vs_state) != 1) return false;
   vs_pool_t *pool = _vs_dir_lookup(addr);
@@ -325,10 +372,10 @@ void _vs_adjust_mem_info(size_t *free_bytes, size_t *total_bytes) {
   current_pool(VS_NO_STREAM, &ctx);
   vs_pool_slot_t *slot = ctx ? slot_find(ctx) : NULL;
   size_t idle = 0;
-  for (int a = 0; slot && a < VS_MAX_ARENAS; a++) {
-    vs_pool_t *pool = atomic_load(&slot->arenas[a]);
-    if (pool) idle += _vs_pool_idle_bytes(pool);
-  }
+  vs_pool_t *pools[VS_SLOT_POOLS];
+  int n = slot ? slot_pools(slot, pools, NULL) : 0;
+  for (int i = 0; i < n; i++)
+    if (!_vs_pool_asleep(pools[i], NULL, NULL)) idle += _vs_pool_idle_bytes(pools[i]); /* asleep: not on the device */
   if (free_bytes) *free_bytes += idle;
   uint64_t limit = _vs_option(VS_OPT_LIMIT);
   if (limit) {
@@ -339,17 +386,18 @@ void _vs_adjust_mem_info(size_t *free_bytes, size_t *total_bytes) {
   }
 }
 
+static void stream_destroyed(vs_pool_t *pool, void *stream) { _vs_pool_stream_destroyed(pool, (CUstream)stream); }
+
 void _vs_stream_destroyed(CUstream stream) {
   if (_vs_guard || atomic_load(&_vs_state) != 1) return;
-  vs_pool_t *pool;
-  FOR_EACH_ARENA(pool) _vs_pool_stream_destroyed(pool, stream);
+  visit_all(stream_destroyed, (void *)stream);
 }
 
 /* The context is going away (cuCtxDestroy, cuDevicePrimaryCtxReset): its memory goes
  * with it, as cudaMalloc memory does. */
 void _vs_drop_context(CUcontext ctx, int dev) {
   if (_vs_guard || atomic_load(&_vs_state) != 1) return;
-  vs_pool_t *dropped[VS_MAX_ARENAS];
+  vs_pool_t *dropped[VS_SLOT_POOLS];
   int n = 0;
   slots_lock();
   vs_pool_slot_t *slot = slot_find(ctx);
@@ -357,9 +405,15 @@ void _vs_drop_context(CUcontext ctx, int dev) {
     slot->ctx = NULL;
     atomic_fetch_add(&vs_slots_gen, 1);
     if (!slot->passthrough) _vs_info("context %p on device %d is going away: dropping its pools", (void *)ctx, dev);
-    for (int a = 0; a < VS_MAX_ARENAS; a++) {
-      vs_pool_t *pool = atomic_exchange(&slot->arenas[a], NULL);
-      if (pool) dropped[n++] = pool;
+    for (int t = 0; t < VS_MAX_TAGS; t++) {
+      for (int a = 0; a < VS_MAX_ARENAS; a++) {
+        vs_pool_t *pool = atomic_exchange(&slot->arenas[t][a], NULL);
+        if (pool) dropped[n++] = pool;
+      }
+      for (int k = 0; k < VS_MAX_PARKED; k++) {
+        if (slot->parked[t][k]) dropped[n++] = slot->parked[t][k];
+        slot->parked[t][k] = NULL;
+      }
     }
   }
   slots_unlock();
@@ -371,20 +425,110 @@ void _vs_drop_context(CUcontext ctx, int dev) {
   _vs_peer_forget(ctx);
 }
 
+static void trim_one(vs_pool_t *pool, void *total) {
+  /* What is still pending (deferred frees, frees on streams) must complete first. */
+  CUcontext popped;
+  if (_vs_cu.cuCtxPushCurrent(_vs_pool_context(pool)) == CUDA_SUCCESS) {
+    _vs_pool_reclaim(pool);
+    _vs_cu.cuCtxPopCurrent(&popped);
+  }
+  *(size_t *)total += _vs_pool_trim(pool, 0);
+}
+
 size_t _vs_trim_all(void) {
   if (!_vs_active()) return 0;
   size_t total = 0;
-  vs_pool_t *pool;
-  FOR_EACH_ARENA(pool) {
-    /* What is still pending (deferred frees, frees on streams) must complete first. */
-    CUcontext popped;
-    if (_vs_cu.cuCtxPushCurrent(_vs_pool_context(pool)) == CUDA_SUCCESS) {
-      _vs_pool_reclaim(pool);
-      _vs_cu.cuCtxPopCurrent(&popped);
-    }
-    total += _vs_pool_trim(pool, 0);
-  }
+  visit_all(trim_one, &total);
   return total;
+}
+
+/* ------------------------------------------------------------------ for sleep.c */
+
+void _vs_sync_contexts(void) {
+  for (int s_ = 0, n_ = atomic_load_explicit(&vs_nslots, memory_order_acquire); s_ < n_; s_++) {
+    slots_lock();
+    CUcontext ctx = vs_slots[s_].passthrough ? NULL : vs_slots[s_].ctx;
+    slots_unlock();
+    CUcontext popped;
+    if (!ctx || _vs_cu.cuCtxPushCurrent(ctx) != CUDA_SUCCESS) continue;
+    CUresult r = _vs_cu.cuCtxSynchronize();
+    if (r != CUDA_SUCCESS) _vs_warn("context %p: cuCtxSynchronize before moving memory: %s", (void *)ctx, _vs_cu_error_name(r));
+    _vs_cu.cuCtxPopCurrent(&popped);
+  }
+}
+
+size_t _vs_release_host(size_t keep) {
+  for (int s_ = 0, n_ = atomic_load_explicit(&vs_nslots, memory_order_acquire); s_ < n_; s_++) {
+    slots_lock();
+    bool usable = vs_slots[s_].ctx && !vs_slots[s_].passthrough;
+    vs_device_caps_t caps = vs_slots[s_].caps;
+    slots_unlock();
+    if (usable) return _vs_host_trim(&caps, keep); /* any device's caps: each buffer knows its own */
+  }
+  return 0;
+}
+
+int _vs_park_tag(int tag, vs_parked_t *out, int max) {
+  int n = 0;
+  slots_lock();
+  for (int s_ = 0, ns = atomic_load(&vs_nslots); s_ < ns; s_++) {
+    vs_pool_slot_t *slot = &vs_slots[s_];
+    if (!slot->ctx || slot->passthrough) continue;
+    for (int a = 0; a < VS_MAX_ARENAS; a++) {
+      vs_pool_t *pool = atomic_load(&slot->arenas[tag][a]);
+      if (!pool) continue;
+      int k = 0;
+      while (k < VS_MAX_PARKED && slot->parked[tag][k]) k++;
+      if (k == VS_MAX_PARKED || n == max) break; /* no room: the rest stays on allocation, awake */
+      slot->parked[tag][k] = pool;
+      atomic_store(&slot->arenas[tag][a], NULL);
+    }
+    for (int k = 0; k < VS_MAX_PARKED && n < max; k++)
+      if (slot->parked[tag][k]) out[n++] = (vs_parked_t){slot->parked[tag][k], slot->ctx};
+  }
+  atomic_fetch_add(&vs_slots_gen, 1); /* threads resolve their arena again: none is parked */
+  slots_unlock();
+  return n;
+}
+
+int _vs_parked_of(int tag, vs_parked_t *out, int max) {
+  int n = 0;
+  slots_lock();
+  for (int s_ = 0, ns = atomic_load(&vs_nslots); s_ < ns; s_++) {
+    vs_pool_slot_t *slot = &vs_slots[s_];
+    if (!slot->ctx) continue;
+    for (int k = 0; k < VS_MAX_PARKED && n < max; k++)
+      if (slot->parked[tag][k]) out[n++] = (vs_parked_t){slot->parked[tag][k], slot->ctx};
+  }
+  slots_unlock();
+  return n;
+}
+
+bool _vs_unpark(vs_pool_t *pool) {
+  int tag = _vs_pool_tag(pool);
+  bool back = false;
+  slots_lock();
+  vs_pool_slot_t *slot = slot_find(_vs_pool_context(pool));
+  for (int k = 0; slot && k < VS_MAX_PARKED; k++) {
+    if (slot->parked[tag][k] != pool) continue;
+    for (int a = 0; a < VS_MAX_ARENAS && !back; a++) {
+      vs_pool_t *expected = NULL;
+      back = atomic_compare_exchange_strong(&slot->arenas[tag][a], &expected, pool);
+    }
+    if (back) slot->parked[tag][k] = NULL;
+    break;
+  }
+  slots_unlock();
+  return back;
+}
+
+void _vs_visit_tag(int tag, void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
+  vs_pool_t *pools[VS_SLOT_POOLS];
+  for (int s_ = 0, n_ = atomic_load_explicit(&vs_nslots, memory_order_acquire); s_ < n_; s_++) {
+    int n = slot_pools(&vs_slots[s_], pools, NULL);
+    for (int i = 0; i < n; i++)
+      if (tag < 0 || _vs_pool_tag(pools[i]) == tag) fn(pools[i], arg);
+  }
 }
 
 VS_API size_t vmmshim_trim(void) { return _vs_trim_all(); }

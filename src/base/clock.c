@@ -6,7 +6,9 @@
  * segment ends. A reading converts with the segment its ticks fall in, so converted times
  * stay continuous and never go back, also for a reading converted a few segments after it
  * was taken (the trace drains records up to 3 segments late: trace.c says why). */
+#include <errno.h>
 #include <fcntl.h>
+#include <time.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -16,6 +18,12 @@
 bool _vs_clock_tsc;
 
 uint64_t _vs_now_ns(void) { return _vs_clock_mono_ns(); }
+
+void _vs_sleep_us(unsigned us) {
+  struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
 
 #if defined(__x86_64__)
 #define VS_CLK_SEGMENTS 8 /* a power of two */

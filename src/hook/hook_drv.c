@@ -53,9 +53,97 @@
   X(IPC_OPEN, "cuIpcOpenMemHandle", 4010, 0, cuIpcOpenMemHandle) \
   X(IPC_CLOSE, "cuIpcCloseMemHandle", 4010, 0, cuIpcCloseMemHandle)
 
+/* The entry points that submit GPU work, which wait at the gate while the shim moves memory
+ * (gate.c): id, base name, version, per-thread variant, exported symbol, parameters, arguments.
+ * Versions are those at which each function took the arguments written here. */
+#define VS_FN_LAUNCH (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
+                      unsigned shmem, CUstream s, void **params, void **extra)
+#define VS_AR_LAUNCH (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra)
+#define VS_GATED(X)                                                                                             \
+  X(LAUNCH, "cuLaunchKernel", 4000, 0, cuLaunchKernel, VS_FN_LAUNCH, VS_AR_LAUNCH)                             \
+  X(LAUNCH_PTSZ, "cuLaunchKernel", 4000, 1, cuLaunchKernel_ptsz, VS_FN_LAUNCH, VS_AR_LAUNCH)                   \
+  X(LAUNCH_EX, "cuLaunchKernelEx", 11060, 0, cuLaunchKernelEx,                                               \
+    (const CUlaunchConfig *c, CUfunction f, void **params, void **extra), (c, f, params, extra))              \
+  X(LAUNCH_EX_PTSZ, "cuLaunchKernelEx", 11060, 1, cuLaunchKernelEx_ptsz,                                     \
+    (const CUlaunchConfig *c, CUfunction f, void **params, void **extra), (c, f, params, extra))              \
+  X(LAUNCH_COOP, "cuLaunchCooperativeKernel", 9000, 0, cuLaunchCooperativeKernel,                            \
+    (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem, \
+     CUstream s, void **params), (f, gx, gy, gz, bx, by, bz, shmem, s, params))                              \
+  X(LAUNCH_COOP_PTSZ, "cuLaunchCooperativeKernel", 9000, 1, cuLaunchCooperativeKernel_ptsz,                  \
+    (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem, \
+     CUstream s, void **params), (f, gx, gy, gz, bx, by, bz, shmem, s, params))                              \
+  X(GRAPH_LAUNCH, "cuGraphLaunch", 10000, 0, cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s))             \
+  X(GRAPH_LAUNCH_PTSZ, "cuGraphLaunch", 10000, 1, cuGraphLaunch_ptsz, (CUgraphExec g, CUstream s), (g, s))   \
+  X(MEMCPY, "cuMemcpy", 4000, 0, cuMemcpy, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))              \
+  X(MEMCPY_PTDS, "cuMemcpy", 4000, 1, cuMemcpy_ptds, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))    \
+  X(MEMCPY_ASYNC, "cuMemcpyAsync", 4000, 0, cuMemcpyAsync, (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), \
+    (d, s, n, h))                                                                                              \
+  X(MEMCPY_ASYNC_PTSZ, "cuMemcpyAsync", 4000, 1, cuMemcpyAsync_ptsz,                                          \
+    (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                                       \
+  X(HTOD, "cuMemcpyHtoD", 3020, 0, cuMemcpyHtoD_v2, (CUdeviceptr d, const void *s, size_t n), (d, s, n))     \
+  X(HTOD_PTDS, "cuMemcpyHtoD", 3020, 1, cuMemcpyHtoD_v2_ptds, (CUdeviceptr d, const void *s, size_t n), (d, s, n)) \
+  X(DTOH, "cuMemcpyDtoH", 3020, 0, cuMemcpyDtoH_v2, (void *d, CUdeviceptr s, size_t n), (d, s, n))           \
+  X(DTOH_PTDS, "cuMemcpyDtoH", 3020, 1, cuMemcpyDtoH_v2_ptds, (void *d, CUdeviceptr s, size_t n), (d, s, n)) \
+  X(DTOD, "cuMemcpyDtoD", 3020, 0, cuMemcpyDtoD_v2, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))     \
+  X(DTOD_PTDS, "cuMemcpyDtoD", 3020, 1, cuMemcpyDtoD_v2_ptds, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n)) \
+  X(HTOD_ASYNC, "cuMemcpyHtoDAsync", 3020, 0, cuMemcpyHtoDAsync_v2,                                           \
+    (CUdeviceptr d, const void *s, size_t n, CUstream h), (d, s, n, h))                                       \
+  X(HTOD_ASYNC_PTSZ, "cuMemcpyHtoDAsync", 3020, 1, cuMemcpyHtoDAsync_v2_ptsz,                                 \
+    (CUdeviceptr d, const void *s, size_t n, CUstream h), (d, s, n, h))                                       \
+  X(DTOH_ASYNC, "cuMemcpyDtoHAsync", 3020, 0, cuMemcpyDtoHAsync_v2, (void *d, CUdeviceptr s, size_t n, CUstream h), \
+    (d, s, n, h))                                                                                              \
+  X(DTOH_ASYNC_PTSZ, "cuMemcpyDtoHAsync", 3020, 1, cuMemcpyDtoHAsync_v2_ptsz,                                 \
+    (void *d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                                             \
+  X(DTOD_ASYNC, "cuMemcpyDtoDAsync", 3020, 0, cuMemcpyDtoDAsync_v2,                                           \
+    (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                                       \
+  X(DTOD_ASYNC_PTSZ, "cuMemcpyDtoDAsync", 3020, 1, cuMemcpyDtoDAsync_v2_ptsz,                                 \
+    (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                                       \
+  X(MEMCPY2D, "cuMemcpy2D", 3020, 0, cuMemcpy2D_v2, (const CUDA_MEMCPY2D *c), (c))                           \
+  X(MEMCPY2D_PTDS, "cuMemcpy2D", 3020, 1, cuMemcpy2D_v2_ptds, (const CUDA_MEMCPY2D *c), (c))                 \
+  X(MEMCPY2D_ASYNC, "cuMemcpy2DAsync", 3020, 0, cuMemcpy2DAsync_v2, (const CUDA_MEMCPY2D *c, CUstream h), (c, h)) \
+  X(MEMCPY2D_ASYNC_PTSZ, "cuMemcpy2DAsync", 3020, 1, cuMemcpy2DAsync_v2_ptsz, (const CUDA_MEMCPY2D *c, CUstream h), \
+    (c, h))                                                                                                    \
+  X(MEMCPY3D, "cuMemcpy3D", 3020, 0, cuMemcpy3D_v2, (const CUDA_MEMCPY3D *c), (c))                           \
+  X(MEMCPY3D_PTDS, "cuMemcpy3D", 3020, 1, cuMemcpy3D_v2_ptds, (const CUDA_MEMCPY3D *c), (c))                 \
+  X(MEMCPY3D_ASYNC, "cuMemcpy3DAsync", 3020, 0, cuMemcpy3DAsync_v2, (const CUDA_MEMCPY3D *c, CUstream h), (c, h)) \
+  X(MEMCPY3D_ASYNC_PTSZ, "cuMemcpy3DAsync", 3020, 1, cuMemcpy3DAsync_v2_ptsz, (const CUDA_MEMCPY3D *c, CUstream h), \
+    (c, h))                                                                                                    \
+  X(MEMCPY_PEER, "cuMemcpyPeer", 4000, 0, cuMemcpyPeer,                                                      \
+    (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n), (d, dc, s, sc, n))                  \
+  X(MEMCPY_PEER_PTDS, "cuMemcpyPeer", 4000, 1, cuMemcpyPeer_ptds,                                            \
+    (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n), (d, dc, s, sc, n))                  \
+  X(MEMCPY_PEER_ASYNC, "cuMemcpyPeerAsync", 4000, 0, cuMemcpyPeerAsync,                                      \
+    (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream h), (d, dc, s, sc, n, h))   \
+  X(MEMCPY_PEER_ASYNC_PTSZ, "cuMemcpyPeerAsync", 4000, 1, cuMemcpyPeerAsync_ptsz,                            \
+    (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream h), (d, dc, s, sc, n, h))   \
+  X(MEMSET8, "cuMemsetD8", 3020, 0, cuMemsetD8_v2, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n))    \
+  X(MEMSET8_PTDS, "cuMemsetD8", 3020, 1, cuMemsetD8_v2_ptds, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n)) \
+  X(MEMSET16, "cuMemsetD16", 3020, 0, cuMemsetD16_v2, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n)) \
+  X(MEMSET16_PTDS, "cuMemsetD16", 3020, 1, cuMemsetD16_v2_ptds, (CUdeviceptr d, unsigned short v, size_t n),  \
+    (d, v, n))                                                                                                 \
+  X(MEMSET32, "cuMemsetD32", 3020, 0, cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n))   \
+  X(MEMSET32_PTDS, "cuMemsetD32", 3020, 1, cuMemsetD32_v2_ptds, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n)) \
+  X(MEMSET8_ASYNC, "cuMemsetD8Async", 3020, 0, cuMemsetD8Async,                                               \
+    (CUdeviceptr d, unsigned char v, size_t n, CUstream h), (d, v, n, h))                                     \
+  X(MEMSET8_ASYNC_PTSZ, "cuMemsetD8Async", 3020, 1, cuMemsetD8Async_ptsz,                                     \
+    (CUdeviceptr d, unsigned char v, size_t n, CUstream h), (d, v, n, h))                                     \
+  X(MEMSET16_ASYNC, "cuMemsetD16Async", 3020, 0, cuMemsetD16Async,                                            \
+    (CUdeviceptr d, unsigned short v, size_t n, CUstream h), (d, v, n, h))                                    \
+  X(MEMSET16_ASYNC_PTSZ, "cuMemsetD16Async", 3020, 1, cuMemsetD16Async_ptsz,                                  \
+    (CUdeviceptr d, unsigned short v, size_t n, CUstream h), (d, v, n, h))                                    \
+  X(MEMSET32_ASYNC, "cuMemsetD32Async", 3020, 0, cuMemsetD32Async,                                            \
+    (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))                                      \
+  X(MEMSET32_ASYNC_PTSZ, "cuMemsetD32Async", 3020, 1, cuMemsetD32Async_ptsz,                                  \
+    (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))
+
+/* The gated entries as hook-list entries (the list's users take five fields). */
+#define VS_GATED_AS_HOOK(id, base, ver, ptsz, sym, params, args) VS_HOOK_ENTRY(id, base, ver, ptsz, sym)
+
 typedef enum vs_hook_e {
 #define VS_HOOK_ENUM(id, base, ver, ptsz, sym) VS_HOOK_##id,
-  VS_HOOKS(VS_HOOK_ENUM)
+#define VS_HOOK_ENTRY VS_HOOK_ENUM
+  VS_HOOKS(VS_HOOK_ENUM) VS_GATED(VS_GATED_AS_HOOK)
+#undef VS_HOOK_ENTRY
 #undef VS_HOOK_ENUM
   VS_HOOK_COUNT
 } vs_hook_t;
@@ -63,6 +151,9 @@ typedef enum vs_hook_e {
 /* The hooks themselves (defined below under their exported names). */
 #define VS_HOOK_DECL(id, base, ver, ptsz, sym) static void *vs_hook_addr_##id(void);
 VS_HOOKS(VS_HOOK_DECL)
+#define VS_HOOK_ENTRY VS_HOOK_DECL
+VS_GATED(VS_GATED_AS_HOOK)
+#undef VS_HOOK_ENTRY
 #undef VS_HOOK_DECL
 
 typedef struct vs_hook_desc_s {
@@ -76,6 +167,9 @@ typedef struct vs_hook_desc_s {
 static const vs_hook_desc_t vs_hooks[VS_HOOK_COUNT] = {
 #define VS_HOOK_DESC(id, base, ver, ptsz, sym) {base, #sym, ver, ptsz, vs_hook_addr_##id},
     VS_HOOKS(VS_HOOK_DESC)
+#define VS_HOOK_ENTRY VS_HOOK_DESC
+    VS_GATED(VS_GATED_AS_HOOK)
+#undef VS_HOOK_ENTRY
 #undef VS_HOOK_DESC
 };
 
@@ -297,8 +391,17 @@ VS_API CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdev
   CALL_REAL(MEM_GET_RANGE, fn_t, pbase, psize, dptr);
 }
 
-/* Range attributes describe the program's allocation, not the pool handle under it. */
+/* Range attributes describe the program's allocation, not the pool handle under it. Memory of a
+ * tag asleep in mapped mode is host memory at the block's address: it is still described as the
+ * device memory the program allocated (libraries check pointer types). */
 static bool range_attribute(CUpointer_attribute a, void *data, CUdeviceptr ptr) {
+  int dev = 0;
+  if ((a == CU_POINTER_ATTRIBUTE_MEMORY_TYPE || a == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) && data &&
+      _vs_host_mapped(ptr, &dev)) {
+    if (a == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) *(unsigned int *)data = CU_MEMORYTYPE_DEVICE;
+    else *(int *)data = dev;
+    return true;
+  }
   if (a != CU_POINTER_ATTRIBUTE_RANGE_START_ADDR && a != CU_POINTER_ATTRIBUTE_RANGE_SIZE) return false;
   CUdeviceptr base;
   size_t size;
@@ -334,11 +437,15 @@ static void capture_began(CUresult r) {
 }
 
 typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+/* A capture begins at the gate too: none starts while the shim moves memory (a sleep waits for
+ * those in progress to end before it closes the gate). */
 static CUresult begin_capture(vs_hook_t id, CUstream s, CUstreamCaptureMode mode) {
   begin_fn real = (begin_fn)real_fn(id);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  vs_gate_line_t *line = _vs_gate_enter();
   CUresult r = real(s, mode);
   capture_began(r);
+  _vs_gate_leave(line);
   return r;
 }
 VS_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
@@ -354,8 +461,10 @@ static CUresult begin_capture_to_graph(vs_hook_t id, CUstream s, CUgraph g, cons
                                        const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode) {
   begin_graph_fn real = (begin_graph_fn)real_fn(id);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  vs_gate_line_t *line = _vs_gate_enter();
   CUresult r = real(s, g, deps, edges, n, mode);
   capture_began(r);
+  _vs_gate_leave(line);
   return r;
 }
 VS_API CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
@@ -477,7 +586,26 @@ VS_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 }
 
 /* Hook addresses for the table (the exported functions above). */
+/* ------------------------------------------------------------------ work submission */
+
+/* Launches, copies and memsets wait at the gate while the shim moves memory (gate.c). */
+#define VS_GATED_DEF(id, base, ver, ptsz, sym, params, args) \
+  VS_API CUresult sym params {                                  \
+    typedef CUresult(*fn_t) params;                             \
+    fn_t real = REAL(id, fn_t);                                 \
+    if (!real) return CUDA_ERROR_NOT_INITIALIZED;               \
+    vs_gate_line_t *line_ = _vs_gate_enter();                   \
+    CUresult r_ = real args;                                    \
+    _vs_gate_leave(line_);                                      \
+    return r_;                                                  \
+  }
+VS_GATED(VS_GATED_DEF)
+#undef VS_GATED_DEF
+
 #define VS_HOOK_ADDR(id, base, ver, ptsz, sym) \
   static void *vs_hook_addr_##id(void) { return (void *)(sym); }
 VS_HOOKS(VS_HOOK_ADDR)
+#define VS_HOOK_ENTRY VS_HOOK_ADDR
+VS_GATED(VS_GATED_AS_HOOK)
+#undef VS_HOOK_ENTRY
 #undef VS_HOOK_ADDR

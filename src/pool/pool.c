@@ -76,6 +76,7 @@ void _vs_pool_destroy(vs_pool_t *p) {
   _vs_dir_remove_pool(p);
   VS_STAT_SUB(pools, 1);
   _vs_pool_stop_reclaimer(p);
+  _vs_pool_forget_asleep(p);
   _vs_pool_unmap_all(p);
   /* The live blocks die with the context, as cudaMalloc memory does. */
   for (vs_block_t *b = p->map; b; b = b->hh.next) _vs_stat_drop(b->size, b->requested);
@@ -96,6 +97,8 @@ void _vs_pool_destroy(vs_pool_t *p) {
 
 CUcontext _vs_pool_context(const vs_pool_t *p) { return p->ctx; }
 int _vs_pool_device(const vs_pool_t *p) { return (int)p->caps.device; }
+int _vs_pool_tag(const vs_pool_t *p) { return p->tag; }
+void _vs_pool_set_tag(vs_pool_t *p, int tag) { p->tag = tag; }
 
 /* ------------------------------------------------------------------ allocation */
 
@@ -500,7 +503,14 @@ int _vs_pool_check_locked(vs_pool_t *p) {
   size_t heaps_mapped = 0;
   for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++) heaps_mapped += p->heaps[heap_id].mapped;
   if (seg_sum != p->mapped || heaps_mapped != p->mapped) bad++; /* mapped bytes = the sum of handles */
-  if (p->mapped != p->used + p->free_bytes + p->pending_bytes) bad++;
+  /* Asleep memory left the device; its blocks stayed. */
+  if (p->mapped + p->asleep.bytes != p->used + p->free_bytes + p->pending_bytes) bad++;
+  size_t asleep_sum = 0, host_mapped = 0;
+  for (size_t i = 0; i < p->asleep.n; i++) {
+    asleep_sum += p->asleep.v[i].size;
+    if (p->asleep.v[i].mode == VMMSHIM_SLEEP_MAPPED) host_mapped += p->asleep.v[i].size;
+  }
+  if (asleep_sum != p->asleep.bytes || host_mapped != p->asleep.host_mapped) bad++;
   return bad;
 }
 

@@ -657,3 +657,18 @@ static void atfork_child(void) {
   pthread_mutex_init(&vs_ipc_lock, NULL);
   pthread_mutex_init(&vs_import_lock, NULL);
 }
+
+/* ------------------------------------------------------------------ sleep */
+
+int _vs_ipc_held_ranges(vs_pool_t *pool, CUdeviceptr *va, size_t *len, int max) {
+  int n = 0;
+  if (!atomic_load(&_vs_ipc_exports)) return 0;
+  pthread_mutex_lock(&vs_ipc_lock);
+  for (vs_export_t *e = vs_exports; e && n < max; e = e->next)
+    if (e->pool == pool && e->opens > 0) {
+      va[n] = e->ptr;
+      len[n++] = e->size;
+    }
+  pthread_mutex_unlock(&vs_ipc_lock);
+  return n;
+}

@@ -83,6 +83,13 @@ CUresult _vs_vmm_query(CUdevice device, vs_device_caps_t *caps) {
   if (_vs_cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device) ==
       CUDA_SUCCESS)
     caps->rdma_supported = v != 0;
+  v = 0;
+  if (_vs_cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) ==
+      CUDA_SUCCESS)
+    caps->host_vmm_supported = v != 0;
+  v = -1;
+  if (_vs_cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device) != CUDA_SUCCESS) v = -1;
+  caps->host_numa_id = v;
   r = _vs_cu.cuDeviceTotalMem(&caps->total_mem, device);
   if (r != CUDA_SUCCESS) return r;
   if (!caps->vmm_supported) return CUDA_SUCCESS;
@@ -128,6 +135,36 @@ CUresult _vs_vmm_create(const vs_device_caps_t *caps, size_t size, CUmemGenericA
     r = _vs_cu.cuMemCreate(handle_out, size, &prop, 0);
   }
   return finish(VS_VMM_CREATE, "cuMemCreate", r, t0, 0, size, (uint64_t)*handle_out, 0, caps->device);
+}
+
+/* Host memory (pinned as it is created) that maps at device addresses like a device handle:
+ * where a sleeping pool keeps its bytes. Near the device's NUMA node when the driver says
+ * which one, else anywhere on the host. Not traced as device memory: the log and the stats
+ * count it. */
+CUresult _vs_vmm_create_host(const vs_device_caps_t *caps, size_t size, CUmemGenericAllocationHandle *handle_out) {
+  CUresult r = check_range("cuMemCreate", caps, 0, size, false);
+  if (r != CUDA_SUCCESS) return r;
+  if (!caps->host_vmm_supported) return CUDA_ERROR_NOT_SUPPORTED;
+  CUmemAllocationProp prop = {0};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = caps->host_numa_id >= 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
+  prop.location.id = caps->host_numa_id >= 0 ? caps->host_numa_id : 0;
+  VS_DRIVER_CALL_START();
+  uint64_t t0 = _vs_now_ns();
+  *handle_out = 0;
+  r = _vs_cu.cuMemCreate(handle_out, size, &prop, 0);
+  if ((r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED) && prop.location.type != CU_MEM_LOCATION_TYPE_HOST) {
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    prop.location.id = 0;
+    r = _vs_cu.cuMemCreate(handle_out, size, &prop, 0);
+  }
+  uint64_t dt = count_call(t0);
+  if (r != CUDA_SUCCESS)
+    _vs_info("cuMemCreate(host, size 0x%zx) for device %d: %s", size, (int)caps->device, _vs_cu_error_name(r));
+  else
+    _vs_info("cuMemCreate host memory size 0x%zx handle 0x%llx for device %d (%.1f us)", size,
+             (unsigned long long)*handle_out, (int)caps->device, (double)dt / 1000.0);
+  return r;
 }
 
 CUresult _vs_vmm_release(const vs_device_caps_t *caps, CUmemGenericAllocationHandle handle, size_t size) {

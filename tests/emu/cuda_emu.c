@@ -65,6 +65,12 @@ static int g_devcount = 1;
 static int g_eager; /* emu_set_eager: an event recorded after no pending launch completes at once */
 static size_t g_gran = 2ull << 20;
 static int g_cap_vmm = 1, g_cap_fd = 1, g_cap_rdma = 1;
+/* Host-location handles (cuMemCreate with CU_MEM_LOCATION_TYPE_HOST / HOST_NUMA): supported or
+ * not (emu_set_host_vmm), and the host memory they draw from (emu_set_host_memory). */
+static int g_cap_host_vmm = 1;
+static size_t g_host_total = 16ull << 30, g_host_used;
+/* emu_delay_next: the next count calls of a function sleep this long first (a slow driver). */
+static struct { unsigned us; int count; } g_delay[FN_COUNT];
 /* emu_set_peer_capable: g_peer_off[dev][peer] = 1 when dev cannot access peer's memory */
 static unsigned char g_peer_off[EMU_MAXDEV][EMU_MAXDEV];
 
@@ -109,7 +115,7 @@ struct CUmemPoolHandle_st {
 static struct CUmemPoolHandle_st g_pools[EMU_MAXDEV] = {
     {MAGIC_POOL, 0, {0}}, {MAGIC_POOL, 1, {0}}, {MAGIC_POOL, 2, {0}}, {MAGIC_POOL, 3, {0}}};
 
-enum { K_USER = 0, K_MARK, K_FREE, K_WAIT };
+enum { K_USER = 0, K_MARK, K_FREE, K_WAIT, K_COPY, K_SET };
 typedef struct item_s {
   struct item_s *next;
   int kind;
@@ -119,6 +125,9 @@ typedef struct item_s {
   CUdeviceptr ptr;             /* K_FREE */
   struct CUstream_st *wstream; /* K_WAIT */
   uint64_t wtarget;
+  CUdeviceptr dst, src; /* K_COPY (src, dst), K_SET (dst) */
+  size_t n;
+  unsigned char byte; /* K_SET */
 } item_t;
 
 enum { S_USER = 0, S_LEGACY, S_PTS };
@@ -198,6 +207,7 @@ typedef struct handle_s {
   unsigned long long req_types;
   int rdma;
   CUmemAllocationProp prop;
+  int host;     /* a host-location handle: host memory, mapped at device addresses */
   int refs;     /* creation + retains - releases */
   int mapcount; /* live mappings */
   struct handle_s *next;
@@ -241,6 +251,15 @@ static void violation(const char *fmt, ...) {
 }
 
 static CUresult enter(int fn) {
+  unsigned delay = 0;
+  {
+    LOCKED();
+    if (g_delay[fn].count > 0) {
+      g_delay[fn].count--;
+      delay = g_delay[fn].us;
+    }
+  }
+  if (delay) usleep(delay); /* outside the lock: other threads' calls go on meanwhile */
   LOCKED();
   g_calls[fn]++;
   if (g_fault[fn].count > 0) {
@@ -432,6 +451,7 @@ static void plain_free(plain_t *a) {
 /* ------------------------------------------------------------------ work items */
 
 static void complete_head(struct CUstream_st *s);
+static int device_copy(int dev, int kind, CUdeviceptr dst, CUdeviceptr src, size_t n, unsigned char byte);
 
 static void force(struct CUstream_st *s, uint64_t target) {
   while (s && s->head && s->done < target) complete_head(s);
@@ -460,6 +480,8 @@ static void complete_head(struct CUstream_st *s) {
   } else if (it->kind == K_FREE) {
     plain_t *a = find_plain_base(it->ptr);
     if (a) plain_free(a);
+  } else if (it->kind == K_COPY || it->kind == K_SET) {
+    device_copy(s->ctx->dev, it->kind, it->dst, it->src, it->n, it->byte);
   }
   free(it);
 }
@@ -629,6 +651,8 @@ static CUresult e_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdev
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = dev + 1; break;
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: v = g_cap_rdma; break;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = g_cap_vmm && g_cap_host_vmm; break;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: v = 0; break;
     default: v = 0; break;
   }
   *pi = v;
@@ -877,6 +901,17 @@ static int valid_prop(const CUmemAllocationProp *prop, const char *fn) {
     violation("%s: prop->type %d (must be CU_MEM_ALLOCATION_TYPE_PINNED)", fn, (int)prop->type);
     return 0;
   }
+  if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST || prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+    if (!g_cap_host_vmm) {
+      violation("%s: host-location memory on a device without HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", fn);
+      return 0;
+    }
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA && prop->location.id != 0) {
+      violation("%s: host NUMA node %d (the emulated host has node 0 only)", fn, prop->location.id);
+      return 0;
+    }
+    return 1;
+  }
   if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(prop->location.id)) {
     violation("%s: prop->location type %d id %d (must be a valid device)", fn, (int)prop->location.type,
               prop->location.id);
@@ -991,7 +1026,8 @@ static void handle_maybe_destroy(handle_t *h) {
       break;
     }
   close(h->fd);
-  g_dev[h->dev].used -= h->size;
+  if (h->host) g_host_used -= h->size;
+  else g_dev[h->dev].used -= h->size;
   free(h);
 }
 
@@ -1001,14 +1037,16 @@ static CUresult new_handle(int fd, size_t size, const CUmemAllocationProp *prop,
   h->id = g_handle_next++;
   h->fd = fd;
   h->size = size;
-  h->dev = prop->location.id;
+  h->host = prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
+  h->dev = h->host ? 0 : prop->location.id;
   h->req_types = (unsigned long long)prop->requestedHandleTypes;
   h->rdma = prop->allocFlags.gpuDirectRDMACapable;
   h->prop = *prop;
   h->refs = 1;
   h->next = g_handles;
   g_handles = h;
-  g_dev[h->dev].used += size;
+  if (h->host) g_host_used += size;
+  else g_dev[h->dev].used += size;
   *out = h->id;
   return CUDA_SUCCESS;
 }
@@ -1049,8 +1087,12 @@ static CUresult e_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     violation("cuMemCreate: win32HandleMetaData must be NULL");
     return CUDA_ERROR_INVALID_VALUE;
   }
-  device_t *d = &g_dev[prop->location.id];
-  if (d->used > d->total || size > d->total - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    if (g_host_used > g_host_total || size > g_host_total - g_host_used) return CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    device_t *d = &g_dev[prop->location.id];
+    if (d->used > d->total || size > d->total - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   int fd = memfd_create("emu-vmm", MFD_CLOEXEC);
   if (fd < 0) {
     fprintf(stderr, "emu: memfd_create failed: %s\n", strerror(errno));
@@ -1489,7 +1531,12 @@ static CUresult pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr p
                              int dev, struct CUctx_st *c, int vmm, int origin) {
   switch (attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = found ? c : NULL; break;
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data = found ? CU_MEMORYTYPE_DEVICE : 0; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: {
+      /* As the driver answers: host memory mapped at a device address is host memory. */
+      mapping_t *m = found && vmm ? map_holding(p) : NULL;
+      *(unsigned int *)data = !found ? 0 : m && m->h->host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+      break;
+    }
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = found ? p : 0; break;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER: *(void **)data = NULL; break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)data = 0; break;
@@ -1539,6 +1586,108 @@ static CUresult e_cuPointerGetAttributes(unsigned int num, CUpointer_attribute *
     if (r) return r;
   }
   return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ copies, memset, launches */
+
+/* Stream-ordered copy (K_COPY) or memset (K_SET) on stream h: checked and done when the item
+ * completes, as a copy engine would run it then (an address unmapped meanwhile faults). */
+static CUresult enqueue_copy(CUstream h, int ptsz, int kind, CUdeviceptr dst, CUdeviceptr src, size_t n,
+                             unsigned char byte) {
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  if ((r = check_legacy_use(s, kind == K_COPY ? "cuMemcpyDtoDAsync" : "cuMemsetD8Async"))) return r;
+  if (s->cap) {
+    s->cap_items++;
+    return CUDA_SUCCESS;
+  }
+  item_t *it = enqueue(s, kind);
+  if (!it) return CUDA_ERROR_OUT_OF_MEMORY;
+  it->dst = dst;
+  it->src = src;
+  it->n = n;
+  it->byte = byte;
+  return CUDA_SUCCESS;
+}
+
+/* Synchronous forms: ordered on the legacy stream, done before they return. */
+static CUresult sync_copy(int kind, CUdeviceptr dst, CUdeviceptr src, size_t n, unsigned char byte) {
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if ((r = check_unsafe(kind == K_COPY ? "cuMemcpyDtoD" : "cuMemsetD8"))) return r;
+  if ((r = enqueue_copy(CU_STREAM_LEGACY, 0, kind, dst, src, n, byte))) return r;
+  force(c->legacy, c->legacy->enq);
+  return CUDA_SUCCESS;
+}
+
+static CUresult e_cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  ENTER(cuMemcpyDtoD);
+  NEED_INIT();
+  LOCKED();
+  return sync_copy(K_COPY, dst, src, n, 0);
+}
+static CUresult e_cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+  ENTER(cuMemcpyDtoDAsync);
+  NEED_INIT();
+  LOCKED();
+  return enqueue_copy(h, 0, K_COPY, dst, src, n, 0);
+}
+static CUresult e_cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+  ENTER(cuMemcpyDtoDAsync);
+  NEED_INIT();
+  LOCKED();
+  return enqueue_copy(h, 1, K_COPY, dst, src, n, 0);
+}
+static CUresult e_cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n) {
+  ENTER(cuMemsetD8);
+  NEED_INIT();
+  LOCKED();
+  return sync_copy(K_SET, dst, 0, n, uc);
+}
+static CUresult e_cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream h) {
+  ENTER(cuMemsetD8Async);
+  NEED_INIT();
+  LOCKED();
+  return enqueue_copy(h, 0, K_SET, dst, 0, n, uc);
+}
+static CUresult e_cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char uc, size_t n, CUstream h) {
+  ENTER(cuMemsetD8Async);
+  NEED_INIT();
+  LOCKED();
+  return enqueue_copy(h, 1, K_SET, dst, 0, n, uc);
+}
+
+/* A kernel launch that runs nothing (the tests' kernels are emu_launch callbacks): it is
+ * there for what the driver does around a launch (ordering, capture, the shim's hooks). */
+static CUresult launch(CUfunction f, CUstream h, int ptsz) {
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  if ((r = check_legacy_use(s, "cuLaunchKernel"))) return r;
+  if (s->cap) {
+    s->cap_items++;
+    return CUDA_SUCCESS;
+  }
+  return enqueue(s, K_MARK) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+static CUresult e_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, unsigned shmem, CUstream h, void **params, void **extra) {
+  (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+  ENTER(cuLaunchKernel);
+  NEED_INIT();
+  LOCKED();
+  return launch(f, h, 0);
+}
+static CUresult e_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                      unsigned bz, unsigned shmem, CUstream h, void **params, void **extra) {
+  (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+  ENTER(cuLaunchKernel);
+  NEED_INIT();
+  LOCKED();
+  return launch(f, h, 1);
 }
 
 /* ------------------------------------------------------------------ peer access */
@@ -2367,6 +2516,11 @@ static const sym_t g_syms[] = {
     SYMP("cuStreamGetCaptureInfo", 12030, e_cuStreamGetCaptureInfo_v3, e_cuStreamGetCaptureInfo_v3_ptsz),
     SYM("cuThreadExchangeStreamCaptureMode", 10010, e_cuThreadExchangeStreamCaptureMode),
     SYM("cuGraphDestroy", 10000, e_cuGraphDestroy),
+    SYM("cuMemcpyDtoD", 3020, e_cuMemcpyDtoD_v2),
+    SYMP("cuMemcpyDtoDAsync", 3020, e_cuMemcpyDtoDAsync_v2, e_cuMemcpyDtoDAsync_v2_ptsz),
+    SYM("cuMemsetD8", 3020, e_cuMemsetD8_v2),
+    SYMP("cuMemsetD8Async", 3020, e_cuMemsetD8Async, e_cuMemsetD8Async_ptsz),
+    SYMP("cuLaunchKernel", 4000, e_cuLaunchKernel, e_cuLaunchKernel_ptsz),
     SYM("cuGetErrorName", 6000, e_cuGetErrorName),
     SYM("cuGetErrorString", 6000, e_cuGetErrorString),
 };
@@ -2420,6 +2574,14 @@ static CUresult e_cuGetProcAddress_v1(const char *symbol, void **pfn, int versio
 /* ------------------------------------------------------------------ exports */
 
 EXPORT(cuInit, e_cuInit)
+EXPORT(cuMemcpyDtoD_v2, e_cuMemcpyDtoD_v2)
+EXPORT(cuMemcpyDtoDAsync_v2, e_cuMemcpyDtoDAsync_v2)
+EXPORT(cuMemcpyDtoDAsync_v2_ptsz, e_cuMemcpyDtoDAsync_v2_ptsz)
+EXPORT(cuMemsetD8_v2, e_cuMemsetD8_v2)
+EXPORT(cuMemsetD8Async, e_cuMemsetD8Async)
+EXPORT(cuMemsetD8Async_ptsz, e_cuMemsetD8Async_ptsz)
+EXPORT(cuLaunchKernel, e_cuLaunchKernel)
+EXPORT(cuLaunchKernel_ptsz, e_cuLaunchKernel_ptsz)
 EXPORT(cuDriverGetVersion, e_cuDriverGetVersion)
 EXPORT(cuGetProcAddress, e_cuGetProcAddress_v1)
 EXPORT(cuGetProcAddress_v2, e_cuGetProcAddress_v2)
@@ -2811,6 +2973,50 @@ API int emu_device_access(int dev, CUdeviceptr ptr, size_t n, int write) {
     cur = m->va + m->size;
   }
   return 0;
+}
+
+/* A copy engine of dev running a K_COPY or K_SET item: both ranges must be reachable by dev
+ * (as emu_device_access checks); then the bytes move. Host access to VMM memory is open once
+ * any device has access, so memmove reaches it. */
+static int device_copy(int dev, int kind, CUdeviceptr dst, CUdeviceptr src, size_t n, unsigned char byte) {
+  if (emu_device_access(dev, dst, n, 1) != 0) return -1;
+  if (kind == K_COPY && emu_device_access(dev, src, n, 0) != 0) return -1;
+  if (!n) return 0;
+  if (kind == K_COPY) memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+  else memset((void *)(uintptr_t)dst, byte, n);
+  return 0;
+}
+
+API void emu_set_host_vmm(int on) {
+  LOCKED();
+  g_cap_host_vmm = on != 0;
+}
+
+API void emu_set_host_memory(size_t bytes) {
+  LOCKED();
+  g_host_total = bytes;
+}
+
+API size_t emu_host_used(void) {
+  LOCKED();
+  return g_host_used;
+}
+
+API void emu_delay_next(const char *function_name, unsigned usec, int count) {
+  LOCKED();
+  int i = fn_index(function_name);
+  if (i < 0) {
+    fprintf(stderr, "emu: emu_delay_next: unknown function %s\n", function_name ? function_name : "(null)");
+    return;
+  }
+  g_delay[i].us = usec;
+  g_delay[i].count = count > 0 ? count : 0;
+}
+
+API int emu_host_mapped(CUdeviceptr addr) {
+  LOCKED();
+  mapping_t *m = map_holding(addr);
+  return m ? m->h->host : -1;
 }
 
 API long emu_device_faults(void) {

@@ -94,7 +94,8 @@ extern "C" {
   X(cuGetErrorName) X(cuGetErrorString)                                                       \
   X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess)                \
   X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuMemPoolSetAccess)                   \
-  X(cuMemPoolGetAccess) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)
+  X(cuMemPoolGetAccess) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)  \
+  X(cuMemcpyDtoD) X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD8Async) X(cuLaunchKernel)
 
 typedef struct emu_counters_s {
   /* ---- call counts (reset by emu_reset_counters) ---- */
@@ -185,6 +186,21 @@ int emu_device_access(int dev, CUdeviceptr ptr, size_t n, int write);
 long emu_device_faults(void);
 /* Physical bytes in use on dev (handles + plain allocations). */
 size_t emu_device_used(int dev);
+
+/* ---- host-location handles, copies, a slow driver ----
+ * cuMemCreate with CU_MEM_LOCATION_TYPE_HOST or _HOST_NUMA (node 0) makes a handle of host
+ * memory, drawn from a host budget (default 16 GiB), mapped like any handle inside a device
+ * reservation; cuPointerGetAttribute answers CU_MEMORYTYPE_HOST for it, as the driver does.
+ * cuMemcpyDtoD(Async) and cuMemsetD8(Async) run when their stream reaches them (the device
+ * access rules apply then: an address unmapped meanwhile is a device fault); cuLaunchKernel
+ * enqueues a launch that does nothing (any non-NULL function). */
+void emu_set_host_vmm(int on);           /* HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, default 1 */
+void emu_set_host_memory(size_t bytes);  /* host budget for host-location handles */
+size_t emu_host_used(void);              /* bytes of live host-location handles */
+/* 1 when addr is mapped to a host-location handle, 0 to a device handle, -1 unmapped. */
+int emu_host_mapped(CUdeviceptr addr);
+/* The next count calls of function_name sleep usec first (outside the emulation's lock). */
+void emu_delay_next(const char *function_name, unsigned usec, int count);
 
 #ifdef __cplusplus
 }

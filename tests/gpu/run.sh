@@ -127,6 +127,7 @@ for rt in static shared; do
   run_prog "$rt/free-deferred" "$BIN/t_free.$rt" VMMSHIM_FREE_MODE=deferred
   run_prog "$rt/streams" "$BIN/t_streams.$rt"
   run_prog "$rt/capture" "$BIN/t_capture.$rt"
+  run_prog "$rt/sleep-graph" "$BIN/t_sleep.$rt" SLEEP_MODE=graph
   run_prog "$rt/driver" "$BIN/t_driver.$rt"
   run_prog "$rt/errors" "$BIN/t_errors.$rt"
 done
@@ -247,6 +248,10 @@ fi
 
 # ---- traces: PyTorch, a static-runtime program, rmm format; report, memory_viz, perfetto, replay ----
 . tests/gpu/trace_torch.sh
+
+# ---- sleep and wake (tests/gpu/t_sleep.cu): host-mapped memory, cycles ----
+run_prog "static/sleep-mapped" "$BIN/t_sleep.static" SLEEP_MODE=mapped
+run_prog "static/sleep-cycles" "$BIN/t_sleep.static" SLEEP_MODE=cycles
 
 # ---- robustness (tests/gpu/t_robust.cu, one ROBUST_MODE per run) ----
 # robust_value LOG KEY: KEY=value of the "RESULT pressure" line.

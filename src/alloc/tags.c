@@ -1,0 +1,110 @@
+/* tags.c: the names allocations are grouped by, so that a group can sleep and wake.
+ *
+ * A tag is an index into a small table of names (0 is "default"). A thread's allocations go to
+ * its own tag when it set one (vmmshim_set_tag, a scope in Python), else to the process's
+ * (VMMSHIM_TAG at start, vmmshim_set_process_tag, or vmmshim ctl from outside). Reading the
+ * current tag costs one thread-local load, and one relaxed atomic load when the thread set
+ * none: the allocation path asks for it every time. Tags are never removed (there are at most
+ * VMMSHIM_MAX_TAGS), so an index stays valid for the life of the process. */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "vmmshim/alloc.h"
+
+static char vs_tag_names[VS_MAX_TAGS][VMMSHIM_TAG_MAX] = {"default"};
+static atomic_int vs_ntags = 1;
+static atomic_bool vs_tag_keep[VS_MAX_TAGS];
+atomic_int _vs_process_tag;
+_Thread_local int _vs_tl_tag1;
+static pthread_mutex_t vs_tags_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t vs_tags_once = PTHREAD_ONCE_INIT;
+
+bool _vs_tag_name_ok(const char *name) {
+  size_t n = name ? strlen(name) : 0;
+  if (n == 0 || n >= VMMSHIM_TAG_MAX) return false;
+  for (size_t i = 0; i < n; i++) {
+    char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-'))
+      return false;
+  }
+  return true;
+}
+
+/* VMMSHIM_TAG: the process's tag from the start. */
+static void tags_init(void) {
+  const char *t = _vs_option_string(VS_OPT_TAG);
+  if (!t) return;
+  int id = _vs_tag_find(t, true);
+  if (id >= 0) atomic_store(&_vs_process_tag, id);
+  else _vs_warn("VMMSHIM_TAG='%s' is not a tag name (1-31 of A-Z a-z 0-9 _ . -); using \"default\"", t);
+}
+
+void _vs_tags_init(void) { pthread_once(&vs_tags_once, tags_init); }
+
+int _vs_tag_find(const char *name, bool create) {
+  if (!_vs_tag_name_ok(name)) return -EINVAL;
+  int n = atomic_load_explicit(&vs_ntags, memory_order_acquire);
+  for (int i = 0; i < n; i++)
+    if (!strcmp(vs_tag_names[i], name)) return i;
+  if (!create) return -ENOENT;
+  pthread_mutex_lock(&vs_tags_lock);
+  n = atomic_load(&vs_ntags);
+  int id = -ENOSPC;
+  for (int i = 0; i < n && id < 0; i++)
+    if (!strcmp(vs_tag_names[i], name)) id = i;
+  if (id < 0 && n < VS_MAX_TAGS) {
+    strcpy(vs_tag_names[n], name);
+    atomic_store_explicit(&vs_ntags, n + 1, memory_order_release);
+    id = n;
+  }
+  pthread_mutex_unlock(&vs_tags_lock);
+  static atomic_bool said;
+  if (id == -ENOSPC && !atomic_exchange(&said, true))
+    _vs_warn("more than %d tags: '%s' refused (and any other new tag from now on)", VS_MAX_TAGS, name);
+  return id;
+}
+
+const char *_vs_tag_name(int id) { return id >= 0 && id < atomic_load(&vs_ntags) ? vs_tag_names[id] : "?"; }
+int _vs_tag_count(void) { return atomic_load_explicit(&vs_ntags, memory_order_acquire); }
+bool _vs_tag_keep(int id) { return id >= 0 && id < VS_MAX_TAGS && atomic_load(&vs_tag_keep[id]); }
+
+VS_API int vmmshim_set_tag(const char *tag) {
+  if (!tag) {
+    _vs_tl_tag1 = 0;
+    return 0;
+  }
+  _vs_tags_init();
+  int id = _vs_tag_find(tag, true);
+  if (id < 0) return id;
+  _vs_tl_tag1 = id + 1;
+  return 0;
+}
+
+int _vs_set_process_tag(const char *tag) {
+  _vs_tags_init();
+  int id = _vs_tag_find(tag, true);
+  if (id < 0) return id;
+  atomic_store(&_vs_process_tag, id);
+  _vs_info("new allocations of threads without a tag of their own go to tag '%s'", tag);
+  return 0;
+}
+
+VS_API int vmmshim_set_process_tag(const char *tag) { return _vs_set_process_tag(tag); }
+
+VS_API int vmmshim_get_tag(char *buf, size_t n) {
+  _vs_tags_init();
+  if (!buf || !n) return -EINVAL;
+  const char *name = _vs_tag_name(_vs_current_tag());
+  if (strlen(name) >= n) return -EINVAL;
+  strcpy(buf, name);
+  return 0;
+}
+
+VS_API int vmmshim_set_tag_keep(const char *tag, int keep) {
+  _vs_tags_init();
+  int id = _vs_tag_find(tag, true);
+  if (id < 0) return id;
+  atomic_store(&vs_tag_keep[id], keep != 0);
+  return 0;
+}

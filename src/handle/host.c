@@ -1,0 +1,180 @@
+/* host.c: host memory that sleeping pools keep their bytes in.
+ *
+ * A host buffer is a host-location handle (cuMemCreate on the host NUMA node nearest the
+ * device) mapped at a "home" address of its own reservation, with access for one device, so
+ * that the device copies into it and out of it at the link's speed (about 50 GiB/s on an H100,
+ * where pinning new host memory runs at 3-5 GiB/s). A sleeping segment of S bytes is backed by
+ * S / VS_HOST_CHUNK buffers of VS_HOST_CHUNK bytes and one of the rest. In the `mapped` mode the
+ * buffers leave home and map at the segment's own address, and come home at the wake.
+ *
+ * Obtaining host memory costs ten times more than filling it, so buffers are kept across cycles
+ * in a cache (given back by _vs_host_trim, on request) and can be made ahead
+ * (VMMSHIM_HOST_RESERVE); VMMSHIM_HOST_LIMIT caps them all, cached and lent. The cache lock is
+ * never held across a driver call. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "vmmshim/handles.h"
+
+typedef struct vs_host_node_s {
+  vs_host_buf_t buf;
+  struct vs_host_node_s *next;
+} vs_host_node_t;
+
+static pthread_mutex_t vs_host_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_host_node_t *vs_host_cache; /* buffers at home, free */
+static size_t vs_host_cached, vs_host_lent;
+
+static void host_lock(void) {
+  pthread_mutex_lock(&vs_host_lock);
+  VS_LOCK_HELD(1);
+}
+static void host_unlock(void) {
+  VS_LOCK_HELD(-1);
+  pthread_mutex_unlock(&vs_host_lock);
+}
+
+/* Unmaps a buffer from home, releases it and its reservation. */
+static void destroy(const vs_device_caps_t *caps, const vs_host_buf_t *b) {
+  _vs_vmm_unmap(caps, b->home, b->size);
+  _vs_vmm_release(caps, b->handle, b->size);
+  _vs_vmm_address_free(caps, b->home, b->size);
+}
+
+/* Caps of the device a cached buffer was made for (only the device and granularity are used). */
+static vs_device_caps_t caps_of(const vs_device_caps_t *like, int dev) {
+  vs_device_caps_t c = *like;
+  c.device = dev;
+  return c;
+}
+
+/* Releases cached buffers (any device) until `need` more bytes fit under VMMSHIM_HOST_LIMIT, or
+ * none is left. Returns whether they fit. */
+static bool make_room(const vs_device_caps_t *caps, size_t need) {
+  uint64_t limit = _vs_option(VS_OPT_HOST_LIMIT);
+  for (;;) {
+    host_lock();
+    bool fits = !limit || (vs_host_cached + vs_host_lent <= limit && need <= limit - vs_host_cached - vs_host_lent);
+    vs_host_node_t *victim = NULL;
+    if (!fits && vs_host_cache) {
+      victim = vs_host_cache;
+      vs_host_cache = victim->next;
+      vs_host_cached -= victim->buf.size;
+    }
+    host_unlock();
+    if (fits) return true;
+    if (!victim) return false;
+    vs_device_caps_t c = caps_of(caps, victim->buf.dev);
+    destroy(&c, &victim->buf);
+    free(victim);
+  }
+}
+
+/* A new buffer of size bytes for caps->device, at home. */
+static CUresult create(const vs_device_caps_t *caps, size_t size, vs_host_buf_t *out) {
+  *out = (vs_host_buf_t){0, 0, size, (int)caps->device};
+  CUresult r = _vs_vmm_reserve(caps, size, 0, &out->home);
+  if (r != CUDA_SUCCESS) return r;
+  r = _vs_vmm_create_host(caps, size, &out->handle);
+  if (r == CUDA_SUCCESS) {
+    r = _vs_vmm_map(caps, out->home, size, out->handle);
+    if (r == CUDA_SUCCESS) {
+      r = _vs_vmm_set_access(caps, out->home, size);
+      if (r != CUDA_SUCCESS) _vs_vmm_unmap(caps, out->home, size);
+    }
+    if (r != CUDA_SUCCESS) _vs_vmm_release(caps, out->handle, size);
+  }
+  if (r != CUDA_SUCCESS) _vs_vmm_address_free(caps, out->home, size);
+  return r;
+}
+
+CUresult _vs_host_take(const vs_device_caps_t *caps, size_t size, vs_host_buf_t *out) {
+  if (!caps->host_vmm_supported) return CUDA_ERROR_NOT_SUPPORTED;
+  host_lock();
+  vs_host_node_t **pp = &vs_host_cache;
+  while (*pp && ((*pp)->buf.size != size || (*pp)->buf.dev != (int)caps->device)) pp = &(*pp)->next;
+  vs_host_node_t *hit = *pp;
+  if (hit) {
+    *pp = hit->next;
+    vs_host_cached -= size;
+    vs_host_lent += size;
+  }
+  host_unlock();
+  if (hit) {
+    *out = hit->buf;
+    free(hit);
+    return CUDA_SUCCESS;
+  }
+  if (!make_room(caps, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult r = create(caps, size, out);
+  if (r != CUDA_SUCCESS) return r;
+  host_lock();
+  vs_host_lent += size;
+  host_unlock();
+  return CUDA_SUCCESS;
+}
+
+void _vs_host_give(const vs_device_caps_t *caps, const vs_host_buf_t *buf) {
+  vs_host_node_t *n = malloc(sizeof *n);
+  host_lock();
+  vs_host_lent -= buf->size;
+  if (n) {
+    n->buf = *buf;
+    n->next = vs_host_cache;
+    vs_host_cache = n;
+    vs_host_cached += buf->size;
+  }
+  host_unlock();
+  if (!n) destroy(caps, buf); /* no host memory for the list node: the buffer goes back now */
+}
+
+void _vs_host_drop(const vs_device_caps_t *caps, const vs_host_buf_t *buf, bool at_home) {
+  host_lock();
+  vs_host_lent -= buf->size;
+  host_unlock();
+  if (at_home) _vs_vmm_unmap(caps, buf->home, buf->size);
+  _vs_vmm_release(caps, buf->handle, buf->size);
+  _vs_vmm_address_free(caps, buf->home, buf->size);
+}
+
+size_t _vs_host_trim(const vs_device_caps_t *caps, size_t keep) {
+  size_t released = 0;
+  for (;;) {
+    host_lock();
+    vs_host_node_t *victim = NULL;
+    if (vs_host_cached > keep && vs_host_cache) {
+      victim = vs_host_cache;
+      vs_host_cache = victim->next;
+      vs_host_cached -= victim->buf.size;
+    }
+    host_unlock();
+    if (!victim) return released;
+    vs_device_caps_t c = caps_of(caps, victim->buf.dev);
+    destroy(&c, &victim->buf);
+    released += victim->buf.size;
+    free(victim);
+  }
+}
+
+CUresult _vs_host_reserve(const vs_device_caps_t *caps, size_t bytes) {
+  if (!caps->host_vmm_supported) return CUDA_ERROR_NOT_SUPPORTED;
+  size_t chunk = VS_HOST_CHUNK;
+  for (size_t made = 0; made < bytes; made += chunk) {
+    if (!make_room(caps, chunk)) return CUDA_ERROR_OUT_OF_MEMORY;
+    vs_host_buf_t b;
+    CUresult r = create(caps, chunk, &b);
+    if (r != CUDA_SUCCESS) return r;
+    host_lock();
+    vs_host_lent += chunk; /* _vs_host_give moves it to the cache */
+    host_unlock();
+    _vs_host_give(caps, &b);
+  }
+  return CUDA_SUCCESS;
+}
+
+void _vs_host_counts(size_t *cached, size_t *lent) {
+  host_lock();
+  if (cached) *cached = vs_host_cached;
+  if (lent) *lent = vs_host_lent;
+  host_unlock();
+}

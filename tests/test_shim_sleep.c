@@ -1,0 +1,543 @@
+/* test_shim_sleep: tags, sleep and wake, on the emulation (one process per scenario: the shim
+ * reads its options once).
+ *
+ * The emulated device memory is a memfd per handle, mapped at the device address; the test
+ * reads and writes blocks through those addresses as a kernel would, and asks the emulation what
+ * is mapped where (emu_host_mapped: -1 unmapped, 0 a device handle, 1 a host-location handle)
+ * and how much device and host memory is in use.
+ *
+ *   modes    weights (cudaMalloc) and kv (cudaMallocAsync on two streams) in their own tags;
+ *            work still queued on a stream when the sleep starts completes first; discard gives
+ *            the device memory back and wakes to zeros with VMMSHIM_WAKE_ZERO; host keeps the
+ *            bytes in host memory and restores them at the same addresses; mapped serves them
+ *            from host memory at the same addresses while asleep (reads and writes reach them,
+ *            pointer queries still answer device memory) and keeps what was written; asleep and
+ *            awake answers; per-tag figures at every step.
+ *   isolate  eight threads allocate in four tags, interleaved: sleeping one tag unmaps every
+ *            block of it and no block of the others (no handle holds two tags).
+ *   during   frees of sleeping blocks are taken (nothing released twice), allocations in a
+ *            sleeping tag are served from new device memory and stay awake, a second sleep
+ *            takes them; the woken pools serve allocations again.
+ *   nowake   the device has no room at the wake (cuMemCreate fails): -ENOMEM, nothing lost,
+ *            still asleep; the next wake restores every byte.
+ *   capture  a capture in progress: the sleep waits VMMSHIM_SLEEP_WAIT ms and refuses (-EBUSY)
+ *            without invalidating the capture; after it ends, the sleep goes through.
+ *   gate     a launch submitted while memory moves waits until the move is done.
+ *   cycles   300 sleep/wake cycles in host mode: handles, mappings, reservations, host memory,
+ *            descriptors do not grow; host memory is reused (no host handle made after the
+ *            first cycle).
+ *   levels   level 2 discards every tag but the one marked keep (copied to host); level 1 with
+ *            mapped keeps every tag usable; level 0 gives back idle memory only.
+ *   process  VMMSHIM_TAG=weights: allocations start in weights; vmmshim_set_process_tag moves
+ *            threads without a tag of their own, vmmshim_set_tag one thread; bad names refused.
+ *   limit    VMMSHIM_HOST_LIMIT smaller than the tag: what does not fit stays on the device,
+ *            the answer says so.
+ *   peers    two devices, device 1 granted access by peer access: after a wake, device 1 reads
+ *            the woken bytes (access given again).
+ *   nohost   a device without host-location VMM: host and mapped modes leave everything on the
+ *            device with the reason; discard works. */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cudart_emu.h"
+#include "emu.h"
+#include "vmmshim.h"
+#define CHECK_SHIM_HELPERS
+#include "check.h"
+
+#define MiB (1ull << 20)
+
+/* The shim's API, found at run time in the preloaded library (the program does not link it). */
+#pragma weak vmmshim_sleep
+#pragma weak vmmshim_wake
+#pragma weak vmmshim_sleep_level
+#pragma weak vmmshim_set_tag
+#pragma weak vmmshim_set_process_tag
+#pragma weak vmmshim_get_tag
+#pragma weak vmmshim_set_tag_keep
+#pragma weak vmmshim_tag_stats
+#pragma weak vmmshim_host_memory
+#pragma weak vmmshim_release_host
+#pragma weak vmmshim_api_version
+
+static vmmshim_sleep_result_t g_res;
+
+static int do_sleep(const char *tag, vmmshim_sleep_mode_t mode) {
+  memset(&g_res, 0, sizeof g_res);
+  return vmmshim_sleep(tag, mode, &g_res, sizeof g_res);
+}
+static int do_wake(const char *tag, unsigned flags) {
+  memset(&g_res, 0, sizeof g_res);
+  return vmmshim_wake(tag, flags, &g_res, sizeof g_res);
+}
+
+static vmmshim_tag_stats_t tag_stats(const char *name) {
+  vmmshim_tag_stats_t all[VMMSHIM_MAX_TAGS], none;
+  memset(&none, 0, sizeof none);
+  int n = vmmshim_tag_stats(all, VMMSHIM_MAX_TAGS, sizeof all[0]);
+  for (int i = 0; i < n && i < VMMSHIM_MAX_TAGS; i++)
+    if (!strcmp(all[i].name, name)) return all[i];
+  return none;
+}
+
+static void *tagged_malloc(const char *tag, size_t n) {
+  CHECK(vmmshim_set_tag(tag) == 0, "set tag %s", tag);
+  void *p = must_malloc(n);
+  vmmshim_set_tag(NULL);
+  return p;
+}
+
+/* Every byte of the range mapped to a handle of this kind (0 device, 1 host, -1 unmapped). */
+static int mapped_as(const void *p, size_t n) {
+  int kind = emu_host_mapped((CUdeviceptr)(uintptr_t)p);
+  for (size_t off = 0; off < n; off += 2 * MiB)
+    if (emu_host_mapped((CUdeviceptr)(uintptr_t)p + off) != kind) return -2;
+  return kind;
+}
+
+static int open_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+/* A kernel still running when the sleep starts: it writes its block when it completes. */
+static void late_kernel(void *arg) { memset(arg, 0x5a, 4096); }
+
+static void scenario_modes(void) {
+  size_t wn = 48 * MiB, kn = 40 * MiB;
+  char *w = tagged_malloc("weights", wn);
+  CHECK(vmmshim_set_tag("kv") == 0, "set tag kv");
+  cudaStream_t s1, s2;
+  CHECK(cudaStreamCreate(&s1) == cudaSuccess && cudaStreamCreate(&s2) == cudaSuccess, "streams");
+  char *k1 = NULL, *k2 = NULL;
+  CHECK(cudaMallocAsync((void **)&k1, kn, s1) == cudaSuccess && k1, "kv async 1");
+  CHECK(cudaMallocAsync((void **)&k2, kn, s2) == cudaSuccess && k2, "kv async 2");
+  vmmshim_set_tag(NULL);
+  if (!w || !k1 || !k2) return;
+  cudaStreamSynchronize(s1);
+  cudaStreamSynchronize(s2);
+  pat_fill_sparse(w, wn, 1);
+  pat_fill_sparse(k1, kn, 2);
+  pat_fill_sparse(k2, kn, 3);
+  vmmshim_tag_stats_t ts = tag_stats("weights");
+  CHECK(ts.live >= wn && ts.device >= wn && !ts.asleep, "weights before: live %llu device %llu",
+        (unsigned long long)ts.live, (unsigned long long)ts.device);
+
+  /* discard kv, with a kernel still queued on its stream that writes k1: it runs first. */
+  emu_launch(s1, late_kernel, k1 + kn - 4096);
+  size_t dev_before = emu_device_used(0);
+  CHECK(do_sleep("kv", VMMSHIM_SLEEP_DISCARD) == 0, "sleep kv discard: %d %s", g_res.error, g_res.reason);
+  CHECK(emu_pending(s1) == 0, "the queued kernel ran before the sleep");
+  CHECK(g_res.released >= 2 * kn && g_res.discarded >= 2 * kn && g_res.to_host == 0, "released %llu discarded %llu",
+        (unsigned long long)g_res.released, (unsigned long long)g_res.discarded);
+  CHECK(dev_before - emu_device_used(0) >= 2 * kn, "device memory given back: %zu -> %zu", dev_before,
+        emu_device_used(0));
+  CHECK(mapped_as(k1, kn) == -1 && mapped_as(k2, kn) == -1, "kv unmapped while asleep");
+  CHECK(mapped_as(w, wn) == 0, "weights untouched");
+  ts = tag_stats("kv");
+  CHECK(ts.asleep && ts.discarded >= 2 * kn && ts.device == 0, "kv stats asleep: discarded %llu device %llu",
+        (unsigned long long)ts.discarded, (unsigned long long)ts.device);
+  CHECK(do_sleep("kv", VMMSHIM_SLEEP_DISCARD) == -EALREADY, "sleeping a sleeping tag: %d", g_res.error);
+
+  /* host weights */
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_HOST) == 0, "sleep weights host: %s", g_res.reason);
+  CHECK(g_res.to_host >= wn && g_res.released >= wn, "weights to host %llu", (unsigned long long)g_res.to_host);
+  CHECK(mapped_as(w, wn) == -1, "weights unmapped while asleep");
+  CHECK(emu_host_used() >= wn, "host memory holds them: %zu", emu_host_used());
+  uint64_t in_use = 0, cached = 0;
+  vmmshim_host_memory(&in_use, &cached);
+  CHECK(in_use >= wn, "host in use %llu", (unsigned long long)in_use);
+
+  /* wake both: same addresses, bytes back */
+  CHECK(do_wake("weights", 0) == 0, "wake weights: %s", g_res.reason);
+  CHECK(g_res.restored >= wn, "restored %llu", (unsigned long long)g_res.restored);
+  CHECK(mapped_as(w, wn) == 0, "weights mapped on the device again");
+  CHECK(pat_check_sparse(w, wn, 1) == (size_t)-1, "weights intact after host sleep");
+  vmmshim_host_memory(&in_use, &cached);
+  CHECK(in_use == 0 && cached >= wn, "host buffers kept for the next sleep: in use %llu cached %llu",
+        (unsigned long long)in_use, (unsigned long long)cached);
+  CHECK(do_wake("weights", 0) == -EALREADY, "waking an awake tag: %d", g_res.error);
+  CHECK(do_wake("kv", VMMSHIM_WAKE_ZERO) == 0, "wake kv zero: %s", g_res.reason);
+  CHECK(mapped_as(k1, kn) == 0, "kv mapped again");
+  int zeros = 1;
+  for (size_t i = 0; i < kn; i += 4096) zeros &= k1[i] == 0 && k2[i] == 0;
+  CHECK(zeros, "discarded kv wakes as zeros");
+  ts = tag_stats("kv");
+  CHECK(!ts.asleep && ts.device >= 2 * kn, "kv awake");
+
+  /* mapped: the program keeps using the memory */
+  pat_fill_sparse(w, wn, 4);
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_MAPPED) == 0, "sleep weights mapped: %s", g_res.reason);
+  CHECK(g_res.host_mapped >= wn, "host mapped %llu", (unsigned long long)g_res.host_mapped);
+  CHECK(mapped_as(w, wn) == 1, "weights served from host memory at the same address");
+  CHECK(pat_check_sparse(w, wn, 4) == (size_t)-1, "weights readable while asleep in mapped mode");
+  CUmemorytype mt = 0;
+  CHECK(cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)w) == CUDA_SUCCESS &&
+            mt == CU_MEMORYTYPE_DEVICE,
+        "pointer query answers device memory (%d)", (int)mt);
+  struct cudaPointerAttributes pa;
+  CHECK(cudaPointerGetAttributes(&pa, w) == cudaSuccess && pa.type == cudaMemoryTypeDevice,
+        "cudaPointerGetAttributes answers device (%d)", (int)pa.type);
+  pat_fill_sparse(w, wn, 5); /* written while asleep */
+  ts = tag_stats("weights");
+  CHECK(ts.host_mapped >= wn && ts.asleep, "weights stats mapped %llu", (unsigned long long)ts.host_mapped);
+  CHECK(emu_device_access(0, (CUdeviceptr)(uintptr_t)w, 4096, 1) == 0, "the device may still write it");
+  CHECK(do_wake(NULL, 0) == 0, "wake every tag: %s", g_res.reason);
+  CHECK(mapped_as(w, wn) == 0, "weights back on the device");
+  CHECK(pat_check_sparse(w, wn, 5) == (size_t)-1, "what was written while asleep is kept");
+  CHECK(cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)w) == CUDA_SUCCESS &&
+            mt == CU_MEMORYTYPE_DEVICE,
+        "device after the wake");
+
+  CHECK(cudaFree(w) == cudaSuccess && cudaFreeAsync(k1, s1) == cudaSuccess && cudaFreeAsync(k2, s2) == cudaSuccess,
+        "frees");
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+  CHECK(vmmshim_sleep("nosuchtag", VMMSHIM_SLEEP_HOST, NULL, 0) == -ENOENT, "unknown tag");
+  CHECK(vmmshim_sleep("weights", (vmmshim_sleep_mode_t)7, NULL, 0) == -EINVAL, "bad mode");
+  CHECK(vmmshim_sleep("weights", VMMSHIM_SLEEP_HOST, &g_res, 3) == -EINVAL, "bad result size");
+}
+
+#define ISO_THREADS 8
+#define ISO_PER 24
+static const char *const iso_tags[4] = {"t0", "t1", "t2", "t3"};
+static void *iso_ptr[ISO_THREADS][ISO_PER];
+static size_t iso_len[ISO_THREADS][ISO_PER];
+
+static void *iso_thread(void *arg) {
+  int id = (int)(intptr_t)arg;
+  unsigned long long seed = (unsigned long long)id * 7 + 1;
+  cudaSetDevice(0);
+  for (int i = 0; i < ISO_PER; i++) {
+    vmmshim_set_tag(iso_tags[(id + i) % 4]);
+    size_t n = rnd_size(&seed, 6 * MiB);
+    if (cudaMalloc(&iso_ptr[id][i], n) != cudaSuccess) iso_ptr[id][i] = NULL;
+    iso_len[id][i] = n;
+  }
+  return NULL;
+}
+
+static void scenario_isolate(void) {
+  pthread_t t[ISO_THREADS];
+  for (int i = 0; i < ISO_THREADS; i++) pthread_create(&t[i], NULL, iso_thread, (void *)(intptr_t)i);
+  for (int i = 0; i < ISO_THREADS; i++) pthread_join(t[i], NULL);
+  for (int victim = 0; victim < 4; victim++) {
+    CHECK(do_sleep(iso_tags[victim], VMMSHIM_SLEEP_DISCARD) == 0, "sleep %s: %s", iso_tags[victim], g_res.reason);
+    int wrong = 0, missing = 0;
+    for (int th = 0; th < ISO_THREADS; th++)
+      for (int i = 0; i < ISO_PER; i++) {
+        if (!iso_ptr[th][i]) {
+          missing++;
+          continue;
+        }
+        int tag = (th + i) % 4, kind = mapped_as(iso_ptr[th][i], iso_len[th][i]);
+        if ((tag == victim) != (kind == -1)) wrong++;
+      }
+    CHECK(!wrong && !missing, "sleeping %s unmapped exactly its blocks (%d wrong, %d missing)", iso_tags[victim], wrong,
+          missing);
+    CHECK(do_wake(iso_tags[victim], 0) == 0, "wake %s", iso_tags[victim]);
+  }
+  for (int th = 0; th < ISO_THREADS; th++)
+    for (int i = 0; i < ISO_PER; i++) cudaFree(iso_ptr[th][i]);
+}
+
+static void scenario_during(void) {
+  char *a = tagged_malloc("kv", 8 * MiB), *b = tagged_malloc("kv", 8 * MiB);
+  if (!a || !b) return;
+  pat_fill_sparse(b, 8 * MiB, 9);
+  CHECK(do_sleep("kv", VMMSHIM_SLEEP_HOST) == 0, "sleep: %s", g_res.reason);
+  emu_counters_t before = emu_now();
+  CHECK(cudaFree(a) == cudaSuccess, "free of a sleeping block");
+  CHECK(cudaFree(a) != cudaSuccess, "freed twice: refused");
+  emu_counters_t after = emu_now();
+  CHECK(after.n_cuMemRelease == before.n_cuMemRelease, "nothing released by the free");
+  char *c = tagged_malloc("kv", 4 * MiB); /* a sleeping tag still allocates */
+  if (c) {
+    CHECK(mapped_as(c, 4 * MiB) == 0, "served from new device memory");
+    memset(c, 7, 4 * MiB);
+  }
+  vmmshim_tag_stats_t ts = tag_stats("kv");
+  CHECK(ts.asleep && ts.device >= 4 * MiB, "part asleep, part awake: device %llu", (unsigned long long)ts.device);
+  CHECK(do_sleep("kv", VMMSHIM_SLEEP_HOST) == 0, "the second sleep takes the new memory: %s", g_res.reason);
+  if (c) CHECK(mapped_as(c, 4 * MiB) == -1, "new block asleep too");
+  CHECK(do_wake("kv", 0) == 0, "wake: %s", g_res.reason);
+  CHECK(pat_check_sparse(b, 8 * MiB, 9) == (size_t)-1, "b intact");
+  if (c) CHECK(c[0] == 7 && c[4 * MiB - 1] == 7, "c intact");
+  char *d = tagged_malloc("kv", 8 * MiB); /* the woken pool serves again */
+  CHECK(d && mapped_as(d, 8 * MiB) == 0, "allocation after the wake");
+  cudaFree(b), cudaFree(c), cudaFree(d);
+  CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
+}
+
+static void scenario_nowake(void) {
+  size_t n = 24 * MiB;
+  char *w = tagged_malloc("weights", n);
+  if (!w) return;
+  pat_fill_sparse(w, n, 11);
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_HOST) == 0, "sleep: %s", g_res.reason);
+  emu_fail_next("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, 1);
+  CHECK(do_wake("weights", 0) == -ENOMEM, "no room: -ENOMEM (%d) %s", g_res.error, g_res.reason);
+  CHECK(strstr(g_res.reason, "no room") != NULL, "the reason says so: %s", g_res.reason);
+  CHECK(mapped_as(w, n) == -1 && tag_stats("weights").asleep, "still asleep");
+  CHECK(do_wake("weights", 0) == 0, "the next wake: %s", g_res.reason);
+  CHECK(pat_check_sparse(w, n, 11) == (size_t)-1, "nothing lost");
+  /* A mapped sleep whose wake fails keeps serving from host memory. */
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_MAPPED) == 0, "sleep mapped: %s", g_res.reason);
+  emu_fail_next("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, 1);
+  CHECK(do_wake("weights", 0) == -ENOMEM, "mapped: no room");
+  CHECK(mapped_as(w, n) == 1 && pat_check_sparse(w, n, 11) == (size_t)-1, "still usable from host memory");
+  CHECK(do_wake("weights", 0) == 0, "then wakes");
+  CHECK(pat_check_sparse(w, n, 11) == (size_t)-1 && mapped_as(w, n) == 0, "intact, on the device");
+  cudaFree(w);
+}
+
+static void scenario_capture(void) {
+  char *w = tagged_malloc("weights", 4 * MiB);
+  cudaStream_t s;
+  CHECK(cudaStreamCreate(&s) == cudaSuccess, "stream");
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin capture");
+  double t0 = now_s();
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_HOST) == -EBUSY, "refused during a capture (%d)", g_res.error);
+  double waited = now_s() - t0;
+  CHECK(waited >= 0.15 && waited < 5, "waited VMMSHIM_SLEEP_WAIT first: %.3f s", waited);
+  CHECK(strstr(g_res.reason, "capture") != NULL, "the reason names the capture: %s", g_res.reason);
+  CHECK(w && mapped_as(w, 4 * MiB) == 0, "nothing moved");
+  cudaGraph_t g = NULL;
+  CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess, "the capture is still valid");
+  if (g) cudaGraphDestroy(g);
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_HOST) == 0, "after the capture: %s", g_res.reason);
+  CHECK(do_wake("weights", 0) == 0, "wake");
+  cudaFree(w);
+  cudaStreamDestroy(s);
+  CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
+}
+
+static volatile double g_launch_done;
+static void *launcher(void *arg) {
+  (void)arg;
+  cudaSetDevice(0);
+  sleep_ms(100); /* the move has begun */
+  CUresult r = cuLaunchKernel((CUfunction)(uintptr_t)0x1234, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+  g_launch_done = now_s();
+  CHECK(r == CUDA_SUCCESS, "launch: %d", (int)r);
+  return NULL;
+}
+
+static void scenario_gate(void) {
+  char *w = tagged_malloc("weights", 8 * MiB);
+  if (!w) return;
+  CHECK(in_shim((void *)cuLaunchKernel), "cuLaunchKernel is the shim's");
+  emu_delay_next("cuMemUnmap", 400000, 1); /* the move takes 0.4 s */
+  pthread_t t;
+  pthread_create(&t, NULL, launcher, NULL);
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_DISCARD) == 0, "sleep: %s", g_res.reason);
+  double sleep_done = now_s();
+  pthread_join(t, NULL);
+  CHECK(g_launch_done >= sleep_done - 0.001, "the launch waited for the move (%.3f s after it)", g_launch_done - sleep_done);
+  double t0 = now_s();
+  CHECK(cuLaunchKernel((CUfunction)(uintptr_t)0x1234, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS &&
+            now_s() - t0 < 0.05,
+        "an open gate does not hold");
+  CHECK(do_wake("weights", 0) == 0, "wake");
+  cudaFree(w);
+}
+
+static void scenario_cycles(void) {
+  size_t n = 40 * MiB;
+  char *w = tagged_malloc("weights", n), *k = tagged_malloc("kv", 20 * MiB);
+  if (!w || !k) return;
+  pat_fill_sparse(w, n, 21);
+  emu_counters_t c0 = {0};
+  int fds0 = 0;
+  size_t host0 = 0;
+  int bad = 0;
+  for (int i = 0; i < 300; i++) {
+    if (do_sleep("weights", VMMSHIM_SLEEP_HOST) || do_sleep("kv", VMMSHIM_SLEEP_DISCARD)) bad++;
+    if (do_wake(NULL, 0)) bad++;
+    if (i == 1) { /* from the second cycle on, nothing may grow */
+      c0 = emu_now();
+      fds0 = open_fds();
+      host0 = emu_host_used();
+    }
+  }
+  emu_counters_t c1 = emu_now();
+  CHECK(!bad, "%d cycles failed", bad);
+  CHECK(pat_check_sparse(w, n, 21) == (size_t)-1, "weights intact after 300 cycles");
+  CHECK(c1.live_handles <= c0.live_handles && c1.live_mappings <= c0.live_mappings &&
+            c1.live_reservations <= c0.live_reservations,
+        "handles %ld -> %ld, mappings %ld -> %ld, reservations %ld -> %ld", c0.live_handles, c1.live_handles,
+        c0.live_mappings, c1.live_mappings, c0.live_reservations, c1.live_reservations);
+  CHECK(emu_host_used() <= host0, "host memory %zu -> %zu", host0, emu_host_used());
+  CHECK(open_fds() <= fds0, "descriptors %d -> %d", fds0, open_fds());
+  CHECK(vmmshim_release_host(0) >= n, "the kept host memory goes back on request");
+  CHECK(emu_host_used() == 0, "none left: %zu", emu_host_used());
+  cudaFree(w), cudaFree(k);
+}
+
+static void scenario_levels(void) {
+  char *w = tagged_malloc("weights", 16 * MiB), *k = tagged_malloc("kv", 16 * MiB), *d = must_malloc(8 * MiB);
+  if (!w || !k || !d) return;
+  pat_fill_sparse(w, 16 * MiB, 31);
+  pat_fill_sparse(d, 8 * MiB, 32);
+  CHECK(vmmshim_set_tag_keep("weights", 1) == 0, "keep weights");
+  CHECK(vmmshim_sleep_level(2, 0, &g_res, sizeof g_res) == 0, "level 2: %s", g_res.reason);
+  CHECK(tag_stats("weights").host_copied >= 16 * MiB && tag_stats("kv").discarded >= 16 * MiB &&
+            tag_stats("default").discarded >= 8 * MiB,
+        "level 2: weights kept on the host, kv and default discarded");
+  CHECK(do_wake(NULL, 0) == 0, "wake all");
+  CHECK(pat_check_sparse(w, 16 * MiB, 31) == (size_t)-1, "weights intact");
+  CHECK(vmmshim_sleep_level(1, 1, &g_res, sizeof g_res) == 0, "level 1 mapped: %s", g_res.reason);
+  CHECK(mapped_as(w, 16 * MiB) == 1 && mapped_as(d, 8 * MiB) == 1, "everything served from host memory");
+  CHECK(pat_check_sparse(d, 8 * MiB, 32) != (size_t)-1 || 1, "default was discarded at level 2 (any bytes)");
+  pat_fill_sparse(d, 8 * MiB, 33);
+  CHECK(do_wake(NULL, 0) == 0, "wake all");
+  CHECK(pat_check_sparse(d, 8 * MiB, 33) == (size_t)-1 && pat_check_sparse(w, 16 * MiB, 31) == (size_t)-1,
+        "level 1 mapped kept every byte");
+  cudaFree(d);
+  void *idle = tagged_malloc("kv", 64 * MiB);
+  cudaFree(idle);
+  CHECK(vmmshim_sleep_level(0, 0, &g_res, sizeof g_res) == 0 && g_res.released >= 64 * MiB,
+        "level 0 gives back idle memory: %llu", (unsigned long long)g_res.released);
+  CHECK(mapped_as(w, 16 * MiB) == 0 && mapped_as(k, 16 * MiB) == 0, "level 0 moves nothing live");
+  CHECK(vmmshim_sleep_level(3, 0, NULL, 0) == -EINVAL, "level 3 refused");
+  cudaFree(w), cudaFree(k);
+}
+
+static void scenario_process(void) {
+  char buf[VMMSHIM_TAG_MAX];
+  CHECK(vmmshim_get_tag(buf, sizeof buf) == 0 && !strcmp(buf, "weights"), "VMMSHIM_TAG=weights: %s", buf);
+  void *a = must_malloc(4 * MiB);
+  CHECK(tag_stats("weights").live >= 4 * MiB, "allocated in weights");
+  CHECK(vmmshim_set_process_tag("kv") == 0, "process tag kv");
+  void *b = must_malloc(4 * MiB);
+  CHECK(tag_stats("kv").live >= 4 * MiB, "then in kv");
+  CHECK(vmmshim_set_tag("mine") == 0 && vmmshim_get_tag(buf, sizeof buf) == 0 && !strcmp(buf, "mine"), "thread tag");
+  void *c = must_malloc(4 * MiB);
+  CHECK(tag_stats("mine").live >= 4 * MiB && tag_stats("kv").live < 8 * MiB, "the thread's own tag wins");
+  vmmshim_set_tag(NULL);
+  CHECK(vmmshim_set_tag("bad name") == -EINVAL && vmmshim_set_tag("") == -EINVAL &&
+            vmmshim_set_tag("0123456789012345678901234567890123") == -EINVAL,
+        "bad names refused");
+  char small[2]; /* "kv" needs 3 bytes */
+  CHECK(vmmshim_get_tag(small, sizeof small) == -EINVAL, "a buffer too small is refused");
+  int made = 0;
+  for (int i = 0; i < 40; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "x%d", i);
+    made += vmmshim_set_tag(name) == 0;
+  }
+  vmmshim_set_tag(NULL);
+  CHECK(made == VMMSHIM_MAX_TAGS - 4, "at most %d tags (%d made)", VMMSHIM_MAX_TAGS, made);
+  cudaFree(a), cudaFree(b), cudaFree(c);
+}
+
+static void scenario_limit(void) {
+  enum { N = 6 };
+  char *w[N];
+  for (int i = 0; i < N; i++) {
+    w[i] = tagged_malloc("weights", 60 * MiB); /* a 64 MiB handle each */
+    if (!w[i]) return;
+    pat_fill_sparse(w[i], 60 * MiB, 41 + (unsigned)i);
+  }
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_HOST) == 0, "sleep: %s", g_res.reason);
+  CHECK(g_res.skipped > 0 && g_res.to_host > 0 && g_res.to_host <= 128 * MiB, "to host %llu, skipped %llu",
+        (unsigned long long)g_res.to_host, (unsigned long long)g_res.skipped);
+  CHECK(strstr(g_res.reason, "VMMSHIM_HOST_LIMIT") != NULL, "reason: %s", g_res.reason);
+  CHECK(emu_host_used() <= 128 * MiB, "host memory under the limit: %zu", emu_host_used());
+  int asleep = 0;
+  for (int i = 0; i < N; i++) asleep += mapped_as(w[i], 60 * MiB) == -1;
+  CHECK(asleep >= 1 && asleep < N, "%d of %d blocks asleep", asleep, N);
+  CHECK(do_wake("weights", 0) == 0, "wake: %s", g_res.reason);
+  for (int i = 0; i < N; i++) {
+    CHECK(pat_check_sparse(w[i], 60 * MiB, 41 + (unsigned)i) == (size_t)-1, "block %d intact", i);
+    cudaFree(w[i]);
+  }
+}
+
+static void scenario_peers(void) {
+  cudaSetDevice(0);
+  char *w = tagged_malloc("weights", 8 * MiB);
+  if (!w) return;
+  cudaSetDevice(1);
+  CHECK(cudaDeviceEnablePeerAccess(0, 0) == cudaSuccess, "device 1 gets peer access to device 0");
+  cudaSetDevice(0);
+  CHECK(emu_device_access(1, (CUdeviceptr)(uintptr_t)w, 4096, 0) == 0, "device 1 reads before");
+  pat_fill_sparse(w, 8 * MiB, 51);
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_HOST) == 0, "sleep: %s", g_res.reason);
+  CHECK(do_wake("weights", 0) == 0, "wake: %s", g_res.reason);
+  CHECK(emu_device_access(1, (CUdeviceptr)(uintptr_t)w, 8 * MiB, 1) == 0, "device 1 reads and writes after the wake");
+  CHECK(pat_check_sparse(w, 8 * MiB, 51) == (size_t)-1, "intact");
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_MAPPED) == 0, "sleep mapped");
+  CHECK(emu_device_access(1, (CUdeviceptr)(uintptr_t)w, 8 * MiB, 0) == 0, "device 1 reads the host-mapped memory");
+  CHECK(do_wake("weights", 0) == 0, "wake");
+  cudaFree(w);
+  CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
+}
+
+static void scenario_nohost(void) {
+  char *w = tagged_malloc("weights", 8 * MiB);
+  if (!w) return;
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_MAPPED) == 0 && g_res.skipped >= 8 * MiB && g_res.released == 0,
+        "mapped: nothing moves (skipped %llu, released %llu)", (unsigned long long)g_res.skipped,
+        (unsigned long long)g_res.released);
+  CHECK(strstr(g_res.reason, "host memory") != NULL, "the reason: %s", g_res.reason);
+  CHECK(mapped_as(w, 8 * MiB) == 0, "still on the device");
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_DISCARD) == 0 && mapped_as(w, 8 * MiB) == -1, "discard works");
+  CHECK(do_wake("weights", 0) == 0, "wake");
+  cudaFree(w);
+}
+
+static void run_scenario(const char *name) {
+  if (!strcmp(name, "peers")) emu_set_device_count(2);
+  if (!strcmp(name, "nohost")) emu_set_host_vmm(0);
+  CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
+  CHECK(shim_active() == 1 && vmmshim_sleep, "the shim is active");
+  if (!vmmshim_sleep) return;
+  if (!strcmp(name, "modes")) scenario_modes();
+  else if (!strcmp(name, "isolate")) scenario_isolate();
+  else if (!strcmp(name, "during")) scenario_during();
+  else if (!strcmp(name, "nowake")) scenario_nowake();
+  else if (!strcmp(name, "capture")) scenario_capture();
+  else if (!strcmp(name, "gate")) scenario_gate();
+  else if (!strcmp(name, "cycles")) scenario_cycles();
+  else if (!strcmp(name, "levels")) scenario_levels();
+  else if (!strcmp(name, "process")) scenario_process();
+  else if (!strcmp(name, "limit")) scenario_limit();
+  else if (!strcmp(name, "peers")) scenario_peers();
+  else if (!strcmp(name, "nohost")) scenario_nohost();
+  else CHECK(0, "unknown scenario %s", name);
+}
+
+int main(int argc, char **argv) {
+  const char *child = check_child_main(argc, argv);
+  if (child) {
+    run_scenario(child);
+    return check_child_summary(child);
+  }
+  CHECK(vmmshim_api_version && vmmshim_api_version() == VMMSHIM_API_VERSION, "the shim is preloaded, API version %d",
+        vmmshim_api_version ? vmmshim_api_version() : -1);
+  if (!vmmshim_api_version) return check_summary();
+  check_run_child("modes", NULL);
+  check_run_child("isolate", NULL);
+  check_run_child("during", NULL);
+  check_run_child("nowake", NULL);
+  check_run_child("capture", "VMMSHIM_SLEEP_WAIT=200", NULL);
+  check_run_child("gate", NULL);
+  check_run_child("cycles", NULL);
+  check_run_child("levels", NULL);
+  check_run_child("process", "VMMSHIM_TAG=weights", NULL);
+  check_run_child("limit", "VMMSHIM_HOST_LIMIT=128M", NULL);
+  check_run_child("peers", NULL);
+  check_run_child("nohost", NULL);
+  return check_summary();
+}
