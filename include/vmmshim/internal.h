@@ -88,6 +88,7 @@ typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIN
   X(VERBOSE, VS_KIND_BOOL, 0)                    /* print version and options at start */   \
   X(TRACE, VS_KIND_STRING, 0)                    /* trace path, %p pid, %r rank */          \
   X(TRACE_FORMAT, VS_KIND_TRACE_FORMAT, VS_TRACE_NATIVE) /* native | rmm */                \
+  X(TRACE_MAX, VS_KIND_SIZE, 0)                  /* trace file cap in bytes, 0 = none */    \
   X(DUMP_SIGNAL, VS_KIND_SIGNAL, SIGUSR2)        /* signal that writes the memory report, 0 off */ \
   X(TRACE_STACKS, VS_KIND_FRAMES, 0)             /* frames per traced allocation, 0 off */  \
   X(TRACE_STACKS_MIN, VS_KIND_SIZE, 0)           /* allocations this large always get one */ \
