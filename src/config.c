@@ -74,21 +74,29 @@ int _vs_parse_bool(const char *text, uint64_t *out) {
   return -1;
 }
 
+static const struct {
+  const char *name;
+  int sig;
+} vs_signal_names[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP},  {"QUIT", SIGQUIT},
+                       {"PWR", SIGPWR},   {"WINCH", SIGWINCH}, {"URG", SIGURG}};
+
+/* "USR2" for SIGUSR2: the name the variable takes; NULL for a signal given by number only. */
+static const char *signal_name(uint64_t sig) {
+  for (size_t i = 0; i < sizeof vs_signal_names / sizeof vs_signal_names[0]; i++)
+    if ((uint64_t)vs_signal_names[i].sig == sig) return vs_signal_names[i].name;
+  return NULL;
+}
+
 int _vs_parse_signal(const char *text, uint64_t *out) {
-  static const struct {
-    const char *name;
-    int sig;
-  } names[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP}, {"QUIT", SIGQUIT},
-               {"PWR", SIGPWR},   {"WINCH", SIGWINCH}, {"URG", SIGURG}};
   if (!text) return -1;
   if (!strcasecmp(text, "off") || !strcmp(text, "0")) {
     *out = 0;
     return 0;
   }
   const char *name = strncasecmp(text, "SIG", 3) ? text : text + 3;
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (!strcasecmp(name, names[i].name)) {
-      *out = (uint64_t)names[i].sig;
+  for (size_t i = 0; i < sizeof vs_signal_names / sizeof vs_signal_names[0]; i++)
+    if (!strcasecmp(name, vs_signal_names[i].name)) {
+      *out = (uint64_t)vs_signal_names[i].sig;
       return 0;
     }
   /* Real-time signals by number, or any number a handler may take (not KILL, STOP, and the
@@ -113,22 +121,34 @@ static int parse_log_level(const char *text, uint64_t *out) {
   return -1;
 }
 
+/* A size as it would be typed: 64M for 67108864, with the largest suffix that is exact. */
+static const char *size_text(uint64_t v, char *buf, size_t n) {
+  static const char *const suffix[] = {"", "K", "M", "G", "T"};
+  unsigned k = 0;
+  while (v && k < 4 && (v & 1023) == 0) {
+    v >>= 10;
+    k++;
+  }
+  snprintf(buf, n, "%llu%s", (unsigned long long)v, suffix[k]);
+  return buf;
+}
+
+/* The default as the messages give it; what 0 means differs by option (the man page says). */
 static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) {
   switch (o->kind) {
   case VS_KIND_BOOL: return o->init ? "1" : "0";
   case VS_KIND_SIZE_OR_UNLIMITED:
     if (o->init == UINT64_MAX) return "unlimited";
     /* fall through */
-  case VS_KIND_SIZE:
-    if (o->init == 0) return "0 (off)";
-    snprintf(buf, n, "%llu", (unsigned long long)o->init);
-    return buf;
+  case VS_KIND_SIZE: return size_text(o->init, buf, n);
   case VS_KIND_FREE_MODE: return "sync";
   case VS_KIND_ARENAS: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
   case VS_KIND_LOG: return "warn";
   case VS_KIND_TRACE_FORMAT: return "native";
   case VS_KIND_STRING: return "unset";
   case VS_KIND_SIGNAL:
+    if (o->init && signal_name(o->init)) return signal_name(o->init);
+    /* fall through */
   case VS_KIND_FRAMES:
     if (o->init == 0) return "0 (off)";
     snprintf(buf, n, "%llu", (unsigned long long)o->init);
@@ -281,7 +301,10 @@ void _vs_config_print(void) {
     }
     case VS_KIND_SIGNAL:
       if (!o->value) shown = "0 (off)";
-      else {
+      else if (signal_name(o->value)) {
+        snprintf(buf, sizeof buf, "%s (%llu)", signal_name(o->value), (unsigned long long)o->value);
+        shown = buf;
+      } else {
         snprintf(buf, sizeof buf, "%llu (%s)", (unsigned long long)o->value, strsignal((int)o->value));
         shown = buf;
       }
