@@ -93,7 +93,7 @@ if $CC -std=c11 -Wall -Wextra -Werror -I"$P/include" -I"$CUDA_HOME/include" -o "
 
   # the trace, and the report command the launcher prints, run as printed
   (cd "$tmp" && LD_LIBRARY_PATH="$B/emu" "$P/bin/vmmshim" -o "$tmp/t.%p.trace" -- "$tmp/prog" >/dev/null 2>"$tmp/trace.err")
-  next=$(sed -n 's/^vmmshim: done (exit status 0); next: //p' "$tmp/trace.err")
+  next=$(sed -n 's/^vmmshim: done (exit status 0); trace: [^;]*; next: //p' "$tmp/trace.err")
   case $next in
     "$P/bin/vmmshim-report $tmp/t."*.trace) ok "the launcher names the installed vmmshim-report" ;;
     *) ko "the launcher names the installed vmmshim-report: $next" ;;
