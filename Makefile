@@ -1,5 +1,6 @@
 # vmmshim: build, test, benchmark.
-#   make            build/libvmmshim.so (and the launcher's man page, build/vmmshim.1)
+#   make            build/libvmmshim.so, the launcher's man page build/vmmshim.1 and the page of
+#                   every variable, build/vmmshim.7
 #   make demo       build and run the bundled CUDA program under the shim (needs a GPU)
 #   make test       CPU tests on the host emulation of the driver, then under sanitizers (CI runs this)
 #   make test-sanitize  only the sanitizer pass
@@ -36,10 +37,11 @@ HDR       := include/vmmshim.h $(wildcard include/vmmshim/*.h)
 OBJ       := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 LIB       := $(BUILD)/libvmmshim.so
 MAN       := $(BUILD)/vmmshim.1
+MAN7      := $(BUILD)/vmmshim.7
 PC        := $(BUILD)/vmmshim.pc
 
 .PHONY: all demo test test-sanitize gpu-test bench bench-spread bench-cpu clean deps install uninstall FORCE
-all: $(LIB) $(MAN)
+all: $(LIB) $(MAN) $(MAN7)
 
 # The dependency check: a prerequisite of every target, order-only for each object, so that
 # with -j nothing compiles before it has finished. It runs on every make and is silent and
@@ -61,6 +63,19 @@ $(BUILD) $(BUILD)/obj $(BUILD)/emu $(BUILD)/tests $(BUILD)/bench:
 # The man page, made from the launcher's --help (one source for both).
 $(MAN): scripts/vmmshim scripts/gen-man.sh | $(BUILD)
 	sh scripts/gen-man.sh scripts/vmmshim > $@.tmp && mv $@.tmp $@
+
+# vmmshim(7), every VMMSHIM_* variable: the values each accepts and its default come from the
+# shim's own option table (src/config.c, printed by man/options.c), the prose from
+# man/variables.txt; scripts/gen-man7.sh puts them together and fails on a variable one has and
+# the other lacks.
+$(BUILD)/vmmshim-options: man/options.c src/config.c $(HDR) | $(BUILD)
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -O1 -Iinclude -I$(CUDA_HOME)/include -o $@ man/options.c src/config.c
+
+$(MAN7): $(BUILD)/vmmshim-options man/variables.txt scripts/gen-man7.sh include/vmmshim.h | $(BUILD)
+	$(BUILD)/vmmshim-options > $@.options
+	sh scripts/gen-man7.sh $@.options man/variables.txt \
+	  "$$(sed -n 's/^#define VMMSHIM_VERSION "\(.*\)"$$/\1/p' include/vmmshim.h)" > $@.tmp && mv $@.tmp $@
+	rm -f $@.options
 
 # The pkg-config file, remade on every make install for the PREFIX given.
 $(PC): include/vmmshim.h FORCE | $(BUILD)
@@ -141,7 +156,7 @@ $(eval $(call SANITIZER_BUILD,tsan))
 SAN_DEPS := $(BUILD)/asan/libvmmshim.so $(BUILD)/tsan/libvmmshim.so \
             $(T_UNIT_NAMES:%=$(BUILD)/asan/tests/%) $(T_UNIT_NAMES:%=$(BUILD)/tsan/tests/%)
 
-TEST_DEPS := deps $(LIB) $(MAN) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC) \
+TEST_DEPS := deps $(LIB) $(MAN) $(MAN7) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC) \
              $(BUILD)/bench/frag_floor
 
 # Every CPU test on the release library, then the sanitizer pass (tests/run.sh says which tests).

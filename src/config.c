@@ -316,3 +316,15 @@ void _vs_config_print(void) {
     _vs_note("option %s = %s%s", o->name, shown, o->set ? "" : " (default)");
   }
 }
+
+int _vs_option_describe(int i, const char **name, const char **accepted, char *buf, size_t n) {
+  if (i < 0 || i >= VS_OPT_COUNT) return -1;
+  vs_option_desc_t o = vs_options[i];
+  uint64_t v;
+  *name = o.name;
+  *accepted = "";
+  parse_one(&o, "", &v, accepted); /* every kind says what it expects before it parses */
+  const char *d = default_text(&o, buf, n);
+  if (d != buf) snprintf(buf, n, "%s", d);
+  return 0;
+}

@@ -134,6 +134,9 @@ int _vs_parse_bool(const char *text, uint64_t *out);
 int _vs_parse_signal(const char *text, uint64_t *out); /* "USR2", "SIGUSR2", "12"; "0"/"off": 0 */
 /* Re-reads the environment (tests only). */
 void _vs_config_reload(void);
+/* Option i (0 .. VS_OPT_COUNT-1) as its messages word it, for the vmmshim(7) page: the variable,
+ * the values it accepts and its default (written to buf). Returns -1 past the last option. */
+int _vs_option_describe(int i, const char **name, const char **accepted, char *buf, size_t n);
 
 /* ---------------------------------------------------------------- "log.c" */
 
