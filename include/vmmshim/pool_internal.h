@@ -68,6 +68,7 @@ typedef struct vs_block_s {
   uint16_t resv;                    /* reservation index: blocks never merge across */
   uint8_t state;
   uint8_t bin;
+  uint8_t stream_ordered;           /* USED: allocated on a stream (cudaMallocAsync) */
   UT_hash_handle hh; /* USED blocks, by addr */
 } vs_block_t;
 
@@ -134,6 +135,9 @@ struct vs_pool_s {
   int n_resv;
   vs_segs_t segs; /* the handles mapped, sorted by va (handles.c) */
   size_t mapped, used, free_bytes, pending_bytes;
+  /* What the driver's pool attributes report (vmmshim/pool.h, vs_pool_usage_t): bytes of the
+   * live blocks allocated on a stream, and the high watermarks of those and of the reserve. */
+  size_t stream_used, stream_used_high, reserved_high;
   size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq;    /* synchronisations started */
   unsigned syncs_running;  /* context synchronisations in flight */
