@@ -388,3 +388,11 @@ size_t _vs_trim_all(void) {
 }
 
 VS_API size_t vmmshim_trim(void) { return _vs_trim_all(); }
+
+void _vs_visit_device_arenas(int dev, void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
+  if (!_vs_active()) return;
+  vs_pool_t *pool;
+  FOR_EACH_ARENA(pool) {
+    if (_vs_pool_device(pool) == dev) fn(pool, arg);
+  }
+}
