@@ -135,9 +135,10 @@ struct vs_pool_s {
   int n_resv;
   vs_segs_t segs; /* the handles mapped, sorted by va (handles.c) */
   size_t mapped, used, free_bytes, pending_bytes;
-  /* What the driver's pool attributes report (vmmshim/pool.h, vs_pool_usage_t): bytes of the
-   * live blocks allocated on a stream, and the high watermarks of those and of the reserve. */
-  size_t stream_used, stream_used_high, reserved_high;
+  /* The live blocks allocated on a stream: the bytes they hold (served), the bytes asked for
+   * (what the driver's pool reports as used, vmmshim/pool.h) and its high watermark; the
+   * reserve's high watermark. */
+  size_t stream_served, stream_requested, stream_requested_high, reserved_high;
   size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq;    /* synchronisations started */
   unsigned syncs_running;  /* context synchronisations in flight */

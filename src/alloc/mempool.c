@@ -10,14 +10,17 @@
  *       synchronous allocations (cudaMalloc, cuMemAlloc) hold: the memory stream-ordered
  *       allocations hold or could be given. Memory serves both kinds, so a cudaFree makes the
  *       reserve grow and a cudaMalloc served from idle memory makes it shrink;
- *   used (USED_MEM_CURRENT)  live stream-ordered allocations, at their served sizes;
+ *   used (USED_MEM_CURRENT)  the bytes live stream-ordered allocations asked for (the driver
+ *       counts them so, unrounded);
  *   high watermarks  the highest value since the last reset (setting the attribute to 0
  *       resets it to the current value, as the driver does). A device with several arenas
  *       (threads that allocate at the same time) reports the sum of theirs: at least the true
  *       peak, equal to it with one arena;
  *   release threshold  the driver keeps it and answers it (0 until set); the shim applies it
- *       to the device's pools, at once and at every free (pool.c), VMMSHIM_RELEASE_THRESHOLD
- *       binding too;
+ *       to each of the device's pools, at once and at every free (pool.c), where the driver
+ *       does at each synchronisation: whole idle handles go back while the reserve is above it.
+ *       VMMSHIM_RELEASE_THRESHOLD binds too (the lower wins). Until a program sets one, the
+ *       shim keeps idle memory as VMMSHIM_RELEASE_THRESHOLD says (by default all of it);
  *   trim (cuMemPoolTrimTo)  pending frees are waited for first (a context synchronisation
  *       for each pool that has any, as vmmshim_trim makes; none while a graph is being
  *       captured), then whole idle handles go back while the reserve stays at or above `keep`.
