@@ -35,7 +35,9 @@
  *   peers    two devices, device 1 granted access by peer access: after a wake, device 1 reads
  *            the woken bytes (access given again).
  *   nohost   a device without host-location VMM: host and mapped modes leave everything on the
- *            device with the reason; discard works. */
+ *            device with the reason; discard works.
+ *   big      a block on one 150 MiB handle (three host buffers of 64 MiB and one of the rest):
+ *            mapped and host cycles keep every byte. */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dirent.h>
@@ -497,6 +499,23 @@ static void scenario_nohost(void) {
   cudaFree(w);
 }
 
+/* A block on one handle larger than a host buffer: its bytes span several buffers. */
+static void scenario_big(void) {
+  size_t n = 150 * MiB;
+  char *b = tagged_malloc("big", n);
+  if (!b) return;
+  pat_fill_sparse(b, n, 61);
+  CHECK(do_sleep("big", VMMSHIM_SLEEP_MAPPED) == 0, "sleep mapped: %s", g_res.reason);
+  CHECK(mapped_as(b, n) == 1 && pat_check_sparse(b, n, 61) == (size_t)-1, "served from host buffers, intact");
+  pat_fill_sparse(b, n, 62);
+  CHECK(do_wake("big", 0) == 0, "wake: %s", g_res.reason);
+  CHECK(mapped_as(b, n) == 0 && pat_check_sparse(b, n, 62) == (size_t)-1, "on the device, with what was written");
+  CHECK(do_sleep("big", VMMSHIM_SLEEP_HOST) == 0 && do_wake("big", 0) == 0, "host cycle");
+  CHECK(pat_check_sparse(b, n, 62) == (size_t)-1, "intact after the host cycle");
+  cudaFree(b);
+  CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
+}
+
 static void run_scenario(const char *name) {
   if (!strcmp(name, "peers")) emu_set_device_count(2);
   if (!strcmp(name, "nohost")) emu_set_host_vmm(0);
@@ -515,6 +534,7 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "limit")) scenario_limit();
   else if (!strcmp(name, "peers")) scenario_peers();
   else if (!strcmp(name, "nohost")) scenario_nohost();
+  else if (!strcmp(name, "big")) scenario_big();
   else CHECK(0, "unknown scenario %s", name);
 }
 
@@ -539,5 +559,6 @@ int main(int argc, char **argv) {
   check_run_child("limit", "VMMSHIM_HOST_LIMIT=128M", NULL);
   check_run_child("peers", NULL);
   check_run_child("nohost", NULL);
+  check_run_child("big", NULL);
   return check_summary();
 }

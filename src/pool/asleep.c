@@ -387,37 +387,36 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
     note(out, CUDA_ERROR_OUT_OF_MEMORY, "no host memory for the shim's records");
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  for (size_t i = 0; i < n; i++) {
+  /* Step 1, every segment: a discarded or host one is mapped at its address and its bytes queued
+   * back; a mapped one (its address holds the host memory the program runs on) gets its device
+   * handle at a staging address and the copy from its address queued. One wait for all copies. */
+  CUdeviceptr *stage = calloc(n, sizeof *stage);
+  bool *staged_own = calloc(n, sizeof *staged_own); /* stage is a reservation of its own */
+  CUresult *st = calloc(n, sizeof *st);
+  if (!stage || !staged_own || !st) {
+    free(stage), free(staged_own), free(st);
+    stage = NULL;
+  }
+  for (size_t i = 0; i < n && stage; i++) {
     vs_asleep_seg_t *s = &a[i];
     CUresult m;
     if (s->mode == VMMSHIM_SLEEP_MAPPED) {
-      /* The new handle at the first buffer's home for the copy (a buffer that is mapped at the
-       * segment is not at home), then at the segment in the host memory's place. */
-      CUdeviceptr tmp = 0;
-      m = _vs_vmm_reserve(&p->caps, s->size, 0, &tmp);
-      if (m == CUDA_SUCCESS) {
-        m = _vs_vmm_map(&p->caps, tmp, s->size, h[i]);
-        if (m == CUDA_SUCCESS) m = _vs_vmm_set_access(&p->caps, tmp, s->size);
-        if (m == CUDA_SUCCESS) {
-          copier_copy(&cp, tmp, s->va, s->size);
-          m = copier_close(&cp);
-          copier_open(&cp);
-        }
-        _vs_vmm_unmap(&p->caps, tmp, s->size);
-        _vs_vmm_address_free(&p->caps, tmp, s->size);
+      /* A buffer mapped at the segment is not at home: a one-buffer segment stages at its home. */
+      if (s->nbufs == 1) {
+        stage[i] = s->bufs[0].home;
+        m = CUDA_SUCCESS;
+      } else {
+        m = _vs_vmm_reserve(&p->caps, s->size, 0, &stage[i]);
+        staged_own[i] = m == CUDA_SUCCESS;
       }
       if (m == CUDA_SUCCESS) {
-        size_t off = 0;
-        for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap(&p->caps, s->va + off, s->bufs[b].size);
-        m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
-        if (m == CUDA_SUCCESS) m = _vs_vmm_set_access_devices(&p->caps, s->va, s->size, rw, ro, 0);
-        if (m != CUDA_SUCCESS) {
-          /* Back to host memory at the segment's address: the program's view does not change. */
-          _vs_vmm_unmap(&p->caps, s->va, s->size);
-          map_bufs_at(p, s);
-        } else {
-          bufs_home(p, s);
+        m = _vs_vmm_map(&p->caps, stage[i], s->size, h[i]);
+        if (m == CUDA_SUCCESS) {
+          m = _vs_vmm_set_access(&p->caps, stage[i], s->size);
+          if (m != CUDA_SUCCESS) _vs_vmm_unmap(&p->caps, stage[i], s->size);
         }
+        if (m == CUDA_SUCCESS) copier_copy(&cp, stage[i], s->va, s->size);
+        else if (staged_own[i]) _vs_vmm_address_free(&p->caps, stage[i], s->size);
       }
     } else {
       m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
@@ -432,6 +431,36 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
         copier_zero(&cp, s->va, s->size);
       }
     }
+    st[i] = m;
+  }
+  CUresult c = copier_close(&cp);
+  note(out, c, "copying back to the device failed");
+  /* Step 2, the mapped segments: the device handle takes the host memory's place at the
+   * segment's address, and the host buffers go home. A failed copy or mapping leaves the host
+   * memory where it is: the program's view does not change, the segment stays asleep. */
+  for (size_t i = 0; i < n && stage; i++) {
+    vs_asleep_seg_t *s = &a[i];
+    if (s->mode != VMMSHIM_SLEEP_MAPPED || st[i] != CUDA_SUCCESS) continue;
+    _vs_vmm_unmap(&p->caps, stage[i], s->size);
+    if (staged_own[i]) _vs_vmm_address_free(&p->caps, stage[i], s->size);
+    CUresult m = c;
+    if (m == CUDA_SUCCESS) {
+      size_t off = 0;
+      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap(&p->caps, s->va + off, s->bufs[b].size);
+      m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
+      if (m == CUDA_SUCCESS) m = _vs_vmm_set_access_devices(&p->caps, s->va, s->size, rw, ro, 0);
+      if (m != CUDA_SUCCESS) {
+        _vs_vmm_unmap(&p->caps, s->va, s->size);
+        map_bufs_at(p, s);
+      } else {
+        bufs_home(p, s);
+      }
+    }
+    st[i] = m;
+  }
+  for (size_t i = 0; i < n; i++) {
+    vs_asleep_seg_t *s = &a[i];
+    CUresult m = stage ? st[i] : CUDA_ERROR_OUT_OF_MEMORY;
     if (m != CUDA_SUCCESS) {
       note(out, m, "mapping device memory at the sleeping address failed; it stays asleep");
       _vs_vmm_release(&p->caps, h[i], s->size);
@@ -440,20 +469,12 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
       continue;
     }
     woke[nw++] = (vs_seg_t){s->va, s->size, h[i]};
+    if (s->mode == VMMSHIM_SLEEP_DISCARD) out->discarded += s->size;
+    else out->to_host += s->size;
+    give_bufs(&p->caps, s);
+    out->restored += s->size;
   }
-  CUresult c = copier_close(&cp);
-  note(out, c, "copying back to the device failed");
-  /* The host buffers of the woken segments go back to the cache. */
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (k < nw && woke[k].va == a[i].va) {
-      if (a[i].mode == VMMSHIM_SLEEP_DISCARD) out->discarded += a[i].size;
-      else out->to_host += a[i].size;
-      give_bufs(&p->caps, &a[i]);
-      out->restored += a[i].size;
-      k++;
-    }
-  }
+  free(stage), free(staged_own), free(st);
   pool_lock(p);
   if (_vs_segs_add(&p->segs, woke, (int)nw) != 0) {
     /* No host memory for the table: the segments stay mapped and counted, unlisted. */
