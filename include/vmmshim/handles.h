@@ -106,9 +106,6 @@ void _vs_host_give(const vs_device_caps_t *caps, const vs_host_buf_t *buf);
 void _vs_host_drop(const vs_device_caps_t *caps, const vs_host_buf_t *buf, bool at_home);
 /* Releases cached buffers until at most keep bytes stay cached; returns the bytes released. */
 size_t _vs_host_trim(const vs_device_caps_t *caps, size_t keep);
-/* Makes the buffers of these sizes that the cache does not hold, from several threads at once,
- * into the cache (as far as VMMSHIM_HOST_LIMIT and the host allow). */
-void _vs_host_prepare(const vs_device_caps_t *caps, const size_t *sizes, int n);
 /* Makes bytes of host memory ahead, in VS_HOST_CHUNK buffers, into the cache. */
 CUresult _vs_host_reserve(const vs_device_caps_t *caps, size_t bytes);
 void _vs_host_counts(size_t *cached, size_t *lent);

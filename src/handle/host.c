@@ -12,7 +12,6 @@
  * (VMMSHIM_HOST_RESERVE); VMMSHIM_HOST_LIMIT caps them all, cached and lent. The cache lock is
  * never held across a driver call. */
 #include <pthread.h>
-#include <signal.h>
 #include <stdlib.h>
 
 #include "vmmshim/handles.h"
@@ -171,70 +170,6 @@ CUresult _vs_host_reserve(const vs_device_caps_t *caps, size_t bytes) {
     _vs_host_give(caps, &b);
   }
   return CUDA_SUCCESS;
-}
-
-/* Making host memory pins its pages, about 3.4 GiB/s from one thread on an H100 host: a sleep
- * that needs new buffers makes them from several threads at once, before its copies start. */
-#define VS_HOST_MAKERS 8
-
-typedef struct vs_host_job_s {
-  const vs_device_caps_t *caps;
-  const size_t *sizes;
-  int n;
-  atomic_int next;
-  atomic_bool full; /* VMMSHIM_HOST_LIMIT reached, or the host has no more */
-} vs_host_job_t;
-
-static void *maker(void *arg) {
-  vs_host_job_t *job = arg;
-  for (int i; !atomic_load(&job->full) && (i = atomic_fetch_add(&job->next, 1)) < job->n;) {
-    size_t size = job->sizes[i];
-    vs_host_buf_t b;
-    if (!make_room(job->caps, size) || create(job->caps, size, &b) != CUDA_SUCCESS) {
-      atomic_store(&job->full, true);
-      break;
-    }
-    host_lock();
-    vs_host_lent += size; /* _vs_host_give moves it to the cache */
-    host_unlock();
-    _vs_host_give(job->caps, &b);
-  }
-  return NULL;
-}
-
-void _vs_host_prepare(const vs_device_caps_t *caps, const size_t *sizes, int n) {
-  if (!caps->host_vmm_supported || n <= 0) return;
-  /* What the cache cannot serve: each size taken against a cached buffer of that size once. */
-  size_t *missing = malloc((size_t)n * sizeof *missing);
-  bool *used = NULL;
-  int nm = 0;
-  host_lock();
-  int ncached = 0;
-  for (vs_host_node_t *c = vs_host_cache; c; c = c->next) ncached++;
-  used = calloc((size_t)ncached + 1, sizeof *used);
-  for (int i = 0; missing && used && i < n; i++) {
-    int k = 0;
-    bool hit = false;
-    for (vs_host_node_t *c = vs_host_cache; c && !hit; c = c->next, k++)
-      if (!used[k] && c->buf.size == sizes[i] && c->buf.dev == (int)caps->device) used[k] = hit = true;
-    if (!hit) missing[nm++] = sizes[i];
-  }
-  host_unlock();
-  free(used);
-  if (nm > 1 && missing) {
-    vs_host_job_t job = {caps, missing, nm, 0, false};
-    pthread_t t[VS_HOST_MAKERS];
-    int nt = 0;
-    sigset_t all, prev;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &prev); /* the program's signals stay with its threads */
-    for (int i = 0; i < VS_HOST_MAKERS && i < nm; i++)
-      if (pthread_create(&t[nt], NULL, maker, &job) == 0) nt++;
-    pthread_sigmask(SIG_SETMASK, &prev, NULL);
-    if (nt == 0) maker(&job);
-    for (int i = 0; i < nt; i++) pthread_join(t[i], NULL);
-  }
-  free(missing);
 }
 
 void _vs_host_counts(size_t *cached, size_t *lent) {

@@ -226,21 +226,7 @@ void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const si
    * segment whose buffers cannot be had stays on the device. */
   vs_copier_t cp;
   bool copying = mode != VMMSHIM_SLEEP_DISCARD;
-  if (copying) {
-    /* Every buffer the copies need, made at once (several threads) when the cache lacks them. */
-    size_t nchunks = 0;
-    for (int i = 0; i < nm; i++) nchunks += (segs[i].size + VS_HOST_CHUNK - 1) / VS_HOST_CHUNK;
-    size_t *sizes = nchunks ? malloc(nchunks * sizeof *sizes) : NULL;
-    if (sizes) {
-      size_t k = 0;
-      for (int i = 0; i < nm; i++)
-        for (size_t off = 0; off < segs[i].size; off += VS_HOST_CHUNK)
-          sizes[k++] = segs[i].size - off < VS_HOST_CHUNK ? segs[i].size - off : VS_HOST_CHUNK;
-      _vs_host_prepare(&p->caps, sizes, (int)nchunks);
-      free(sizes);
-    }
-    copier_open(&cp);
-  }
+  if (copying) copier_open(&cp);
   int live = 0; /* segments to release from here: moved[0 .. live) */
   for (int i = 0; i < nm; i++) {
     vs_asleep_seg_t a = {segs[i].va, segs[i].size, mode, 0, NULL};
