@@ -4,8 +4,8 @@
  * segment table into its asleep list, by mode:
  *   discard  the device handle is unmapped and released; the bytes are lost;
  *   host     the bytes are copied into host buffers (host.c), then the device handle goes;
- *   mapped   as host, then the host buffers are mapped at the segment's own address, so the
- *            program keeps running on that memory, over the link.
+ *   mapped   as host, then the host buffers are mapped at the segment's own address too (they
+ *            stay at home as well), so the program keeps running on that memory, over the link.
  * The blocks do not move: live blocks stay live at their addresses, free ones stay free (the
  * pool is taken off allocation while it sleeps, alloc.c). Idle whole handles are given back
  * first, as a trim does; segments the caller names (exported blocks that importers still map)
@@ -132,23 +132,6 @@ static CUresult map_bufs_at(vs_pool_t *p, const vs_asleep_seg_t *a) {
     off = 0;
     for (int k = 0; k < i; off += a->bufs[k++].size) _vs_vmm_unmap(&p->caps, a->va + off, a->bufs[k].size);
   }
-  return r;
-}
-
-/* Maps a segment's host buffers back at their homes (access for the owner). */
-static CUresult bufs_home(vs_pool_t *p, const vs_asleep_seg_t *a) {
-  CUresult r = CUDA_SUCCESS;
-  for (int i = 0; i < a->nbufs; i++) {
-    CUresult m = _vs_vmm_map(&p->caps, a->bufs[i].home, a->bufs[i].size, a->bufs[i].handle);
-    if (m == CUDA_SUCCESS) m = _vs_vmm_set_access(&p->caps, a->bufs[i].home, a->bufs[i].size);
-    if (r == CUDA_SUCCESS) r = m;
-  }
-  return r;
-}
-
-static CUresult bufs_leave_home(vs_pool_t *p, const vs_asleep_seg_t *a) {
-  CUresult r = CUDA_SUCCESS;
-  for (int i = 0; i < a->nbufs && r == CUDA_SUCCESS; i++) r = _vs_vmm_unmap(&p->caps, a->bufs[i].home, a->bufs[i].size);
   return r;
 }
 
@@ -281,12 +264,12 @@ void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const si
     VS_STAT_SUB(bytes_mapped, segs[i].size);
     out->released += segs[i].size;
     if (a->mode == VMMSHIM_SLEEP_MAPPED) {
-      /* The host buffers take the segment's address: the program keeps running on them. */
-      CUresult m = bufs_leave_home(p, a);
-      if (m == CUDA_SUCCESS) m = map_bufs_at(p, a);
+      /* The host buffers take the segment's address too (they stay mapped at home: mapping
+       * them home again at the wake would cost as much as this): the program keeps running on
+       * them. */
+      CUresult m = map_bufs_at(p, a);
       if (m != CUDA_SUCCESS) {
         note(out, m, "mapping host memory at the segment's address failed; its bytes are kept on the host");
-        bufs_home(p, a);
         a->mode = VMMSHIM_SLEEP_HOST;
       }
     }
@@ -377,7 +360,7 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
    * back; a mapped one (its address holds the host memory the program runs on) gets its device
    * handle at a staging address and the copy from its address queued. One wait for all copies. */
   CUdeviceptr *stage = calloc(n, sizeof *stage);
-  bool *staged_own = calloc(n, sizeof *staged_own); /* stage is a reservation of its own */
+  bool *staged_own = calloc(n, sizeof *staged_own); /* stage was reserved (to be freed) */
   CUresult *st = calloc(n, sizeof *st);
   if (!stage || !staged_own || !st) {
     free(stage), free(staged_own), free(st);
@@ -387,14 +370,8 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
     vs_asleep_seg_t *s = &a[i];
     CUresult m;
     if (s->mode == VMMSHIM_SLEEP_MAPPED) {
-      /* A buffer mapped at the segment is not at home: a one-buffer segment stages at its home. */
-      if (s->nbufs == 1) {
-        stage[i] = s->bufs[0].home;
-        m = CUDA_SUCCESS;
-      } else {
-        m = _vs_vmm_reserve(&p->caps, s->size, 0, &stage[i]);
-        staged_own[i] = m == CUDA_SUCCESS;
-      }
+      m = _vs_vmm_reserve(&p->caps, s->size, 0, &stage[i]);
+      staged_own[i] = m == CUDA_SUCCESS;
       if (m == CUDA_SUCCESS) {
         m = _vs_vmm_map(&p->caps, stage[i], s->size, h[i]);
         if (m == CUDA_SUCCESS) {
@@ -438,8 +415,6 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
       if (m != CUDA_SUCCESS) {
         _vs_vmm_unmap(&p->caps, s->va, s->size);
         map_bufs_at(p, s);
-      } else {
-        bufs_home(p, s);
       }
     }
     st[i] = m;
@@ -526,10 +501,8 @@ void _vs_pool_forget_asleep(vs_pool_t *p) {
     if (s->mode == VMMSHIM_SLEEP_MAPPED) {
       size_t off = 0;
       for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap(&p->caps, s->va + off, s->bufs[b].size);
-      for (int b = 0; b < s->nbufs; b++) _vs_host_drop(&p->caps, &s->bufs[b], false);
-    } else {
-      for (int b = 0; b < s->nbufs; b++) _vs_host_drop(&p->caps, &s->bufs[b], true);
     }
+    for (int b = 0; b < s->nbufs; b++) _vs_host_drop(&p->caps, &s->bufs[b], true);
     free(s->bufs);
   }
   free(p->asleep.v);
