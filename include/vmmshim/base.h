@@ -317,6 +317,10 @@ void _vs_trace_free_at(vs_trace_place_t at, vmmshim_api_t api, CUdeviceptr ptr, 
 void _vs_trace_alloc_fail(vmmshim_api_t api, size_t requested, CUstream stream, int device, CUresult err);
 void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle, unsigned access_flags,
                    int device, CUresult result, uint64_t duration_ns);
+/* A sleep (wake 0) or wake of tag (its index and name; -1 and NULL: every tag), in mode: the
+ * device bytes it gave back or mapped again, the bytes copied to or from host memory. */
+void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t device_bytes, uint64_t host_bytes,
+                     int result, uint64_t duration_ns);
 void _vs_trace_flush(void);
 void _vs_trace_close(void);
 

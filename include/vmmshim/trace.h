@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define VS_TRACE_FORMAT_VERSION 2
+#define VS_TRACE_FORMAT_VERSION 3
 #define VS_TRACE_REC_MAX 192 /* longest line: 'm' with ten 16-digit fields */
 #define VS_TRACE_STACK_MAX 3072 /* 'k': 64 native frames and 64 Python frames */
 #define VS_TRACE_MODULE_MAX 4300 /* 'l': four numbers, a build id and a path of up to 4096 */
@@ -19,7 +19,13 @@
  *   'a' alloc: a ptr, b requested, c served, d stream, e stack id (0: none), sub api
  *   'f' free:  a ptr, c served, d stream, sub api
  *   'o' failed allocation: b requested, d stream, e CUresult, sub api
- *   'm' pool event: a va, b size, c handle, d duration ns, e CUresult, sub op, flags */
+ *   'm' pool event: a va, b size, c handle, d duration ns, e CUresult, sub op, flags
+ *       (VS_TRACE_HOST_MEMORY in flags: a host buffer's mapping, not device memory)
+ *   'g' tag name: a-d the name (up to 31 bytes, zero-padded), e the tag's index
+ *   'w' sleep or wake: sub 0 sleep, 1 wake, a device bytes given back or mapped again, b bytes
+ *       copied to or from host memory, c the tag's index (~0: every tag), d duration ns,
+ *       e the result (0, or a negative errno value), flags the mode */
+#define VS_TRACE_HOST_MEMORY 0x80
 typedef struct vs_trace_rec_s {
   _Alignas(64) atomic_uint_least64_t seq;
   uint64_t t; /* raw clock reading (clock.h); made ns when drained */

@@ -35,6 +35,9 @@ CUresult _vs_vmm_create_host(const vs_device_caps_t *caps, size_t size, CUmemGen
 CUresult _vs_vmm_release(const vs_device_caps_t *caps, CUmemGenericAllocationHandle handle, size_t size);
 /* Maps the whole handle at va (aligned to min granularity, inside a reservation, unmapped). */
 CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle);
+/* The same for a host-location handle (traced as host memory, not device memory). */
+CUresult _vs_vmm_map_host(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle);
+CUresult _vs_vmm_unmap_host(const vs_device_caps_t *caps, CUdeviceptr va, size_t size);
 /* va and size cover whole mappings. */
 CUresult _vs_vmm_unmap(const vs_device_caps_t *caps, CUdeviceptr va, size_t size);
 /* Read-write access for caps->device. */

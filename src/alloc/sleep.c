@@ -157,7 +157,7 @@ static int tag_arg(const char *tag) {
 }
 
 static int finish(int rc, uint64_t t0, vmmshim_sleep_result_t *res, vmmshim_sleep_result_t *out, size_t size,
-                  const char *what, const char *tag) {
+                  const char *what, const char *tag, int wake, int mode) {
   res->ns = _vs_now_ns() - t0;
   res->error = rc;
   if (rc && !res->reason[0]) result_reason(res, "%s", strerror(-rc));
@@ -166,6 +166,11 @@ static int finish(int rc, uint64_t t0, vmmshim_sleep_result_t *res, vmmshim_slee
            what, tag ? tag : "(every tag)", rc, rc ? strerror(-rc) : "ok", (unsigned long long)res->released,
            (unsigned long long)res->restored, (unsigned long long)res->to_host, (unsigned long long)res->discarded,
            (unsigned long long)res->skipped, (double)res->ns / 1e6, res->reason[0] ? ": " : "", res->reason);
+  int id = tag ? _vs_tag_find(tag, false) : -1;
+  if (vs_unlikely(_vs_trace_on) && (!tag || id >= 0)) { /* an unknown tag: nothing happened */
+    _vs_trace_sleep(wake, id, id >= 0 ? tag : NULL, mode, wake ? res->restored : res->released, res->to_host, rc,
+                    res->ns);
+  }
   return rc;
 }
 
@@ -217,14 +222,14 @@ VS_API int vmmshim_sleep(const char *tag, vmmshim_sleep_mode_t mode, vmmshim_sle
   vmmshim_sleep_result_t res;
   uint64_t t0 = _vs_now_ns();
   if (out && size != sizeof *out) return -EINVAL;
-  return finish(_vs_sleep(tag, (int)mode, &res), t0, &res, out, size, "sleep", tag);
+  return finish(_vs_sleep(tag, (int)mode, &res), t0, &res, out, size, "sleep", tag, 0, (int)mode);
 }
 
 VS_API int vmmshim_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *out, size_t size) {
   vmmshim_sleep_result_t res;
   uint64_t t0 = _vs_now_ns();
   if (out && size != sizeof *out) return -EINVAL;
-  return finish(_vs_wake(tag, flags, &res), t0, &res, out, size, "wake", tag);
+  return finish(_vs_wake(tag, flags, &res), t0, &res, out, size, "wake", tag, 1, 0);
 }
 
 VS_API int vmmshim_sleep_level(int level, int mapped, vmmshim_sleep_result_t *out, size_t size) {
@@ -233,7 +238,8 @@ VS_API int vmmshim_sleep_level(int level, int mapped, vmmshim_sleep_result_t *ou
   if (out && size != sizeof *out) return -EINVAL;
   char what[24];
   snprintf(what, sizeof what, "sleep level %d", level);
-  return finish(_vs_sleep_level(level, mapped, &res), t0, &res, out, size, what, NULL);
+  return finish(_vs_sleep_level(level, mapped, &res), t0, &res, out, size, what, NULL, 0,
+                level == 1 ? (mapped ? VMMSHIM_SLEEP_MAPPED : VMMSHIM_SLEEP_HOST) : VMMSHIM_SLEEP_DISCARD);
 }
 
 /* ------------------------------------------------------------------ figures */

@@ -381,6 +381,28 @@ void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle,
   rec_publish(r, pos);
 }
 
+void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t device_bytes, uint64_t host_bytes,
+                     int result, uint64_t duration_ns) {
+  if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return; /* rmm has no such events */
+  uint64_t pos;
+  if (name) { /* the tag's name first, in a record of its own: a 'w' line carries numbers */
+    vs_trace_rec_t *g = rec_take('g', 0, -1, &pos);
+    char buf[32] = {0};
+    strncpy(buf, name, sizeof buf - 1);
+    memcpy(&g->a, buf, 8), memcpy(&g->b, buf + 8, 8), memcpy(&g->c, buf + 16, 8), memcpy(&g->d, buf + 24, 8);
+    g->e = (uint32_t)tag;
+    rec_publish(g, pos);
+  }
+  vs_trace_rec_t *r = rec_take('w', wake ? 1 : 0, -1, &pos);
+  r->a = device_bytes;
+  r->b = host_bytes;
+  r->c = tag < 0 ? ~0ull : (uint64_t)tag;
+  r->d = duration_ns;
+  r->e = (uint32_t)result;
+  r->flags = (uint8_t)mode;
+  rec_publish(r, pos);
+}
+
 void _vs_trace_flush(void) {
   if (vs_trace_fd < 0) return;
   lock_take(trace_tid());

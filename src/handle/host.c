@@ -36,7 +36,7 @@ static void host_unlock(void) {
 
 /* Unmaps a buffer from home, releases it and its reservation. */
 static void destroy(const vs_device_caps_t *caps, const vs_host_buf_t *b) {
-  _vs_vmm_unmap(caps, b->home, b->size);
+  _vs_vmm_unmap_host(caps, b->home, b->size);
   _vs_vmm_release(caps, b->handle, b->size);
   _vs_vmm_address_free(caps, b->home, b->size);
 }
@@ -77,10 +77,10 @@ static CUresult create(const vs_device_caps_t *caps, size_t size, vs_host_buf_t 
   if (r != CUDA_SUCCESS) return r;
   r = _vs_vmm_create_host(caps, size, &out->handle);
   if (r == CUDA_SUCCESS) {
-    r = _vs_vmm_map(caps, out->home, size, out->handle);
+    r = _vs_vmm_map_host(caps, out->home, size, out->handle);
     if (r == CUDA_SUCCESS) {
       r = _vs_vmm_set_access(caps, out->home, size);
-      if (r != CUDA_SUCCESS) _vs_vmm_unmap(caps, out->home, size);
+      if (r != CUDA_SUCCESS) _vs_vmm_unmap_host(caps, out->home, size);
     }
     if (r != CUDA_SUCCESS) _vs_vmm_release(caps, out->handle, size);
   }
@@ -132,7 +132,7 @@ void _vs_host_drop(const vs_device_caps_t *caps, const vs_host_buf_t *buf, bool 
   host_lock();
   vs_host_lent -= buf->size;
   host_unlock();
-  if (at_home) _vs_vmm_unmap(caps, buf->home, buf->size);
+  if (at_home) _vs_vmm_unmap_host(caps, buf->home, buf->size);
   _vs_vmm_release(caps, buf->handle, buf->size);
   _vs_vmm_address_free(caps, buf->home, buf->size);
 }

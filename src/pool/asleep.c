@@ -121,7 +121,7 @@ static CUresult map_bufs_at(vs_pool_t *p, const vs_asleep_seg_t *a) {
   CUresult r = CUDA_SUCCESS;
   int i = 0;
   size_t off = 0;
-  for (; i < a->nbufs && r == CUDA_SUCCESS; off += a->bufs[i++].size) r = _vs_vmm_map(&p->caps, a->va + off, a->bufs[i].size, a->bufs[i].handle);
+  for (; i < a->nbufs && r == CUDA_SUCCESS; off += a->bufs[i++].size) r = _vs_vmm_map_host(&p->caps, a->va + off, a->bufs[i].size, a->bufs[i].handle);
   if (r == CUDA_SUCCESS) {
     uint64_t rw = p->access ? atomic_load(&p->access->rw) : 0, ro = p->access ? atomic_load(&p->access->ro) : 0;
     r = _vs_vmm_set_access_devices(&p->caps, a->va, a->size, rw, ro, 0);
@@ -130,7 +130,7 @@ static CUresult map_bufs_at(vs_pool_t *p, const vs_asleep_seg_t *a) {
   }
   if (r != CUDA_SUCCESS) {
     off = 0;
-    for (int k = 0; k < i; off += a->bufs[k++].size) _vs_vmm_unmap(&p->caps, a->va + off, a->bufs[k].size);
+    for (int k = 0; k < i; off += a->bufs[k++].size) _vs_vmm_unmap_host(&p->caps, a->va + off, a->bufs[k].size);
   }
   return r;
 }
@@ -409,7 +409,7 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
     CUresult m = c;
     if (m == CUDA_SUCCESS) {
       size_t off = 0;
-      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap(&p->caps, s->va + off, s->bufs[b].size);
+      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap_host(&p->caps, s->va + off, s->bufs[b].size);
       m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
       if (m == CUDA_SUCCESS) m = _vs_vmm_set_access_devices(&p->caps, s->va, s->size, rw, ro, 0);
       if (m != CUDA_SUCCESS) {
@@ -500,7 +500,7 @@ void _vs_pool_forget_asleep(vs_pool_t *p) {
     vs_asleep_seg_t *s = &p->asleep.v[i];
     if (s->mode == VMMSHIM_SLEEP_MAPPED) {
       size_t off = 0;
-      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap(&p->caps, s->va + off, s->bufs[b].size);
+      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap_host(&p->caps, s->va + off, s->bufs[b].size);
     }
     for (int b = 0; b < s->nbufs; b++) _vs_host_drop(&p->caps, &s->bufs[b], true);
     free(s->bufs);

@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "vmmshim/trace.h"
 #include "vmmshim/vmm.h"
 
 static bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
@@ -183,6 +184,28 @@ CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, 
   uint64_t t0 = _vs_now_ns();
   r = _vs_cu.cuMemMap(va, size, 0, handle, 0);
   return finish(VS_VMM_MAP, "cuMemMap", r, t0, va, size, (uint64_t)handle, 0, caps->device);
+}
+
+/* Host memory at a device address: traced with VS_TRACE_HOST_MEMORY, so a reader does not count
+ * it as device memory. */
+CUresult _vs_vmm_map_host(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle) {
+  CUresult r = check_range("cuMemMap", caps, va, size, true);
+  if (r != CUDA_SUCCESS) return r;
+  if (!handle) return bad_arg("cuMemMap", "null handle", va, size);
+  VS_DRIVER_CALL_START();
+  uint64_t t0 = _vs_now_ns();
+  r = _vs_cu.cuMemMap(va, size, 0, handle, 0);
+  return finish(VS_VMM_MAP, "cuMemMap (host memory)", r, t0, va, size, (uint64_t)handle, VS_TRACE_HOST_MEMORY,
+                caps->device);
+}
+
+CUresult _vs_vmm_unmap_host(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
+  CUresult r = check_range("cuMemUnmap", caps, va, size, true);
+  if (r != CUDA_SUCCESS) return r;
+  VS_DRIVER_CALL_START();
+  uint64_t t0 = _vs_now_ns();
+  r = _vs_cu.cuMemUnmap(va, size);
+  return finish(VS_VMM_UNMAP, "cuMemUnmap (host memory)", r, t0, va, size, 0, VS_TRACE_HOST_MEMORY, caps->device);
 }
 
 CUresult _vs_vmm_unmap(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
