@@ -182,10 +182,15 @@ bench-cpu: deps $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag $(BUILD)
 
 # ---- install: PREFIX (default /usr/local), DESTDIR for staging ----
 # The launcher finds the library at ../lib/libvmmshim.so next to itself, so the layout under
-# PREFIX is fixed: bin, lib, lib/pkgconfig, include, share/man/man1.
+# PREFIX is fixed: bin, lib, lib/pkgconfig, include, share/man/man1, share/vmmshim.
+# vmmshim-report is a script and its package (scripts/vmmshim_report), which the script finds at
+# ../share/vmmshim/python next to itself.
+PYPKG     := $(wildcard scripts/vmmshim_report/*.py) scripts/vmmshim_report/page.js
+PYDIR     := share/vmmshim/python/vmmshim_report
 INSTALLED := $(PREFIX)/lib/libvmmshim.so $(PREFIX)/lib/pkgconfig/vmmshim.pc \
              $(PREFIX)/bin/vmmshim $(PREFIX)/bin/vmmshim-report $(PREFIX)/bin/vmmshim-replay \
-             $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1
+             $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1 \
+             $(PYPKG:scripts/vmmshim_report/%=$(PREFIX)/$(PYDIR)/%)
 INSTDIR   := $(DESTDIR)$(PREFIX)
 
 install: $(LIB) $(MAN) $(PC)
@@ -193,12 +198,17 @@ install: $(LIB) $(MAN) $(PC)
 	install -m 644 $(LIB) $(INSTDIR)/lib/libvmmshim.so
 	install -m 644 $(PC) $(INSTDIR)/lib/pkgconfig/vmmshim.pc
 	install -m 755 scripts/vmmshim scripts/vmmshim-report scripts/vmmshim-replay $(INSTDIR)/bin/
+	install -d -m 755 $(INSTDIR)/$(PYDIR)
+	install -m 644 $(PYPKG) $(INSTDIR)/$(PYDIR)/
 	install -m 644 include/vmmshim.h $(INSTDIR)/include/vmmshim.h
 	install -m 644 $(MAN) $(INSTDIR)/share/man/man1/vmmshim.1
 
-# Removes the files make install puts there (directories are left).
+# Removes the files make install puts there; directories are left, but for the report package's
+# own (with the bytecode Python may have cached there).
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	rm -rf $(INSTDIR)/$(PYDIR)/__pycache__
+	rmdir $(INSTDIR)/$(PYDIR) $(INSTDIR)/share/vmmshim/python $(INSTDIR)/share/vmmshim 2>/dev/null || :
 
 clean:
 	rm -rf $(BUILD)

@@ -30,18 +30,19 @@ make BUILD="$BUILD" DESTDIR="$D" PREFIX=/usr install >"$tmp/install.log" 2>&1
 rc=$?
 check "make install DESTDIR=... PREFIX=/usr exits 0" test "$rc" = 0
 [ "$rc" = 0 ] || sed -n 1,20p "$tmp/install.log"
-want="bin/vmmshim 755
-bin/vmmshim-replay 755
-bin/vmmshim-report 755
-include/vmmshim.h 644
-lib/libvmmshim.so 644
-lib/pkgconfig/vmmshim.pc 644
-share/man/man1/vmmshim.1 644"
+want=$( (printf '%s\n' "bin/vmmshim 755" "bin/vmmshim-replay 755" "bin/vmmshim-report 755" "include/vmmshim.h 644" \
+            "lib/libvmmshim.so 644" "lib/pkgconfig/vmmshim.pc 644" "share/man/man1/vmmshim.1 644"
+          for f in scripts/vmmshim_report/*.py scripts/vmmshim_report/page.js; do
+            echo "share/vmmshim/python/vmmshim_report/${f##*/} 644"
+          done) | LC_ALL=C sort)
 got=$(cd "$P" 2>/dev/null && find . -type f -o -type l | sed 's|^\./||' | LC_ALL=C sort | while read -r f; do echo "$f $(stat -c %a "$f")"; done)
 check "the installed files and their modes are exactly: $(echo $want)" test "$got" = "$want"
 [ "$got" = "$want" ] || printf 'got:\n%s\n' "$got"
 check "the installed library is the built one" cmp -s "$B/libvmmshim.so" "$P/lib/libvmmshim.so"
 check "the installed launcher is scripts/vmmshim" cmp -s scripts/vmmshim "$P/bin/vmmshim"
+check "the installed report package is scripts/vmmshim_report" \
+  sh -c 'for f in scripts/vmmshim_report/*.py scripts/vmmshim_report/page.js; do
+           cmp -s "$f" "$1/share/vmmshim/python/vmmshim_report/${f##*/}" || exit 1; done' - "$P"
 check "nothing installed outside PREFIX" test "$(ls -A "$D")" = usr
 out=$(make -n BUILD="$BUILD" DESTDIR="$tmp/d2" install 2>&1)
 check "PREFIX defaults to /usr/local" has "$out" "$tmp/d2/usr/local/lib/libvmmshim.so"
@@ -107,6 +108,28 @@ if $CC -std=c11 -Wall -Wextra -Werror -I"$P/include" -I"$CUDA_HOME/include" -o "
 else
   ko "a program builds with the installed vmmshim.h"; cat "$tmp/cc.log"
 fi
+
+# ---- the installed vmmshim-report: its package under share/vmmshim/python, also through a symlink ----
+pkg_of() { # the file the vmmshim_report package is loaded from when vmmshim-report $1 is loaded
+  "${PYTHON:-python3}" -c 'import importlib.machinery as m, importlib.util as u, sys
+l = m.SourceFileLoader("entry", sys.argv[1]); l.exec_module(u.module_from_spec(u.spec_from_loader("entry", l)))
+print(sys.modules["vmmshim_report"].__file__)' "$1" 2>&1
+}
+out=$(cd "$tmp" && pkg_of "$P/bin/vmmshim-report")
+check "the installed vmmshim-report loads the installed package [$out]" \
+  test "$out" = "$P/share/vmmshim/python/vmmshim_report/__init__.py"
+ln -s "$P/bin/vmmshim-report" "$tmp/links/report"
+out=$(cd "$tmp" && pkg_of "$tmp/links/report")
+check "through a symlink too [$out]" test "$out" = "$P/share/vmmshim/python/vmmshim_report/__init__.py"
+out=$(cd "$ROOT" && "$tmp/links/report" tests/data/small.trace 2>/dev/null)
+check "the installed vmmshim-report through a symlink gives tests/data/small.expected" \
+  test "$out" = "$(cat tests/data/small.expected)"
+mkdir "$tmp/alone"
+cp "$P/bin/vmmshim-report" "$tmp/alone/"
+err=$("$tmp/alone/vmmshim-report" "$ROOT/tests/data/small.trace" 2>&1 >/dev/null)
+rc=$?
+check "a vmmshim-report without its package: one error line, exit 2 [$err]" \
+  sh -c '[ "$1" = 2 ] && [ "$(printf "%s\n" "$2" | wc -l)" = 1 ] && case $2 in "vmmshim-report: error: "*) ;; *) exit 1 ;; esac' - "$rc" "$err"
 
 # ---- the installed vmmshim-replay: finds vmmshim-report and the library next to itself ----
 out=$(cd "$tmp" && env -u BUILD "$P/bin/vmmshim-replay" --convert-only "$ROOT/tests/data/small.trace" 2>/dev/null)
