@@ -15,16 +15,19 @@ run per module. Python 3 standard library only.
 
 The parts: reading (the trace readers), summary (the one-pass analysis and the text
 summary), symbols and sites (symbolisation, call sites, --by-site), html_page (with
-page.js), memory_viz, perfetto, progress (the terminal's progress line), cli (the command
-line). scripts/vmmshim-report runs cli.main; vmmshim-replay uses the reader."""
+page.js), memory_viz, perfetto, progress (the terminal's progress line), tool (what the
+command lines of both tools share), cli (vmmshim-report's command line). scripts/vmmshim-report
+runs cli.main; vmmshim-replay uses the reader."""
 
-from .common import PROG, TraceError, fmt_bytes, fmt_pow2, warn
+from .common import PROG, TraceError, fmt_bytes, fmt_pow2, set_prog, warn
 from .progress import Progress
 from .reading import FORMAT_VERSION, RMM_HEADER, Module, Trace
 from .sites import NO_STACK, NO_STACKS, Site, SiteRule, Stacks, stackless_name
 from .summary import API_NAMES, VMM_OPS, Analysis, Series, size_class
 from .symbols import Frame, Symboliser
+from .tool import VERSION, Output, OutputError, ToolParser, milliseconds, positive_number, whole_number
 
-__all__ = ["PROG", "TraceError", "fmt_bytes", "fmt_pow2", "warn", "Progress", "FORMAT_VERSION", "RMM_HEADER",
-           "Module", "Trace", "NO_STACK", "NO_STACKS", "Site", "SiteRule", "Stacks", "stackless_name", "API_NAMES",
-           "VMM_OPS", "Analysis", "Series", "size_class", "Frame", "Symboliser"]
+__all__ = ["PROG", "TraceError", "fmt_bytes", "fmt_pow2", "set_prog", "warn", "Progress", "FORMAT_VERSION",
+           "RMM_HEADER", "Module", "Trace", "NO_STACK", "NO_STACKS", "Site", "SiteRule", "Stacks", "stackless_name", "API_NAMES",
+           "VMM_OPS", "Analysis", "Series", "size_class", "Frame", "Symboliser", "VERSION", "Output", "OutputError",
+           "ToolParser", "milliseconds", "positive_number", "whole_number"]

@@ -3,7 +3,12 @@ trace it cannot read, warnings (which erase the progress line first) and byte fo
 
 import sys
 
-PROG = "vmmshim-report"
+PROG = "vmmshim-report"  # in warnings; vmmshim-replay, which uses the reader, sets its own name
+
+
+def set_prog(name):
+    global PROG
+    PROG = name
 
 
 class TraceError(Exception):
