@@ -29,16 +29,37 @@ def warn(msg):
         _busy[0] = False
 
 
+BINARY_UNITS = (("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
 def fmt_bytes(n):
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, div in BINARY_UNITS:
         if n >= div:
             return "%.2f %s" % (n / div, unit)
     return "%d B" % n
 
 
+def fmt_size(n):
+    """Bytes for a reader: three significant digits in the largest binary unit that keeps the
+    number at 1 or more, no trailing zeros ("19.8 TiB", "512 MiB", "1.5 KiB", "100 B")."""
+    for unit, div in BINARY_UNITS:
+        if n >= div:
+            v = n / div
+            s = "%.0f" % v if v >= 99.95 else "%.1f" % v if v >= 9.995 else "%.2f" % v
+            if "." in s:
+                s = s.rstrip("0").rstrip(".")
+            return "%s %s" % (s, unit)
+    return "%d B" % n
+
+
+def plural(n, word):
+    """'1 site', '2 sites'."""
+    return "%d %s%s" % (n, word, "" if n == 1 else "s")
+
+
 def fmt_pow2(k):
     n = 1 << k
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, div in BINARY_UNITS:
         if n >= div:
             return "%d %s" % (n // div, unit)
     return "%d B" % n

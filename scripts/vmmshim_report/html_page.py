@@ -5,8 +5,8 @@ import html
 import json
 import os
 
-from .common import fmt_bytes, fmt_pow2
-from .sites import SiteRule, no_stack_line, site_tables, stackless_name, stacks_note, text_sites
+from .common import fmt_bytes, fmt_pow2, fmt_size, plural
+from .sites import EMPTY_STACK, SiteRule, no_stack_line, site_tables, stackless_name, stacks_note, text_sites
 from .summary import LIFETIME_LABELS, VMM_OPS
 
 # The page's script: draws the zoomable timeline with the pool events and the icicle graph from
@@ -34,7 +34,7 @@ def flame(an, limit=30000):
         if full is None:
             path = [(stackless_name(sid), 4)]
         elif not full:
-            path = [("(empty stack)", 4)]
+            path = [(EMPTY_STACK, 4)]
         else:
             path = [(f.text, 1 if f.py else 3 if f.lib else 2) for f in reversed(full)]
             for f in full:
@@ -88,8 +88,10 @@ def page(an, rule=None, top=25):
              "section{margin:0 0 24px 0}h2{font-size:16px;margin:4px 0}"
              ".ctl{font-size:12px;color:#444;margin:2px 0 4px 0}.ctl button{font-size:12px;margin-right:8px}"
              "table{border-collapse:collapse;font-size:12px;margin:4px 0 12px 0}"
-             "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
-             "td.site,th.site{text-align:left;font-family:monospace}th.key{background:#eef}"
+             "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}"
+             "td.site,th.site{text-align:left;font-family:monospace;white-space:normal;overflow-wrap:anywhere}"
+             "th.key{background:#eef}"
+             "svg.chart{display:block;width:100%%;height:auto}"
              "svg text{pointer-events:none}#chart-flame g{cursor:pointer}</style></head><body>\n"
              % esc(an.trace.path),
              "<h1>vmmshim report</h1>\n"]
@@ -97,7 +99,7 @@ def page(an, rule=None, top=25):
         "<section id=\"chart-timeline-section\"><h2>Live%s bytes over time</h2>\n"
         "<div class=\"ctl\"><button id=\"timeline-reset\" type=\"button\">Reset zoom</button>"
         "<span id=\"timeline-range\"></span> &mdash; drag across the chart to zoom in%s</div>\n"
-        "<svg id=\"chart-timeline\" xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"270\">"
+        "<svg id=\"chart-timeline\" xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" viewBox=\"0 0 1000 270\">"
         "</svg>\n</section>\n" % (" and mapped" if native else "",
                                 "; pool (VMM) events are marked below the chart, hover for details"
                                 if native else ""))
@@ -107,7 +109,8 @@ def page(an, rule=None, top=25):
             "by call stack</h2>\n<div class=\"ctl\"><button id=\"flame-reset\" type=\"button\">Reset zoom</button>"
             "outermost frame at the top; width = live bytes; click a frame to zoom in. Python frames green, "
             "native orange, CUDA/C library frames blue</div>\n"
-            "<svg id=\"chart-flame\" xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"20\"></svg>\n"
+            "<svg id=\"chart-flame\" xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" viewBox=\"0 0 1000 20\">"
+            "</svg>\n"
             "</section>\n" % (fmt_bytes(an.peak_live), an.peak_live_t / 1e9))
         parts.append(html_sites(an, rule, top))
     else:
@@ -130,6 +133,11 @@ def page(an, rule=None, top=25):
     parts.append("<script>%s</script>\n" % PAGE_JS)
     parts.append("</body></html>\n")
     return "".join(parts)
+
+
+def size_cell(n):
+    """A table cell of bytes: in binary units, the exact count in its title."""
+    return "<td title=\"%d B\">%s</td>" % (n, fmt_size(n))
 
 
 def html_sites(an, rule, top):
@@ -156,43 +164,62 @@ def html_sites(an, rule, top):
         for i, s in enumerate(rows[:top]):
             frames = stacks.full(s.best) if s.best and stacks.frames(s.best) is not None else []
             tip = "\n".join(f.text for f in frames) or s.name
-            vals = {"peak": "%d" % s.at_peak, "share": "%.1f %%" % (100.0 * s.at_peak / peak),
-                    "count": "%d" % s.count, "bytes": "%d" % s.requested, "leaks": "%d" % s.leaks,
-                    "leak_bytes": "%d" % s.leak_bytes}
+            vals = {"peak": size_cell(s.at_peak), "share": "<td>%.1f %%</td>" % (100.0 * s.at_peak / peak),
+                    "count": "<td>%d</td>" % s.count, "bytes": size_cell(s.requested),
+                    "leaks": "<td>%d</td>" % s.leaks, "leak_bytes": size_cell(s.leak_bytes)}
             out.append("<tr><td>%d</td>%s<td class=\"site\" title=\"%s\">%s</td></tr>\n" % (
-                i + 1, "".join("<td>%s</td>" % vals[c] for c, _ in cols), esc(tip), esc(s.name)))
+                i + 1, "".join(vals[c] for c, _ in cols), esc(tip), esc(s.name)))
         out.append("</table>\n")
         if len(rows) > top:
-            out.append("<p class=\"ctl\">... %d more sites</p>\n" % (len(rows) - top))
+            out.append("<p class=\"ctl\">... %s</p>\n" % plural(len(rows) - top, "more site"))
     out.append("</section>\n")
     return "".join(out)
 
 
+# The bar charts' drawing, in the units of their viewBox: the page scales them to its width.
 W, H, PADL, PADB, PADT, PADR = 1000, 320, 80, 60, 20, 20
 
 
-def svg_axes(ymax, yfmt, xlabels):
+def count_ticks(vmax):
+    """Whole tick values from 0 to the first at or above vmax, a round step apart (1, 2 or 5 times
+    a power of ten), at most 5 steps: an axis of counts, with no value twice. page.js picks the
+    byte axis's ticks the same way."""
+    raw = vmax / 5.0
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale >= raw:
+                step = m * scale
+                break
+        else:
+            scale *= 10
+            continue
+        break
+    n = max(1, -(-vmax // step))
+    return [i * step for i in range(n + 1)]
+
+
+def svg_axes(ticks):
     g = []
     x0, y0, x1, y1 = PADL, H - PADB, W - PADR, PADT
     g.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>' % (x0, y0, x1, y0))
     g.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>' % (x0, y0, x0, y1))
-    for i in range(5):
-        v = ymax * i / 4
-        y = y0 - (y0 - y1) * i / 4
+    for v in ticks:
+        y = y0 - (y0 - y1) * v / ticks[-1]
         g.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>' % (x0, y, x1, y))
-        g.append('<text x="%d" y="%.1f" font-size="11" text-anchor="end">%s</text>' % (x0 - 4, y + 4, yfmt(v)))
-    for x, label in xlabels:
-        g.append('<text x="%.1f" y="%d" font-size="11" text-anchor="middle">%s</text>' % (x, y0 + 16, html.escape(label)))
+        g.append('<text x="%d" y="%.1f" font-size="11" text-anchor="end">%d</text>' % (x0 - 4, y + 4, v))
     return g
 
 
 def svg_bars(bars, color):
+    """A bar chart of counts: bars [(label, count)]. Its width is the page's (CSS: svg.chart)."""
     x0, y0, x1, y1 = PADL, H - PADB, W - PADR, PADT
     n = max(len(bars), 1)
-    ymax = max([b[1] for b in bars] + [1])
+    ticks = count_ticks(max([b[1] for b in bars] + [1]))
+    ymax = ticks[-1]
     bw = (x1 - x0) / n
     xl = [(x0 + bw * (i + 0.5), label) for i, (label, _) in enumerate(bars)]
-    g = svg_axes(ymax, lambda v: "%d" % v, [])
+    g = svg_axes(ticks)
     for i, (label, v) in enumerate(bars):
         h = (y0 - y1) * v / ymax
         g.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>' % (
@@ -202,5 +229,4 @@ def svg_bars(bars, color):
             continue
         g.append('<text x="%.1f" y="%d" font-size="10" text-anchor="end" transform="rotate(-35 %.1f %d)">%s</text>'
                  % (x, y0 + 14, x, y0 + 14, html.escape(label)))
-    return '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d">%s</svg>' % (
-        W, H, W, H, "".join(g))
+    return '<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 %d %d">%s</svg>' % (W, H, "".join(g))

@@ -9,10 +9,28 @@
     if (parent) parent.appendChild(e);
     return e;
   }
+  var UNITS = [["PiB", 1125899906842624], ["TiB", 1099511627776], ["GiB", 1073741824], ["MiB", 1048576],
+               ["KiB", 1024]];
   function fmtBytes(n) {
-    var u = [["GiB", 1073741824], ["MiB", 1048576], ["KiB", 1024]];
-    for (var i = 0; i < u.length; i++) if (n >= u[i][1]) return (n / u[i][1]).toFixed(2) + " " + u[i][0];
+    for (var i = 0; i < UNITS.length; i++) if (n >= UNITS[i][1]) return (n / UNITS[i][1]).toFixed(2) + " " + UNITS[i][0];
     return Math.round(n) + " B";
+  }
+  // The byte axis: ticks from 0 to the first at or above vmax, a round step apart (1, 2, 2.5 or 5
+  // times a power of ten of the largest binary unit vmax reaches), at most 5 steps; labels in
+  // that unit with no trailing zeros ("0 B", "2.5 GiB", "5 GiB").
+  function byteTicks(vmax) {
+    var unit = ["B", 1];
+    for (var i = 0; i < UNITS.length; i++) if (vmax >= UNITS[i][1]) { unit = UNITS[i]; break; }
+    var raw = vmax / unit[1] / 5, p = Math.pow(10, Math.floor(Math.log10(raw))), step = 10 * p;
+    var ms = unit[1] === 1 ? [1, 2, 5] : [1, 2, 2.5, 5];  // no fractions of a byte
+    for (i = 0; i < ms.length; i++) if (ms[i] * p >= raw - 1e-12 * raw) { step = ms[i] * p; break; }
+    if (unit[1] === 1) step = Math.max(1, Math.round(step));
+    var n = Math.max(1, Math.ceil(vmax / unit[1] / step - 1e-9)), out = [];
+    for (i = 0; i <= n; i++) {
+      var v = i * step;
+      out.push([v * unit[1], i ? parseFloat(v.toFixed(6)) + " " + unit[0] : "0 B"]);
+    }
+    return out;
   }
   function decimals(span) {
     var step = span / 4 / 1e9;
@@ -40,8 +58,7 @@
     if (!(t1 > t0)) t1 = t0 + 1;
     view = [t0, t1];
     while (svg.firstChild) svg.removeChild(svg.firstChild);
-    svg.setAttribute("height", H);
-    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+    svg.setAttribute("viewBox", "0 0 " + W + " " + H);  // the page gives the width, the height follows
     svg.setAttribute("data-t0", Math.round(t0));
     svg.setAttribute("data-t1", Math.round(t1));
     var pts = D.series;
@@ -53,19 +70,21 @@
     }
     var ymax = Math.max(1, prev[1], D.native ? prev[2] : 0);
     for (i = 0; i < vis.length; i++) ymax = Math.max(ymax, vis[i][1], D.native ? vis[i][2] : 0);
+    var ticks = byteTicks(ymax);
+    ymax = ticks[ticks.length - 1][0];
     var sy = function (v) { return YB - (YB - YT) * v / ymax; };
     el("line", {x1: X0, y1: YB, x2: X1, y2: YB, stroke: "#333"}, svg);
     el("line", {x1: X0, y1: YB, x2: X0, y2: YT, stroke: "#333"}, svg);
-    for (i = 0; i < 5; i++) {
-      var y = YB - (YB - YT) * i / 4;
+    for (i = 0; i < ticks.length; i++) {
+      var y = sy(ticks[i][0]);
       el("line", {x1: X0, y1: y, x2: X1, y2: y, stroke: "#ddd"}, svg);
-      el("text", {x: X0 - 4, y: y + 4, "font-size": 11, "text-anchor": "end"}, svg, fmtBytes(ymax * i / 4));
+      el("text", {x: X0 - 4, y: y + 4, "font-size": 11, "text-anchor": "end"}, svg, ticks[i][1]);
     }
     var d = decimals(t1 - t0);
     for (i = 0; i < 5; i++) {
       var t = t0 + (t1 - t0) * i / 4;
-      el("text", {x: sx(t), y: YB + 16, "font-size": 11, "text-anchor": "middle", "class": "xlabel"}, svg,
-         fmtT(t, d));
+      el("text", {x: sx(t), y: YB + 16, "font-size": 11, "text-anchor": i < 4 ? "middle" : "end", "class": "xlabel"},
+         svg, fmtT(t, d));  // the last one ends at the plot's edge: centred there it would be cut
     }
     var series = D.native ? [[2, "#59a14f"], [1, "#4e79a7"]] : [[1, "#4e79a7"]];
     for (var s = 0; s < series.length; s++) {
@@ -179,7 +198,6 @@
       g.addEventListener("click", (function (k) { return function () { drawFlame(k); }; })(i));
     }
     var h = (maxd + 1) * RH + 2;
-    svg.setAttribute("height", h);
     svg.setAttribute("viewBox", "0 0 " + W + " " + h);
     svg.setAttribute("data-zoom", zi);
   }

@@ -4,7 +4,7 @@ and the per-site sums and tables (the --by-site section)."""
 import collections
 import re
 
-from .common import fmt_bytes
+from .common import fmt_bytes, plural
 from .symbols import PY_LIB_FILE_RE, Frame, Symboliser, native_frame
 
 NO_STACKS = "no stacks in this trace (run with VMMSHIM_TRACE_STACKS=N)"
@@ -100,6 +100,7 @@ class Stacks:
 
 
 NO_STACK = "(no stack)"  # the site of allocations whose stack was not captured (stack id 0)
+EMPTY_STACK = "(empty stack)"  # the site of a stack captured with no frame
 
 
 def stackless_name(sid):
@@ -136,7 +137,7 @@ class SiteRule:
             chosen = [f for f in nat if not self.skipped(f)][:self.depth]
         if not chosen:
             if not nat and not pyf:
-                return "(empty stack)"
+                return EMPTY_STACK
             chosen = (nat or pyf)[:1]  # every frame skipped: the innermost one
         return " <- ".join(f.text for f in chosen)
 
@@ -232,8 +233,8 @@ def text_sites(an, rule, top=5):
         how += "; %d frames" % rule.depth
     w("call sites (%s)" % how)
     with_stack = sum(v[0] for k, v in an.per_stack.items() if k)
-    w("  %d distinct stacks in %d of %d allocations, %d sites" % (
-        len(tr.stacks), with_stack, an.n_alloc, len(tab["all"])))
+    w("  %s in %d of %d allocations, %s" % (
+        plural(len(tr.stacks), "distinct stack"), with_stack, an.n_alloc, plural(len(tab["all"]), "site")))
     if tr.stack_cfg:
         depth, minsize, sample = tr.stack_cfg
         w("  stacks captured: up to %d frames; every allocation of %d B or more, %s smaller ones" % (
@@ -252,7 +253,7 @@ def text_sites(an, rule, top=5):
         for s in rows[:top]:
             w(cols(s) + "  " + s.name)
         if len(rows) > top:
-            w("  ... %d more sites (--top N)" % (len(rows) - top))
+            w("  ... %s (--top N)" % plural(len(rows) - top, "more site"))
 
     peak = an.peak_live or 1
     table("by live bytes at the peak (%s at %.6f s):" % (fmt_bytes(an.peak_live), an.peak_live_t / 1e9),

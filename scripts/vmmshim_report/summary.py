@@ -4,7 +4,7 @@ stack sums, the time series) and the text summary."""
 import collections
 import heapq
 
-from .common import fmt_bytes, fmt_pow2
+from .common import fmt_bytes, fmt_pow2, plural
 from .sites import NO_STACKS, Stacks
 
 API_NAMES = ["runtime", "runtime-async", "driver", "driver-async"]
@@ -345,7 +345,7 @@ class Analysis:
         if tr.format == "native" and (tr.version or 0) >= 2 and hint:
             w("")
             if self.has_stacks():
-                w("call sites: %d distinct stacks (--by-site lists the top sites)" % len(tr.stacks))
+                w("call sites: %s (--by-site lists the top sites)" % plural(len(tr.stacks), "distinct stack"))
             else:
                 w("call sites: " + NO_STACKS)
         if tr.unknown:
