@@ -25,7 +25,11 @@ def memory_viz(an):
     ranges = sorted((va, size, dev) for va, (size, dev) in an.mapped.items())
     merged = []  # contiguous mappings of one device form one segment
     for va, size, dev in ranges:
-        if merged and merged[-1][2] == dev and merged[-1][0] + merged[-1][1] == va:
+        if merged and va < merged[-1][0] + merged[-1][1]:
+            # overlapping mappings (a malformed trace): one segment, so that segments stay disjoint
+            # and no block is tiled twice
+            merged[-1][1] = max(merged[-1][1], va + size - merged[-1][0])
+        elif merged and merged[-1][2] == dev and merged[-1][0] + merged[-1][1] == va:
             merged[-1][1] += size
         else:
             merged.append([va, size, dev])

@@ -116,7 +116,7 @@
       var shown = 0;
       for (i = 0; i < D.vmm.length; i++) {
         var m = D.vmm[i];
-        if (m[0] < t0 || m[0] > t1) continue;
+        if (m[0] < t0 || m[0] > t1 || laneOf[m[1]] === undefined) continue;  // (an op of a newer writer: no lane)
         var name = D.ops[m[1]] || ("op " + m[1]);
         var r = el("rect", {x: (sx(m[0]) - 1).toFixed(1), y: LANE0 + laneOf[m[1]] * LANEH, width: 3, height: 9,
                             fill: OPCOL[m[1] % OPCOL.length], "class": "vmm"}, svg);

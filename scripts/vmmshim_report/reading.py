@@ -5,6 +5,7 @@ import bisect
 import collections
 import io
 import os
+import re
 import stat
 
 from .common import TraceError, warn
@@ -13,6 +14,40 @@ from .progress import _CountingReader
 FORMAT_VERSION = 2  # the newest native format version this reader understands
 RMM_HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 READ_BUFFER = 1 << 20  # bytes per read of the trace
+MAX_DEVICE = 4095  # the largest device ordinal a line may name: a bigger one is out of range
+U64 = (1 << 64) - 1
+# Module tables (one more each time an `l` record overlaps a module of the newest) hold at most
+# this many entries together; a trace past it is malformed (thousands of dlopen/dlclose cycles of
+# a thousand modules stay below).
+MAX_MODULE_ENTRIES = 1 << 22
+
+# The records of the native format, whole lines as the shim writes them: fields one space apart,
+# every number hexadecimal, at most 16 digits (no sign, nothing past 64 bits); a device or a
+# stream may be "-" (none). A line is matched first, then split: a match that captures nothing
+# costs little.
+_H = r"[0-9a-fA-F]{1,16}"
+_D = r"(?:-|[0-9a-fA-F]{1,16})"
+
+
+def _record(kind, *fields):
+    return re.compile(r"%s %s\n\Z" % (kind, " ".join(fields)))
+
+
+A_REC_V1 = _record("a", _H, _H, _H, _D, _D, _H, _H, _H)
+A_REC_V2 = _record("a", _H, _H, _H, _D, _D, _H, _H, _H, _H)
+F_REC = _record("f", _H, _H, _H, _D, _D, _H, _H)
+M_REC = _record("m", _H, _H, _H, _D, _H, _H, _H, _H, _H, _H)
+O_REC = _record("o", _H, _H, _H, _D, _D, _H, _H)
+T_REC = _record("t", _H, _H, _H)
+P_REC = _record("p", _H, _H, _H)
+S_REC = _record("s", _H, _H)
+E_REC = _record("e", _H)
+K_REC = re.compile(r"k(?: %s){3,}\n\Z" % _H)
+N_REC = re.compile(r"n (%s)(?: (.*))?\n\Z" % _H, re.S)  # the text: everything after one space
+L_REC = re.compile(r"l (%s) (%s) (%s) (%s) (-|[0-9a-fA-F]{1,128}) (.*)\n\Z" % (_H, _H, _H, _H), re.S)
+# An RMM log line: thread, HH:MM:SS.ffffff, action, pointer, size, stream.
+RMM_LINE = re.compile(r"(\d{1,20}),(\d{1,2}):(\d\d):(\d\d(?:\.\d{1,9})?),([^,\n]*),((?:0[xX])?[0-9a-fA-F]{1,16}),"
+                      r"(\d{1,20}),(0[xX][0-9a-fA-F]{1,16}|[1-9]\d{0,19}|0)\n\Z")
 
 
 class Module(collections.namedtuple("Module", "id lo hi bias buildid path")):
@@ -29,7 +64,10 @@ class Trace:
     id of a `k` record (0: none; always 0 in version-1 and rmm traces).
     Version-2 definitions are collected as read: modules (`l`), strings (`n`),
     stacks (`k`: id -> (module table generation, native IPs, Python frames)) and
-    stack_cfg (`t`: (depth, min_size, sample) or None)."""
+    stack_cfg (`t`: (depth, min_size, sample) or None). A line that does not have its record's
+    shape, or holds a value out of range (a number past 64 bits or negative, a device past
+    MAX_DEVICE, a time of day past 23:59:60), is skipped and counted in `malformed` (the first
+    three with a warning): nothing of it reaches the analysis."""
 
     def __init__(self, path):
         self.path = path
@@ -51,6 +89,7 @@ class Trace:
         self.strings = {}  # id -> text
         self.stacks = {}  # id -> (generation, (ip, ...), ((file_id, func_id, line), ...))
         self.stack_cfg = None
+        self._table_entries = 0  # of every module table: each overlap copies the newest
         self.size = None  # bytes of a regular file (for the progress line)
         self._counting = None
         if path == "-":
@@ -71,10 +110,9 @@ class Trace:
         first = self._f.readline()
         if first.startswith("v "):
             parts = first.split()
-            try:
-                self.version = int(parts[1], 16)
-            except (IndexError, ValueError):
-                raise TraceError("%s: malformed version line %r" % (path, first.strip()))
+            if len(parts) < 2 or not re.fullmatch(r"[0-9a-fA-F]{1,8}", parts[1]) or int(parts[1], 16) < 1:
+                raise TraceError("%s: malformed version line %r" % (path, first.strip()[:120]))
+            self.version = int(parts[1], 16)
             if self.version > FORMAT_VERSION:
                 raise TraceError(
                     "%s: trace format version %d is newer than this reader understands (%d); "
@@ -104,24 +142,31 @@ class Trace:
         return self._native() if self.format == "native" else self._rmm()
 
     def _module(self, line):
-        f = line.rstrip("\n").split(" ", 6)
-        if len(f) < 7:
-            raise ValueError("short l record")
-        m = Module(int(f[1], 16), int(f[2], 16), int(f[3], 16), int(f[4], 16),
-                   None if f[5] == "-" else f[5].lower(), f[6])
+        m = L_REC.match(line)
+        if m is None:
+            raise ValueError("l record")
+        mid, lo, hi, bias, buildid, path = m.groups()
+        m = Module(int(mid, 16), int(lo, 16), int(hi, 16), int(bias, 16), None if buildid == "-" else buildid.lower(),
+                   path)
         if m.hi < m.lo:
             raise ValueError("l record: HI < LO")
-        self.modules[m.id] = m
         table = self.mod_tables[-1]
         i = bisect.bisect_left(table, (m.lo,))
         overlaps = (i < len(table) and table[i][0] < m.hi) or (i > 0 and table[i - 1][1] > m.lo)
         if overlaps:  # a range reused (dlclose, then dlopen): stacks read from now on use a new table
             table = [e for e in table if e[1] <= m.lo or e[0] >= m.hi]
+            if self._table_entries + len(table) >= MAX_MODULE_ENTRIES:
+                raise ValueError("l record: too many module tables")
             self.mod_tables.append(table)
+            self._table_entries += len(table)
             i = bisect.bisect_left(table, (m.lo,))
         table.insert(i, (m.lo, m.hi, m))
+        self._table_entries += 1
+        self.modules[m.id] = m
 
     def _stack(self, line):
+        if K_REC.match(line) is None:
+            raise ValueError("k record")
         p = line.split()
         sid, nn, npy = int(p[1], 16), int(p[2], 16), int(p[3], 16)
         if len(p) != 4 + nn + 3 * npy or sid == 0:
@@ -132,8 +177,12 @@ class Trace:
         self.stacks[sid] = (len(self.mod_tables) - 1, native, py)
 
     def _native(self):
+        """The events of a native trace. Each line must match its record's pattern (hexadecimal
+        fields of at most 16 digits: no sign, nothing past 64 bits) and name a device below
+        MAX_DEVICE; any other line is skipped and counted (malformed)."""
         unknown = self.unknown
         v2 = self.version >= 2
+        a_rec = A_REC_V2 if v2 else A_REC_V1
         for line in self._f:
             if line[-1:] != "\n":
                 self.partial_tail = True  # the writer died mid-line: ignore the fragment
@@ -141,46 +190,74 @@ class Trace:
             c = line[0:1]
             try:
                 if c == "a":
+                    if a_rec.match(line) is None:
+                        raise ValueError
                     if v2:
                         _, t, tid, api, dev, st, ptr, req, srv, stk = line.split()
                         stk = int(stk, 16)
                     else:
                         _, t, tid, api, dev, st, ptr, req, srv = line.split()
                         stk = 0
-                    yield ("a", int(t, 16), int(tid, 16), int(api, 16), -1 if dev == "-" else int(dev, 16),
-                           None if st == "-" else int(st, 16), int(ptr, 16), int(req, 16), int(srv, 16), stk)
+                    dev = -1 if dev == "-" else int(dev, 16)
+                    if dev > MAX_DEVICE:
+                        raise ValueError
+                    yield ("a", int(t, 16), int(tid, 16), int(api, 16), dev, None if st == "-" else int(st, 16),
+                           int(ptr, 16), int(req, 16), int(srv, 16), stk)
                 elif c == "f":
+                    if F_REC.match(line) is None:
+                        raise ValueError
                     _, t, tid, api, dev, st, ptr, srv = line.split()
-                    yield ("f", int(t, 16), int(tid, 16), int(api, 16), -1 if dev == "-" else int(dev, 16),
-                           None if st == "-" else int(st, 16), int(ptr, 16), int(srv, 16))
+                    dev = -1 if dev == "-" else int(dev, 16)
+                    if dev > MAX_DEVICE:
+                        raise ValueError
+                    yield ("f", int(t, 16), int(tid, 16), int(api, 16), dev, None if st == "-" else int(st, 16),
+                           int(ptr, 16), int(srv, 16))
                 elif c == "m":
+                    if M_REC.match(line) is None:
+                        raise ValueError
                     _, t, tid, op, dev, va, size, handle, flags, res, dur = line.split()
-                    yield ("m", int(t, 16), int(tid, 16), int(op, 16), -1 if dev == "-" else int(dev, 16),
-                           int(va, 16), int(size, 16), int(handle, 16), int(flags, 16), int(res, 16), int(dur, 16))
+                    dev = -1 if dev == "-" else int(dev, 16)
+                    if dev > MAX_DEVICE:
+                        raise ValueError
+                    yield ("m", int(t, 16), int(tid, 16), int(op, 16), dev, int(va, 16), int(size, 16),
+                           int(handle, 16), int(flags, 16), int(res, 16), int(dur, 16))
                 elif c == "k" and v2:
                     self._stack(line)
                 elif c == "o":
+                    if O_REC.match(line) is None:
+                        raise ValueError
                     _, t, tid, api, dev, st, req, err = line.split()
-                    yield ("o", int(t, 16), int(tid, 16), int(api, 16), -1 if dev == "-" else int(dev, 16),
-                           None if st == "-" else int(st, 16), int(req, 16), int(err, 16))
+                    dev = -1 if dev == "-" else int(dev, 16)
+                    if dev > MAX_DEVICE:
+                        raise ValueError
+                    yield ("o", int(t, 16), int(tid, 16), int(api, 16), dev, None if st == "-" else int(st, 16),
+                           int(req, 16), int(err, 16))
                 elif c == "n" and v2:
-                    f = line.rstrip("\n").split(" ", 2)
-                    self.strings[int(f[1], 16)] = f[2] if len(f) > 2 else ""
+                    m = N_REC.match(line)
+                    if m is None:
+                        raise ValueError
+                    self.strings[int(m.group(1), 16)] = m.group(2) or ""
                 elif c == "l" and v2:
                     self._module(line)
                 elif c == "t" and v2:
-                    _, depth, minsize, sample = line.split()
-                    self.stack_cfg = (int(depth, 16), int(minsize, 16), int(sample, 16))
+                    if T_REC.match(line) is None:
+                        raise ValueError
+                    self.stack_cfg = tuple(int(x, 16) for x in line.split()[1:])
                 elif c == "x":
                     self.exe = line[2:].rstrip("\n")
                 elif c == "c":
                     self.cmd = line[2:].rstrip("\n")
                 elif c == "p":
-                    f = line.split()
-                    self.pid, self.ppid, self.rank = int(f[1], 16), int(f[2], 16), int(f[3], 16)
+                    if P_REC.match(line) is None:
+                        raise ValueError
+                    self.pid, self.ppid, self.rank = (int(x, 16) for x in line.split()[1:])
                 elif c == "s":
+                    if S_REC.match(line) is None:
+                        raise ValueError
                     self.start_real_ns = int(line.split()[1], 16)
                 elif c == "e":
+                    if E_REC.match(line) is None:
+                        raise ValueError
                     self.end_t = int(line.split()[1], 16)
                 elif c == "v":
                     self._bad(line)
@@ -192,6 +269,9 @@ class Trace:
                 self._bad(line)
 
     def _rmm(self):
+        """The events of an RMM log. Each line must match RMM_LINE (a time of day, decimal sizes
+        and thread ids, hexadecimal pointers, nothing past 64 bits); any other line is skipped and
+        counted (malformed), repeated headers silently."""
         origin = None
         last = 0
         wrap = 0
@@ -199,27 +279,25 @@ class Trace:
             if line[-1:] != "\n":
                 self.partial_tail = True
                 break
-            try:
-                tid, tm, action, ptr, size, stream = line.rstrip("\n").split(",")
-                hh, mm, ss = tm.split(":")
-                tod = ((int(hh) * 60 + int(mm)) * 60) * 1000000000 + int(round(float(ss) * 1e9))
-                if tod + wrap < last - 43200 * 10 ** 9:
-                    wrap += 86400 * 10 ** 9  # past midnight
-                tod += wrap
-                last = tod
-                if origin is None:
-                    origin = tod
-                t = tod - origin
-                s = int(stream, 16) if stream[:2] in ("0x", "0X") else int(stream)
-                s = s or None
-                p = int(ptr, 16)
-                n = int(size)
-                tid = int(tid)
-            except ValueError:
-                if line.strip() == RMM_HEADER:
-                    continue
-                self._bad(line)
+            m = RMM_LINE.match(line)
+            if m is None or int(m.group(1)) > U64 or int(m.group(7)) > U64 or int(m.group(8), 0) > U64 \
+                    or int(m.group(2)) > 23 or int(m.group(3)) > 59 or float(m.group(4)) >= 61:
+                if line.strip() != RMM_HEADER:
+                    self._bad(line)
                 continue
+            tid, hh, mm, ss, action, ptr, size, stream = m.groups()
+            tod = ((int(hh) * 60 + int(mm)) * 60) * 1000000000 + int(round(float(ss) * 1e9))
+            if tod + wrap < last - 43200 * 10 ** 9:
+                wrap += 86400 * 10 ** 9  # past midnight
+            tod += wrap
+            last = tod
+            if origin is None:
+                origin = tod
+            t = tod - origin
+            s = int(stream, 0) or None
+            p = int(ptr, 16)
+            n = int(size)
+            tid = int(tid)
             if action == "allocate":
                 yield ("a", t, tid, -1, 0, s, p, n, n, 0)
             elif action in ("free", "deallocate"):
