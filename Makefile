@@ -1,5 +1,5 @@
 # vmmshim: build, test, benchmark.
-#   make            build/libvmmshim.so (and the launcher's man page, build/vmmshim.1)
+#   make            build/libvmmshim.so (and the man pages: build/vmmshim.1, vmmshim-report.1, vmmshim-replay.1)
 #   make demo       build and run the bundled CUDA program under the shim (needs a GPU)
 #   make test       CPU tests on the host emulation of the driver, then under sanitizers (CI runs this)
 #   make test-sanitize  only the sanitizer pass
@@ -7,7 +7,7 @@
 #   make bench      GPU benchmarks (needs a GPU and nvcc)
 #   make bench-spread  the irregular workloads at seeds 1-5, default and small handles (GPU)
 #   make bench-cpu  the shim's own costs on the host emulation (no GPU)
-#   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc and the man page
+#   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc and the man pages
 #                   under $(DESTDIR)$(PREFIX) (PREFIX=/usr/local); make uninstall removes them
 # Every target that compiles runs scripts/deps.sh first: it checks for uthash.h (installs
 # uthash-dev with apt-get when root) and stops with one line saying what to install when it
@@ -36,10 +36,14 @@ HDR       := include/vmmshim.h $(wildcard include/vmmshim/*.h)
 OBJ       := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 LIB       := $(BUILD)/libvmmshim.so
 MAN       := $(BUILD)/vmmshim.1
+MAN_TOOLS := $(BUILD)/vmmshim-report.1 $(BUILD)/vmmshim-replay.1
+# vmmshim-report is a script and its package (scripts/vmmshim_report), which the script finds at
+# ../share/vmmshim/python next to itself when installed.
+PYPKG     := $(wildcard scripts/vmmshim_report/*.py) scripts/vmmshim_report/page.js
 PC        := $(BUILD)/vmmshim.pc
 
 .PHONY: all demo test test-sanitize gpu-test bench bench-spread bench-cpu clean deps install uninstall FORCE
-all: $(LIB) $(MAN)
+all: $(LIB) $(MAN) $(MAN_TOOLS)
 
 # The dependency check: a prerequisite of every target, order-only for each object, so that
 # with -j nothing compiles before it has finished. It runs on every make and is silent and
@@ -58,9 +62,12 @@ $(LIB): $(OBJ)
 $(BUILD) $(BUILD)/obj $(BUILD)/emu $(BUILD)/tests $(BUILD)/bench:
 	mkdir -p $@
 
-# The man page, made from the launcher's --help (one source for both).
+# The man pages, made from each tool's --help (one source for both).
 $(MAN): scripts/vmmshim scripts/gen-man.sh | $(BUILD)
 	sh scripts/gen-man.sh scripts/vmmshim > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/vmmshim-%.1: scripts/vmmshim-% $(PYPKG) scripts/gen-man.sh | $(BUILD)
+	PYTHON=$(PYTHON) sh scripts/gen-man.sh scripts/vmmshim-$* > $@.tmp && mv $@.tmp $@
 
 # The pkg-config file, remade on every make install for the PREFIX given.
 $(PC): include/vmmshim.h FORCE | $(BUILD)
@@ -183,17 +190,15 @@ bench-cpu: deps $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag $(BUILD)
 # ---- install: PREFIX (default /usr/local), DESTDIR for staging ----
 # The launcher finds the library at ../lib/libvmmshim.so next to itself, so the layout under
 # PREFIX is fixed: bin, lib, lib/pkgconfig, include, share/man/man1, share/vmmshim.
-# vmmshim-report is a script and its package (scripts/vmmshim_report), which the script finds at
-# ../share/vmmshim/python next to itself.
-PYPKG     := $(wildcard scripts/vmmshim_report/*.py) scripts/vmmshim_report/page.js
 PYDIR     := share/vmmshim/python/vmmshim_report
 INSTALLED := $(PREFIX)/lib/libvmmshim.so $(PREFIX)/lib/pkgconfig/vmmshim.pc \
              $(PREFIX)/bin/vmmshim $(PREFIX)/bin/vmmshim-report $(PREFIX)/bin/vmmshim-replay \
              $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1 \
+             $(MAN_TOOLS:$(BUILD)/%=$(PREFIX)/share/man/man1/%) \
              $(PYPKG:scripts/vmmshim_report/%=$(PREFIX)/$(PYDIR)/%)
 INSTDIR   := $(DESTDIR)$(PREFIX)
 
-install: $(LIB) $(MAN) $(PC)
+install: $(LIB) $(MAN) $(MAN_TOOLS) $(PC)
 	install -d -m 755 $(INSTDIR)/bin $(INSTDIR)/lib/pkgconfig $(INSTDIR)/include $(INSTDIR)/share/man/man1
 	install -m 644 $(LIB) $(INSTDIR)/lib/libvmmshim.so
 	install -m 644 $(PC) $(INSTDIR)/lib/pkgconfig/vmmshim.pc
@@ -202,6 +207,7 @@ install: $(LIB) $(MAN) $(PC)
 	install -m 644 $(PYPKG) $(INSTDIR)/$(PYDIR)/
 	install -m 644 include/vmmshim.h $(INSTDIR)/include/vmmshim.h
 	install -m 644 $(MAN) $(INSTDIR)/share/man/man1/vmmshim.1
+	install -m 644 $(MAN_TOOLS) $(INSTDIR)/share/man/man1/
 
 # Removes the files make install puts there; directories are left, but for the report package's
 # own (with the bytecode Python may have cached there).
