@@ -28,6 +28,6 @@ from .symbols import Frame, Symboliser
 from .tool import VERSION, Output, OutputError, ToolParser, milliseconds, positive_number, whole_number
 
 __all__ = ["PROG", "TraceError", "fmt_bytes", "fmt_pow2", "set_prog", "warn", "Progress", "FORMAT_VERSION",
-           "RMM_HEADER", "Module", "Trace", "NO_STACK", "NO_STACKS", "Site", "SiteRule", "Stacks", "stackless_name", "API_NAMES",
-           "VMM_OPS", "Analysis", "Series", "size_class", "Frame", "Symboliser", "VERSION", "Output", "OutputError",
-           "ToolParser", "milliseconds", "positive_number", "whole_number"]
+           "RMM_HEADER", "Module", "Trace", "NO_STACK", "NO_STACKS", "Site", "SiteRule", "Stacks", "stackless_name",
+           "API_NAMES", "VMM_OPS", "Analysis", "Series", "size_class", "Frame", "Symboliser", "VERSION", "Output",
+           "OutputError", "ToolParser", "milliseconds", "positive_number", "whole_number"]

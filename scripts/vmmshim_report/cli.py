@@ -89,6 +89,8 @@ def main(argv=None):
                 outputs[opt] = Output(opt, path)
         trace = Trace(args.trace)
         return report(args, rule, trace, outputs)
+    except BrokenPipeError:  # stdout closed (| head): run() ends quietly
+        raise
     except (OSError, TraceError, OutputError) as e:
         return error(e)
     finally:

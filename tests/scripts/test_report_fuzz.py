@@ -121,8 +121,8 @@ def test_seen(tmp):
             f.write(first + "\na 100 1 0 0 - 7f0000000000 100 100 0\n")
         rc, out, err, dt = tool(REPORT, [path])
         lines = err.splitlines()
-        check(rc == 2 and len(lines) == 1 and ("malformed version line" in lines[0] or "not a vmmshim trace" in lines[0])
-              and len(lines[0]) < 300,
+        check(rc == 2 and len(lines) == 1 and len(lines[0]) < 300
+              and ("malformed version line" in lines[0] or "not a vmmshim trace" in lines[0]),
               "version line %r...: one short error line, exit 2 (rc %s: %r)" % (first[:12], rc, err[-200:]))
     # the boundary: device MAX_DEVICE (4095) is read
     path = os.path.join(tmp, "dev.trace")
@@ -254,7 +254,8 @@ def child(cases_path, results_path):
                     except SystemExit as e:
                         rc = e.code
             except BaseException:  # what the command would have printed as a traceback
-                problems.append("case %d (%s) %s: %s" % (n, os.path.basename(trace), mode, traceback.format_exc()[-1500:]))
+                problems.append("case %d (%s) %s: %s" % (n, os.path.basename(trace), mode,
+                                                         traceback.format_exc()[-1500:]))
                 continue
             dt = time.monotonic() - t0
             slowest = max(slowest, dt)

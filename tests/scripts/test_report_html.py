@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """The HTML page of vmmshim-report as a reader sees it, on a version-2 trace with Python stacks
-whose peak holds 19.8 TiB: size classes are labelled in binary units (16 TiB); the count axes of the bar charts have whole, distinct ticks (not
-"2, 1, 1, 0, 0"); byte columns of the site tables are in binary units (19.8 TiB, 512 MiB; the
-exact count in the cell's title), as are the timeline's axis labels drawn by the page's script
-(distinct, under 1024 of their unit); every chart scales with the window (a viewBox and no fixed
-width: rendered by headless chromium at 800 and 1600 pixels, its drawing spans twice the width
-at the second); a stack with no frames is "(empty stack)" in the text and in the icicle graph,
-a label the package spells once; one site or stack is counted in the singular. Ends with
-"N passed, N failed"."""
+whose peak holds 19.8 TiB: size classes are labelled in binary units (16 TiB); the count axes
+of the bar charts have whole, distinct ticks (not "2, 1, 1, 0, 0"); byte columns of the site
+tables are in binary units (19.8 TiB, 1 GiB; the exact count in the cell's title), as are the
+timeline's axis labels drawn by the page's script (distinct, under 1024 of their unit); every
+chart scales with the window (a viewBox and no fixed width: rendered by headless chromium at
+800 and 1600 pixels, its drawing spans twice the width at the second); a stack with no frames
+is "(empty stack)" in the text and in the icicle graph, a label the package spells once; one
+site or stack is counted in the singular. Ends with "N passed, N failed"."""
 import glob
 import os
 import re

@@ -8,7 +8,7 @@ first hangs and the check fails on its time limit); a write that fails after rea
 truncated when the run fails and is wholly replaced when it succeeds. vmmshim-replay fails
 (status 1) when it cannot replay: no replayer built (said before reading), a replayer that
 fails, no libvmmshim.so for the shim's row; a --replayer that is not an executable file is a
-usage error (2). Ends with "N passed, N failed"."""
+usage error (2). A closed stdout (| head) is no error. Ends with "N passed, N failed"."""
 import os
 import subprocess
 import sys
@@ -101,7 +101,8 @@ def test_replay(tmp):
     for what, path in (("a missing directory", os.path.join(tmp, "no", "dir", "x.replay")), ("a directory", tmp)):
         rc, out, err = run(REPLAY, ["--convert-only", "-o", path, "-"], stdin_silent=True)
         check(one_line_error("vmmshim-replay", rc, err, mention=path),
-              "replay -o into %s: one error line naming it, exit 2, before reading (rc %s: %r)" % (what, rc, err[-300:]))
+              "replay -o into %s: one error line naming it, exit 2, before reading (rc %s: %r)"
+              % (what, rc, err[-300:]))
     env = dict(os.environ, BUILD=os.path.join(tmp, "no-build"))
     rc, out, err = run(REPLAY, ["-"], stdin_silent=True, env=env)
     check(rc == 1 and "not built" in err and "Traceback" not in err and len(err.splitlines()) == 1,
@@ -109,7 +110,8 @@ def test_replay(tmp):
           % (rc, err[-300:]))
     rc, out, err = run(REPLAY, ["--replayer", os.path.join(tmp, "no-such-replayer"), "-"], stdin_silent=True)
     check(one_line_error("vmmshim-replay", rc, err, mention="no-such-replayer"),
-          "replay --replayer that does not exist: one error line, exit 2, before reading (rc %s: %r)" % (rc, err[-300:]))
+          "replay --replayer that does not exist: one error line, exit 2, before reading (rc %s: %r)"
+          % (rc, err[-300:]))
     failing = os.path.join(tmp, "failing-replayer")
     with open(failing, "w") as f:
         f.write("#!/bin/sh\nexit 3\n")
@@ -133,11 +135,24 @@ def test_replay(tmp):
     check(one_line_error("vmmshim-replay", rc, err), "replay: an unknown option is one error line (%r)" % err[-200:])
 
 
+def test_closed_stdout():
+    """stdout closed before the tools write (| head that has read enough): no error, status 0."""
+    for tool, args in ((REPORT, [SMALL]), (REPLAY, ["--convert-only", SMALL])):
+        p = subprocess.Popen([sys.executable, tool] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=ROOT)
+        p.stdout.close()
+        err = p.stderr.read()
+        rc = p.wait()
+        check(rc == 0 and "error" not in err and "Traceback" not in err,
+              "%s with its stdout closed: status 0, no error (rc %s: %r)" % (os.path.basename(tool), rc, err[-200:]))
+
+
 def main():
     with scratch("vmmshim-tool-errors-") as tmp:
         test_report_outputs(tmp)
         test_report_numbers()
         test_replay(tmp)
+        test_closed_stdout()
     return summary()
 
 
