@@ -1,6 +1,6 @@
 # vmmshim: build, test, benchmark.
-#   make            build/libvmmshim.so, the launcher's man page build/vmmshim.1 and the page of
-#                   every variable, build/vmmshim.7
+#   make            build/libvmmshim.so and the man pages (build/vmmshim.1, vmmshim-report.1,
+#                   vmmshim-replay.1, and build/vmmshim.7: every variable)
 #   make demo       build and run the bundled CUDA program under the shim (needs a GPU)
 #   make test       CPU tests on the host emulation of the driver, then under sanitizers (CI runs this)
 #   make test-sanitize  only the sanitizer pass
@@ -40,10 +40,14 @@ SRC_ALL   := $(wildcard src/*/*.c)
 LIB       := $(BUILD)/libvmmshim.so
 MAN       := $(BUILD)/vmmshim.1
 MAN7      := $(BUILD)/vmmshim.7
+MAN_TOOLS := $(BUILD)/vmmshim-report.1 $(BUILD)/vmmshim-replay.1
+# vmmshim-report is a script and its package (scripts/vmmshim_report), which the script finds at
+# ../share/vmmshim/python next to itself when installed.
+PYPKG     := $(wildcard scripts/vmmshim_report/*.py) scripts/vmmshim_report/page.js
 PC        := $(BUILD)/vmmshim.pc
 
 .PHONY: all demo test test-sanitize gpu-test bench bench-spread bench-cpu clean deps install uninstall FORCE
-all: $(LIB) $(MAN) $(MAN7)
+all: $(LIB) $(MAN) $(MAN7) $(MAN_TOOLS)
 
 # The dependency check: a prerequisite of every target, order-only for each object, so that
 # with -j nothing compiles before it has finished. It runs on every make and is silent and
@@ -63,7 +67,7 @@ $(LIB): $(OBJ)
 $(BUILD) $(BUILD)/obj $(BUILD)/emu $(BUILD)/tests $(BUILD)/bench:
 	mkdir -p $@
 
-# The man page, made from the launcher's --help (one source for both).
+# The man pages, made from each tool's --help (one source for both).
 $(MAN): scripts/vmmshim scripts/gen-man.sh | $(BUILD)
 	sh scripts/gen-man.sh scripts/vmmshim > $@.tmp && mv $@.tmp $@
 
@@ -79,6 +83,9 @@ $(MAN7): $(BUILD)/vmmshim-options man/variables.txt scripts/gen-man7.sh include/
 	sh scripts/gen-man7.sh $@.options man/variables.txt \
 	  "$$(sed -n 's/^#define VMMSHIM_VERSION "\(.*\)"$$/\1/p' include/vmmshim.h)" > $@.tmp && mv $@.tmp $@
 	rm -f $@.options
+
+$(BUILD)/vmmshim-%.1: scripts/vmmshim-% $(PYPKG) scripts/gen-man.sh | $(BUILD)
+	PYTHON=$(PYTHON) sh scripts/gen-man.sh scripts/vmmshim-$* > $@.tmp && mv $@.tmp $@
 
 # The pkg-config file, remade on every make install for the PREFIX given. Cflags only: a program
 # never links against the shim (it is preloaded; vmmshim.h's functions are found with dlsym).
@@ -201,25 +208,34 @@ bench-cpu: deps $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag $(BUILD)
 
 # ---- install: PREFIX (default /usr/local), DESTDIR for staging ----
 # The launcher finds the library at ../lib/libvmmshim.so next to itself, so the layout under
-# PREFIX is fixed: bin, lib, lib/pkgconfig, include, share/man/man1 and man7.
+# PREFIX is fixed: bin, lib, lib/pkgconfig, include, share/man/man1 and man7, share/vmmshim.
+PYDIR     := share/vmmshim/python/vmmshim_report
 INSTALLED := $(PREFIX)/lib/libvmmshim.so $(PREFIX)/lib/pkgconfig/vmmshim.pc \
              $(PREFIX)/bin/vmmshim $(PREFIX)/bin/vmmshim-report $(PREFIX)/bin/vmmshim-replay \
-             $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1 $(PREFIX)/share/man/man7/vmmshim.7
+             $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1 $(PREFIX)/share/man/man7/vmmshim.7 \
+             $(MAN_TOOLS:$(BUILD)/%=$(PREFIX)/share/man/man1/%) \
+             $(PYPKG:scripts/vmmshim_report/%=$(PREFIX)/$(PYDIR)/%)
 INSTDIR   := $(DESTDIR)$(PREFIX)
 
-install: $(LIB) $(MAN) $(MAN7) $(PC)
+install: $(LIB) $(MAN) $(MAN7) $(MAN_TOOLS) $(PC)
 	install -d -m 755 $(INSTDIR)/bin $(INSTDIR)/lib/pkgconfig $(INSTDIR)/include $(INSTDIR)/share/man/man1 \
 	  $(INSTDIR)/share/man/man7
 	install -m 644 $(LIB) $(INSTDIR)/lib/libvmmshim.so
 	install -m 644 $(PC) $(INSTDIR)/lib/pkgconfig/vmmshim.pc
 	install -m 755 scripts/vmmshim scripts/vmmshim-report scripts/vmmshim-replay $(INSTDIR)/bin/
+	install -d -m 755 $(INSTDIR)/$(PYDIR)
+	install -m 644 $(PYPKG) $(INSTDIR)/$(PYDIR)/
 	install -m 644 include/vmmshim.h $(INSTDIR)/include/vmmshim.h
 	install -m 644 $(MAN) $(INSTDIR)/share/man/man1/vmmshim.1
 	install -m 644 $(MAN7) $(INSTDIR)/share/man/man7/vmmshim.7
+	install -m 644 $(MAN_TOOLS) $(INSTDIR)/share/man/man1/
 
-# Removes the files make install puts there (directories are left).
+# Removes the files make install puts there; directories are left, but for the report package's
+# own (with the bytecode Python may have cached there).
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	rm -rf $(INSTDIR)/$(PYDIR)/__pycache__
+	rmdir $(INSTDIR)/$(PYDIR) $(INSTDIR)/share/vmmshim/python $(INSTDIR)/share/vmmshim 2>/dev/null || :
 
 clean:
 	rm -rf $(BUILD)

@@ -1,9 +1,12 @@
 #!/bin/sh
-# scripts/gen-man.sh LAUNCHER: writes the man page of the launcher (roff, man macros) to stdout,
-# made from its --help and --version output alone, so the page and the help never differ.
-# make builds it as build/vmmshim.1; make install puts it in share/man/man1.
+# scripts/gen-man.sh TOOL: writes the man page of a tool (roff, man macros) to stdout, made from
+# its --help and --version output alone, so the page and the help never differ. make builds the
+# launcher's as build/vmmshim.1, vmmshim-report's and vmmshim-replay's beside it; make install
+# puts them in share/man/man1. A tool whose first line names python runs with $PYTHON (python3),
+# any other with sh.
 #
-# What it expects of the help text (scripts/vmmshim, usage()):
+# What it expects of the help text (scripts/vmmshim, usage(); the ToolParser of
+# scripts/vmmshim_report/tool.py writes the same shape):
 #   line 1             "Usage: NAME SYNOPSIS..."                   -> SYNOPSIS
 #   line 2             a one-line summary                          -> NAME
 #   paragraphs         free text, blank lines between them         -> DESCRIPTION
@@ -14,9 +17,13 @@
 # A list item starts at an indentation of at most 6 spaces: the term, two or more spaces, its
 # description; deeper-indented lines continue the description.
 # Exits non-zero (and prints nothing useful) when the help text does not have that shape.
-L=${1:?usage: gen-man.sh LAUNCHER}
-help=$(sh "$L" --help) || { echo "gen-man.sh: $L --help failed" >&2; exit 1; }
-version=$(sh "$L" --version) || { echo "gen-man.sh: $L --version failed" >&2; exit 1; }
+L=${1:?usage: gen-man.sh TOOL}
+case $(head -n 1 "$L") in
+  *python*) run() { "${PYTHON:-python3}" "$L" "$@"; } ;;
+  *) run() { sh "$L" "$@"; } ;;
+esac
+help=$(run --help) || { echo "gen-man.sh: $L --help failed" >&2; exit 1; }
+version=$(run --version) || { echo "gen-man.sh: $L --version failed" >&2; exit 1; }
 
 printf '%s\n' "$help" | awk -v version="$version" -v src="$L" '
 # roff-escape free text: backslashes, every dash (so options and names copy as typed)

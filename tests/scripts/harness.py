@@ -134,7 +134,7 @@ def screenshot(b, url, png, size, cwd):
     return os.path.exists(png)
 
 
-def dump_dom(b, url, cwd):
-    """The page's DOM after its scripts ran ('' on failure)."""
-    r = _chromium(b, ["--dump-dom", url], cwd)
+def dump_dom(b, url, cwd, size=None):
+    """The page's DOM after its scripts ran ('' on failure); size: the window's (width, height)."""
+    r = _chromium(b, ["--dump-dom"] + (["--window-size=%d,%d" % size] if size else []) + [url], cwd)
     return r.stdout if r is not None else ""

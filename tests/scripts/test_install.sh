@@ -4,10 +4,12 @@
 # with no variable set (also through symlinks) and the shim serves a program on the host
 # emulation; the installed vmmshim-report and vmmshim-replay work from bin/; vmmshim.pc gives
 # the right prefix and compiler flags and no library to link (the shim is preloaded, never
-# linked), and a program built with them finds the shim's functions at run time; the man page
-# has its sections, renders without warnings and lists exactly the options --help lists;
-# vmmshim(7) is installed as built and man finds both pages under share/man; uninstall removes
-# those files and nothing else. Needs make test's build (the library and tests/emu).
+# linked), and a program built with them finds the shim's functions at run time; the installed
+# vmmshim-report loads its package from share/vmmshim/python (also through a symlink); the man
+# pages of the three tools have their sections, render without warnings and list exactly the
+# options --help lists; vmmshim(7) is installed as built and man finds the pages under share/man;
+# uninstall removes those files and nothing else. Needs make test's build (the library and
+# tests/emu).
 # Ends with "N passed, N failed".
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD:-build}
@@ -32,19 +34,21 @@ make BUILD="$BUILD" DESTDIR="$D" PREFIX=/usr install >"$tmp/install.log" 2>&1
 rc=$?
 check "make install DESTDIR=... PREFIX=/usr exits 0" test "$rc" = 0
 [ "$rc" = 0 ] || sed -n 1,20p "$tmp/install.log"
-want="bin/vmmshim 755
-bin/vmmshim-replay 755
-bin/vmmshim-report 755
-include/vmmshim.h 644
-lib/libvmmshim.so 644
-lib/pkgconfig/vmmshim.pc 644
-share/man/man1/vmmshim.1 644
-share/man/man7/vmmshim.7 644"
+want=$( (printf '%s\n' "bin/vmmshim 755" "bin/vmmshim-replay 755" "bin/vmmshim-report 755" "include/vmmshim.h 644" \
+            "lib/libvmmshim.so 644" "lib/pkgconfig/vmmshim.pc 644" "share/man/man1/vmmshim.1 644" \
+            "share/man/man1/vmmshim-report.1 644" "share/man/man1/vmmshim-replay.1 644" \
+            "share/man/man7/vmmshim.7 644"
+          for f in scripts/vmmshim_report/*.py scripts/vmmshim_report/page.js; do
+            echo "share/vmmshim/python/vmmshim_report/${f##*/} 644"
+          done) | LC_ALL=C sort)
 got=$(cd "$P" 2>/dev/null && find . -type f -o -type l | sed 's|^\./||' | LC_ALL=C sort | while read -r f; do echo "$f $(stat -c %a "$f")"; done)
 check "the installed files and their modes are exactly: $(echo $want)" test "$got" = "$want"
 [ "$got" = "$want" ] || printf 'got:\n%s\n' "$got"
 check "the installed library is the built one" cmp -s "$B/libvmmshim.so" "$P/lib/libvmmshim.so"
 check "the installed launcher is scripts/vmmshim" cmp -s scripts/vmmshim "$P/bin/vmmshim"
+check "the installed report package is scripts/vmmshim_report" \
+  sh -c 'for f in scripts/vmmshim_report/*.py scripts/vmmshim_report/page.js; do
+           cmp -s "$f" "$1/share/vmmshim/python/vmmshim_report/${f##*/}" || exit 1; done' - "$P"
 check "nothing installed outside PREFIX" test "$(ls -A "$D")" = usr
 out=$(make -n BUILD="$BUILD" DESTDIR="$tmp/d2" install 2>&1)
 check "PREFIX defaults to /usr/local" has "$out" "$tmp/d2/usr/local/lib/libvmmshim.so"
@@ -105,11 +109,33 @@ if $CC -std=c11 -Wall -Wextra -Werror -I"$P/include" -I"$CUDA_HOME/include" -o "
   out=$($next 2>&1)
   rc=$?
   check "the installed vmmshim-report reads the trace" \
-    sh -c '[ "$1" = 0 ] && printf "%s\n" "$2" | grep -q "^format: native 2 (vmmshim " &&
+    sh -c '[ "$1" = 0 ] && printf "%s\n" "$2" | grep -q "^format: native 3 (vmmshim " &&
            printf "%s\n" "$2" | grep -q "^program: $3\$"' - "$rc" "$out" "$tmp/prog"
 else
   ko "a program builds with the installed vmmshim.h"; cat "$tmp/cc.log"
 fi
+
+# ---- the installed vmmshim-report: its package under share/vmmshim/python, also through a symlink ----
+pkg_of() { # the file the vmmshim_report package is loaded from when vmmshim-report $1 is loaded
+  "${PYTHON:-python3}" -c 'import importlib.machinery as m, importlib.util as u, sys
+l = m.SourceFileLoader("entry", sys.argv[1]); l.exec_module(u.module_from_spec(u.spec_from_loader("entry", l)))
+print(sys.modules["vmmshim_report"].__file__)' "$1" 2>&1
+}
+out=$(cd "$tmp" && pkg_of "$P/bin/vmmshim-report")
+check "the installed vmmshim-report loads the installed package [$out]" \
+  test "$out" = "$P/share/vmmshim/python/vmmshim_report/__init__.py"
+ln -s "$P/bin/vmmshim-report" "$tmp/links/report"
+out=$(cd "$tmp" && pkg_of "$tmp/links/report")
+check "through a symlink too [$out]" test "$out" = "$P/share/vmmshim/python/vmmshim_report/__init__.py"
+out=$(cd "$ROOT" && "$tmp/links/report" tests/data/small.trace 2>/dev/null)
+check "the installed vmmshim-report through a symlink gives tests/data/small.expected" \
+  test "$out" = "$(cat tests/data/small.expected)"
+mkdir "$tmp/alone"
+cp "$P/bin/vmmshim-report" "$tmp/alone/"
+err=$("$tmp/alone/vmmshim-report" "$ROOT/tests/data/small.trace" 2>&1 >/dev/null)
+rc=$?
+check "a vmmshim-report without its package: one error line, exit 2 [$err]" \
+  sh -c '[ "$1" = 2 ] && [ "$(printf "%s\n" "$2" | wc -l)" = 1 ] && case $2 in "vmmshim-report: error: "*) ;; *) exit 1 ;; esac' - "$rc" "$err"
 
 # ---- the installed vmmshim-replay: finds vmmshim-report and the library next to itself ----
 out=$(cd "$tmp" && env -u BUILD "$P/bin/vmmshim-replay" --convert-only "$ROOT/tests/data/small.trace" 2>/dev/null)
@@ -168,37 +194,53 @@ else
   skip_or_fail "pkg-config is needed to check vmmshim.pc"
 fi
 
-# ---- the man page ----
-man1="$P/share/man/man1/vmmshim.1"
-check "the man page is what scripts/gen-man.sh makes from the installed launcher's --help" \
-  sh -c 'sh scripts/gen-man.sh "$1" | cmp -s - "$2"' - "$P/bin/vmmshim" "$man1"
-check "the man page starts with .TH VMMSHIM 1" test "$(grep -v '^\.\\"' "$man1" | head -n 1 | cut -d' ' -f1-3)" = ".TH VMMSHIM 1"
-secs=$(sed -n 's/^\.SH //p' "$man1" | tr -d '"' | tr '\n' '|')
-check "sections NAME SYNOPSIS DESCRIPTION OPTIONS ENVIRONMENT EXIT STATUS SEE ALSO, in order [$secs]" \
-  test "$secs" = "NAME|SYNOPSIS|DESCRIPTION|OPTIONS|ENVIRONMENT|EXIT STATUS|SEE ALSO|"
-check "NAME is 'vmmshim \\- <summary>'" sh -c 'sed -n "/^\.SH NAME/{n;p;}" "$1" | grep -q "^vmmshim \\\\- [a-z]"' - "$man1"
-# option names: from the help's option lines, and from the page's .TP terms
-help_opts=$("$P/bin/vmmshim" --help | grep -E '^ +-' | grep -oE '(^|[ ,])--?[a-z][a-z-]*' | tr -d ' ,' | sort -u)
-man_opts=$(sed -n '/^\.TP/{n;p;}' "$man1" | sed 's/\\-/-/g; s/\\f[BIR]//g' | grep -oE '(^|[ ,])--?[a-z][a-z-]*' | tr -d ' ,' | sort -u)
-check "the help lists options (found $(echo "$help_opts" | wc -l))" test "$(echo "$help_opts" | wc -l)" -ge 20
-check "the man page lists exactly the options --help lists" test "$man_opts" = "$help_opts"
-[ "$man_opts" = "$help_opts" ] || { echo "help: $(echo $help_opts)"; echo "man:  $(echo $man_opts)"; }
-if command -v groff >/dev/null 2>&1; then
-  warn=$(groff -man -Tutf8 -ww -z "$man1" 2>&1)
-  check "groff renders it without warnings [$warn]" test -z "$warn"
-  text=$(groff -man -Tascii -P-cbou "$man1" 2>/dev/null)
-  missing=
-  for o in $help_opts; do printf '%s\n' "$text" | grep -q -- "$o\([^a-z-]\|$\)" || missing="$missing $o"; done
-  check "every option appears in the rendered page [missing:$missing]" test -z "$missing"
-  check "the rendered page has the section headings" \
-    sh -c 'for s in NAME SYNOPSIS DESCRIPTION OPTIONS ENVIRONMENT "EXIT STATUS" "SEE ALSO"; do printf "%s\n" "$1" | grep -q "^$s\$" || exit 1; done' - "$text"
-  if command -v man >/dev/null 2>&1; then
-    out=$(MANWIDTH=80 MANPAGER=cat PAGER=cat man -l "$man1" 2>/dev/null)
-    check "man -l renders it" has "$out" "--release-threshold"
+# ---- the man pages: the launcher's, vmmshim-report's, vmmshim-replay's ----
+# man_page TOOL MIN_OPTIONS AN_OPTION: the installed page of TOOL is what gen-man.sh makes of the
+# installed TOOL's --help, with its sections, exactly the options --help lists (at least
+# MIN_OPTIONS), rendered by groff without warnings and by man -l (AN_OPTION in the text).
+man_page() {
+  tool=$1 min=$2 sample=$3
+  man1="$P/share/man/man1/$tool.1"
+  upper=$(echo "$tool" | tr a-z A-Z)
+  check "$tool.1 is what scripts/gen-man.sh makes from the installed $tool's --help" \
+    sh -c 'sh scripts/gen-man.sh "$1" | cmp -s - "$2"' - "$P/bin/$tool" "$man1"
+  check "$tool.1 starts with .TH $upper 1" test "$(grep -v '^\.\\"' "$man1" | head -n 1 | cut -d' ' -f1-3)" = ".TH $upper 1"
+  secs=$(sed -n 's/^\.SH //p' "$man1" | tr -d '"' | tr '\n' '|')
+  check "$tool.1: sections NAME SYNOPSIS DESCRIPTION OPTIONS ENVIRONMENT EXIT STATUS SEE ALSO, in order [$secs]" \
+    test "$secs" = "NAME|SYNOPSIS|DESCRIPTION|OPTIONS|ENVIRONMENT|EXIT STATUS|SEE ALSO|"
+  check "$tool.1: NAME is '$tool \\- <summary>'" \
+    sh -c 'sed -n "/^\.SH NAME/{n;p;}" "$1" | grep -q "^$2 \\\\- [a-z]"' - "$man1" "$(echo "$tool" | sed 's/-/\\\\-/g')"
+  # option names: from the help's option lines, and from the page's .TP terms
+  help_opts=$("$P/bin/$tool" --help | grep -E '^ +-' | grep -oE '(^|[ ,])--?[a-z][a-z-]*' | tr -d ' ,' | sort -u)
+  man_opts=$(sed -n '/^\.TP/{n;p;}' "$man1" | sed 's/\\-/-/g; s/\\f[BIR]//g' | grep -oE '(^|[ ,])--?[a-z][a-z-]*' | tr -d ' ,' | sort -u)
+  check "$tool --help lists options (found $(echo "$help_opts" | wc -l))" test "$(echo "$help_opts" | wc -l)" -ge "$min"
+  check "$tool.1 lists exactly the options --help lists" test "$man_opts" = "$help_opts"
+  [ "$man_opts" = "$help_opts" ] || { echo "help: $(echo $help_opts)"; echo "man:  $(echo $man_opts)"; }
+  if command -v groff >/dev/null 2>&1; then
+    warn=$(groff -man -Tutf8 -ww -z "$man1" 2>&1)
+    check "$tool.1: groff renders it without warnings [$warn]" test -z "$warn"
+    text=$(groff -man -Tascii -P-cbou "$man1" 2>/dev/null)
+    missing=
+    for o in $help_opts; do printf '%s\n' "$text" | grep -q -- "$o\([^a-z-]\|$\)" || missing="$missing $o"; done
+    check "$tool.1: every option appears in the rendered page [missing:$missing]" test -z "$missing"
+    check "$tool.1: the rendered page has the section headings" \
+      sh -c 'for s in NAME SYNOPSIS DESCRIPTION OPTIONS ENVIRONMENT "EXIT STATUS" "SEE ALSO"; do printf "%s\n" "$1" | grep -q "^$s\$" || exit 1; done' - "$text"
+    if command -v man >/dev/null 2>&1; then
+      out=$(MANWIDTH=80 MANPAGER=cat PAGER=cat man -l "$man1" 2>/dev/null)
+      check "man -l renders $tool.1" has "$out" "$sample"
+    fi
+  else
+    echo "SKIP rendering $tool.1: no groff; not counted"
   fi
-else
-  echo "SKIP rendering the man page: no groff; not counted"
-fi
+}
+man_page vmmshim 20 --release-threshold
+man_page vmmshim-report 15 --memory-viz
+man_page vmmshim-replay 5 --convert-only
+version=$(sed -n 's/^#define VMMSHIM_VERSION "\(.*\)"$/\1/p' include/vmmshim.h)
+for t in vmmshim-report vmmshim-replay; do
+  out=$("$P/bin/$t" --version 2>&1)
+  check "$t --version is '$t $version' (VMMSHIM_VERSION) [$out]" test "$out" = "$t $version"
+done
 
 # ---- vmmshim(7) ----
 check "vmmshim(7) is installed as built" cmp -s "$B/vmmshim.7" "$P/share/man/man7/vmmshim.7"

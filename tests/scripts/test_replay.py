@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests of scripts/vmmshim-replay on the CPU: the converter on the hand-built traces
 (native and rmm; golden files), ids and a missing free, and the runner with a stand-in
-replayer (a shell script) in place of bench/replay.cu. Ends with "N passed, N failed"."""
+replayer (a shell script) in place of bench/replay.cu, and without one (an error, exit 1).
+Ends with "N passed, N failed"."""
 import os
 import shutil
 import subprocess
@@ -59,9 +60,17 @@ def main():
     check(ok, "runner: a table with cudaMalloc, cudaMallocAsync and the shim (preloaded)")
     if not ok:
         print(r.stdout, r.stderr)
-    r = run(os.path.join("tests", "data", "small.trace"), env=dict(os.environ, BUILD=os.path.join(tmp, "none")))
-    if "not built" in r.stderr:
-        check(r.returncode == 0, "runner: a missing replayer is reported, not an error")
+    # No replayer anywhere: a copy of the tools in a tree with no build (a built replayer in this
+    # tree's build/ would be found through the script's own location).
+    alone = os.path.join(tmp, "tree")
+    shutil.copytree(os.path.join(ROOT, "scripts"), os.path.join(alone, "scripts"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    trace = os.path.join(ROOT, "tests", "data", "small.trace")
+    r = subprocess.run([sys.executable, os.path.join(alone, "scripts", "vmmshim-replay"), trace], cwd=alone,
+                       capture_output=True, text=True, env=dict(os.environ, BUILD="build"))
+    check(r.returncode == 1 and "not built" in r.stderr and "or pass --replayer" in r.stderr,
+          "runner: a missing replayer is an error (exit 1) that says it is not built and how to get one "
+          "(rc %d: %r)" % (r.returncode, r.stderr[-200:]))
     shutil.rmtree(tmp, ignore_errors=True)
     return summary()
 

@@ -554,8 +554,10 @@ def test_html(fx, trace, tmp):
     check(len(titles) == len(VMM) and any(t.startswith("map 64.00 MiB at 0x7f") for t in titles),
           "html: every pool event has a marker with a hover title")
     # One page load: a drag over 40-60 % of the timeline's plot, and a click on the frame 'forward'.
+    # The window is 1040 px wide so that the timeline is drawn 1000 px wide, one pixel per unit of
+    # its viewBox: the drag's mouse events (whole pixels) land on 40 and 60 % exactly.
     k = next((i for i, nd in enumerate(fl.get("nodes", [])) if names[nd[3]].endswith(" forward")), -1)
-    dom = dump_dom(b, url + "?drag=0.4,0.6&click=fg-%d" % k, tmp)
+    dom = dump_dom(b, url + "?drag=0.4,0.6&click=fg-%d" % k, tmp, size=(1040, 800))
     m = re.search(r'<g id="fg-%d" class="fg"><title>[^<]*</title><rect x="([\d.]+)" y="\d+" width="([\d.]+)"' % k, dom)
     check('data-zoom="%d"' % k in dom and m and float(m.group(1)) == 0 and float(m.group(2)) > 999,
           "html: a click on a frame zooms the icicle graph to it")

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""The HTML page of vmmshim-report as a reader sees it, on a version-2 trace with Python stacks
+whose peak holds 19.8 TiB: size classes are labelled in binary units (16 TiB); the count axes
+of the bar charts have whole, distinct ticks (not "2, 1, 1, 0, 0"); byte columns of the site
+tables are in binary units (19.8 TiB, 1 GiB; the exact count in the cell's title), as are the
+timeline's axis labels drawn by the page's script (distinct, under 1024 of their unit); every
+chart scales with the window (a viewBox and no fixed width: rendered by headless chromium at
+800 and 1600 pixels, its drawing spans twice the width at the second); a stack with no frames
+is "(empty stack)" in the text and in the icicle graph, a label the package spells once; one
+site or stack is counted in the singular. Ends with "N passed, N failed"."""
+import glob
+import os
+import re
+import subprocess
+import sys
+
+from harness import ROOT, browser, check, colour_mask, dump_dom, scratch, screenshot, summary
+
+REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
+TiB, MiB = 1 << 40, 1 << 20
+HUGE = 21734369280000  # 19.77 TiB
+TRAIN = "/home/user/project/train.py"
+
+
+def report(*args):
+    return subprocess.run([sys.executable, REPORT] + list(args), cwd=ROOT, capture_output=True, text=True)
+
+
+def write_trace(path):
+    """Sites: train.py:18 forward (the 19.8 TiB block), train.py:40 load (two of 512 MiB) and a stack
+    with no frames (three of 4 KiB, two freed). Size classes hold 1, 2 and 3 allocations."""
+    allocs = [(1, HUGE), (2, 512 * MiB), (2, 512 * MiB), (3, 4096), (3, 4096), (3, 4096)]
+    with open(path, "w") as f:
+        f.write("v 2 vmmshim 0.1.0\nx /usr/bin/python3\nc python3 train.py\np 4d2 1 0\ns 17a2b3c4d5e6f700 0\n")
+        f.write("t 10 0 1\nn 1 %s\nn 2 forward\nn 3 load\n" % TRAIN)
+        f.write("k 1 0 1 1 2 12\nk 2 0 1 1 3 28\nk 3 0 0\n")
+        f.write("m 100 4d2 2 0 7f0000000000 %x 1 0 0 3e8\n" % (32 * TiB))
+        t = 1000
+        for i, (sid, size) in enumerate(allocs):
+            t += 1000000
+            f.write("a %x 4d2 0 0 - %x %x %x %x\n" % (t, 0x7f0000000000 + i * (20 * TiB), size, size, sid))
+        for i in (3, 4):  # two small ones freed: the lifetimes chart has data
+            t += 2000000
+            f.write("f %x 4d2 0 0 - %x %x\n" % (t, 0x7f0000000000 + i * (20 * TiB), allocs[i][1]))
+        f.write("e %x\n" % (t + 1000))
+
+
+def svg_of(page, cid):
+    m = re.search(r'<svg id="%s"[^>]*>.*?</svg>' % cid, page, re.S)
+    return m.group(0) if m else ""
+
+
+def y_ticks(svg):
+    """The y axis labels of a bar chart, bottom to top."""
+    got = re.findall(r'<text x="[\d.]+" y="([\d.]+)" font-size="11" text-anchor="end">([^<]*)</text>', svg)
+    return [label for _, label in sorted(got, key=lambda g: -float(g[0]))]
+
+
+def test_static(page, counts):
+    for cid, top in (("chart-sizes", max(counts)), ("chart-lifetimes", 2)):
+        ticks = y_ticks(svg_of(page, cid))
+        whole = all(re.fullmatch(r"\d+", t) for t in ticks)
+        vals = [int(t) for t in ticks] if whole else []
+        check(len(ticks) >= 2 and whole and vals == sorted(set(vals)) and vals[0] == 0 and vals[-1] >= top,
+              "%s: whole, distinct, rising ticks from 0 to at least %d: %s" % (cid, top, ticks))
+    labels = re.findall(r'rotate\(-35 [^>]*>([^<]*)<', svg_of(page, "chart-sizes"))
+    check(labels == ["4 KiB", "512 MiB", "16 TiB"], "chart-sizes: size classes in binary units %s" % labels)
+    cells = re.findall(r'<table class="sites" id="sites-(\w+)">(.*?)</table>', page, re.S)
+    raw, human = [], set()
+    for table, body in cells:
+        for row in re.findall(r"<tr><td>\d+</td>(.*?)</tr>", body, re.S):
+            tds = re.findall(r"<td[^>]*>([^<]*)</td>", row)
+            for i in (0, 3, 5):  # live at peak, requested, leaked (requested)
+                if re.fullmatch(r"\d+", tds[i]) and int(tds[i]) >= 1024:
+                    raw.append(tds[i])
+                human.add(tds[i])
+    check(cells and not raw, "site tables: no byte count of 1024 or more as a raw integer %s" % raw[:5])
+    check({"19.8 TiB", "1 GiB", "12 KiB", "4 KiB"} <= human, "site tables: 19.8 TiB, 1 GiB, 12 KiB, 4 KiB shown %s"
+          % sorted(human))
+    check('title="%d B"' % HUGE in page, "site tables: the exact byte count is the cell's title")
+    for cid in ("chart-timeline", "chart-flame", "chart-sizes", "chart-lifetimes"):
+        m = re.search(r'<svg id="%s"([^>]*)>' % cid, page)
+        attrs = m.group(1) if m else ""
+        width = re.search(r'\swidth="([^"]*)"', attrs)
+        check(m and "viewBox=" in attrs and (width is None or width.group(1) == "100%"),
+              "%s: a viewBox and no fixed width (%s)" % (cid, attrs.strip()))
+
+
+def right_edge(b, url, width, tmp, name):
+    png = os.path.join(tmp, "%s-%d.png" % (name, width))
+    if not screenshot(b, url, png, (width, 700), tmp):
+        return None
+    xs = [x for x, y in colour_mask(png)]
+    return max(xs) if xs else None
+
+
+def test_rendered(page_path, tmp):
+    b = browser()
+    if not b:
+        return
+    url = "file://" + page_path
+    dom = dump_dom(b, url, tmp)
+    tl = re.search(r'<svg id="chart-timeline".*?</svg>', dom, re.S)
+    labels = re.findall(r'font-size="11" text-anchor="end">([^<]*)<', tl.group(0) if tl else "")
+    units = [re.fullmatch(r"(\d+(?:\.\d+)?) (B|KiB|MiB|GiB|TiB|PiB)", x) for x in labels]
+    check(len(labels) >= 2 and all(units) and all(float(u.group(1)) < 1024 for u in units)
+          and len(set(labels)) == len(labels), "timeline: byte axis in binary units, distinct: %s" % labels)
+    for section, name in (("chart-sizes-section", "sizes"), ("chart-timeline-section", "timeline"),
+                          ("chart-flame-section", "flame")):
+        narrow = right_edge(b, url + "?only=" + section, 800, tmp, name)
+        wide = right_edge(b, url + "?only=" + section, 1600, tmp, name)
+        check(narrow and wide and narrow < 800 - 10 and wide / narrow > 1.8,
+              "%s: the drawing fits the window and scales with it (right edge %s px at 800, %s px at 1600)"
+              % (name, narrow, wide))
+    check("(empty stack)" in dom, "html: the stack with no frames is '(empty stack)' in the icicle graph")
+
+
+def main():
+    with scratch("vmmshim-report-html-") as tmp:
+        trace = os.path.join(tmp, "tib.trace")
+        write_trace(trace)
+        page_path = os.path.join(tmp, "tib.html")
+        r = report(trace, "--html", page_path, "--by-site")
+        check(r.returncode == 0 and os.path.exists(page_path), "report --html runs (%s)" % r.stderr.strip()[-200:])
+        page = open(page_path).read() if os.path.exists(page_path) else ""
+        test_static(page, [1, 2, 3])
+        check(re.search(r"^ +3 +12288  \(empty stack\)$", r.stdout, re.M) is not None,
+              "--by-site: the stack with no frames is the site '(empty stack)'")
+        srcs = glob.glob(os.path.join(ROOT, "scripts", "vmmshim_report", "*.py"))
+        n = sum(open(p).read().count('"(empty stack)"') for p in srcs)
+        check(n == 1, "the package spells '(empty stack)' once (%d)" % n)
+        test_rendered(page_path, tmp)
+        one = os.path.join(tmp, "one.trace")
+        with open(one, "w") as f:
+            f.write("v 2 vmmshim 0.1.0\np 1 0 0\ns 0 0\nn 1 %s\nn 2 forward\nk 1 0 1 1 2 12\n"
+                    "a 10 1 0 0 - 1000 100 100 1\ne 30\n" % TRAIN)
+        r = report(one, "--by-site")
+        check("1 distinct stack in 1 of 1 allocations, 1 site\n" in r.stdout,
+              "--by-site: one stack and one site in the singular %s" % re.findall(r".*distinct.*", r.stdout))
+        r = report(one)
+        check("call sites: 1 distinct stack (" in r.stdout, "summary: one stack in the singular %s"
+              % re.findall(r".*distinct.*", r.stdout))
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
