@@ -121,6 +121,26 @@ int main(void) {
   signal_is("40", 40);
   signal_is("0", 0);
   signal_is("off", 0);
+  signal_is("PWR", SIGPWR);
+  signal_is("winch", SIGWINCH);
+  signal_is("SIGURG", SIGURG);
+  signal_is("10", SIGUSR1);
+  signal_is("34", 34);
+  signal_is("64", 64);
+  /* termination, job control, faults, timers: their default action is the program's */
+  static const char *refused[] = {"TERM", "SIGINT", "QUIT", "HUP", "PIPE", "CHLD", "ALRM", "CONT", "STOP", "TSTP",
+                                  "TTIN", "TTOU", "KILL", "SEGV", "BUS", "FPE", "ILL", "ABRT", "TRAP", "SYS",
+                                  "XCPU", "XFSZ", "VTALRM", "PROF", "IO"};
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) signal_is(refused[i], -1);
+  for (int n = 1; n < 32; n++)
+    if (n != SIGUSR1 && n != SIGUSR2 && n != SIGPWR && n != SIGWINCH && n != SIGURG) {
+      char num[8];
+      snprintf(num, sizeof num, "%d", n);
+      signal_is(num, -1);
+    }
+  signal_is("32", -1); /* the C library's own (thread cancellation, setxid) */
+  signal_is("33", -1);
+  signal_is("65", -1);
   signal_is("KILL", -1);
   signal_is("9", -1);
   signal_is("11", -1); /* SIGSEGV: the shim must not swallow faults */
@@ -146,9 +166,17 @@ int main(void) {
   CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGUSR2, "default dump signal %llu",
         (unsigned long long)_vs_option(VS_OPT_DUMP_SIGNAL));
   CHECK(out[0] == 0, "messages with no variable set: %s", out);
-  setenv("VMMSHIM_DUMP_SIGNAL", "HUP", 1);
+  setenv("VMMSHIM_DUMP_SIGNAL", "WINCH", 1);
   out = reload_capture();
-  CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGHUP && out[0] == 0, "VMMSHIM_DUMP_SIGNAL=HUP");
+  CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGWINCH && out[0] == 0, "VMMSHIM_DUMP_SIGNAL=WINCH");
+  static const char *terminating[] = {"15", "2", "13", "17", "14", "HUP"};
+  for (size_t i = 0; i < sizeof terminating / sizeof terminating[0]; i++) {
+    setenv("VMMSHIM_DUMP_SIGNAL", terminating[i], 1);
+    out = reload_capture();
+    CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGUSR2 && strstr(out, "VMMSHIM_DUMP_SIGNAL") && strstr(out, "refused"),
+          "VMMSHIM_DUMP_SIGNAL=%s refused with a message, the default used: %llu '%s'", terminating[i],
+          (unsigned long long)_vs_option(VS_OPT_DUMP_SIGNAL), out);
+  }
   setenv("VMMSHIM_DUMP_SIGNAL", "SEGV", 1);
   out = reload_capture();
   CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGUSR2 && strstr(out, "VMMSHIM_DUMP_SIGNAL") && strstr(out, "SEGV"),

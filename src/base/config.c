@@ -74,12 +74,21 @@ int _vs_parse_bool(const char *text, uint64_t *out) {
   return -1;
 }
 
+/* A signal whose default action the program relies on must keep it: the termination signals
+ * (TERM, INT, QUIT, HUP, PIPE, ALRM, ...), job control (CHLD, CONT, STOP, TSTP, TTIN, TTOU),
+ * KILL, the faults (SEGV, BUS, FPE, ILL, ABRT, TRAP, SYS), the resource and profiling timers
+ * (XCPU, XFSZ, VTALRM, PROF) and IO. Only signals no one sends for another reason are taken:
+ * USR1, USR2, PWR, WINCH, URG and the real-time signals the C library leaves to programs. */
+static bool dump_signal_allowed(long n) {
+  if (n == SIGUSR1 || n == SIGUSR2 || n == SIGPWR || n == SIGWINCH || n == SIGURG) return true;
+  return n >= SIGRTMIN && n <= SIGRTMAX;
+}
+
 int _vs_parse_signal(const char *text, uint64_t *out) {
   static const struct {
     const char *name;
     int sig;
-  } names[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP}, {"QUIT", SIGQUIT},
-               {"PWR", SIGPWR},   {"WINCH", SIGWINCH}, {"URG", SIGURG}};
+  } names[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"PWR", SIGPWR}, {"WINCH", SIGWINCH}, {"URG", SIGURG}};
   if (!text) return -1;
   if (!strcasecmp(text, "off") || !strcmp(text, "0")) {
     *out = 0;
@@ -91,14 +100,10 @@ int _vs_parse_signal(const char *text, uint64_t *out) {
       *out = (uint64_t)names[i].sig;
       return 0;
     }
-  /* Real-time signals by number, or any number a handler may take (not KILL, STOP, and the
-   * ones that report faults: the shim must not swallow those). */
   char *end;
   errno = 0;
   long n = strtol(text, &end, 10);
-  if (errno || *end || end == text || n < 1 || n >= NSIG || n == SIGKILL || n == SIGSTOP || n == SIGSEGV ||
-      n == SIGBUS || n == SIGFPE || n == SIGILL || n == SIGABRT)
-    return -1;
+  if (errno || *end || end == text || !dump_signal_allowed(n)) return -1;
   *out = (uint64_t)n;
   return 0;
 }
@@ -191,7 +196,8 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     if (!strcasecmp(text, "rmm")) { *v = VS_TRACE_RMM; return 0; }
     return -1;
   case VS_KIND_SIGNAL:
-    *expect = "a signal name (USR1, USR2, HUP, QUIT, PWR, WINCH, URG, with or without SIG) or number, or 0/off";
+    *expect = "USR1, USR2, PWR, WINCH or URG (with or without SIG), their number or a real-time signal's, or "
+              "0/off; termination, job-control and fault signals are refused";
     return _vs_parse_signal(text, v);
   case VS_KIND_STRING:
     *expect = "a non-empty path";
