@@ -129,6 +129,9 @@ typedef enum vs_option_e {
   VS_OPT_COUNT
 } vs_option_t;
 
+/* The largest VMMSHIM_GRANULARITY, VMMSHIM_MAX_HANDLE and VMMSHIM_RESERVE taken (1 PiB): the pool
+ * rounds them up, and nothing near 2^64 may wrap there. Larger values get the default. */
+#define VS_SIZE_OPTION_MAX (1ull << 50)
 /* Reads every VMMSHIM_* variable once; safe to call many times (the first call wins). */
 void _vs_config_init(void);
 /* Hot-path getters: no parsing, no getenv. */

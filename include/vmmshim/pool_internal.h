@@ -196,6 +196,8 @@ static inline void list_remove(vs_list_t *l, vs_block_t *b) {
 }
 
 static inline size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+/* The same for sizes that come from options: 0 when the result would not fit in a size_t. */
+static inline size_t round_up_checked(size_t x, size_t a) { return x > SIZE_MAX - (a - 1) ? 0 : round_up(x, a); }
 
 static inline vs_heap_t *heap_of(vs_pool_t *p, const vs_block_t *b) { return &p->heaps[p->resv_heap[b->resv]]; }
 static inline int heap_id_of(const vs_pool_t *p, const vs_block_t *b) { return p->resv_heap[b->resv]; }

@@ -232,6 +232,20 @@ static void config_read(void) {
     o->set = true;
     if (o->kind == VS_KIND_STRING || o->kind == VS_KIND_LOG) o->text = text;
   }
+  /* Sizes the pool rounds up (to the device's granularity, to the handle size) or multiplies:
+   * a value near 2^64 would wrap to 0 there. 1 PiB is more than any device's memory or address
+   * space, and leaves every rounding far from overflow. */
+  static const vs_option_t rounded[] = {VS_OPT_GRANULARITY, VS_OPT_MAX_HANDLE, VS_OPT_RESERVE};
+  for (size_t k = 0; k < sizeof rounded / sizeof rounded[0]; k++) {
+    vs_option_desc_t *o = &vs_options[rounded[k]];
+    if (o->value <= VS_SIZE_OPTION_MAX) continue;
+    char dbuf[32];
+    snprintf(vs_config_msgs[rounded[k]], sizeof vs_config_msgs[0],
+             "%s=%llu is larger than %llu (1 PiB, more than any device has); using the default %s", o->name,
+             (unsigned long long)o->value, (unsigned long long)VS_SIZE_OPTION_MAX, default_text(o, dbuf, sizeof dbuf));
+    o->value = o->init;
+    o->set = false;
+  }
   if (vs_options[VS_OPT_GRANULARITY].value == 0) {
     snprintf(vs_config_msgs[VS_OPT_GRANULARITY], sizeof vs_config_msgs[0],
              "VMMSHIM_GRANULARITY=0 is not valid (a pool cannot grow by 0 bytes); using the default %llu",

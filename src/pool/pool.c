@@ -37,25 +37,34 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps, const vs
   p->access = access;
   p->map_anchor.state = B_USED;
   HASH_ADD(hh, p->map, addr, sizeof p->map_anchor.addr, &p->map_anchor);
+  /* config.c bounds these sizes (VS_SIZE_OPTION_MAX); each rounding is checked all the same, as
+   * a wrap to 0 would divide by zero later. */
   size_t g = (size_t)_vs_option(VS_OPT_GRANULARITY);
   if (g % caps->min_granularity) {
-    size_t fixed = round_up(g, caps->min_granularity);
+    size_t fixed = round_up_checked(g, caps->min_granularity);
+    if (!fixed) fixed = round_up(VS_DEFAULT_GRANULARITY, caps->min_granularity);
     _vs_warn("VMMSHIM_GRANULARITY=%zu is not a multiple of device %d's minimum granularity %zu; using %zu", g,
              (int)caps->device, caps->min_granularity, fixed);
     g = fixed;
   }
   p->gran = g;
   size_t mh = (size_t)_vs_option(VS_OPT_MAX_HANDLE);
-  p->chunk = mh ? round_up(mh, caps->min_granularity) : SIZE_MAX / 2;
+  p->chunk = mh ? round_up_checked(mh, caps->min_granularity) : SIZE_MAX / 2;
+  if (!p->chunk) {
+    _vs_warn("VMMSHIM_MAX_HANDLE=%zu cannot be rounded to device %d's granularity; handles are not bounded", mh,
+             (int)caps->device);
+    p->chunk = SIZE_MAX / 2;
+  }
   size_t resv = (size_t)_vs_option(VS_OPT_RESERVE);
   if (!resv) {
     /* Address space is nearly free to reserve (3-20 us for 64 TiB): room for 4x the device. */
     resv = caps->total_mem * 4;
     if (resv < (64ull << 30)) resv = 64ull << 30;
   }
-  resv = round_up(resv, g);
-  size_t dev_size = round_up(caps->total_mem ? caps->total_mem : resv, g);
-  if (_vs_pool_add_reservation(p, VS_HEAP_LARGE, resv) != 0 || _vs_pool_add_reservation(p, VS_HEAP_SMALL, dev_size) != 0) {
+  resv = round_up_checked(resv, g);
+  size_t dev_size = round_up_checked(caps->total_mem ? caps->total_mem : resv, g);
+  if (!resv || !dev_size || _vs_pool_add_reservation(p, VS_HEAP_LARGE, resv) != 0 ||
+      _vs_pool_add_reservation(p, VS_HEAP_SMALL, dev_size) != 0) {
     _vs_dir_remove_pool(p);
     _vs_pool_unmap_all(p);
     _vs_pool_free_blocks(p);
