@@ -70,7 +70,10 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps, const vs
     _vs_pool_free_blocks(p);
     _vs_warn("device %d: cannot reserve %zu bytes of address space; this context is passed through",
              (int)caps->device, resv);
+    HASH_CLEAR(hh, p->map); /* the anchor's entry made the map's table */
     pthread_mutex_destroy(&p->lock);
+    pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->sealed);
     free(p);
     return NULL;
   }
