@@ -9,7 +9,12 @@
  *             take any value.
  *   noreserve the pool's first address reservation fails (injected): the allocation passes to
  *             the driver, and nothing of the pool is left behind (the sanitizer pass checks for
- *             leaks at exit). */
+ *             leaks at exit).
+ *   files     the log and the trace: a symbolic link (to a file the program could write) is not
+ *             followed, and the file it names is left as it was; a trace path that is a device,
+ *             a directory; a FIFO with no reader does not stop the program (no trace, a message),
+ *             one with a reader gets the trace; a log path of 600 bytes is used whole, one longer
+ *             than PATH_MAX is refused with a message (both once cut at ~488 bytes). */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -131,6 +136,120 @@ static void scenario_noreserve(void) {
   CHECK(emu_violations() == 0, "%d violations", emu_violations());
 }
 
+/* ------------------------------------------------------------------ files */
+
+/* A little CUDA work and one warning of the program's own (a double free). */
+static void scenario_work(void) {
+  alarm(20); /* a program stopped at its first CUDA call fails here, not after the whole run's limit */
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  void *p = must_malloc(MiB);
+  CHECK(cudaFree(p) == cudaSuccess, "free");
+  CHECK(cudaFree(p) != cudaSuccess, "a double free is refused");
+  cudaGetLastError();
+}
+
+static char g_dir[64];
+
+static void put_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (f) {
+    fputs(text, f);
+    fclose(f);
+  }
+  CHECK(f != NULL, "create %s", path);
+}
+
+static void is_file(const char *path, const char *text, const char *what) {
+  char buf[256];
+  CHECK(check_read_file(path, buf, sizeof buf) && !strcmp(buf, text), "%s: %s holds '%s'", what, path, buf);
+}
+
+/* Runs the work scenario with one setting; true when it ended well within its time. */
+static void run_work(const char *env, double max_s) {
+  printf("-- %.120s%s\n", env, strlen(env) > 120 ? "..." : "");
+  double t0 = now_s();
+  check_run_child("work", env, NULL);
+  CHECK(now_s() - t0 < max_s, "%.120s: the program ran through in %.1f s", env, now_s() - t0);
+}
+
+static void run_files(void) {
+  snprintf(g_dir, sizeof g_dir, "/tmp/vmmshim-hostile.%d", (int)getpid());
+  CHECK(mkdir(g_dir, 0700) == 0, "mkdir %s: %s", g_dir, strerror(errno));
+  char victim[128], link[128], env[512];
+  snprintf(victim, sizeof victim, "%s/victim", g_dir);
+  put_file(victim, "precious\n");
+
+  /* The log through a symbolic link: refused, the program's warning on standard error. */
+  snprintf(link, sizeof link, "%s/log-link", g_dir);
+  CHECK(symlink(victim, link) == 0, "symlink");
+  snprintf(env, sizeof env, "VMMSHIM_LOG=warn:%s", link);
+  run_work(env, 10);
+  is_file(victim, "precious\n", "the log's link");
+  CHECK(strstr(check_child_output, "symbolic link") && strstr(check_child_output, "VMMSHIM_LOG"),
+        "the log's link: a message says why");
+  CHECK(strstr(check_child_output, "not a live allocation") != NULL, "the program's warning went to standard error");
+
+  /* The trace through a symbolic link: not truncated, not written. */
+  snprintf(link, sizeof link, "%s/trace-link", g_dir);
+  CHECK(symlink(victim, link) == 0, "symlink");
+  snprintf(env, sizeof env, "VMMSHIM_TRACE=%s", link);
+  run_work(env, 10);
+  is_file(victim, "precious\n", "the trace's link");
+  CHECK(strstr(check_child_output, "symbolic link") && strstr(check_child_output, "trace"),
+        "the trace's link: a message says why");
+
+  /* A trace that is neither a regular file nor a FIFO. */
+  run_work("VMMSHIM_TRACE=/dev/null", 10);
+  CHECK(strstr(check_child_output, "not a regular file or a FIFO") != NULL, "/dev/null as the trace: refused");
+  static char dir_env[160];
+  snprintf(dir_env, sizeof dir_env, "VMMSHIM_TRACE=%s", g_dir);
+  run_work(dir_env, 10);
+  CHECK(strstr(check_child_output, "cannot open trace file") != NULL, "a directory as the trace: refused");
+
+  /* A FIFO with no reader: the program runs on without a trace; with a reader, the trace. */
+  char fifo[128];
+  snprintf(fifo, sizeof fifo, "%s/fifo", g_dir);
+  CHECK(mkfifo(fifo, 0600) == 0, "mkfifo");
+  snprintf(env, sizeof env, "VMMSHIM_TRACE=%s", fifo);
+  run_work(env, 10);
+  CHECK(strstr(check_child_output, "FIFO with no reader") != NULL, "a FIFO with no reader: a message");
+  int rd = open(fifo, O_RDONLY | O_NONBLOCK);
+  CHECK(rd >= 0, "open the FIFO's reading end");
+  run_work(env, 10);
+  char buf[4096];
+  ssize_t n = rd >= 0 ? read(rd, buf, sizeof buf - 1) : -1;
+  buf[n > 0 ? n : 0] = 0;
+  CHECK(!strncmp(buf, "v ", 2) && strstr(buf, " vmmshim ") && strstr(buf, "\n"), "the reader got the trace: '%.40s'",
+        buf);
+  if (rd >= 0) close(rd);
+
+  /* Long log paths: 600 bytes, used whole; longer than PATH_MAX, refused. */
+  char longp[700];
+  int o = snprintf(longp, sizeof longp, "%s", g_dir);
+  for (int i = 0; i < 5; i++) {
+    o += snprintf(longp + o, sizeof longp - (size_t)o, "/%0100d", i);
+    CHECK(mkdir(longp, 0700) == 0, "mkdir (%d)", i);
+  }
+  o += snprintf(longp + o, sizeof longp - (size_t)o, "/%s", "a-log-file-of-a-long-path.log");
+  CHECK(o > 550, "a path of %d bytes", o);
+  static char long_env[800];
+  snprintf(long_env, sizeof long_env, "VMMSHIM_LOG=warn:%s", longp);
+  run_work(long_env, 10);
+  CHECK(check_read_file(longp, buf, sizeof buf) && strstr(buf, "not a live allocation"),
+        "the program's warning is in the %d-byte log path", o);
+  static char huge_env[5200];
+  int h = snprintf(huge_env, sizeof huge_env, "VMMSHIM_LOG=warn:%s", g_dir);
+  while (h < 5000) h += snprintf(huge_env + h, sizeof huge_env - (size_t)h, "/%0100d", h);
+  run_work(huge_env, 10);
+  CHECK(strstr(check_child_output, "VMMSHIM_LOG") && strstr(check_child_output, "too long"),
+        "a log path longer than PATH_MAX: a message");
+  CHECK(strstr(check_child_output, "not a live allocation") != NULL, "and the log on standard error");
+
+  char cmd[160];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+  CHECK(system(cmd) == 0, "clean up");
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *sc = check_child_main(argc, argv);
@@ -138,10 +257,12 @@ int main(int argc, char **argv) {
     alarm(120);
     if (!strcmp(sc, "sizes")) scenario_sizes();
     else if (!strcmp(sc, "noreserve")) scenario_noreserve();
+    else if (!strcmp(sc, "work")) scenario_work();
     else CHECK(0, "unknown scenario %s", sc);
     return check_child_summary(sc);
   }
   run_sizes();
   check_run_child("noreserve", NULL);
+  run_files();
   return check_summary();
 }

@@ -165,6 +165,12 @@ void _vs_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define _vs_warn(...) _vs_log(VS_LOG_WARN, __VA_ARGS__)
 #define _vs_info(...) do { if (VS_LOG_ON(VS_LOG_INFO)) _vs_log(VS_LOG_INFO, __VA_ARGS__); } while (0)
 #define _vs_debug(...) do { if (VS_LOG_ON(VS_LOG_DEBUG)) _vs_log(VS_LOG_DEBUG, __VA_ARGS__); } while (0)
+/* Opens the log or the trace for writing: no symbolic link followed, a FIFO without a reader
+ * refused (ENXIO) rather than waited for; truncate: empties a regular file, else appends;
+ * any_type false: only a regular file or a FIFO (EINVAL). -1 with errno on failure, and
+ * _vs_open_output_error(errno) says why. */
+int _vs_open_output(const char *path, bool truncate, bool any_type);
+const char *_vs_open_output_error(int err);
 /* "CUDA_ERROR_OUT_OF_MEMORY" for 2; never NULL, works before the driver is loaded. */
 const char *_vs_cu_error_name(CUresult r);
 

@@ -7,10 +7,12 @@
  * frees the same bad pointer a million times does not drown its own output. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "vmmshim/base.h"
@@ -67,27 +69,75 @@ void _vs_note(const char *fmt, ...) {
   va_end(ap);
 }
 
+/* Opens a file the shim writes to (the log, the trace): never through a symbolic link (another
+ * user's link in a world-writable directory must not make it write over a file the program may
+ * write), and without waiting for a reader when it is a FIFO: a FIFO no one reads fails with
+ * ENXIO instead of stopping the program at its first CUDA call. Once open, writes block as on
+ * any file. `truncate`: an existing regular file is emptied. Returns the descriptor, or -1 with
+ * errno set (ELOOP: a symbolic link; ENXIO: a FIFO without a reader; EINVAL: not a regular file
+ * or FIFO when `any_type` is false). */
+int _vs_open_output(const char *path, bool truncate, bool any_type) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (truncate ? 0 : O_APPEND), 0644);
+  if (fd < 0) return -1;
+  struct stat st;
+  int e = 0;
+  if (fstat(fd, &st) != 0) e = errno;
+  else if (!any_type && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) e = EINVAL;
+  else if (truncate && S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0) e = errno;
+  else {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) e = errno;
+  }
+  if (e) {
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+/* Why _vs_open_output failed, for a message. */
+const char *_vs_open_output_error(int e) {
+  if (e == ELOOP) return "it is a symbolic link, which is not followed";
+  if (e == ENXIO) return "it is a FIFO with no reader yet";
+  if (e == EINVAL) return "it is not a regular file or a FIFO";
+  return strerror(e);
+}
+
 /* spec: "info", "debug:/path/to/file" ("%p" in the path becomes the pid). */
 void _vs_log_open(const char *spec, vs_log_level_t *level_out) {
   if (level_out) _vs_log_level = (int)*level_out;
   if (!spec) return;
   const char *colon = strchr(spec, ':');
   if (!colon || !colon[1]) return;
-  char path[512];
+  char path[PATH_MAX];
   size_t o = 0;
-  for (const char *s = colon + 1; *s && o + 24 < sizeof path; s++) {
+  bool fits = true;
+  for (const char *s = colon + 1; *s && fits; s++) {
+    char pid[24];
+    const char *ins = pid;
     if (s[0] == '%' && s[1] == 'p') {
-      o += (size_t)snprintf(path + o, sizeof path - o, "%d", (int)getpid());
+      snprintf(pid, sizeof pid, "%d", (int)getpid());
       s++;
     } else {
-      path[o++] = *s;
+      pid[0] = *s;
+      pid[1] = 0;
     }
+    size_t n = strlen(ins);
+    fits = o + n < sizeof path;
+    if (fits) memcpy(path + o, ins, n);
+    o += n;
+  }
+  if (!fits) {
+    _vs_warn("VMMSHIM_LOG: the path is too long (more than %zu bytes); logging to standard error", sizeof path - 1);
+    return;
   }
   path[o] = 0;
-  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  int fd = _vs_open_output(path, false, true);
   if (fd < 0) {
     int e = errno;
-    _vs_warn("VMMSHIM_LOG: cannot open '%s': %s (errno %d); logging to standard error", path, strerror(e), e);
+    _vs_warn("VMMSHIM_LOG: cannot open '%s': %s (errno %d); logging to standard error", path, _vs_open_output_error(e),
+             e);
     return;
   }
   vs_log_fd = fd;
