@@ -16,7 +16,7 @@
  *              deferred list, or in a batch sealed by an event (reclaim.c)
  *   B_HOLE     reserved, no memory mapped: on its heap's hole list (space.c)
  *   B_BUSY     on no list: being split, mapped or unmapped by a thread that dropped the lock
- *              for a driver call
+ *              for a driver call; or, for good, a range whose unmap failed (space.c)
  * A pool's lock is never held across a driver call (asserted in vmm.c in debug builds). */
 #ifndef VMMSHIM_POOL_INTERNAL_H
 #define VMMSHIM_POOL_INTERNAL_H
@@ -134,6 +134,9 @@ struct vs_pool_s {
   int n_resv;
   vs_segs_t segs; /* the handles mapped, sorted by va (handles.c) */
   size_t mapped, used, free_bytes, pending_bytes;
+  size_t stuck_bytes; /* mapped in ranges whose unmap failed: BUSY blocks, out of use (space.c) */
+  bool said_stuck;    /* that was said once */
+  bool lost_stuck;    /* one such range is not even in the table (no host memory) */
   size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq;    /* synchronisations started */
   unsigned syncs_running;  /* context synchronisations in flight */

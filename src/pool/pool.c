@@ -512,7 +512,7 @@ int _vs_pool_check_locked(vs_pool_t *p) {
   size_t heaps_mapped = 0;
   for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++) heaps_mapped += p->heaps[heap_id].mapped;
   if (seg_sum != p->mapped || heaps_mapped != p->mapped) bad++; /* mapped bytes = the sum of handles */
-  if (p->mapped != p->used + p->free_bytes + p->pending_bytes) bad++;
+  if (p->mapped != p->used + p->free_bytes + p->pending_bytes + p->stuck_bytes) bad++;
   return bad;
 }
 
