@@ -165,6 +165,15 @@ void _vs_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define _vs_warn(...) _vs_log(VS_LOG_WARN, __VA_ARGS__)
 #define _vs_info(...) do { if (VS_LOG_ON(VS_LOG_INFO)) _vs_log(VS_LOG_INFO, __VA_ARGS__); } while (0)
 #define _vs_debug(...) do { if (VS_LOG_ON(VS_LOG_DEBUG)) _vs_log(VS_LOG_DEBUG, __VA_ARGS__); } while (0)
+/* Warnings that others can cause (requests of other users, refused): kept apart from the cap on
+ * the process's warnings, so that they never hide the program's own, and shown at most once a
+ * second per limiter, each shown one saying how many were not. A limiter starts zeroed. */
+typedef struct vs_rate_s {
+  _Atomic uint64_t next_ns; /* none shown before this */
+  atomic_uint hidden;       /* not shown since the last one */
+  atomic_bool said;         /* the first was shown (it says how the others are) */
+} vs_rate_t;
+void _vs_warn_rated(vs_rate_t *rate, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Opens the log or the trace for writing: no symbolic link followed, a FIFO without a reader
  * refused (ENXIO) rather than waited for; truncate: empties a regular file, else appends;
  * any_type false: only a regular file or a FIFO (EINVAL). -1 with errno on failure, and

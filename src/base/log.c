@@ -4,7 +4,8 @@
  * formatted into a fixed stack buffer and written with one write(2), so messages from
  * several threads never interleave and logging never allocates. A thread-local guard
  * stops a message from recursing into itself. Warnings are capped so a program that
- * frees the same bad pointer a million times does not drown its own output. */
+ * frees the same bad pointer a million times does not drown its own output; warnings that
+ * other processes can cause are rated apart (_vs_warn_rated), so they never use up that cap. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -62,6 +63,26 @@ void _vs_log(vs_log_level_t level, const char *fmt, ...) {
   va_end(ap);
 }
 
+#define VS_RATE_NS 1000000000ull /* one rated warning a second per limiter */
+
+void _vs_warn_rated(vs_rate_t *rate, const char *fmt, ...) {
+  if (_vs_log_level < VS_LOG_WARN) return;
+  uint64_t now = _vs_now_ns(), next = atomic_load_explicit(&rate->next_ns, memory_order_relaxed);
+  if (now < next || !atomic_compare_exchange_strong(&rate->next_ns, &next, now + VS_RATE_NS)) {
+    atomic_fetch_add_explicit(&rate->hidden, 1, memory_order_relaxed);
+    return;
+  }
+  unsigned hidden = atomic_exchange_explicit(&rate->hidden, 0, memory_order_relaxed);
+  char msg[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (hidden) _vs_note("warning: %s (and %u more like it since the last one shown)", msg, hidden);
+  else if (!atomic_exchange(&rate->said, true)) _vs_note("warning: %s (more like it: at most one a second)", msg);
+  else _vs_note("warning: %s", msg);
+}
+
 void _vs_note(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -112,8 +133,8 @@ void _vs_log_open(const char *spec, vs_log_level_t *level_out) {
   if (!colon || !colon[1]) return;
   char path[PATH_MAX];
   size_t o = 0;
-  bool fits = true;
-  for (const char *s = colon + 1; *s && fits; s++) {
+  bool whole = true;
+  for (const char *s = colon + 1; *s && whole; s++) {
     char pid[24];
     const char *ins = pid;
     if (s[0] == '%' && s[1] == 'p') {
@@ -124,11 +145,11 @@ void _vs_log_open(const char *spec, vs_log_level_t *level_out) {
       pid[1] = 0;
     }
     size_t n = strlen(ins);
-    fits = o + n < sizeof path;
-    if (fits) memcpy(path + o, ins, n);
+    whole = o + n < sizeof path;
+    if (whole) memcpy(path + o, ins, n);
     o += n;
   }
-  if (!fits) {
+  if (!whole) {
     _vs_warn("VMMSHIM_LOG: the path is too long (more than %zu bytes); logging to standard error", sizeof path - 1);
     return;
   }
