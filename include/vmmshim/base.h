@@ -103,7 +103,8 @@ typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIN
   X(TRACE_STACKS_SAMPLE, VS_KIND_SAMPLE, 1)      /* one in N smaller allocations gets one */ \
   X(TRACE_UNWIND, VS_KIND_UNWIND, VS_UNWIND_AUTO) /* auto | libunwind | dwarf | fp */        \
   X(TRACE_PYTHON, VS_KIND_PYTHON, VS_PYTHON_ON)  /* off | held | on: Python frames (pyframes.c) */ \
-  X(PEER_ACCESS, VS_KIND_PEER, VS_PEER_AUTO)     /* auto | all | none */
+  X(PEER_ACCESS, VS_KIND_PEER, VS_PEER_AUTO)     /* auto | all | none */ \
+  X(IPC_TIMEOUT, VS_KIND_SECONDS, 10)            /* longest wait of an IPC open, and of a request */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -119,7 +120,8 @@ typedef enum vs_option_kind_e {
   VS_KIND_SAMPLE, /* 1 .. 1000000000 */
   VS_KIND_UNWIND,
   VS_KIND_PYTHON,
-  VS_KIND_PEER
+  VS_KIND_PEER,
+  VS_KIND_SECONDS /* 1 .. 3600 */
 } vs_option_kind_t;
 
 typedef enum vs_option_e {

@@ -68,6 +68,7 @@ typedef struct vs_block_s {
   uint16_t resv;                    /* reservation index: blocks never merge across */
   uint8_t state;
   uint8_t bin;
+  bool exported;     /* USED: shared by IPC; its free is share/ipc.c's to decide (VS_POOL_EXPORTED) */
   UT_hash_handle hh; /* USED blocks, by addr */
 } vs_block_t;
 

@@ -142,6 +142,7 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_UNWIND: return "auto";
   case VS_KIND_PYTHON: return "on";
   case VS_KIND_PEER: return "auto";
+  case VS_KIND_SECONDS: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
   }
   return "?";
 }
@@ -170,6 +171,7 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
   case VS_KIND_ARENAS: *expect = "a whole number from 1 to " VS_STR(VS_MAX_ARENAS); return parse_count(text, 1, VS_MAX_ARENAS, v);
   case VS_KIND_FRAMES: *expect = "a whole number from 0 (off) to 64"; return parse_count(text, 0, 64, v);
   case VS_KIND_SAMPLE: *expect = "a whole number from 1 to 1000000000"; return parse_count(text, 1, 1000000000, v);
+  case VS_KIND_SECONDS: *expect = "a whole number of seconds from 1 to 3600"; return parse_count(text, 1, 3600, v);
   case VS_KIND_PYTHON:
     *expect = "on, held or off (1/yes/true = on, 0/no/false = off)";
     if (!strcasecmp(text, "held")) { *v = VS_PYTHON_HELD; return 0; }

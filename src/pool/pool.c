@@ -140,6 +140,7 @@ static size_t stream_waiting(const vs_pool_t *p, const vs_stream_t *s) {
 /* The carved block b becomes the request's: in the map, counted. Lock held. */
 static inline void serve_block(vs_pool_t *p, vs_block_t *b, const vs_request_t *rq) {
   b->requested = rq->req;
+  b->exported = false;
   HASH_ADD(hh, p->map, addr, sizeof b->addr, b);
   p->used += b->size;
   p->allocs++;
@@ -292,8 +293,9 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
 
 /* ------------------------------------------------------------------ free */
 
-vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out,
-                               size_t *requested_out, CUresult *err_out) {
+/* even_exported: free a block marked exported too (IPC gives back a block it held). */
+static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api,
+                                   size_t *size_out, size_t *requested_out, CUresult *err_out, bool even_exported) {
   *err_out = CUDA_SUCCESS;
   if (!ptr) return VS_POOL_NOT_OWNED; /* address 0 is the map's anchor */
   const void *owner = NULL;
@@ -306,8 +308,14 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
      * the block leaves the map, so the lock is never held across it. */
     pool_lock(p);
     HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
+    bool exported = b && b->exported && !even_exported;
+    if (exported) {
+      *size_out = b->size;
+      *requested_out = b->requested;
+    }
     pool_unlock(p);
     if (!b) return VS_POOL_NOT_OWNED;
+    if (exported) return VS_POOL_EXPORTED;
     /* A sync while another thread captures a graph would invalidate its capture. */
     CUresult r =
         atomic_load(&_vs_captures_active) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : _vs_pool_sync_and_reclaim(p);
@@ -328,10 +336,14 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
     return VS_POOL_NOT_OWNED;
   }
   vs_assert(b->state == B_USED);
-  HASH_DELETE(hh, p->map, b);
-  p->used -= b->size;
   *size_out = b->size;
   *requested_out = b->requested;
+  if (vs_unlikely(b->exported) && !even_exported) {
+    pool_unlock(p);
+    return VS_POOL_EXPORTED;
+  }
+  HASH_DELETE(hh, p->map, b);
+  p->used -= b->size;
   if (sync_mode) {
     _vs_block_make_free(p, b);
   } else {
@@ -369,6 +381,26 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
     pool_unlock(p);
   }
   return VS_POOL_OK;
+}
+
+vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out,
+                               size_t *requested_out, CUresult *err_out) {
+  return free_block(p, ptr, stream, api, size_out, requested_out, err_out, false);
+}
+
+vs_pool_status_t _vs_pool_free_exported(vs_pool_t *p, CUdeviceptr ptr, vmmshim_api_t api, size_t *size_out,
+                                        size_t *requested_out, CUresult *err_out) {
+  return free_block(p, ptr, VS_NO_STREAM, api, size_out, requested_out, err_out, true);
+}
+
+bool _vs_pool_set_exported(vs_pool_t *p, CUdeviceptr ptr, bool exported) {
+  if (!ptr) return false;
+  pool_lock(p);
+  vs_block_t *b;
+  HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
+  if (b) b->exported = exported;
+  pool_unlock(p);
+  return b != NULL;
 }
 
 /* ------------------------------------------------------------------ lookups */
