@@ -134,7 +134,7 @@ int main(void) {
   for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) signal_is(refused[i], -1);
   for (int n = 1; n < 32; n++)
     if (n != SIGUSR1 && n != SIGUSR2 && n != SIGPWR && n != SIGWINCH && n != SIGURG) {
-      char num[8];
+      char num[16];
       snprintf(num, sizeof num, "%d", n);
       signal_is(num, -1);
     }
