@@ -222,6 +222,41 @@ int main(void) {
     CHECK(!!strstr(out, "VMMSHIM_ARENAS") == arenas[i].msg, "VMMSHIM_ARENAS='%s' message: '%s'", arenas[i].text, out);
   }
 
+  /* IPC timeout: whole seconds from 1 to 3600, else the default (10) with a message */
+  static const struct { const char *text; unsigned long long want; int msg; } tmo[] = {
+      {NULL, 10, 0}, {"1", 1, 0}, {"3600", 3600, 0}, {"0", 10, 1}, {"3601", 10, 1}, {"5s", 10, 1}, {"-2", 10, 1}};
+  for (size_t i = 0; i < sizeof tmo / sizeof tmo[0]; i++) {
+    clear_env();
+    if (tmo[i].text) setenv("VMMSHIM_IPC_TIMEOUT", tmo[i].text, 1);
+    else unsetenv("VMMSHIM_IPC_TIMEOUT");
+    out = reload_capture();
+    CHECK(_vs_option(VS_OPT_IPC_TIMEOUT) == tmo[i].want, "VMMSHIM_IPC_TIMEOUT='%s' -> %llu",
+          tmo[i].text ? tmo[i].text : "(unset)", (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT));
+    CHECK(!!strstr(out, "VMMSHIM_IPC_TIMEOUT") == tmo[i].msg, "VMMSHIM_IPC_TIMEOUT='%s' message: '%s'",
+          tmo[i].text ? tmo[i].text : "(unset)", out);
+  }
+  unsetenv("VMMSHIM_IPC_TIMEOUT");
+
+  /* Sizes the pool rounds: at most 1 PiB, else the default with one message naming the variable */
+  static const struct { const char *name, *text; vs_option_t opt; unsigned long long want; int msg; } big[] = {
+      {"VMMSHIM_GRANULARITY", "1125899906842624", VS_OPT_GRANULARITY, 1ull << 50, 0},
+      {"VMMSHIM_GRANULARITY", "1125899906842625", VS_OPT_GRANULARITY, 64ull << 20, 1},
+      {"VMMSHIM_GRANULARITY", "18446744073709551615", VS_OPT_GRANULARITY, 64ull << 20, 1},
+      {"VMMSHIM_MAX_HANDLE", "16777215T", VS_OPT_MAX_HANDLE, 0, 1},
+      {"VMMSHIM_RESERVE", "17179869183G", VS_OPT_RESERVE, 0, 1},
+      {"VMMSHIM_RESERVE", "1024T", VS_OPT_RESERVE, 1ull << 50, 0},
+      {"VMMSHIM_LIMIT", "18446744073709551615", VS_OPT_LIMIT, UINT64_MAX, 0}};
+  for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
+    clear_env();
+    unsetenv("VMMSHIM_MAX_HANDLE");
+    setenv(big[i].name, big[i].text, 1);
+    out = reload_capture();
+    CHECK(_vs_option(big[i].opt) == big[i].want, "%s='%s' -> %llu", big[i].name, big[i].text,
+          (unsigned long long)_vs_option(big[i].opt));
+    CHECK(!!strstr(out, big[i].name) == big[i].msg, "%s='%s' message: '%s'", big[i].name, big[i].text, out);
+    unsetenv(big[i].name);
+  }
+
   /* Python frames: on (default), held, off; booleans too; anything else the default */
   static const struct { const char *text; unsigned long long want; int msg; } pys[] = {
       {NULL, VS_PYTHON_ON, 0}, {"held", VS_PYTHON_HELD, 0}, {"HELD", VS_PYTHON_HELD, 0}, {"on", VS_PYTHON_ON, 0},
