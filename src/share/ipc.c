@@ -337,8 +337,8 @@ static bool answer(vs_conn_t *c) {
   if (_vs_pool_handles_of(x->pool, x->ptr, &offset, handles, sizes, VS_IPC_MAX_SEGS, &n) != VS_POOL_OK) {
     CUdeviceptr ptr = x->ptr;
     ipc_unlock();
-    _vs_warn("ipc: block 0x%llx lies on more than %d handles; it cannot be shared", (unsigned long long)ptr,
-             VS_IPC_MAX_SEGS);
+    _vs_warn_rated(&vs_refusals, "ipc: block 0x%llx lies on more than %d handles; it cannot be shared",
+                   (unsigned long long)ptr, VS_IPC_MAX_SEGS); /* asked for by others: rated */
     refuse(c->fd, VS_IPC_FAILED);
     return false;
   }
