@@ -315,6 +315,27 @@ static void test_oom(void) {
   CHECK_COND(cuMemAlloc(&p, 10) == CUDA_ERROR_UNKNOWN);
   CHECK_COND(cuMemAlloc(&p, 10) == CUDA_SUCCESS);
   CHECK_COND(cuMemFree(p) == CUDA_SUCCESS);
+  /* after some calls succeed; a failed unmap leaves the mapping as it was */
+  CUdeviceptr va = 0;
+  CHECK_COND(cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemCreate(&h1, 2 * MiB, &g_prop, 0) == CUDA_SUCCESS);
+  emu_fail_after("cuMemMap", 1, CUDA_ERROR_INVALID_VALUE, 1);
+  CHECK_COND(emu_faults_left("cuMemMap") == 1);
+  CHECK_COND(cuMemMap(va, 2 * MiB, 0, h1, 0) == CUDA_SUCCESS);
+  CHECK_NO_VIOLATION(cuMemMap(va + 2 * MiB, 2 * MiB, 0, h1, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_COND(emu_faults_left("cuMemMap") == 0 && emu_faults_left("cuNoSuchThing") == -1);
+  emu_fail_next("cuMemUnmap", CUDA_ERROR_UNKNOWN, 1);
+  CHECK_NO_VIOLATION(cuMemUnmap(va, 2 * MiB), CUDA_ERROR_UNKNOWN);
+  emu_counters_t c;
+  emu_get_counters(&c);
+  CHECK(c.live_mappings == 1 && c.mapped_bytes == 2 * MiB, "the failed unmap left the mapping: %ld, %llu",
+        c.live_mappings, c.mapped_bytes);
+  CHECK_COND(cuMemUnmap(va, 2 * MiB) == CUDA_SUCCESS);
+  CHECK_COND(cuMemRelease(h1) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAddressFree(va, 4 * MiB) == CUDA_SUCCESS);
+  emu_fail_after("cuMemCreate", 3, CUDA_ERROR_OUT_OF_MEMORY, 0); /* count 0: nothing fails */
+  CHECK_COND(emu_faults_left("cuMemCreate") == 0);
+  CHECK_COND(cuMemCreate(&h1, 2 * MiB, &g_prop, 0) == CUDA_SUCCESS && cuMemRelease(h1) == CUDA_SUCCESS);
 }
 
 static void test_plain(void) {

@@ -38,16 +38,46 @@
  *             alive and then exited through exit(), leaves the exporter's server answering, for
  *             handles made before and after.
  *   stall     a client that sends part of a request and stops does not stop the exporter's
- *             server: another process's open is answered. */
+ *             server: another process's open is answered.
+ *   hostile   (as root; under CI=true not being root is a failure) a process of another user opens
+ *             300 connections and keeps them, and sends 150 requests: each is refused when it
+ *             connects, the exporter holds none of their descriptors (its descriptor count stays),
+ *             the rightful user's open works, the exporter's own cudaMalloc of new handles works
+ *             with 48 descriptors to spare, the refusals are warned about a few times only and a
+ *             double free of the program is still reported (the parent reads the output).
+ *   fdlimit   the exporter has no descriptor left: a request is refused at once (no wait, no
+ *             server spinning: the process uses under 0.3 s of CPU in a second of that), and once
+ *             descriptors are free again the server answers as before.
+ *   slow      30 connections of the same user that send one byte each do not delay an open (it
+ *             once waited 1 s for each); one that sends nothing is closed after VMMSHIM_IPC_TIMEOUT
+ *             (1 s here); 300 idle connections do not keep a new open out.
+ *   stopped   the exporter is stopped (SIGSTOP): an open fails with cudaErrorMapBufferObjectFailed
+ *             after VMMSHIM_IPC_TIMEOUT (2 s here), it does not wait for ever.
+ *   many      300 importers of one block at once (connections that hold it): all served; the block
+ *             freed meanwhile comes back once all are closed.
+ *   fake      a fake exporter answers with an offset of 2^40, offsets outside or unaligned, no
+ *             handle or 65, descriptors that do not match, sizes of 0, not a multiple of the
+ *             granularity, summing past 2^64, a block larger than its handles, an unknown status, a
+ *             short answer, none at all: each open fails with CUDA_ERROR_MAP_FAILED, maps nothing,
+ *             keeps no descriptor, no contract violation; a right answer opens.
+ *   guess     export ids are random: requests for ids 1-64 and for each real id +-1..16 get no
+ *             descriptor.
+ *   freecost  with 3000 blocks exported, a free of a block that is not costs what it costs with
+ *             none (under 3 x: it once looked through every export, under a lock of the process). */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -83,7 +113,15 @@ enum {
   A_GET,       /* a -> res cudaIpcGetMemHandle's error, h */
   A_FORK_HOLD, /* forks a child that waits; res 0 */
   A_FORK_END,  /* lets the child exit, res its wait status */
-  A_RAW,       /* h: asks the exporter's socket directly; res its status (or -errno), a descriptors received */
+  A_RAW,       /* h: asks the exporter's socket directly; res its status (or -errno), a descriptors received;
+                * c 1: for export id b instead of the handle's */
+  A_FLOOD,     /* h, a n, b bytes: n connections to the exporter, each sends b bytes (0 or 1) and is kept; res how
+                * many connected */
+  A_RAWN,      /* h, a n: n requests one after the other; res how many got descriptors, a how many descriptors */
+  A_HOLDN,     /* h, a n: n requests whose connections are kept (each holds the block); res how many were served */
+  A_CLOSED,    /* res how many kept connections the exporter has closed */
+  A_RELEASE,   /* closes the kept connections; res how many */
+  A_FDS,       /* res the descriptors this process has open */
   A_CRASH,     /* exits at once, closing nothing (no answer) */
   A_EXIT       /* answers, then exits normally */
 };
@@ -232,9 +270,25 @@ static int exporter_connect(const void *h) {
   return fd;
 }
 
+/* Descriptors open in this process. */
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n - 1; /* the directory's own */
+}
+
+/* Connections an agent keeps (A_FLOOD, A_HOLDN). */
+static int g_kept[1024], g_nkept;
+
 /* Asks the socket named in handle bytes h for handle h straight away (the wire format of
- * src/ipc.c, repeated here on purpose: the server must refuse whoever asks, not only a shim). */
-static int raw_request(const unsigned char *h, int *nfds) {
+ * src/ipc.c, repeated here on purpose: the server must refuse whoever asks, not only a shim).
+ * id: the export asked for (0: the handle's); keep: the connection is kept (g_kept) when served. */
+static int raw_request_as(const unsigned char *h, uint64_t id, bool keep, int *nfds);
+static int raw_request(const unsigned char *h, int *nfds) { return raw_request_as(h, 0, false, nfds); }
+static int raw_request_as(const unsigned char *h, uint64_t id, bool keep, int *nfds) {
   struct {
     char magic[8];
     uint32_t pid;
@@ -251,7 +305,7 @@ static int raw_request(const unsigned char *h, int *nfds) {
     uint64_t id;
   } req;
   memcpy(req.magic, hd.magic, 8);
-  req.id = hd.id;
+  req.id = id ? id : hd.id;
   struct {
     int32_t status;
     uint32_t nsegs;
@@ -284,7 +338,8 @@ static int raw_request(const unsigned char *h, int *nfds) {
       }
       *nfds += k;
     }
-  close(fd);
+  if (keep && st == 0 && *nfds && g_nkept < (int)(sizeof g_kept / sizeof *g_kept)) g_kept[g_nkept++] = fd;
+  else close(fd);
   return st;
 }
 
@@ -380,10 +435,49 @@ static int agent_main(void) {
     }
     case A_RAW: {
       int n = 0;
-      r.res = raw_request(m.h, &n);
+      r.res = raw_request_as(m.h, m.c == 1 ? m.b : 0, false, &n);
       r.a = (uint64_t)n;
       break;
     }
+    case A_FLOOD:
+      for (uint64_t i = 0; i < m.a && g_nkept < (int)(sizeof g_kept / sizeof *g_kept); i++) {
+        int fd = exporter_connect(m.h);
+        if (fd < 0) continue;
+        if (m.b && send(fd, "v", 1, MSG_NOSIGNAL) != 1) {
+          close(fd);
+          continue;
+        }
+        g_kept[g_nkept++] = fd;
+        r.res++;
+      }
+      break;
+    case A_RAWN:
+      r.a = 0;
+      for (uint64_t i = 0; i < m.a; i++) {
+        int n = 0;
+        if (raw_request(m.h, &n) == 0 && n) r.res++;
+        r.a += (uint64_t)n;
+      }
+      break;
+    case A_HOLDN:
+      for (uint64_t i = 0; i < m.a; i++) {
+        int n = 0;
+        if (raw_request_as(m.h, 0, true, &n) == 0 && n) r.res++;
+      }
+      break;
+    case A_CLOSED:
+      for (int i = 0; i < g_nkept; i++) {
+        char x;
+        ssize_t k = recv(g_kept[i], &x, 1, MSG_DONTWAIT | MSG_PEEK);
+        r.res += k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+      }
+      break;
+    case A_RELEASE:
+      for (int i = 0; i < g_nkept; i++) close(g_kept[i]);
+      r.res = g_nkept;
+      g_nkept = 0;
+      break;
+    case A_FDS: r.res = count_fds(); break;
     case A_CRASH: _exit(0);
     case A_EXIT: msg_send(out, &r); return 0;
     default: r.res = -1;
@@ -642,11 +736,18 @@ static void scenario_stale(void) {
 
 /* ------------------------------------------------------------------ uid */
 
+/* Whether a process of another user can be made (root only); under CI=true not being root is a
+ * failure, elsewhere a note. */
+static bool can_be_another_user(void) {
+  if (geteuid() == 0) return true;
+  const char *ci = getenv("CI");
+  if (ci && !strcmp(ci, "true")) CHECK(0, "not root under CI=true: the other-user checks cannot run");
+  else printf("note: not root, so no process of another user can be made: the other-user checks are skipped\n");
+  return false;
+}
+
 static void scenario_uid(void) {
-  if (geteuid() != 0) {
-    printf("note: not root, so no process of another user can be made: the other-user checks are skipped\n");
-    return;
-  }
+  if (!can_be_another_user()) return;
   CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
   void *p = must_malloc(MiB);
   pat_fill(p, MiB, 9);
@@ -654,8 +755,9 @@ static void scenario_uid(void) {
   agent_t other = agent_start("AGENT_SETUID=65534", NULL);
   CHECK(ask(&other, A_OPEN, 0, 0, 0, &h).res == cudaErrorMapBufferObjectFailed, "another user's open is refused");
   msg_t r = ask(&other, A_RAW, 0, 0, 0, &h);
-  CHECK(r.res == 1 && r.a == 0, "the exporter refuses another user's request: status %d, %llu descriptors", r.res,
-        (unsigned long long)r.a);
+  /* Refused when it connects: a refusal, or the connection closed before the request was sent. */
+  CHECK((r.res == 1 || r.res == -EPIPE || r.res == -ECONNRESET || r.res == -EPROTO) && r.a == 0,
+        "the exporter refuses another user's request: status %d, %llu descriptors", r.res, (unsigned long long)r.a);
   agent_end(&other);
   agent_t same = agent_start(NULL);
   r = ask(&same, A_RAW, 0, 0, 0, &h);
@@ -747,6 +849,419 @@ static void scenario_stall(void) {
   CHECK(cudaFree(p) == cudaSuccess, "free");
 }
 
+/* ------------------------------------------------------------------ hostile */
+
+static void set_fd_limit(rlim_t n) {
+  struct rlimit rl;
+  CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0, "getrlimit");
+  rl.rlim_cur = n;
+  CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0, "setrlimit %llu: %s", (unsigned long long)n, strerror(errno));
+}
+
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
+static void scenario_hostile(void) {
+  if (!can_be_another_user()) return;
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  void *p = must_malloc(MiB);
+  pat_fill(p, MiB, 41);
+  cudaIpcMemHandle_t h = must_handle(p);
+  /* Agents first: they inherit the descriptor limit set below. */
+  agent_t other = agent_start("AGENT_SETUID=65534", NULL);
+  agent_t same = agent_start(NULL);
+  struct rlimit saved;
+  getrlimit(RLIMIT_NOFILE, &saved);
+  int fds0 = count_fds();
+  set_fd_limit((rlim_t)fds0 + 48);
+  msg_t r = ask(&other, A_FLOOD, 300, 0, 0, &h);
+  printf("another user opened %d connections and keeps them\n", r.res);
+  r = ask(&other, A_RAWN, 150, 0, 0, &h);
+  CHECK(r.res == 0 && r.a == 0, "its 150 requests got nothing: %d served, %llu descriptors", r.res,
+        (unsigned long long)r.a);
+  sleep_ms(300);
+  int fds1 = count_fds();
+  CHECK(fds1 <= fds0 + 2, "the exporter holds none of their descriptors: %d open, %d before", fds1, fds0);
+  /* The program's own allocations need descriptors here (the emulation's handles are memfds). */
+  void *b[10];
+  for (int i = 0; i < 10; i++) {
+    b[i] = must_malloc(64 * MiB);
+    if (b[i]) pat_fill_sparse(b[i], 64 * MiB, 50 + (unsigned)i);
+  }
+  r = ask(&same, A_OPEN, 0, 0, 0, &h);
+  CHECK(r.res == cudaSuccess && ask(&same, A_CHECK, r.a, MiB, 41, NULL).res == 1, "the rightful user's open works");
+  CHECK(ask(&same, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "close");
+  for (int i = 0; i < 10; i++)
+    if (b[i]) {
+      CHECK(pat_check_sparse(b[i], 64 * MiB, 50 + (unsigned)i) == (size_t)-1, "block intact");
+      CHECK(cudaFree(b[i]) == cudaSuccess, "free");
+    }
+  agent_end(&other);
+  agent_end(&same);
+  setrlimit(RLIMIT_NOFILE, &saved);
+  /* The program's own warning still shows (the parent looks for it). */
+  CHECK(cudaFree(p) == cudaSuccess, "free");
+  CHECK(cudaFree(p) != cudaSuccess, "a double free is refused");
+  cudaGetLastError();
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* The hostile scenario's output: the refusals said a few times, the double free said. */
+static void hostile_output(void) {
+  int said = 0;
+  for (const char *q = check_child_output; (q = strstr(q, "asked for a handle of this process")); q++) said++;
+  CHECK(said >= 1 && said <= 5, "another user's refusals warned about %d times (rated)", said);
+  CHECK(strstr(check_child_output, "not a live allocation") != NULL, "the program's double free is reported");
+}
+
+/* ------------------------------------------------------------------ fdlimit */
+
+static void scenario_fdlimit(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  void *p = must_malloc(MiB);
+  pat_fill(p, MiB, 43);
+  cudaIpcMemHandle_t h = must_handle(p);
+  agent_t ag = agent_start("VMMSHIM_IPC_TIMEOUT=3", NULL);
+  agent_t flood = agent_start(NULL);
+  struct rlimit saved;
+  getrlimit(RLIMIT_NOFILE, &saved);
+  set_fd_limit((rlim_t)count_fds() + 16);
+  int filler[64], nf = 0;
+  for (int fd; nf < 64 && (fd = open("/dev/null", O_RDONLY)) >= 0;) filler[nf++] = fd;
+  CHECK(errno == EMFILE, "no descriptor left (%d taken): %s", nf, strerror(errno));
+  double t0 = now_s();
+  msg_t r = ask(&ag, A_OPEN, 0, 0, 0, &h);
+  CHECK(r.res == cudaErrorMapBufferObjectFailed, "an open is refused: %d", r.res);
+  CHECK(now_s() - t0 < 2.5, "at once: %.1f s", now_s() - t0);
+  double c0 = cpu_s();
+  ask(&flood, A_FLOOD, 5, 0, 0, &h);
+  sleep_ms(1000);
+  double used = cpu_s() - c0;
+  CHECK(used < 0.3, "the server does not spin: %.2f s of CPU in 1 s", used);
+  ask(&flood, A_RELEASE, 0, 0, 0, NULL);
+  for (int i = 0; i < nf; i++) close(filler[i]);
+  setrlimit(RLIMIT_NOFILE, &saved);
+  void *q = must_malloc(64 * MiB);
+  CHECK(cudaFree(q) == cudaSuccess, "the program allocates again");
+  sleep_ms(200); /* past a back-off of the server, if it made one */
+  r = ask(&ag, A_OPEN, 0, 0, 0, &h);
+  CHECK(r.res == cudaSuccess && ask(&ag, A_CHECK, r.a, MiB, 43, NULL).res == 1, "and the server answers again: %d",
+        r.res);
+  CHECK(ask(&ag, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "close");
+  agent_end(&ag);
+  agent_end(&flood);
+  CHECK(cudaFree(p) == cudaSuccess, "free");
+}
+
+/* ------------------------------------------------------------------ slow */
+
+static void scenario_slow(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  void *p = must_malloc(MiB);
+  pat_fill(p, MiB, 44);
+  cudaIpcMemHandle_t h = must_handle(p);
+  agent_t slow = agent_start(NULL);
+  agent_t ag = agent_start(NULL);
+  CHECK(ask(&slow, A_FLOOD, 30, 1, 0, &h).res == 30, "30 connections that send one byte");
+  double t0 = now_s();
+  msg_t r = ask(&ag, A_OPEN, 0, 0, 0, &h);
+  CHECK(r.res == cudaSuccess && ask(&ag, A_CHECK, r.a, MiB, 44, NULL).res == 1, "an open behind them");
+  CHECK(now_s() - t0 < 2, "not delayed by them: %.1f s", now_s() - t0);
+  CHECK(ask(&ag, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "close");
+  /* They are closed after VMMSHIM_IPC_TIMEOUT (1 s). */
+  sleep_ms(2500);
+  CHECK(ask(&slow, A_CLOSED, 0, 0, 0, NULL).res == 30, "the exporter closed the connections that sent no request");
+  ask(&slow, A_RELEASE, 0, 0, 0, NULL);
+  /* 300 idle ones: the oldest make room for a new one. */
+  CHECK(ask(&slow, A_FLOOD, 300, 0, 0, &h).res == 300, "300 idle connections");
+  t0 = now_s();
+  r = ask(&ag, A_OPEN, 0, 0, 0, &h);
+  CHECK(r.res == cudaSuccess && now_s() - t0 < 2, "an open behind 300 idle connections: %d in %.1f s", r.res,
+        now_s() - t0);
+  CHECK(ask(&ag, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "close");
+  agent_end(&slow);
+  agent_end(&ag);
+  CHECK(cudaFree(p) == cudaSuccess, "free");
+}
+
+/* ------------------------------------------------------------------ stopped */
+
+typedef struct {
+  cudaIpcMemHandle_t h;
+  cudaError_t res;
+  double took;
+} open_job_t;
+
+static void *open_in_thread(void *arg) {
+  open_job_t *j = arg;
+  double t0 = now_s();
+  void *q = NULL;
+  j->res = cudaIpcOpenMemHandle(&q, j->h, cudaIpcMemLazyEnablePeerAccess);
+  if (j->res == cudaSuccess) cudaIpcCloseMemHandle(q);
+  j->took = now_s() - t0;
+  return NULL;
+}
+
+static void scenario_stopped(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  agent_t ex = agent_start(NULL);
+  msg_t r = ask(&ex, A_MALLOC, 2 * MiB, 0, 0, NULL);
+  msg_t g = ask(&ex, A_GET, r.a, 0, 0, NULL);
+  CHECK(r.res == cudaSuccess && g.res == cudaSuccess, "the exporter allocates and exports");
+  CHECK(kill(ex.pid, SIGSTOP) == 0, "stop the exporter");
+  open_job_t job;
+  memcpy(&job.h, g.h, sizeof job.h);
+  job.res = cudaSuccess;
+  job.took = -1;
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, open_in_thread, &job) == 0, "thread");
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 8;
+  int joined = pthread_timedjoin_np(t, NULL, &until);
+  CHECK(joined == 0, "the open returned while the exporter is stopped");
+  CHECK(joined != 0 || (job.res == cudaErrorMapBufferObjectFailed && job.took >= 1.5 && job.took < 5),
+        "cudaErrorMapBufferObjectFailed after VMMSHIM_IPC_TIMEOUT: %d in %.1f s", (int)job.res, job.took);
+  kill(ex.pid, SIGCONT);
+  if (joined != 0) pthread_join(t, NULL); /* the exporter answers now */
+  agent_end(&ex);
+}
+
+/* ------------------------------------------------------------------ many */
+
+static void scenario_many(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  void *p = must_malloc(MiB);
+  pat_fill(p, MiB, 45);
+  cudaIpcMemHandle_t h = must_handle(p);
+  agent_t holder = agent_start(NULL);
+  agent_t ag = agent_start(NULL);
+  int served = ask(&holder, A_HOLDN, 300, 0, 0, &h).res;
+  CHECK(served == 300, "300 importers at once: %d served", served);
+  msg_t r = ask(&ag, A_OPEN, 0, 0, 0, &h);
+  CHECK(r.res == cudaSuccess && ask(&ag, A_CHECK, r.a, MiB, 45, NULL).res == 1, "and one more opens");
+  size_t f0 = info_free();
+  CHECK(cudaFree(p) == cudaSuccess, "freed while open");
+  CHECK(ask(&ag, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "close");
+  sleep_ms(100);
+  CHECK(info_free() == f0, "held by the 300");
+  CHECK(ask(&holder, A_RELEASE, 0, 0, 0, NULL).res == served, "the 300 let go");
+  CHECK(wait_free(f0 + MiB), "the block came back: free %zu, want %zu", info_free(), f0 + MiB);
+  agent_end(&holder);
+  agent_end(&ag);
+}
+
+/* ------------------------------------------------------------------ fake */
+
+/* The wire format of src/ipc.c (repeated on purpose: the importer must check what any exporter
+ * says). */
+typedef struct {
+  int32_t status;
+  uint32_t nsegs;
+  uint64_t offset;
+  uint64_t seg_size[64];
+} fake_reply_t;
+
+typedef struct {
+  const char *what;
+  fake_reply_t rep;
+  int nfds;        /* descriptors sent (of the 2 MiB memfd) */
+  size_t bytes;    /* of the reply sent (0: all; -1: none, the connection kept silent) */
+  uint64_t size;   /* the block's size in the handle */
+} fake_case_t;
+
+static int g_fake_listen = -1, g_fake_memfd = -1;
+static fake_case_t g_fake;
+static int g_fake_conns[64], g_fake_nconns;
+
+static void *fake_server(void *arg) {
+  (void)arg;
+  for (;;) {
+    int fd = accept(g_fake_listen, NULL, NULL);
+    if (fd < 0) return NULL;
+    char req[16];
+    if (recv(fd, req, sizeof req, MSG_WAITALL) != (ssize_t)sizeof req) {
+      close(fd);
+      continue;
+    }
+    fake_case_t c = g_fake;
+    if (c.bytes != (size_t)-1) {
+      int fds[80];
+      for (int i = 0; i < c.nfds; i++) fds[i] = g_fake_memfd;
+      union {
+        char buf[CMSG_SPACE(sizeof(int) * 80)];
+        struct cmsghdr align;
+      } u;
+      struct iovec iov = {&c.rep, c.bytes ? c.bytes : sizeof c.rep};
+      struct msghdr m;
+      memset(&m, 0, sizeof m);
+      m.msg_iov = &iov;
+      m.msg_iovlen = 1;
+      if (c.nfds) {
+        memset(&u, 0, sizeof u);
+        m.msg_control = u.buf;
+        m.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)c.nfds);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)c.nfds);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)c.nfds);
+      }
+      sendmsg(fd, &m, MSG_NOSIGNAL);
+    }
+    if (g_fake_nconns < 64) g_fake_conns[g_fake_nconns++] = fd; /* kept: a served importer holds it */
+    else close(fd);
+  }
+}
+
+static void scenario_fake(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  const uint64_t nonce = 0x5eed5eed5eed5eedull;
+  struct {
+    char magic[8];
+    uint32_t pid;
+    int32_t dev;
+    uint64_t nonce, id, size;
+    char note[24];
+  } hd;
+  memset(&hd, 0, sizeof hd);
+  memcpy(hd.magic, "vmmshim\x01", 8);
+  hd.pid = (uint32_t)getpid();
+  hd.nonce = nonce;
+  g_fake_listen = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "vmmshim-ipc-%u-%016llx", hd.pid, (unsigned long long)nonce);
+  CHECK(bind(g_fake_listen, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) == 0 &&
+            listen(g_fake_listen, 16) == 0,
+        "the fake exporter listens");
+  g_fake_memfd = memfd_create("fake-handle", MFD_CLOEXEC);
+  CHECK(g_fake_memfd >= 0 && ftruncate(g_fake_memfd, 2 * MiB) == 0, "a 2 MiB memfd");
+  unsigned char *mem = mmap(NULL, 2 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED, g_fake_memfd, 0);
+  CHECK(mem != MAP_FAILED, "mmap");
+  if (mem != MAP_FAILED) pat_fill(mem + 4096, 8192, 46);
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, fake_server, NULL) == 0, "the fake exporter's thread");
+  agent_t ag = agent_start("VMMSHIM_IPC_TIMEOUT=1", NULL);
+  const uint64_t M2 = 2 * MiB;
+  static fake_case_t cases[] = {
+      {"an offset of 2^40", {0, 1, 1ull << 40, {2 * MiB}}, 1, 0, 8192},
+      {"an offset at the end of its handle", {0, 1, 2 * MiB, {2 * MiB}}, 1, 0, 8192},
+      {"an offset not 256-aligned", {0, 1, 100, {2 * MiB}}, 1, 0, 8192},
+      {"no handle", {0, 0, 0, {0}}, 0, 0, 8192},
+      {"65 handles", {0, 65, 0, {0}}, 65, 0, 8192},
+      {"2 handles, 1 descriptor", {0, 2, 0, {2 * MiB, 2 * MiB}}, 1, 0, 8192},
+      {"1 handle, 3 descriptors", {0, 1, 0, {2 * MiB}}, 3, 0, 8192},
+      {"a handle of 0 bytes", {0, 1, 0, {0}}, 1, 0, 8192},
+      {"a handle size not a multiple of the granularity", {0, 1, 0, {2 * MiB + 4096}}, 1, 0, 8192},
+      {"sizes summing past 2^64", {0, 2, 0, {1ull << 63, (1ull << 63) + 2 * MiB}}, 2, 0, 8192},
+      {"a block larger than its handles", {0, 1, 0, {2 * MiB}}, 1, 0, 4 * MiB},
+      {"an unknown status", {7, 1, 0, {2 * MiB}}, 1, 0, 8192},
+      {"a short answer", {0, 1, 0, {2 * MiB}}, 1, 100, 8192},
+      {"no answer", {0, 1, 0, {2 * MiB}}, 0, (size_t)-1, 8192},
+  };
+  (void)M2;
+  /* A right answer opens: the block at 4096 in a 2 MiB handle. */
+  g_fake = (fake_case_t){"right", {0, 1, 4096, {2 * MiB}}, 1, 0, 8192};
+  hd.id = 2000;
+  hd.size = 8192;
+  msg_t r = ask(&ag, A_OPEN_DRV, 0, 0, 0, &hd);
+  CHECK(r.res == CUDA_SUCCESS && ask(&ag, A_CHECK, r.a, 8192, 46, NULL).res == 1, "a right answer opens: %d", r.res);
+  CHECK(ask(&ag, A_CLOSE, r.a, 0, 0, NULL).res == cudaSuccess, "close");
+  int fds0 = ask(&ag, A_FDS, 0, 0, 0, NULL).res;
+  long long maps0 = agent_calls(&ag, "cuMemMap");
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    g_fake = cases[i];
+    hd.id = 1000 + i;
+    hd.size = cases[i].size;
+    double t0 = now_s();
+    msg_t r = ask(&ag, A_OPEN_DRV, 0, 0, 0, &hd);
+    CHECK(r.res == CUDA_ERROR_MAP_FAILED && !r.a, "%s: CUDA_ERROR_MAP_FAILED, got %d at 0x%llx", cases[i].what, r.res,
+          (unsigned long long)r.a);
+    CHECK(now_s() - t0 < 3, "%s: within %.1f s", cases[i].what, now_s() - t0);
+    CHECK(agent_calls(&ag, "cuMemMap") == maps0, "%s: nothing mapped", cases[i].what);
+    msg_t c = ask(&ag, A_COUNTERS, 0, 0, 0, NULL);
+    CHECK(c.b == 0, "%s: no contract violation in the importer: %llu", cases[i].what, (unsigned long long)c.b);
+    int fds = ask(&ag, A_FDS, 0, 0, 0, NULL).res;
+    CHECK(fds == fds0, "%s: no descriptor kept: %d, before %d", cases[i].what, fds, fds0);
+  }
+  agent_end(&ag);
+  shutdown(g_fake_listen, SHUT_RDWR);
+  close(g_fake_listen);
+  pthread_join(t, NULL);
+  for (int i = 0; i < g_fake_nconns; i++) close(g_fake_conns[i]);
+}
+
+/* ------------------------------------------------------------------ guess */
+
+static void scenario_guess(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  void *p[3];
+  cudaIpcMemHandle_t h[3];
+  uint64_t id[3];
+  for (int i = 0; i < 3; i++) {
+    p[i] = must_malloc(MiB);
+    h[i] = must_handle(p[i]);
+    memcpy(&id[i], (const char *)&h[i] + 24, sizeof id[i]);
+  }
+  CHECK(__builtin_popcountll(id[0] ^ id[1]) >= 8 && __builtin_popcountll(id[1] ^ id[2]) >= 8,
+        "export ids far apart: %016llx %016llx %016llx", (unsigned long long)id[0], (unsigned long long)id[1],
+        (unsigned long long)id[2]);
+  agent_t ag = agent_start(NULL);
+  int got = 0, asked = 0;
+  for (uint64_t g = 1; g <= 64; g++, asked++) got += ask(&ag, A_RAW, g, 1, 1, &h[0]).a > 0;
+  for (int i = 0; i < 3; i++)
+    for (int k = 1; k <= 16; k++, asked += 2) {
+      got += ask(&ag, A_RAW, id[i] + (uint64_t)k, 1, 1, &h[0]).a > 0;
+      got += ask(&ag, A_RAW, id[i] - (uint64_t)k, 1, 1, &h[0]).a > 0;
+    }
+  CHECK(got == 0, "%d of %d guessed ids got descriptors", got, asked);
+  msg_t r = ask(&ag, A_RAW, 0, 0, 0, &h[2]);
+  CHECK(r.res == 0 && r.a >= 1, "the real id does: status %d, %llu", r.res, (unsigned long long)r.a);
+  agent_end(&ag);
+  for (int i = 0; i < 3; i++) CHECK(cudaFree(p[i]) == cudaSuccess, "free");
+}
+
+/* ------------------------------------------------------------------ freecost */
+
+/* Seconds for n pairs of cudaMalloc / cudaFree of `size` bytes (the best of 3 runs). */
+static double pairs_s(int n, size_t size) {
+  double best = 1e9;
+  for (int run = 0; run < 3; run++) {
+    double t0 = now_s();
+    for (int i = 0; i < n; i++) {
+      void *q = NULL;
+      if (cudaMalloc(&q, size) != cudaSuccess || cudaFree(q) != cudaSuccess) return 1e9;
+    }
+    double t = now_s() - t0;
+    if (t < best) best = t;
+  }
+  return best;
+}
+
+static void scenario_freecost(void) {
+  CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+  enum { NX = 3000, PAIRS = 20000 };
+  static void *x[NX];
+  int bad = 0;
+  for (int i = 0; i < NX; i++) bad += cudaMalloc(&x[i], 512) != cudaSuccess;
+  double none = pairs_s(PAIRS, 1000);
+  cudaIpcMemHandle_t h;
+  for (int i = 0; i < NX; i++) bad += cudaIpcGetMemHandle(&h, x[i]) != cudaSuccess;
+  CHECK(bad == 0, "%d of %d blocks not allocated or exported", bad, NX);
+  double many = pairs_s(PAIRS, 1000);
+  printf("%d pairs: %.1f ms with no export, %.1f ms with %d exports\n", PAIRS, none * 1e3, many * 1e3, NX);
+  CHECK(many < 3 * none + 0.005, "a free pays nothing for other blocks' exports: %.1f ms, %.1f ms without",
+        many * 1e3, none * 1e3);
+  for (int i = 0; i < NX; i++) bad += cudaFree(x[i]) != cudaSuccess;
+  CHECK(bad == 0, "%d exported blocks not freed", bad);
+  CHECK(shim_stats().bytes_in_use == 0, "nothing in use");
+}
+
 /* ------------------------------------------------------------------ fork */
 
 /* Set in the fork child of scenario_fork: AddressSanitizer's leak check at exit is skipped there.
@@ -822,6 +1337,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(sc, "passthrough")) scenario_passthrough();
     else if (!strcmp(sc, "fork")) scenario_fork();
     else if (!strcmp(sc, "stall")) scenario_stall();
+    else if (!strcmp(sc, "hostile")) scenario_hostile();
+    else if (!strcmp(sc, "fdlimit")) scenario_fdlimit();
+    else if (!strcmp(sc, "slow")) scenario_slow();
+    else if (!strcmp(sc, "stopped")) scenario_stopped();
+    else if (!strcmp(sc, "many")) scenario_many();
+    else if (!strcmp(sc, "fake")) scenario_fake();
+    else if (!strcmp(sc, "guess")) scenario_guess();
+    else if (!strcmp(sc, "freecost")) scenario_freecost();
     else CHECK(0, "unknown scenario %s", sc);
     return check_child_summary(sc);
   }
@@ -832,5 +1355,14 @@ int main(int argc, char **argv) {
   check_run_child("passthrough", NULL);
   check_run_child("fork", NULL);
   check_run_child("stall", NULL);
+  check_run_child("hostile", NULL);
+  hostile_output();
+  check_run_child("fdlimit", NULL);
+  check_run_child("slow", "VMMSHIM_IPC_TIMEOUT=1", NULL);
+  check_run_child("stopped", "VMMSHIM_IPC_TIMEOUT=2", NULL);
+  check_run_child("many", NULL);
+  check_run_child("fake", NULL);
+  check_run_child("guess", NULL);
+  check_run_child("freecost", NULL);
   return check_summary();
 }

@@ -121,6 +121,26 @@ int main(void) {
   signal_is("40", 40);
   signal_is("0", 0);
   signal_is("off", 0);
+  signal_is("PWR", SIGPWR);
+  signal_is("winch", SIGWINCH);
+  signal_is("SIGURG", SIGURG);
+  signal_is("10", SIGUSR1);
+  signal_is("34", 34);
+  signal_is("64", 64);
+  /* termination, job control, faults, timers: their default action is the program's */
+  static const char *refused[] = {"TERM", "SIGINT", "QUIT", "HUP", "PIPE", "CHLD", "ALRM", "CONT", "STOP", "TSTP",
+                                  "TTIN", "TTOU", "KILL", "SEGV", "BUS", "FPE", "ILL", "ABRT", "TRAP", "SYS",
+                                  "XCPU", "XFSZ", "VTALRM", "PROF", "IO"};
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) signal_is(refused[i], -1);
+  for (int n = 1; n < 32; n++)
+    if (n != SIGUSR1 && n != SIGUSR2 && n != SIGPWR && n != SIGWINCH && n != SIGURG) {
+      char num[16];
+      snprintf(num, sizeof num, "%d", n);
+      signal_is(num, -1);
+    }
+  signal_is("32", -1); /* the C library's own (thread cancellation, setxid) */
+  signal_is("33", -1);
+  signal_is("65", -1);
   signal_is("KILL", -1);
   signal_is("9", -1);
   signal_is("11", -1); /* SIGSEGV: the shim must not swallow faults */
@@ -146,9 +166,17 @@ int main(void) {
   CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGUSR2, "default dump signal %llu",
         (unsigned long long)_vs_option(VS_OPT_DUMP_SIGNAL));
   CHECK(out[0] == 0, "messages with no variable set: %s", out);
-  setenv("VMMSHIM_DUMP_SIGNAL", "HUP", 1);
+  setenv("VMMSHIM_DUMP_SIGNAL", "WINCH", 1);
   out = reload_capture();
-  CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGHUP && out[0] == 0, "VMMSHIM_DUMP_SIGNAL=HUP");
+  CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGWINCH && out[0] == 0, "VMMSHIM_DUMP_SIGNAL=WINCH");
+  static const char *terminating[] = {"15", "2", "13", "17", "14", "HUP"};
+  for (size_t i = 0; i < sizeof terminating / sizeof terminating[0]; i++) {
+    setenv("VMMSHIM_DUMP_SIGNAL", terminating[i], 1);
+    out = reload_capture();
+    CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGUSR2 && strstr(out, "VMMSHIM_DUMP_SIGNAL") && strstr(out, "refused"),
+          "VMMSHIM_DUMP_SIGNAL=%s refused with a message, the default used: %llu '%s'", terminating[i],
+          (unsigned long long)_vs_option(VS_OPT_DUMP_SIGNAL), out);
+  }
   setenv("VMMSHIM_DUMP_SIGNAL", "SEGV", 1);
   out = reload_capture();
   CHECK(_vs_option(VS_OPT_DUMP_SIGNAL) == SIGUSR2 && strstr(out, "VMMSHIM_DUMP_SIGNAL") && strstr(out, "SEGV"),
@@ -192,6 +220,41 @@ int main(void) {
     CHECK(_vs_option(VS_OPT_ARENAS) == arenas[i].want, "VMMSHIM_ARENAS='%s' -> %llu", arenas[i].text,
           (unsigned long long)_vs_option(VS_OPT_ARENAS));
     CHECK(!!strstr(out, "VMMSHIM_ARENAS") == arenas[i].msg, "VMMSHIM_ARENAS='%s' message: '%s'", arenas[i].text, out);
+  }
+
+  /* IPC timeout: whole seconds from 1 to 3600, else the default (10) with a message */
+  static const struct { const char *text; unsigned long long want; int msg; } tmo[] = {
+      {NULL, 10, 0}, {"1", 1, 0}, {"3600", 3600, 0}, {"0", 10, 1}, {"3601", 10, 1}, {"5s", 10, 1}, {"-2", 10, 1}};
+  for (size_t i = 0; i < sizeof tmo / sizeof tmo[0]; i++) {
+    clear_env();
+    if (tmo[i].text) setenv("VMMSHIM_IPC_TIMEOUT", tmo[i].text, 1);
+    else unsetenv("VMMSHIM_IPC_TIMEOUT");
+    out = reload_capture();
+    CHECK(_vs_option(VS_OPT_IPC_TIMEOUT) == tmo[i].want, "VMMSHIM_IPC_TIMEOUT='%s' -> %llu",
+          tmo[i].text ? tmo[i].text : "(unset)", (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT));
+    CHECK(!!strstr(out, "VMMSHIM_IPC_TIMEOUT") == tmo[i].msg, "VMMSHIM_IPC_TIMEOUT='%s' message: '%s'",
+          tmo[i].text ? tmo[i].text : "(unset)", out);
+  }
+  unsetenv("VMMSHIM_IPC_TIMEOUT");
+
+  /* Sizes the pool rounds: at most 1 PiB, else the default with one message naming the variable */
+  static const struct { const char *name, *text; vs_option_t opt; unsigned long long want; int msg; } big[] = {
+      {"VMMSHIM_GRANULARITY", "1125899906842624", VS_OPT_GRANULARITY, 1ull << 50, 0},
+      {"VMMSHIM_GRANULARITY", "1125899906842625", VS_OPT_GRANULARITY, 64ull << 20, 1},
+      {"VMMSHIM_GRANULARITY", "18446744073709551615", VS_OPT_GRANULARITY, 64ull << 20, 1},
+      {"VMMSHIM_MAX_HANDLE", "16777215T", VS_OPT_MAX_HANDLE, 0, 1},
+      {"VMMSHIM_RESERVE", "17179869183G", VS_OPT_RESERVE, 0, 1},
+      {"VMMSHIM_RESERVE", "1024T", VS_OPT_RESERVE, 1ull << 50, 0},
+      {"VMMSHIM_LIMIT", "18446744073709551615", VS_OPT_LIMIT, UINT64_MAX, 0}};
+  for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
+    clear_env();
+    unsetenv("VMMSHIM_MAX_HANDLE");
+    setenv(big[i].name, big[i].text, 1);
+    out = reload_capture();
+    CHECK(_vs_option(big[i].opt) == big[i].want, "%s='%s' -> %llu", big[i].name, big[i].text,
+          (unsigned long long)_vs_option(big[i].opt));
+    CHECK(!!strstr(out, big[i].name) == big[i].msg, "%s='%s' message: '%s'", big[i].name, big[i].text, out);
+    unsetenv(big[i].name);
   }
 
   /* Python frames: on (default), held, off; booleans too; anything else the default */

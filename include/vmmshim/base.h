@@ -44,13 +44,18 @@
 #if VS_DEBUG
 void _vs_assert_fail(const char *cond, const char *file, int line, const char *func) __attribute__((noreturn));
 #define vs_assert(c) ((c) ? (void)0 : _vs_assert_fail(#c, __FILE__, __LINE__, __func__))
-/* Locks of the shim held by this thread (pools, context slots): none may be held across a
- * driver call (vmm.c checks). */
+/* Locks of the shim held by this thread (pools, context slots, IPC, peer table): none may be
+ * held across a driver call (vmm.c checks). */
 extern _Thread_local int _vs_locks_held;
 #define VS_LOCK_HELD(delta) ((void)(_vs_locks_held += (delta)))
+/* The one lock of a rare path held across driver calls (handles.c's access lock, which says why):
+ * counted apart, and never taken with a lock of the first kind held (asserted where it is taken). */
+extern _Thread_local int _vs_slow_locks_held;
+#define VS_SLOW_LOCK_HELD(delta) ((void)(_vs_slow_locks_held += (delta)))
 #else
 #define vs_assert(c) ((void)0)
 #define VS_LOCK_HELD(delta) ((void)0)
+#define VS_SLOW_LOCK_HELD(delta) ((void)0)
 #endif
 
 #define vs_likely(x) __builtin_expect(!!(x), 1)
@@ -108,7 +113,8 @@ typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIN
   X(TAG, VS_KIND_TAG, 0)                         /* tag of new allocations at start ("default") */ \
   X(HOST_LIMIT, VS_KIND_SIZE, 0)                 /* cap on host memory of sleeping tags, 0 = none */ \
   X(HOST_RESERVE, VS_KIND_SIZE, 0)               /* host memory made ahead for sleeps */ \
-  X(SLEEP_WAIT, VS_KIND_SAMPLE, 10000)           /* ms a sleep waits for a capture to end */
+  X(SLEEP_WAIT, VS_KIND_SAMPLE, 10000)           /* ms a sleep waits for a capture to end */ \
+  X(IPC_TIMEOUT, VS_KIND_SECONDS, 10)            /* longest wait of an IPC open, and of a request */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -125,7 +131,8 @@ typedef enum vs_option_kind_e {
   VS_KIND_UNWIND,
   VS_KIND_PYTHON,
   VS_KIND_PEER,
-  VS_KIND_TAG /* a tag name (vmmshim.h): 1-31 of A-Z a-z 0-9 _ . - */
+  VS_KIND_TAG, /* a tag name (vmmshim.h): 1-31 of A-Z a-z 0-9 _ . - */
+  VS_KIND_SECONDS /* 1 .. 3600 */
 } vs_option_kind_t;
 
 typedef enum vs_option_e {
@@ -135,6 +142,9 @@ typedef enum vs_option_e {
   VS_OPT_COUNT
 } vs_option_t;
 
+/* The largest VMMSHIM_GRANULARITY, VMMSHIM_MAX_HANDLE and VMMSHIM_RESERVE taken (1 PiB): the pool
+ * rounds them up, and nothing near 2^64 may wrap there. Larger values get the default. */
+#define VS_SIZE_OPTION_MAX (1ull << 50)
 /* Reads every VMMSHIM_* variable once; safe to call many times (the first call wins). */
 void _vs_config_init(void);
 /* Hot-path getters: no parsing, no getenv. */
@@ -171,6 +181,21 @@ void _vs_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define _vs_warn(...) _vs_log(VS_LOG_WARN, __VA_ARGS__)
 #define _vs_info(...) do { if (VS_LOG_ON(VS_LOG_INFO)) _vs_log(VS_LOG_INFO, __VA_ARGS__); } while (0)
 #define _vs_debug(...) do { if (VS_LOG_ON(VS_LOG_DEBUG)) _vs_log(VS_LOG_DEBUG, __VA_ARGS__); } while (0)
+/* Warnings that others can cause (requests of other users, refused): kept apart from the cap on
+ * the process's warnings, so that they never hide the program's own, and shown at most once a
+ * second per limiter, each shown one saying how many were not. A limiter starts zeroed. */
+typedef struct vs_rate_s {
+  _Atomic uint64_t next_ns; /* none shown before this */
+  atomic_uint hidden;       /* not shown since the last one */
+  atomic_bool said;         /* the first was shown (it says how the others are) */
+} vs_rate_t;
+void _vs_warn_rated(vs_rate_t *rate, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Opens the log or the trace for writing: no symbolic link followed, a FIFO without a reader
+ * refused (ENXIO) rather than waited for; truncate: empties a regular file, else appends;
+ * any_type false: only a regular file or a FIFO (EINVAL). -1 with errno on failure, and
+ * _vs_open_output_error(errno) says why. */
+int _vs_open_output(const char *path, bool truncate, bool any_type);
+const char *_vs_open_output_error(int err);
 /* "CUDA_ERROR_OUT_OF_MEMORY" for 2; never NULL, works before the driver is loaded. */
 const char *_vs_cu_error_name(CUresult r);
 

@@ -66,18 +66,24 @@ typedef struct vs_spares_s {
   int n;
 } vs_spares_t;
 
+/* A failed cuMemUnmap leaves its range mapped, in a state nothing here can know: such a segment
+ * keeps its handle (never released, never a spare) and is handed back to the caller, who keeps
+ * the range out of use and counted as mapped ("stuck"); teardown tries to unmap it again. */
+
 /* Maps [va, va+len) back to back: first with spare handles that fit (sp may be NULL), then with
  * new handles of at most `chunk` bytes each; and sets access over the whole range with one call:
  * the owner and rw read-write, ro read-only. The segments are returned in segs_out (at most max)
  * for the caller to record. On failure every handle mapped here, spares included, is unmapped
- * and released. */
+ * and released, and segs_out holds those that could not be unmapped (*n_out of them, stuck). */
 CUresult _vs_handles_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t len, size_t chunk, uint64_t rw,
                          uint64_t ro, vs_spares_t *sp, vs_seg_t *segs_out, int max, int *n_out);
-/* Unmaps and releases segments, the last first. */
-void _vs_handles_unmap(const vs_device_caps_t *caps, const vs_seg_t *segs, int n);
+/* Unmaps and releases segments, the last first. Returns how many could not be unmapped: those
+ * are moved to the front of segs, in address order (stuck). */
+int _vs_handles_unmap(const vs_device_caps_t *caps, vs_seg_t *segs, int n);
 /* Unmaps segments: into sp while it has room (sp may be NULL), the rest released (counted as
- * trims). Returns the bytes unmapped. */
-size_t _vs_handles_unmap_idle(const vs_device_caps_t *caps, const vs_seg_t *segs, int n, vs_spares_t *sp);
+ * trims). stuck[i] says whether segs[i] could not be unmapped. Returns the bytes unmapped. */
+size_t _vs_handles_unmap_idle(const vs_device_caps_t *caps, const vs_seg_t *segs, int n, vs_spares_t *sp,
+                              bool *stuck);
 /* Releases the spares not mapped again. */
 void _vs_handles_release_spares(const vs_device_caps_t *caps, vs_spares_t *sp);
 /* Sets access on segments: the owner and rw read-write, ro read-only, none taken away. */

@@ -12,7 +12,8 @@ typedef enum vs_pool_status_e {
   VS_POOL_OOM = 1,       /* the device (or VMMSHIM_LIMIT) has no room, after releasing idle memory */
   VS_POOL_LIMIT = 2,     /* over VMMSHIM_LIMIT */
   VS_POOL_NOT_OWNED = 3, /* the pointer is not the start of a live block of this pool */
-  VS_POOL_ERROR = 4      /* a driver error other than out-of-memory */
+  VS_POOL_ERROR = 4,     /* a driver error other than out-of-memory */
+  VS_POOL_EXPORTED = 5   /* a free of a block marked exported: not freed (its sizes given) */
 } vs_pool_status_t;
 
 /* A new pool for the current context (ctx on device caps->device); access: the peers that may
@@ -25,9 +26,16 @@ void _vs_pool_destroy(vs_pool_t *pool);
 vs_pool_status_t _vs_pool_alloc(vs_pool_t *pool, size_t size, CUstream stream, vmmshim_api_t api,
                                 CUdeviceptr *ptr_out, size_t *served_out, CUresult *cu_err, bool *contended);
 /* Frees a block. For VS_NO_STREAM, the free mode decides (sync: the context is synchronised
- * first; deferred: the block is reused after a later synchronisation). */
+ * first; deferred: the block is reused after a later synchronisation). A block marked exported
+ * is not freed: VS_POOL_EXPORTED (the caller asks IPC, which unmarks it or keeps it). */
 vs_pool_status_t _vs_pool_free(vs_pool_t *pool, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api,
                                size_t *size_out, size_t *requested_out, CUresult *err_out);
+/* The same for a block marked exported (IPC gives back a block freed while open elsewhere). */
+vs_pool_status_t _vs_pool_free_exported(vs_pool_t *pool, CUdeviceptr ptr, vmmshim_api_t api, size_t *size_out,
+                                        size_t *requested_out, CUresult *err_out);
+/* Marks the live block starting at ptr as exported (or not): one flag, so that a free pays
+ * nothing for IPC unless its block is shared. false when ptr starts no live block. */
+bool _vs_pool_set_exported(vs_pool_t *pool, CUdeviceptr ptr, bool exported);
 /* The live block holding addr (interior pointers too). Returns false if none. */
 bool _vs_pool_range(vs_pool_t *pool, CUdeviceptr addr, CUdeviceptr *base_out, size_t *size_out);
 /* The live block starting at ptr: its served and requested sizes. */

@@ -17,7 +17,7 @@
  *              deferred list, or in a batch sealed by an event (reclaim.c)
  *   B_HOLE     reserved, no memory mapped: on its heap's hole list (space.c)
  *   B_BUSY     on no list: being split, mapped or unmapped by a thread that dropped the lock
- *              for a driver call
+ *              for a driver call; or, for good, a range whose unmap failed (space.c)
  * A pool's lock is never held across a driver call (asserted in vmm.c in debug builds). */
 #ifndef VMMSHIM_POOL_INTERNAL_H
 #define VMMSHIM_POOL_INTERNAL_H
@@ -70,6 +70,7 @@ typedef struct vs_block_s {
   uint8_t state;
   uint8_t bin;
   uint8_t stream_ordered;           /* USED: allocated on a stream (cudaMallocAsync) */
+  bool exported;     /* USED: shared by IPC; its free is share/ipc.c's to decide (VS_POOL_EXPORTED) */
   UT_hash_handle hh; /* USED blocks, by addr */
 } vs_block_t;
 
@@ -159,6 +160,9 @@ struct vs_pool_s {
    * (what the driver's pool reports as used, vmmshim/pool.h) and its high watermark; the
    * reserve's high watermark. */
   size_t stream_served, stream_requested, stream_requested_high, reserved_high;
+  size_t stuck_bytes; /* mapped in ranges whose unmap failed: BUSY blocks, out of use (space.c) */
+  bool said_stuck;    /* that was said once */
+  bool lost_stuck;    /* one such range is not even in the table (no host memory) */
   size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq;    /* synchronisations started */
   unsigned syncs_running;  /* context synchronisations in flight */
@@ -221,6 +225,8 @@ static inline void list_remove(vs_list_t *l, vs_block_t *b) {
 }
 
 static inline size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+/* The same for sizes that come from options: 0 when the result would not fit in a size_t. */
+static inline size_t round_up_checked(size_t x, size_t a) { return x > SIZE_MAX - (a - 1) ? 0 : round_up(x, a); }
 
 static inline vs_heap_t *heap_of(vs_pool_t *p, const vs_block_t *b) { return &p->heaps[p->resv_heap[b->resv]]; }
 static inline int heap_id_of(const vs_pool_t *p, const vs_block_t *b) { return p->resv_heap[b->resv]; }

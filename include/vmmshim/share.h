@@ -23,15 +23,15 @@ void _vs_mempool_access_changed(CUmemoryPool pool, const CUmemAccessDesc *desc, 
 /* ---------------------------------------------------------------- "ipc.c" */
 /* Each returns false when the call is not the shim's to answer (the driver's then), true with
  * *err set when it is. */
-extern atomic_int _vs_ipc_exports; /* exports alive: frees look at ipc.c only when there are any */
 bool _vs_ipc_get_handle(CUdeviceptr ptr, CUipcMemHandle *out, CUresult *err);
 bool _vs_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle, CUresult *err);
 bool _vs_ipc_close(CUdeviceptr ptr, CUresult *err);
-/* The program frees an exported block. HELD: an importer still has it open (the block stays out
- * of the pool until the last one closes; the free counts now). TWICE: it was freed already (and is
- * still held): not a live allocation. NOW: free it as usual (its handle is stale from now on). */
+/* The program frees a block of `pool` the pool marks exported (VS_POOL_EXPORTED). HELD: an
+ * importer still has it open (the block stays out of the pool until the last one closes; the
+ * free counts now). TWICE: it was freed already (and is still held): not a live allocation.
+ * NOW: no longer marked: free it as usual (its handle is stale from now on). */
 typedef enum vs_ipc_free_e { VS_IPC_FREE_NOW = 0, VS_IPC_FREE_HELD = 1, VS_IPC_FREE_TWICE = 2 } vs_ipc_free_t;
-vs_ipc_free_t _vs_ipc_on_free(CUdeviceptr ptr, vmmshim_api_t api);
+vs_ipc_free_t _vs_ipc_on_free(vs_pool_t *pool, CUdeviceptr ptr, vmmshim_api_t api);
 /* The pool's context is going away: its exports are forgotten (before the pool is destroyed). */
 void _vs_ipc_forget_pool(vs_pool_t *pool);
 /* The blocks of pool that importers of other processes hold open (they map its handles, so its

@@ -342,17 +342,20 @@ bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err
     switch_ctx = cur != _vs_pool_context(pool);
   }
   size_t size = 0, requested = 0;
-  if (vs_unlikely(atomic_load_explicit(&_vs_ipc_exports, memory_order_relaxed)) && _vs_pool_block(pool, ptr, &size, &requested)) {
-    vs_ipc_free_t f = _vs_ipc_on_free(ptr, api);
-    if (f == VS_IPC_FREE_HELD) {
-      _vs_stat_free(api, size, requested); /* another process has it open: the pool gets it back later */
-      return true;
-    }
-    if (f == VS_IPC_FREE_TWICE) return false; /* freed already: the driver answers for an unknown pointer */
-  }
   CUcontext saved = NULL;
   if (switch_ctx) _vs_cu.cuCtxPushCurrent(_vs_pool_context(pool));
   vs_pool_status_t st = _vs_pool_free(pool, ptr, stream, api, &size, &requested, err);
+  /* A block shared by IPC (the pool marks it): ipc.c decides; it unmarks one it lets go. */
+  for (int tries = 0; vs_unlikely(st == VS_POOL_EXPORTED) && tries < 4; tries++) {
+    vs_ipc_free_t f = _vs_ipc_on_free(pool, ptr, api);
+    if (f != VS_IPC_FREE_NOW) {
+      if (switch_ctx) _vs_cu.cuCtxPopCurrent(&saved);
+      if (f == VS_IPC_FREE_TWICE) return false; /* freed already: the driver answers for an unknown pointer */
+      _vs_stat_free(api, size, requested);       /* another process has it open: the pool gets it back later */
+      return true;
+    }
+    st = _vs_pool_free(pool, ptr, stream, api, &size, &requested, err);
+  }
   if (switch_ctx) _vs_cu.cuCtxPopCurrent(&saved);
   if (st != VS_POOL_OK) return false;
   _vs_stat_free(api, size, requested);

@@ -77,14 +77,23 @@ int _vs_parse_bool(const char *text, uint64_t *out) {
 static const struct {
   const char *name;
   int sig;
-} vs_signal_names[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP},  {"QUIT", SIGQUIT},
-                       {"PWR", SIGPWR},   {"WINCH", SIGWINCH}, {"URG", SIGURG}};
+} vs_signal_names[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"PWR", SIGPWR}, {"WINCH", SIGWINCH}, {"URG", SIGURG}};
 
 /* "USR2" for SIGUSR2: the name the variable takes; NULL for a signal given by number only. */
 static const char *signal_name(uint64_t sig) {
   for (size_t i = 0; i < sizeof vs_signal_names / sizeof vs_signal_names[0]; i++)
     if ((uint64_t)vs_signal_names[i].sig == sig) return vs_signal_names[i].name;
   return NULL;
+}
+
+/* A signal whose default action the program relies on must keep it: the termination signals
+ * (TERM, INT, QUIT, HUP, PIPE, ALRM, ...), job control (CHLD, CONT, STOP, TSTP, TTIN, TTOU),
+ * KILL, the faults (SEGV, BUS, FPE, ILL, ABRT, TRAP, SYS), the resource and profiling timers
+ * (XCPU, XFSZ, VTALRM, PROF) and IO. Only signals no one sends for another reason are taken:
+ * USR1, USR2, PWR, WINCH, URG and the real-time signals the C library leaves to programs. */
+static bool dump_signal_allowed(long n) {
+  if (n == SIGUSR1 || n == SIGUSR2 || n == SIGPWR || n == SIGWINCH || n == SIGURG) return true;
+  return n >= SIGRTMIN && n <= SIGRTMAX;
 }
 
 int _vs_parse_signal(const char *text, uint64_t *out) {
@@ -99,14 +108,10 @@ int _vs_parse_signal(const char *text, uint64_t *out) {
       *out = (uint64_t)vs_signal_names[i].sig;
       return 0;
     }
-  /* Real-time signals by number, or any number a handler may take (not KILL, STOP, and the
-   * ones that report faults: the shim must not swallow those). */
   char *end;
   errno = 0;
   long n = strtol(text, &end, 10);
-  if (errno || *end || end == text || n < 1 || n >= NSIG || n == SIGKILL || n == SIGSTOP || n == SIGSEGV ||
-      n == SIGBUS || n == SIGFPE || n == SIGILL || n == SIGABRT)
-    return -1;
+  if (errno || *end || end == text || !dump_signal_allowed(n)) return -1;
   *out = (uint64_t)n;
   return 0;
 }
@@ -158,6 +163,7 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_UNWIND: return "auto";
   case VS_KIND_PYTHON: return "on";
   case VS_KIND_PEER: return "auto";
+  case VS_KIND_SECONDS: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
   }
   return "?";
 }
@@ -186,6 +192,7 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
   case VS_KIND_ARENAS: *expect = "a whole number from 1 to " VS_STR(VS_MAX_ARENAS); return parse_count(text, 1, VS_MAX_ARENAS, v);
   case VS_KIND_FRAMES: *expect = "a whole number from 0 (off) to 64"; return parse_count(text, 0, 64, v);
   case VS_KIND_SAMPLE: *expect = "a whole number from 1 to 1000000000"; return parse_count(text, 1, 1000000000, v);
+  case VS_KIND_SECONDS: *expect = "a whole number of seconds from 1 to 3600"; return parse_count(text, 1, 3600, v);
   case VS_KIND_PYTHON:
     *expect = "on, held or off (1/yes/true = on, 0/no/false = off)";
     if (!strcasecmp(text, "held")) { *v = VS_PYTHON_HELD; return 0; }
@@ -212,7 +219,8 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     if (!strcasecmp(text, "rmm")) { *v = VS_TRACE_RMM; return 0; }
     return -1;
   case VS_KIND_SIGNAL:
-    *expect = "a signal name (USR1, USR2, HUP, QUIT, PWR, WINCH, URG, with or without SIG) or number, or 0/off";
+    *expect = "USR1, USR2, PWR, WINCH or URG (with or without SIG), their number or a real-time signal's, or "
+              "0/off; termination, job-control and fault signals are refused";
     return _vs_parse_signal(text, v);
   case VS_KIND_STRING:
     *expect = "a non-empty path";
@@ -254,6 +262,20 @@ static void config_read(void) {
     o->value = v;
     o->set = true;
     if (o->kind == VS_KIND_STRING || o->kind == VS_KIND_LOG || o->kind == VS_KIND_TAG) o->text = text;
+  }
+  /* Sizes the pool rounds up (to the device's granularity, to the handle size) or multiplies:
+   * a value near 2^64 would wrap to 0 there. 1 PiB is more than any device's memory or address
+   * space, and leaves every rounding far from overflow. */
+  static const vs_option_t rounded[] = {VS_OPT_GRANULARITY, VS_OPT_MAX_HANDLE, VS_OPT_RESERVE};
+  for (size_t k = 0; k < sizeof rounded / sizeof rounded[0]; k++) {
+    vs_option_desc_t *o = &vs_options[rounded[k]];
+    if (o->value <= VS_SIZE_OPTION_MAX) continue;
+    char dbuf[32];
+    snprintf(vs_config_msgs[rounded[k]], sizeof vs_config_msgs[0],
+             "%s=%llu is larger than %llu (1 PiB, more than any device has); using the default %s", o->name,
+             (unsigned long long)o->value, (unsigned long long)VS_SIZE_OPTION_MAX, default_text(o, dbuf, sizeof dbuf));
+    o->value = o->init;
+    o->set = false;
   }
   if (vs_options[VS_OPT_GRANULARITY].value == 0) {
     snprintf(vs_config_msgs[VS_OPT_GRANULARITY], sizeof vs_config_msgs[0],

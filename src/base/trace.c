@@ -483,10 +483,12 @@ static const char *job_rank(void) {
   return "0";
 }
 
-static void expand_path(const char *tmpl, char *out, size_t cap) {
+/* false when the expanded path does not fit in cap bytes (nothing is cut silently). */
+static bool expand_path(const char *tmpl, char *out, size_t cap) {
   const char *rank = job_rank();
   size_t o = 0;
-  for (const char *s = tmpl; *s && o + 1 < cap; s++) {
+  for (const char *s = tmpl; *s; s++) {
+    if (o + 1 >= cap) return false;
     char num[24];
     const char *ins = NULL;
     if (s[0] == '%' && s[1] == 'p') { snprintf(num, sizeof num, "%d", (int)getpid()); ins = num; }
@@ -495,7 +497,7 @@ static void expand_path(const char *tmpl, char *out, size_t cap) {
     if (ins) {
       s++;
       size_t n = strlen(ins);
-      if (o + n >= cap) break;
+      if (o + n >= cap) return false;
       memcpy(out + o, ins, n);
       o += n;
     } else {
@@ -503,6 +505,7 @@ static void expand_path(const char *tmpl, char *out, size_t cap) {
     }
   }
   out[o] = '\0';
+  return true;
 }
 
 static void write_header(void) {
@@ -525,13 +528,15 @@ static void write_header(void) {
   if (write_all(vs_trace_fd, h, n) == 0) vs_trace_bytes += n;
 }
 
-/* Opens vs_trace_path (already expanded) and writes the header. Returns 0 or -1. */
+/* Opens vs_trace_path (already expanded) and writes the header. Returns 0 or -1. A regular file
+ * or a FIFO only, never through a symbolic link; a FIFO must have its reader already (log.c's
+ * _vs_open_output says why). */
 static int open_file(void) {
-  int fd = open(vs_trace_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = _vs_open_output(vs_trace_path, true, false);
   if (fd < 0) {
     int e = errno;
     _vs_warn("cannot open trace file %s: %s (errno %d); the program runs without a trace", vs_trace_path,
-             strerror(e), e);
+             _vs_open_output_error(e), e);
     return -1;
   }
   lock_take(trace_tid());
@@ -570,7 +575,7 @@ static void atfork_child(void) {
   close(vs_trace_fd);
   vs_trace_fd = -1;
   if (!strstr(vs_trace_template, "%p")) return; /* one file per process needs %p */
-  expand_path(vs_trace_template, vs_trace_path, sizeof vs_trace_path);
+  if (!expand_path(vs_trace_template, vs_trace_path, sizeof vs_trace_path)) return;
   if (open_file() == 0) _vs_trace_on = !vs_trace_cut;
 }
 
@@ -589,7 +594,10 @@ void _vs_trace_open(void) {
   vs_fmt.format = _vs_option(VS_OPT_TRACE_FORMAT) == VS_TRACE_RMM ? VS_TRACE_RMM : VS_TRACE_NATIVE;
   vs_trace_max = _vs_option(VS_OPT_TRACE_MAX);
   vs_trace_room = !vs_trace_max ? UINT64_MAX : vs_trace_max > VS_TRACE_END_MAX ? vs_trace_max - VS_TRACE_END_MAX : 0;
-  expand_path(vs_trace_template, vs_trace_path, sizeof vs_trace_path);
+  if (!expand_path(vs_trace_template, vs_trace_path, sizeof vs_trace_path)) {
+    _vs_warn("trace path too long once %%p and %%r are expanded; the program runs without a trace");
+    return;
+  }
   _vs_stacks_open();
   if (open_file() != 0) {
     _vs_stacks_on = 0;

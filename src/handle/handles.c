@@ -133,11 +133,18 @@ static vs_seg_t take_spare(vs_spares_t *sp, size_t room) {
   return s;
 }
 
-void _vs_handles_unmap(const vs_device_caps_t *caps, const vs_seg_t *segs, int n) {
+int _vs_handles_unmap(const vs_device_caps_t *caps, vs_seg_t *segs, int n) {
+  int stuck = 0;
   for (int i = n; i-- > 0;) {
-    _vs_vmm_unmap(caps, segs[i].va, segs[i].size);
+    if (_vs_vmm_unmap(caps, segs[i].va, segs[i].size) != CUDA_SUCCESS) {
+      /* Still mapped: its handle stays with it. Gathered at the top, where segments were done. */
+      segs[n - 1 - stuck++] = segs[i];
+      continue;
+    }
     _vs_vmm_release(caps, segs[i].handle, segs[i].size);
   }
+  memmove(segs, segs + n - stuck, (size_t)stuck * sizeof *segs);
+  return stuck;
 }
 
 /* A spare handle: one cuMemMap instead of cuMemCreate + cuMemMap, and the cuMemUnmap +
@@ -174,22 +181,20 @@ CUresult _vs_handles_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t le
   }
   /* One access call over the whole range: its cost follows the handles, not the calls. */
   if (r == CUDA_SUCCESS) r = _vs_vmm_set_access_devices(caps, va, len, rw, ro, 0);
-  if (r != CUDA_SUCCESS) {
-    _vs_handles_unmap(caps, segs_out, n);
-    n = 0;
-  }
+  if (r != CUDA_SUCCESS) n = _vs_handles_unmap(caps, segs_out, n);
   *n_out = n;
   return r;
 }
 
-size_t _vs_handles_unmap_idle(const vs_device_caps_t *caps, const vs_seg_t *segs, int n, vs_spares_t *sp) {
+size_t _vs_handles_unmap_idle(const vs_device_caps_t *caps, const vs_seg_t *segs, int n, vs_spares_t *sp,
+                              bool *stuck) {
   size_t bytes = 0;
   for (int i = 0; i < n; i++) {
-    _vs_vmm_unmap(caps, segs[i].va, segs[i].size);
+    stuck[i] = _vs_vmm_unmap(caps, segs[i].va, segs[i].size) != CUDA_SUCCESS;
+    if (stuck[i]) continue; /* still mapped: its handle stays with it */
     if (sp && sp->n < VS_GROW_PIECES) {
       sp->seg[sp->n++] = segs[i];
-    } else {
-      _vs_vmm_release(caps, segs[i].handle, segs[i].size);
+    } else if (_vs_vmm_release(caps, segs[i].handle, segs[i].size) == CUDA_SUCCESS) {
       VS_STAT_ADD(trims, 1);
     }
     bytes += segs[i].size;
@@ -198,10 +203,8 @@ size_t _vs_handles_unmap_idle(const vs_device_caps_t *caps, const vs_seg_t *segs
 }
 
 void _vs_handles_release_spares(const vs_device_caps_t *caps, vs_spares_t *sp) {
-  for (int i = 0; i < sp->n; i++) {
-    _vs_vmm_release(caps, sp->seg[i].handle, sp->seg[i].size);
-    VS_STAT_ADD(trims, 1);
-  }
+  for (int i = 0; i < sp->n; i++)
+    if (_vs_vmm_release(caps, sp->seg[i].handle, sp->seg[i].size) == CUDA_SUCCESS) VS_STAT_ADD(trims, 1);
   sp->n = 0;
 }
 
@@ -212,7 +215,24 @@ void _vs_handles_set_access(const vs_device_caps_t *caps, const vs_seg_t *segs, 
 
 /* ------------------------------------------------------------------ access changes vs growths */
 
+/* The one lock of the shim held across driver calls: an access change holds it across the
+ * cuMemSetAccess calls that apply it to every mapping of a context's pools, and a growth that an
+ * access change overtook holds it across its own cuMemSetAccess (and the undo of its mappings when
+ * that fails), so that the two never interleave and no mapping keeps stale access. Dropping it
+ * around those calls would let two changes apply out of order. It is safe there: only rare paths
+ * take it (access changes, and a growth while it records its mappings), never an allocation or a
+ * free that the pool serves without growing; it is taken before any other lock of the shim and
+ * never with a pool's, a context slot's or IPC's held (asserted in debug builds), so whoever holds
+ * it waits for no thread that waits for it. vmm.c's check counts it apart (VS_SLOW_LOCK_HELD). */
 static pthread_mutex_t vs_access_mutex = PTHREAD_MUTEX_INITIALIZER;
 
-void _vs_access_lock(void) { pthread_mutex_lock(&vs_access_mutex); }
-void _vs_access_unlock(void) { pthread_mutex_unlock(&vs_access_mutex); }
+void _vs_access_lock(void) {
+  vs_assert(_vs_locks_held == 0);
+  pthread_mutex_lock(&vs_access_mutex);
+  VS_SLOW_LOCK_HELD(1);
+}
+
+void _vs_access_unlock(void) {
+  VS_SLOW_LOCK_HELD(-1);
+  pthread_mutex_unlock(&vs_access_mutex);
+}

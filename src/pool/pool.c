@@ -37,31 +37,43 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps, const vs
   p->access = access;
   p->map_anchor.state = B_USED;
   HASH_ADD(hh, p->map, addr, sizeof p->map_anchor.addr, &p->map_anchor);
+  /* config.c bounds these sizes (VS_SIZE_OPTION_MAX); each rounding is checked all the same, as
+   * a wrap to 0 would divide by zero later. */
   size_t g = (size_t)_vs_option(VS_OPT_GRANULARITY);
   if (g % caps->min_granularity) {
-    size_t fixed = round_up(g, caps->min_granularity);
+    size_t fixed = round_up_checked(g, caps->min_granularity);
+    if (!fixed) fixed = round_up(VS_DEFAULT_GRANULARITY, caps->min_granularity);
     _vs_warn("VMMSHIM_GRANULARITY=%zu is not a multiple of device %d's minimum granularity %zu; using %zu", g,
              (int)caps->device, caps->min_granularity, fixed);
     g = fixed;
   }
   p->gran = g;
   size_t mh = (size_t)_vs_option(VS_OPT_MAX_HANDLE);
-  p->chunk = mh ? round_up(mh, caps->min_granularity) : SIZE_MAX / 2;
+  p->chunk = mh ? round_up_checked(mh, caps->min_granularity) : SIZE_MAX / 2;
+  if (!p->chunk) {
+    _vs_warn("VMMSHIM_MAX_HANDLE=%zu cannot be rounded to device %d's granularity; handles are not bounded", mh,
+             (int)caps->device);
+    p->chunk = SIZE_MAX / 2;
+  }
   size_t resv = (size_t)_vs_option(VS_OPT_RESERVE);
   if (!resv) {
     /* Address space is nearly free to reserve (3-20 us for 64 TiB): room for 4x the device. */
     resv = caps->total_mem * 4;
     if (resv < (64ull << 30)) resv = 64ull << 30;
   }
-  resv = round_up(resv, g);
-  size_t dev_size = round_up(caps->total_mem ? caps->total_mem : resv, g);
-  if (_vs_pool_add_reservation(p, VS_HEAP_LARGE, resv) != 0 || _vs_pool_add_reservation(p, VS_HEAP_SMALL, dev_size) != 0) {
+  resv = round_up_checked(resv, g);
+  size_t dev_size = round_up_checked(caps->total_mem ? caps->total_mem : resv, g);
+  if (!resv || !dev_size || _vs_pool_add_reservation(p, VS_HEAP_LARGE, resv) != 0 ||
+      _vs_pool_add_reservation(p, VS_HEAP_SMALL, dev_size) != 0) {
     _vs_dir_remove_pool(p);
     _vs_pool_unmap_all(p);
     _vs_pool_free_blocks(p);
     _vs_warn("device %d: cannot reserve %zu bytes of address space; this context is passed through",
              (int)caps->device, resv);
+    HASH_CLEAR(hh, p->map); /* the anchor's entry made the map's table */
     pthread_mutex_destroy(&p->lock);
+    pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->sealed);
     free(p);
     return NULL;
   }
@@ -142,6 +154,7 @@ static inline void note_reserve(vs_pool_t *p) {
 /* The carved block b becomes the request's: in the map, counted. Lock held. */
 static inline void serve_block(vs_pool_t *p, vs_block_t *b, const vs_request_t *rq) {
   b->requested = rq->req;
+  b->exported = false;
   HASH_ADD(hh, p->map, addr, sizeof b->addr, b);
   p->used += b->size;
   p->allocs++;
@@ -327,8 +340,9 @@ static size_t idle_allowed(const vs_pool_t *p) {
   return allowed;
 }
 
-vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out,
-                               size_t *requested_out, CUresult *err_out) {
+/* even_exported: free a block marked exported too (IPC gives back a block it held). */
+static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api,
+                                   size_t *size_out, size_t *requested_out, CUresult *err_out, bool even_exported) {
   *err_out = CUDA_SUCCESS;
   if (!ptr) return VS_POOL_NOT_OWNED; /* address 0 is the map's anchor */
   const void *owner = NULL;
@@ -341,8 +355,14 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
      * the block leaves the map, so the lock is never held across it. */
     pool_lock(p);
     HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
+    bool exported = b && b->exported && !even_exported;
+    if (exported) {
+      *size_out = b->size;
+      *requested_out = b->requested;
+    }
     pool_unlock(p);
     if (!b) return VS_POOL_NOT_OWNED;
+    if (exported) return VS_POOL_EXPORTED;
     /* A sync while another thread captures a graph would invalidate its capture. */
     CUresult r =
         atomic_load(&_vs_captures_active) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : _vs_pool_sync_and_reclaim(p);
@@ -363,6 +383,12 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
     return VS_POOL_NOT_OWNED;
   }
   vs_assert(b->state == B_USED);
+  *size_out = b->size;
+  *requested_out = b->requested;
+  if (vs_unlikely(b->exported) && !even_exported) {
+    pool_unlock(p);
+    return VS_POOL_EXPORTED;
+  }
   HASH_DELETE(hh, p->map, b);
   p->used -= b->size;
   if (b->stream_ordered) {
@@ -371,8 +397,6 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
   } else {
     note_reserve(p);
   }
-  *size_out = b->size;
-  *requested_out = b->requested;
   if (sync_mode) {
     _vs_block_make_free(p, b);
   } else {
@@ -411,6 +435,26 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
     pool_unlock(p);
   }
   return VS_POOL_OK;
+}
+
+vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out,
+                               size_t *requested_out, CUresult *err_out) {
+  return free_block(p, ptr, stream, api, size_out, requested_out, err_out, false);
+}
+
+vs_pool_status_t _vs_pool_free_exported(vs_pool_t *p, CUdeviceptr ptr, vmmshim_api_t api, size_t *size_out,
+                                        size_t *requested_out, CUresult *err_out) {
+  return free_block(p, ptr, VS_NO_STREAM, api, size_out, requested_out, err_out, true);
+}
+
+bool _vs_pool_set_exported(vs_pool_t *p, CUdeviceptr ptr, bool exported) {
+  if (!ptr) return false;
+  pool_lock(p);
+  vs_block_t *b;
+  HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
+  if (b) b->exported = exported;
+  pool_unlock(p);
+  return b != NULL;
 }
 
 /* ------------------------------------------------------------------ lookups */
@@ -585,7 +629,7 @@ int _vs_pool_check_locked(vs_pool_t *p) {
   for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++) heaps_mapped += p->heaps[heap_id].mapped;
   if (seg_sum != p->mapped || heaps_mapped != p->mapped) bad++; /* mapped bytes = the sum of handles */
   /* Asleep memory left the device; its blocks stayed. */
-  if (p->mapped + p->asleep.bytes != p->used + p->free_bytes + p->pending_bytes) bad++;
+  if (p->mapped + p->asleep.bytes != p->used + p->free_bytes + p->pending_bytes + p->stuck_bytes) bad++;
   size_t asleep_sum = 0, host_mapped = 0;
   for (size_t i = 0; i < p->asleep.n; i++) {
     asleep_sum += p->asleep.v[i].size;

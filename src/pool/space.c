@@ -81,6 +81,60 @@ void _vs_pool_set_access(vs_pool_t *p, uint64_t rw, uint64_t ro, uint64_t none) 
   pool_unlock(p);
 }
 
+/* ------------------------------------------------------------------ ranges whose unmap failed */
+
+/* A range whose cuMemUnmap failed is still mapped, in a state the pool cannot know: it stays a
+ * BUSY block (out of use, and never a hole that a growth would map over), its segment stays in
+ * the table (teardown tries the unmap again) and it stays counted as mapped (stuck_bytes in the
+ * pool's sums). The pool says so once. */
+
+/* Takes stuck segment sg back into the table and the sums. Lock held. */
+static void keep_stuck_seg(vs_pool_t *p, int heap_id, const vs_seg_t *sg) {
+  if (_vs_segs_add(&p->segs, sg, 1) != 0) {
+    /* No host memory for the table: the range stays out of use, unknown to teardown. */
+    p->lost_stuck = true;
+    return;
+  }
+  p->mapped += sg->size;
+  p->heaps[heap_id].mapped += sg->size;
+  p->stuck_bytes += sg->size;
+}
+
+/* Whether this failure is the pool's first (to be said). Lock held. */
+static bool first_stuck(vs_pool_t *p) {
+  bool first = !p->said_stuck;
+  p->said_stuck = true;
+  return first;
+}
+
+static void say_stuck(const vs_pool_t *p, const vs_seg_t *sg, const char *when) {
+  _vs_warn("device %d: cuMemUnmap failed %s: %zu bytes at 0x%llx stay mapped, out of use and counted as mapped "
+           "(further such ranges of this pool are not reported)",
+           (int)p->caps.device, when, sg->size, (unsigned long long)sg->va);
+}
+
+/* A growth into BUSY block b failed; stuck[] (address order) are its pieces that could not be
+ * unmapped. They stay BUSY (keep_stuck_seg), the rest of b becomes holes. Lock held. */
+static void growth_failed(vs_pool_t *p, vs_block_t *b, const vs_seg_t *stuck, int n) {
+  int heap_id = heap_id_of(p, b);
+  vs_block_t *rest = b; /* not looked at yet; NULL: left BUSY (no descriptor to split it) */
+  for (int i = 0; i < n; i++) {
+    keep_stuck_seg(p, heap_id, &stuck[i]);
+    if (!rest) continue;
+    if (stuck[i].va > rest->addr) {
+      vs_block_t *piece = _vs_block_split(p, rest, (size_t)(stuck[i].va - rest->addr));
+      if (!piece) {
+        rest = NULL;
+        continue;
+      }
+      _vs_block_make_hole(p, rest);
+      rest = piece;
+    }
+    rest = rest->size > stuck[i].size ? _vs_block_split(p, rest, stuck[i].size) : NULL;
+  }
+  if (rest) _vs_block_make_hole(p, rest);
+}
+
 /* ------------------------------------------------------------------ growth */
 
 /* Picks where to map more bytes for a request of `size`: right after a free block ending at
@@ -182,12 +236,12 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   if (len / chunk >= VS_GROW_PIECES) chunk = round_up(len / (VS_GROW_PIECES - 1), p->caps.min_granularity);
   CUresult r;
   unsigned gen = access_gen(p);
-  if (!_vs_mapped_admit(len)) {
+  bool admitted = _vs_mapped_admit(len);
+  if (!admitted) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
     uint64_t rw = p->access ? atomic_load(&p->access->rw) : 0, ro = p->access ? atomic_load(&p->access->ro) : 0;
     r = _vs_handles_map(&p->caps, b->addr, len, chunk, rw, ro, &spares, pieces, VS_GROW_PIECES, &np);
-    if (r != CUDA_SUCCESS) _vs_mapped_return(len);
   }
   _vs_handles_release_spares(&p->caps, &spares);
 
@@ -199,34 +253,37 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
     if (access_gen(p) != gen) {
       uint64_t rw = atomic_load(&p->access->rw), ro = atomic_load(&p->access->ro);
       r = _vs_vmm_set_access_devices(&p->caps, b->addr, len, rw, ro, atomic_load(&p->access->ever) & ~(rw | ro));
-      if (r != CUDA_SUCCESS) {
-        _vs_handles_unmap(&p->caps, pieces, np);
-        _vs_mapped_return(len);
-        np = 0;
-      }
+      if (r != CUDA_SUCCESS) np = _vs_handles_unmap(&p->caps, pieces, np);
     }
   }
   pool_lock(p);
   if (r == CUDA_SUCCESS && _vs_segs_add(&p->segs, pieces, np) != 0) {
     /* No host memory for the segment table: undo the whole growth. */
     pool_unlock(p);
-    _vs_handles_unmap(&p->caps, pieces, np);
-    _vs_mapped_return(len);
+    np = _vs_handles_unmap(&p->caps, pieces, np);
     pool_lock(p);
     r = CUDA_ERROR_OUT_OF_MEMORY;
   }
+  /* On failure pieces[0..np) are those whose unmap failed (handles.h). */
+  size_t stuck = 0;
+  bool say = false;
   if (r == CUDA_SUCCESS) {
     p->mapped += len;
     heap->mapped += len;
     _vs_block_make_free(p, b);
   } else {
-    _vs_block_make_hole(p, b);
+    for (int i = 0; i < np; i++) stuck += pieces[i].size;
+    growth_failed(p, b, pieces, np);
+    say = np && first_stuck(p);
   }
   VS_POOL_CHECK(p);
   pool_unlock(p);
   if (peers) _vs_access_unlock();
-  if (r == CUDA_SUCCESS) {
-    uint64_t m = VS_STAT_ADD(bytes_mapped, len) + len;
+  if (r != CUDA_SUCCESS && admitted) _vs_mapped_return(len - stuck);
+  if (say) say_stuck(p, &pieces[0], "after a failed growth");
+  size_t now_mapped = r == CUDA_SUCCESS ? len : stuck;
+  if (now_mapped) {
+    uint64_t m = VS_STAT_ADD(bytes_mapped, now_mapped) + now_mapped;
     _vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);
   }
   return r;
@@ -311,14 +368,27 @@ static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp)
       carve_idle_handles(p, cand[c], p->free_bytes - keep, exact, busy, victims, &n, MAX_BATCH);
     pool_unlock(p);
     if (!n) break;
-    size_t bytes = _vs_handles_unmap_idle(&p->caps, victims, n, sp);
+    bool stuck[MAX_BATCH];
+    size_t bytes = _vs_handles_unmap_idle(&p->caps, victims, n, sp, stuck);
     _vs_mapped_return(bytes);
     VS_STAT_SUB(bytes_mapped, bytes);
     released += bytes;
+    int first = -1;
+    bool say = false;
     pool_lock(p);
-    for (int i = 0; i < n; i++) _vs_block_make_hole(p, busy[i]);
+    for (int i = 0; i < n; i++) {
+      if (!stuck[i]) {
+        _vs_block_make_hole(p, busy[i]);
+      } else {
+        keep_stuck_seg(p, heap_id_of(p, busy[i]), &victims[i]); /* busy[i] is exactly that segment */
+        if (first < 0) first = i;
+      }
+    }
+    if (first >= 0) say = first_stuck(p);
     VS_POOL_CHECK(p);
     pool_unlock(p);
+    if (say) say_stuck(p, &victims[first], "while giving idle memory back");
+    if (first >= 0) break; /* the driver refuses: try no more now */
   }
   return released;
 }
@@ -327,13 +397,27 @@ size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, fal
 size_t _vs_pool_trim_exact(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, true, NULL); }
 
 void _vs_pool_unmap_all(vs_pool_t *p) {
+  bool keep_resv[VS_MAX_RESV] = {false}; /* holds a range that stays mapped: cannot be freed */
+  size_t stuck_bytes = 0, stuck_n = 0;
   for (size_t i = 0; i < p->segs.n; i++) {
-    _vs_handles_unmap(&p->caps, &p->segs.v[i], 1);
-    _vs_mapped_return(p->segs.v[i].size);
-    VS_STAT_SUB(bytes_mapped, p->segs.v[i].size);
+    vs_seg_t sg = p->segs.v[i];
+    if (_vs_handles_unmap(&p->caps, &sg, 1)) {
+      for (int k = 0; k < p->n_resv; k++)
+        if (sg.va >= p->resv[k].va && sg.va < p->resv[k].va + p->resv[k].size) keep_resv[k] = true;
+      stuck_bytes += sg.size;
+      stuck_n++;
+      continue; /* still mapped: still counted */
+    }
+    _vs_mapped_return(sg.size);
+    VS_STAT_SUB(bytes_mapped, sg.size);
   }
   p->segs.n = 0;
-  for (int i = 0; i < p->n_resv; i++) _vs_vmm_address_free(&p->caps, p->resv[i].va, p->resv[i].size);
+  for (int i = 0; i < p->n_resv; i++)
+    if (!keep_resv[i]) _vs_vmm_address_free(&p->caps, p->resv[i].va, p->resv[i].size);
+  if (stuck_n)
+    _vs_warn("device %d: %zu handles (%zu bytes) could not be unmapped as the pool went away: they, and the address "
+             "space around them, stay with the process",
+             (int)p->caps.device, stuck_n, stuck_bytes);
 }
 
 void _vs_pool_free_blocks(vs_pool_t *p) {

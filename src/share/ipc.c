@@ -2,24 +2,48 @@
  * which cudaIpc* reach through the driver table).
  *
  * Pool memory is VMM memory, which has no legacy IPC handle (the driver refuses it). So the shim
- * makes its own 64-byte handle: exporter pid, a random number of the exporter process, an export
- * id, the block's size. The exporting process answers on a Unix-domain socket in the abstract
- * namespace ("\0vmmshim-ipc-<pid>-<nonce>"), served by a thread of the shim started at its first
- * export: an importer connects, the exporter checks that the peer runs as the same user
- * (SO_PEERCRED) and sends, for each physical handle under the block, its size and a POSIX file
- * descriptor (cuMemExportToShareableHandle, SCM_RIGHTS), and the block's offset in the first one.
- * The importer imports them (cuMemImportFromShareableHandle), maps them back to back into a range
- * of its own, gives its current device access, and returns the block's address in it. It keeps
- * the connection open while the handle is open: the exporter counts open handles by their
- * connections, so one that dies closes its own.
+ * makes its own 64-byte handle: exporter pid, the name of the exporter's socket (64 random bits),
+ * an export id (64 random bits, one per exported block), the block's size. The exporting process
+ * answers on a Unix-domain socket in the abstract namespace ("\0vmmshim-ipc-<pid>-<nonce>"),
+ * served by a thread of the shim started at its first export: an importer connects, and sends the
+ * export id; the exporter sends, for each physical handle under the block, its size and a POSIX
+ * file descriptor (cuMemExportToShareableHandle, SCM_RIGHTS), and the block's offset in the first
+ * one. The importer checks the answer (counts, sizes, granularity, offset: a wrong one fails the
+ * open, nothing is mapped), imports the handles (cuMemImportFromShareableHandle), maps them back
+ * to back into a range of its own, gives its current device access, and returns the block's
+ * address in it. It keeps the connection open while the handle is open: the exporter counts open
+ * handles by their connections, so one that dies closes its own.
+ *
+ * Who may ask (the threat model; docs/multi-gpu.md):
+ *   - another user: refused when it connects (SO_PEERCRED), before it can send anything; it
+ *     holds none of the exporter's descriptors or connection slots beyond that moment, and its
+ *     refusals are warned about at most once a second, apart from the program's own warnings.
+ *     The socket's name is public (/proc/net/unix): connecting is all another user can do.
+ *   - the same user: can open any handle whose bytes it has, and could guess none (the export
+ *     id is random); it can read the program's memory anyway (ptrace, /proc/pid/mem), so the
+ *     shim does not defend against it beyond that, but a slow or stalled client of it holds up
+ *     nobody: the server serves every connection through one poll() loop, and closes one that
+ *     has not sent its whole request within VMMSHIM_IPC_TIMEOUT seconds; of more than 256 such
+ *     at once, the oldest is closed to make room.
+ *   - every wait of the importer (connect, send, answer) ends by VMMSHIM_IPC_TIMEOUT seconds in
+ *     all, with CUDA_ERROR_MAP_FAILED (an exporter that is stopped, or gone).
+ * Open handles have no limit of their own: each holds one descriptor of the exporter (its
+ * connection). When the exporter has no descriptor left, a request is refused (a spare
+ * descriptor kept for the purpose lets the server take the connection and close it, so neither
+ * the backlog nor the server's loop stalls), with a warning naming RLIMIT_NOFILE.
  *
  * The exporter may free the block while importers have it open (the driver calls that undefined
  * behaviour for cudaMalloc memory): its memory then stays out of the pool until the last importer
  * closes, so no new allocation can reuse it. The free counts for the program at once; the block
- * returns to the pool (and the trace shows its free) when the last importer is gone. Opening a
+ * returns to the pool (and the trace shows its free) when the last importer is gone. An exported
+ * block is marked in its pool, so that a free of any other block costs nothing here. Opening a
  * handle whose exporter has exited, or whose block was freed with no importer, fails with
  * CUDA_ERROR_MAP_FAILED, as the driver's own handles do. Handles the shim did not make pass to the
  * driver untouched; so do events.
+ *
+ * Locks: vs_ipc_lock (exports, the server's connections) and vs_import_lock (imports); neither is
+ * held across a driver call (counted like the pools' locks: vmm.c asserts it in debug builds). An
+ * export being answered or given back is pinned (busy) while the lock is dropped.
  *
  * A fork child inherits descriptors, not the exports or imports: it closes its copies of the
  * server's sockets and of the imports' connections (an importer's fork child would otherwise keep
@@ -27,12 +51,15 @@
  * exports. The exports of a pool whose context goes away are forgotten with it. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -41,19 +68,25 @@
 
 #include "vmmshim/share.h"
 
+/* uthash for the exports (by id, by address); an out-of-memory add is checked, never fatal. */
+#define HASH_NONFATAL_OOM 1
+#include <uthash.h>
+
 #define VS_IPC_MAGIC "vmmshim\x01"
 #define VS_IPC_MAX_SEGS 64
-#define VS_IPC_MAX_CONNS 256
+#define VS_IPC_BACKLOG 4096
+#define VS_IPC_MAX_PENDING 256              /* connections that have not sent their request yet */
+#define VS_IPC_BACKOFF_NS (100 * 1000000ull) /* accept failing for want of memory: wait this long */
 
 /* The handle, as the 64 bytes of a CUipcMemHandle. */
 typedef struct vs_ipc_handle_s {
   char magic[8];
   uint32_t pid;
   int32_t dev;
-  uint64_t nonce;
-  uint64_t id;
-  uint64_t size;
-  char note[24]; /* for a person looking at the bytes */
+  uint64_t nonce; /* the exporter's socket name */
+  uint64_t id;    /* the export */
+  uint64_t size;  /* the block's requested size */
+  char note[24];  /* for a person looking at the bytes */
 } vs_ipc_handle_t;
 _Static_assert(sizeof(vs_ipc_handle_t) == CU_IPC_HANDLE_SIZE, "an IPC handle is 64 bytes");
 
@@ -71,47 +104,114 @@ typedef struct vs_ipc_reply_s {
   uint64_t seg_size[VS_IPC_MAX_SEGS];
 } vs_ipc_reply_t;
 
-atomic_int _vs_ipc_exports; /* exports alive: frees look here only when there are any */
+/* Room for the descriptors of a reply, aligned as a cmsghdr must be. */
+typedef union vs_ipc_ctrl_u {
+  char buf[CMSG_SPACE(sizeof(int) * VS_IPC_MAX_SEGS)];
+  struct cmsghdr align;
+} vs_ipc_ctrl_t;
+
+static uint64_t timeout_ns(void) { return _vs_option(VS_OPT_IPC_TIMEOUT) * 1000000000ull; }
+
+/* n random bytes (getrandom, else /dev/urandom). -1 when the system gives none. */
+static int random_bytes(void *buf, size_t n) {
+  char *p = buf;
+  while (n) {
+    ssize_t r = getrandom(p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    p += r;
+    n -= (size_t)r;
+  }
+  if (!n) return 0;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  while (n) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    p += r;
+    n -= (size_t)r;
+  }
+  close(fd);
+  return n ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------ locks */
+
+static pthread_mutex_t vs_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t vs_ipc_unpinned = PTHREAD_COND_INITIALIZER; /* an export's busy count fell */
+static pthread_mutex_t vs_import_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void ipc_lock(void) {
+  pthread_mutex_lock(&vs_ipc_lock);
+  VS_LOCK_HELD(1);
+}
+static void ipc_unlock(void) {
+  VS_LOCK_HELD(-1);
+  pthread_mutex_unlock(&vs_ipc_lock);
+}
+static void import_lock(void) {
+  pthread_mutex_lock(&vs_import_lock);
+  VS_LOCK_HELD(1);
+}
+static void import_unlock(void) {
+  VS_LOCK_HELD(-1);
+  pthread_mutex_unlock(&vs_import_lock);
+}
 
 /* ------------------------------------------------------------------ exports */
 
 typedef struct vs_export_s {
   uint64_t id;
   CUdeviceptr ptr;
-  size_t size, requested;
   vs_pool_t *pool;
   int opens;   /* importers holding it, and requests being answered */
+  int busy;    /* threads working on it with the lock dropped: it stays until they are done */
   bool freed;  /* the program freed it while open: the pool gets it back when opens reaches 0 */
   vmmshim_api_t free_api;
-  struct vs_export_s *next;
+  UT_hash_handle by_id, by_ptr;
 } vs_export_t;
 
-static vs_export_t *vs_exports;
-static uint64_t vs_export_next = 1;
+static vs_export_t *vs_exports_by_id, *vs_exports_by_ptr;
 static uint64_t vs_nonce;
 static pid_t vs_server_pid; /* the process whose server runs; 0: none */
-static pthread_mutex_t vs_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_rate_t vs_refusals; /* warnings about requests refused, rated (log.c) */
 
 static vs_export_t *export_by_ptr(CUdeviceptr ptr) {
-  for (vs_export_t *e = vs_exports; e; e = e->next)
-    if (e->ptr == ptr) return e;
-  return NULL;
+  vs_export_t *x = NULL;
+  HASH_FIND(by_ptr, vs_exports_by_ptr, &ptr, sizeof ptr, x);
+  return x;
 }
 
 static vs_export_t *export_by_id(uint64_t id) {
-  for (vs_export_t *e = vs_exports; e; e = e->next)
-    if (e->id == id) return e;
-  return NULL;
+  vs_export_t *x = NULL;
+  HASH_FIND(by_id, vs_exports_by_id, &id, sizeof id, x);
+  return x;
+}
+
+/* false when there was no host memory for the tables (nothing added). Lock held. */
+static bool export_add(vs_export_t *x) {
+  HASH_ADD(by_id, vs_exports_by_id, id, sizeof x->id, x);
+  if (export_by_id(x->id) != x) return false;
+  HASH_ADD(by_ptr, vs_exports_by_ptr, ptr, sizeof x->ptr, x);
+  if (export_by_ptr(x->ptr) == x) return true;
+  HASH_DELETE(by_id, vs_exports_by_id, x);
+  return false;
 }
 
 static void export_remove(vs_export_t *x) {
-  for (vs_export_t **pp = &vs_exports; *pp; pp = &(*pp)->next)
-    if (*pp == x) {
-      *pp = x->next;
-      free(x);
-      atomic_fetch_sub(&_vs_ipc_exports, 1);
-      return;
-    }
+  HASH_DELETE(by_id, vs_exports_by_id, x);
+  HASH_DELETE(by_ptr, vs_exports_by_ptr, x);
+  free(x);
+}
+
+/* A random export id, not 0 and not in use. 0 when the system gives no random numbers. */
+static uint64_t new_export_id(void) {
+  uint64_t id = 0;
+  do
+    if (random_bytes(&id, sizeof id) != 0) return 0;
+  while (!id || export_by_id(id));
+  return id;
 }
 
 static void socket_name(struct sockaddr_un *a, socklen_t *len, uint32_t pid, uint64_t nonce) {
@@ -121,19 +221,53 @@ static void socket_name(struct sockaddr_un *a, socklen_t *len, uint32_t pid, uin
   *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
+/* An importer let go of x (or a request for it failed): true when it was the last and the
+ * program freed the block meanwhile; x is then pinned, and the caller gives it back after the
+ * unlock. Lock held. */
+static bool drop_open_locked(vs_export_t *x) {
+  if (--x->opens > 0 || !x->freed) return false;
+  x->busy++;
+  return true;
+}
+
+/* The last importer of a block the program freed is gone: the block goes back to the pool (its
+ * free may synchronise the context: no lock held), then the export goes. */
+static void give_back(vs_export_t *x) {
+  vs_pool_t *pool = x->pool;
+  CUdeviceptr ptr = x->ptr;
+  CUcontext popped;
+  bool pushed = _vs_cu.cuCtxPushCurrent(_vs_pool_context(pool)) == CUDA_SUCCESS;
+  size_t size, requested;
+  CUresult err;
+  _vs_pool_free_exported(pool, ptr, x->free_api, &size, &requested, &err); /* counted at the program's free */
+  if (pushed) _vs_cu.cuCtxPopCurrent(&popped);
+  ipc_lock();
+  x->busy--;
+  export_remove(x);
+  pthread_cond_broadcast(&vs_ipc_unpinned);
+  ipc_unlock();
+  _vs_debug("ipc: block 0x%llx, freed while open in another process, is back in the pool", (unsigned long long)ptr);
+}
+
 /* ------------------------------------------------------------------ the exporter's server */
 
 typedef struct vs_conn_s {
   int fd;
-  uint64_t holds; /* the export this connection holds open, 0 none */
+  uint64_t holds;       /* the export this connection holds open, 0 none */
+  uint64_t deadline_ns; /* not holding: the request must be whole by then */
+  unsigned got;         /* bytes of the request read so far */
+  vs_ipc_request_t req;
 } vs_conn_t;
 
-/* Room for the descriptors of a reply, aligned as a cmsghdr must be. */
-typedef union vs_ipc_ctrl_u {
-  char buf[CMSG_SPACE(sizeof(int) * VS_IPC_MAX_SEGS)];
-  struct cmsghdr align;
-} vs_ipc_ctrl_t;
+static int vs_listen_fd = -1;
+static int vs_spare_fd = -1; /* closed to take a connection when no descriptor is left */
+/* The server's connections: changed under the lock by the server thread alone (which reads them
+ * without it), so that a fork child (whose atfork handler runs with the lock taken in the parent)
+ * finds them whole and closes its copies. */
+static vs_conn_t *vs_conns;
+static int vs_nconn, vs_conn_cap, vs_npending;
 
+/* Never waits: a reply always fits in the buffer of a connection that got no other. */
 static int send_reply(int fd, const vs_ipc_reply_t *rep, const int *fds, unsigned nfds) {
   struct iovec iov = {(void *)rep, sizeof *rep};
   vs_ipc_ctrl_t ctrl;
@@ -151,150 +285,244 @@ static int send_reply(int fd, const vs_ipc_reply_t *rep, const int *fds, unsigne
     memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
   }
   ssize_t w;
-  do w = sendmsg(fd, &m, MSG_NOSIGNAL);
+  do w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
   while (w < 0 && errno == EINTR);
   return w == (ssize_t)sizeof *rep ? 0 : -1;
 }
 
-/* The last importer of a block the program freed is gone: the block goes back to the pool. Lock
- * held (throughout: a pool's exports are forgotten under it before the pool is destroyed). */
-static void give_back(vs_export_t *x) {
-  vs_pool_t *pool = x->pool;
-  CUdeviceptr ptr = x->ptr;
-  vmmshim_api_t api = x->free_api;
-  export_remove(x);
-  CUcontext popped;
-  bool pushed = _vs_cu.cuCtxPushCurrent(_vs_pool_context(pool)) == CUDA_SUCCESS;
-  size_t size, requested;
-  CUresult err;
-  _vs_pool_free(pool, ptr, VS_NO_STREAM, api, &size, &requested, &err); /* counted at the program's free */
-  if (pushed) _vs_cu.cuCtxPopCurrent(&popped);
-  _vs_debug("ipc: block 0x%llx, freed while open in another process, is back in the pool", (unsigned long long)ptr);
-}
-
-/* Lock held. */
-static void release_hold_locked(vs_conn_t *c) {
-  if (!c->holds) return;
-  vs_export_t *x = export_by_id(c->holds);
-  if (x && --x->opens == 0 && x->freed) give_back(x);
-  c->holds = 0;
-}
-
-/* A reply that refuses the request with `status`; false, as answer() returns for it. */
-static bool refuse(int fd, int32_t status) {
+static void refuse(int fd, int32_t status) {
   vs_ipc_reply_t rep;
   memset(&rep, 0, sizeof rep);
   rep.status = status;
   send_reply(fd, &rep, NULL, 0);
-  return false;
 }
 
-/* One request: the importer's credentials, the export, its handles as descriptors. Returns false
- * when the connection is to be closed (a refusal: the reply is all the importer gets). */
-static bool answer(vs_conn_t *c) {
-  struct ucred cred;
-  socklen_t cl = sizeof cred;
-  if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != geteuid()) {
-    _vs_warn("ipc: a process of user %d asked for a handle of this process (user %d): refused",
-             cl == sizeof cred ? (int)cred.uid : -1, (int)geteuid());
-    return refuse(c->fd, VS_IPC_DENIED);
+/* Closes connection i, letting go of what it holds. Server thread, lock not held. */
+static void conn_close(int i) {
+  vs_export_t *back = NULL;
+  ipc_lock();
+  vs_conn_t *c = &vs_conns[i];
+  if (c->holds) {
+    vs_export_t *x = export_by_id(c->holds);
+    if (x && drop_open_locked(x)) back = x;
+  } else {
+    vs_npending--;
   }
-  vs_ipc_request_t req;
-  ssize_t r;
-  do r = recv(c->fd, &req, sizeof req, MSG_WAITALL); /* the socket times out: a stalled client cannot stop the server */
-  while (r < 0 && errno == EINTR);
-  if (r != (ssize_t)sizeof req || memcmp(req.magic, VS_IPC_MAGIC, 8) != 0 || c->holds)
-    return refuse(c->fd, VS_IPC_FAILED);
-  /* The lock is held while the handles are exported: the pool cannot go away meanwhile, and a
-   * free of the block waits, then finds it open. */
-  pthread_mutex_lock(&vs_ipc_lock);
-  vs_export_t *x = export_by_id(req.id);
+  close(c->fd);
+  vs_conns[i] = vs_conns[--vs_nconn];
+  ipc_unlock();
+  if (back) give_back(back);
+}
+
+/* The request of connection c is whole: the export's handles as descriptors. Returns false when
+ * the connection is to be closed (a refusal: the reply is all the importer gets). Server thread,
+ * lock not held; the handles are exported with it dropped, the export pinned meanwhile. */
+static bool answer(vs_conn_t *c) {
+  if (memcmp(c->req.magic, VS_IPC_MAGIC, 8) != 0) {
+    _vs_warn_rated(&vs_refusals, "ipc: a request that is not a shim's of this version: refused");
+    refuse(c->fd, VS_IPC_FAILED);
+    return false;
+  }
+  ipc_lock();
+  vs_export_t *x = export_by_id(c->req.id);
   if (!x || x->freed) {
-    pthread_mutex_unlock(&vs_ipc_lock);
-    return refuse(c->fd, VS_IPC_GONE);
+    ipc_unlock();
+    _vs_debug("ipc: a request for an export that is gone (or never was): refused");
+    refuse(c->fd, VS_IPC_GONE);
+    return false;
   }
   CUmemGenericAllocationHandle handles[VS_IPC_MAX_SEGS];
   size_t sizes[VS_IPC_MAX_SEGS], offset = 0;
-  int n = 0, fds[VS_IPC_MAX_SEGS];
-  bool ok = _vs_pool_handles_of(x->pool, x->ptr, &offset, handles, sizes, VS_IPC_MAX_SEGS, &n) == VS_POOL_OK;
-  if (!ok) _vs_warn("ipc: block 0x%llx lies on more than %d handles; it cannot be shared", (unsigned long long)x->ptr,
-                    VS_IPC_MAX_SEGS);
-  int nfds = 0;
-  vs_ipc_reply_t rep;
-  memset(&rep, 0, sizeof rep);
-  const vs_device_caps_t *caps = _vs_pool_caps(x->pool);
+  int n = 0;
+  if (_vs_pool_handles_of(x->pool, x->ptr, &offset, handles, sizes, VS_IPC_MAX_SEGS, &n) != VS_POOL_OK) {
+    CUdeviceptr ptr = x->ptr;
+    ipc_unlock();
+    _vs_warn_rated(&vs_refusals, "ipc: block 0x%llx lies on more than %d handles; it cannot be shared",
+                   (unsigned long long)ptr, VS_IPC_MAX_SEGS); /* asked for by others: rated */
+    refuse(c->fd, VS_IPC_FAILED);
+    return false;
+  }
+  x->opens++; /* a free now keeps the block: its handles stay valid while they are exported */
+  x->busy++;
+  vs_device_caps_t caps = *_vs_pool_caps(x->pool);
+  ipc_unlock();
+
+  int fds[VS_IPC_MAX_SEGS], nfds = 0;
+  bool ok = true;
   for (int i = 0; ok && i < n; i++) {
-    ok = _vs_vmm_export(caps, handles[i], &fds[i]) == CUDA_SUCCESS;
+    ok = _vs_vmm_export(&caps, handles[i], &fds[i]) == CUDA_SUCCESS;
     if (ok) nfds++;
   }
-  if (ok) {
-    rep.status = VS_IPC_OK;
-    rep.nsegs = (uint32_t)n;
-    rep.offset = offset;
-    for (int i = 0; i < n; i++) rep.seg_size[i] = sizes[i];
-    x->opens++; /* until the importer closes the connection */
-    c->holds = req.id;
-  } else {
-    rep.status = VS_IPC_FAILED;
-  }
-  pthread_mutex_unlock(&vs_ipc_lock);
-  bool sent = send_reply(c->fd, &rep, ok ? fds : NULL, ok ? (unsigned)nfds : 0) == 0;
+  vs_ipc_reply_t rep;
+  memset(&rep, 0, sizeof rep);
+  rep.status = VS_IPC_OK;
+  rep.nsegs = (uint32_t)n;
+  rep.offset = offset;
+  for (int i = 0; i < n; i++) rep.seg_size[i] = sizes[i];
+  bool sent = ok && send_reply(c->fd, &rep, fds, (unsigned)nfds) == 0;
+  if (!ok) refuse(c->fd, VS_IPC_FAILED);
   for (int i = 0; i < nfds; i++) close(fds[i]);
-  return ok && sent; /* held until the importer closes the connection */
+
+  vs_export_t *back = NULL;
+  ipc_lock();
+  x->busy--;
+  if (sent) {
+    c->holds = x->id; /* until the importer closes the connection */
+    vs_npending--;
+  } else if (drop_open_locked(x)) {
+    back = x;
+  }
+  pthread_cond_broadcast(&vs_ipc_unpinned);
+  ipc_unlock();
+  if (back) give_back(back);
+  return sent;
 }
 
-static int vs_listen_fd = -1;
-/* The server's connections: changed under the lock, so that a fork child (whose atfork handler
- * runs with the lock taken in the parent) finds them whole and closes its copies. */
-static vs_conn_t vs_conns[VS_IPC_MAX_CONNS];
-static int vs_nconn;
+/* Takes the connections waiting on the listening socket (a burst at most: the others get their
+ * turn). Another user's is closed at once, its descriptor never kept. Returns until when to leave
+ * the listening socket alone (0: no need). Server thread. */
+static uint64_t accept_burst(uint64_t now) {
+  for (int burst = 0; burst < 64; burst++) {
+    int fd = accept4(vs_listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      int e = errno;
+      if (e == EINTR || e == ECONNABORTED) continue;
+      if (e == EAGAIN || e == EWOULDBLOCK) return 0;
+      if ((e == EMFILE || e == ENFILE) && vs_spare_fd >= 0) {
+        close(vs_spare_fd);
+        fd = accept4(vs_listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd >= 0) {
+          refuse(fd, VS_IPC_FAILED);
+          close(fd);
+        }
+        vs_spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        struct rlimit rl = {0, 0};
+        getrlimit(RLIMIT_NOFILE, &rl);
+        _vs_warn_rated(&vs_refusals,
+                       "ipc: this process has no file descriptor left (RLIMIT_NOFILE %llu; each handle open in "
+                       "another process holds one): a request is refused",
+                       (unsigned long long)rl.rlim_cur);
+        if (fd < 0 || vs_spare_fd < 0) return now + VS_IPC_BACKOFF_NS;
+        continue;
+      }
+      _vs_warn_rated(&vs_refusals, "ipc: accept: %s; requests wait %llu ms", strerror(e),
+                     (unsigned long long)(VS_IPC_BACKOFF_NS / 1000000));
+      return now + VS_IPC_BACKOFF_NS;
+    }
+    struct ucred cred;
+    socklen_t cl = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cl != sizeof cred || cred.uid != geteuid()) {
+      refuse(fd, VS_IPC_DENIED);
+      close(fd);
+      _vs_warn_rated(&vs_refusals, "ipc: a process of user %d (pid %d) asked for a handle of this process (user %d): "
+                     "refused", cl == sizeof cred ? (int)cred.uid : -1, cl == sizeof cred ? (int)cred.pid : -1,
+                     (int)geteuid());
+      continue;
+    }
+    if (vs_npending >= VS_IPC_MAX_PENDING) {
+      /* Many connections wait for their request (the same user's: another user's never do):
+       * the oldest goes, so that a flood of idle ones cannot keep a new one out. */
+      int oldest = -1;
+      for (int i = 0; i < vs_nconn; i++)
+        if (!vs_conns[i].holds && (oldest < 0 || vs_conns[i].deadline_ns < vs_conns[oldest].deadline_ns)) oldest = i;
+      if (oldest >= 0) conn_close(oldest);
+      _vs_warn_rated(&vs_refusals, "ipc: more than %d connections wait for their request: the oldest is closed",
+                     VS_IPC_MAX_PENDING);
+    }
+    bool added = false;
+    ipc_lock();
+    if (vs_nconn == vs_conn_cap) {
+      int cap = vs_conn_cap ? vs_conn_cap * 2 : 64;
+      vs_conn_t *grown = realloc(vs_conns, (size_t)cap * sizeof *grown);
+      if (grown) {
+        vs_conns = grown;
+        vs_conn_cap = cap;
+      }
+    }
+    if (vs_nconn < vs_conn_cap) {
+      memset(&vs_conns[vs_nconn], 0, sizeof *vs_conns);
+      vs_conns[vs_nconn].fd = fd;
+      vs_conns[vs_nconn++].deadline_ns = now + timeout_ns();
+      vs_npending++;
+      added = true;
+    }
+    ipc_unlock();
+    if (!added) { /* no host memory for one more */
+      refuse(fd, VS_IPC_FAILED);
+      close(fd);
+      _vs_warn_rated(&vs_refusals, "ipc: no memory for one more connection: a request is refused");
+    }
+  }
+  return 0;
+}
+
+/* One connection's turn: what it sent (ev: poll said so), and its deadline. Returns false when it
+ * is to be closed. Server thread. */
+static bool serve_conn(vs_conn_t *c, bool ev, uint64_t now) {
+  if (c->holds) { /* an importer sends nothing after its request: drop stray bytes, see it close */
+    if (!ev) return true;
+    char junk[64];
+    ssize_t k = recv(c->fd, junk, sizeof junk, MSG_DONTWAIT);
+    return k > 0 || (k < 0 && (errno == EAGAIN || errno == EINTR));
+  }
+  if (ev) {
+    ssize_t k = recv(c->fd, (char *)&c->req + c->got, sizeof c->req - c->got, MSG_DONTWAIT);
+    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) return false;
+    if (k > 0) c->got += (unsigned)k;
+    if (c->got == sizeof c->req) return answer(c);
+  }
+  if (now >= c->deadline_ns) {
+    _vs_debug("ipc: a connection sent no whole request within %llu s: closed",
+              (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT));
+    return false;
+  }
+  return true;
+}
 
 static void *server_main(void *arg) {
   (void)arg;
   _vs_guard++; /* the driver calls made here are the shim's own */
-  struct timeval tmo = {1, 0};
+  struct pollfd *pfd = NULL;
+  int pcap = 0;
+  uint64_t listen_after = 0; /* accept failed for want of resources: not before this */
   for (;;) {
-    struct pollfd pfd[VS_IPC_MAX_CONNS + 1];
-    pfd[0] = (struct pollfd){vs_listen_fd, POLLIN, 0};
     int nconn = vs_nconn;
-    for (int i = 0; i < nconn; i++) pfd[i + 1] = (struct pollfd){vs_conns[i].fd, POLLIN, 0};
-    int r = poll(pfd, (nfds_t)nconn + 1, -1);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      _vs_warn("ipc: poll: %s; this process stops answering IPC handles", strerror(errno));
-      return NULL;
-    }
-    for (int i = nconn; i-- > 0;) {
-      if (!pfd[i + 1].revents) continue;
-      vs_conn_t *c = &vs_conns[i];
-      char peek;
-      ssize_t k = recv(c->fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (k > 0 && !c->holds && answer(c)) continue;
-      if (k > 0 && c->holds) { /* an importer sends nothing after its request: drop stray bytes */
-        char junk[64];
-        if (recv(c->fd, junk, sizeof junk, MSG_DONTWAIT) > 0) continue;
+    if (nconn + 1 > pcap) {
+      struct pollfd *grown = realloc(pfd, (size_t)(nconn + 64) * sizeof *grown);
+      if (!grown) {
+        struct timespec ts = {0, VS_IPC_BACKOFF_NS};
+        nanosleep(&ts, NULL);
+        continue;
       }
-      if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      /* Closed: the importer closed its handle or exited (or was refused). */
-      pthread_mutex_lock(&vs_ipc_lock);
-      release_hold_locked(c);
-      close(c->fd);
-      vs_conns[i] = vs_conns[--vs_nconn];
-      pthread_mutex_unlock(&vs_ipc_lock);
+      pfd = grown;
+      pcap = nconn + 64;
     }
-    if (pfd[0].revents & POLLIN) {
-      int fd = accept4(vs_listen_fd, NULL, NULL, SOCK_CLOEXEC);
-      if (fd >= 0 && vs_nconn < VS_IPC_MAX_CONNS) {
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof tmo);
-        pthread_mutex_lock(&vs_ipc_lock);
-        vs_conns[vs_nconn++] = (vs_conn_t){fd, 0};
-        pthread_mutex_unlock(&vs_ipc_lock);
-      } else if (fd >= 0) {
-        _vs_warn("ipc: more than %d handles open in other processes; a request is refused", VS_IPC_MAX_CONNS);
-        close(fd);
-      }
+    uint64_t now = _vs_now_ns(), wake = UINT64_MAX;
+    for (int i = 0; i < nconn; i++) {
+      pfd[i] = (struct pollfd){vs_conns[i].fd, POLLIN, 0};
+      if (!vs_conns[i].holds && vs_conns[i].deadline_ns < wake) wake = vs_conns[i].deadline_ns;
     }
+    bool listening = now >= listen_after;
+    if (listening) pfd[nconn] = (struct pollfd){vs_listen_fd, POLLIN, 0};
+    else if (listen_after < wake) wake = listen_after;
+    int timeout = -1;
+    if (wake != UINT64_MAX) {
+      uint64_t ms = wake <= now ? 0 : (wake - now) / 1000000 + 1;
+      timeout = ms > INT_MAX ? INT_MAX : (int)ms;
+    }
+    int r = poll(pfd, (nfds_t)nconn + (listening ? 1 : 0), timeout);
+    if (r < 0 && errno != EINTR) {
+      _vs_warn_rated(&vs_refusals, "ipc: poll: %s", strerror(errno));
+      struct timespec ts = {0, VS_IPC_BACKOFF_NS};
+      nanosleep(&ts, NULL);
+      continue;
+    }
+    now = _vs_now_ns();
+    for (int i = nconn; i-- > 0;) /* from the end: a closed one's place takes the last, done already */
+      if (!serve_conn(&vs_conns[i], r > 0 && pfd[i].revents, now)) conn_close(i);
+    if (listening && r > 0 && (pfd[nconn].revents & POLLIN)) listen_after = accept_burst(now);
   }
+  return NULL;
 }
 
 static void atfork_prepare(void);
@@ -307,25 +535,30 @@ static void atfork_register(void) { pthread_atfork(atfork_prepare, atfork_parent
 static int start_server(void) {
   if (vs_server_pid == getpid()) return 0;
   pthread_once(&vs_atfork_once, atfork_register);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  uint64_t nonce;
+  if (random_bytes(&nonce, sizeof nonce) != 0) {
+    _vs_warn("ipc: the system gives no random numbers (getrandom: %s); no IPC handle can be made", strerror(errno));
+    return -1;
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  vs_nonce = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)&fd;
   struct sockaddr_un a;
   socklen_t len;
-  socket_name(&a, &len, (uint32_t)getpid(), vs_nonce);
-  if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, 64) != 0) {
+  socket_name(&a, &len, (uint32_t)getpid(), nonce);
+  if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, VS_IPC_BACKLOG) != 0) {
     _vs_warn("ipc: cannot listen on @%s: %s", a.sun_path + 1, strerror(errno));
     close(fd);
     return -1;
   }
+  vs_nonce = nonce;
   vs_listen_fd = fd;
+  vs_spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   pthread_t t;
   int rc = _vs_thread_start(&t, server_main, NULL);
   if (rc != 0) {
     close(fd);
-    vs_listen_fd = -1;
+    if (vs_spare_fd >= 0) close(vs_spare_fd);
+    vs_listen_fd = vs_spare_fd = -1;
     return -1;
   }
   vs_server_pid = getpid();
@@ -343,33 +576,39 @@ bool _vs_ipc_get_handle(CUdeviceptr ptr, CUipcMemHandle *out, CUresult *err) {
     *err = CUDA_ERROR_INVALID_VALUE; /* not the start of a live block, as the driver answers */
     return true;
   }
-  pthread_mutex_lock(&vs_ipc_lock);
+  ipc_lock();
   if (start_server() != 0) {
-    pthread_mutex_unlock(&vs_ipc_lock);
-    *err = CUDA_ERROR_OUT_OF_MEMORY;
+    ipc_unlock();
+    *err = CUDA_ERROR_OPERATING_SYSTEM;
     return true;
   }
   vs_export_t *x = export_by_ptr(ptr);
   if (x && x->freed) { /* freed by the program, still open elsewhere: not a live allocation */
-    pthread_mutex_unlock(&vs_ipc_lock);
+    ipc_unlock();
     *err = CUDA_ERROR_INVALID_VALUE;
     return true;
   }
   if (!x) {
     x = calloc(1, sizeof *x);
-    if (!x) {
-      pthread_mutex_unlock(&vs_ipc_lock);
-      *err = CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t id = x ? new_export_id() : 0;
+    if (!x || !id) {
+      ipc_unlock();
+      free(x);
+      *err = x ? CUDA_ERROR_OPERATING_SYSTEM : CUDA_ERROR_OUT_OF_MEMORY;
       return true;
     }
-    x->id = vs_export_next++;
+    x->id = id;
     x->ptr = ptr;
-    x->size = served;
-    x->requested = size;
     x->pool = pool;
-    x->next = vs_exports;
-    vs_exports = x;
-    atomic_fetch_add(&_vs_ipc_exports, 1);
+    /* Marked in its pool: its free comes here (the block may have been freed since the check). */
+    bool live = _vs_pool_set_exported(pool, ptr, true);
+    if (!live || !export_add(x)) {
+      if (live) _vs_pool_set_exported(pool, ptr, false);
+      ipc_unlock();
+      free(x);
+      *err = live ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+      return true;
+    }
   }
   vs_ipc_handle_t h;
   memset(&h, 0, sizeof h);
@@ -380,14 +619,15 @@ bool _vs_ipc_get_handle(CUdeviceptr ptr, CUipcMemHandle *out, CUresult *err) {
   h.id = x->id;
   h.size = size;
   snprintf(h.note, sizeof h.note, "open under libvmmshim");
-  pthread_mutex_unlock(&vs_ipc_lock);
+  ipc_unlock();
   memcpy(out, &h, sizeof h);
-  _vs_debug("ipc: handle %llu for block 0x%llx (%zu bytes)", (unsigned long long)h.id, (unsigned long long)ptr, size);
+  _vs_debug("ipc: handle %016llx for block 0x%llx (%zu bytes)", (unsigned long long)h.id, (unsigned long long)ptr,
+            size);
   return true;
 }
 
-vs_ipc_free_t _vs_ipc_on_free(CUdeviceptr ptr, vmmshim_api_t api) {
-  pthread_mutex_lock(&vs_ipc_lock);
+vs_ipc_free_t _vs_ipc_on_free(vs_pool_t *pool, CUdeviceptr ptr, vmmshim_api_t api) {
+  ipc_lock();
   vs_export_t *x = export_by_ptr(ptr);
   vs_ipc_free_t r = VS_IPC_FREE_NOW;
   if (x && x->freed) {
@@ -398,21 +638,31 @@ vs_ipc_free_t _vs_ipc_on_free(CUdeviceptr ptr, vmmshim_api_t api) {
     r = VS_IPC_FREE_HELD;
     _vs_debug("ipc: block 0x%llx freed while open in another process: kept out of the pool until it is closed",
               (unsigned long long)ptr);
-  } else if (x) {
-    export_remove(x); /* no importer: its handle goes stale with the free */
+  } else {
+    /* No importer (or an export this process no longer has: a fork child's): its handle goes
+     * stale with the free. */
+    _vs_pool_set_exported(pool, ptr, false);
+    if (x) export_remove(x);
   }
-  pthread_mutex_unlock(&vs_ipc_lock);
+  ipc_unlock();
   return r;
 }
 
 void _vs_ipc_forget_pool(vs_pool_t *pool) {
-  if (!atomic_load(&_vs_ipc_exports)) return;
-  pthread_mutex_lock(&vs_ipc_lock);
-  for (vs_export_t *x = vs_exports, *next; x; x = next) {
-    next = x->next;
-    if (x->pool == pool) export_remove(x); /* its memory goes with the context; open copies elsewhere stay */
+  ipc_lock();
+  vs_export_t *x, *tmp;
+  for (bool pinned = true; pinned;) { /* an export being answered or given back finishes first */
+    pinned = false;
+    HASH_ITER(by_id, vs_exports_by_id, x, tmp) pinned |= x->pool == pool && x->busy > 0;
+    if (pinned) {
+      VS_LOCK_HELD(-1);
+      pthread_cond_wait(&vs_ipc_unpinned, &vs_ipc_lock);
+      VS_LOCK_HELD(1);
+    }
   }
-  pthread_mutex_unlock(&vs_ipc_lock);
+  HASH_ITER(by_id, vs_exports_by_id, x, tmp)
+  if (x->pool == pool) export_remove(x); /* its memory goes with the context; open copies elsewhere stay */
+  ipc_unlock();
 }
 
 /* ------------------------------------------------------------------ imports */
@@ -432,27 +682,70 @@ typedef struct vs_import_s {
 } vs_import_t;
 
 static vs_import_t *vs_imports;
-static pthread_mutex_t vs_import_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Unmaps the first `mapped` handles, releases them all and frees the range. A handle whose unmap
+ * fails stays (with its range): nothing can be known of it. */
 static void unmap_import(vs_import_t *im, int mapped) {
-  size_t off = 0;
+  size_t off = 0, stuck = 0;
   for (int i = 0; i < im->n; i++) {
-    if (i < mapped) _vs_vmm_unmap(&im->caps, im->va + off, im->sizes[i]);
+    bool kept = i < mapped && _vs_vmm_unmap(&im->caps, im->va + off, im->sizes[i]) != CUDA_SUCCESS;
     off += im->sizes[i];
-    if (im->handles[i]) _vs_vmm_release(&im->caps, im->handles[i], im->sizes[i]);
+    if (kept) stuck += im->sizes[i];
+    else if (im->handles[i]) _vs_vmm_release(&im->caps, im->handles[i], im->sizes[i]);
   }
-  if (im->va) _vs_vmm_address_free(&im->caps, im->va, im->total);
+  if (stuck) _vs_warn("ipc: %zu bytes of an import could not be unmapped; they stay mapped at 0x%llx", stuck,
+                      (unsigned long long)im->va);
+  else if (im->va) _vs_vmm_address_free(&im->caps, im->va, im->total);
 }
 
-/* Asks the exporter for the handles; fills im (handles imported, fds closed). */
-static CUresult fetch(const vs_ipc_handle_t *h, vs_import_t *im) {
+/* Sets the socket's send and receive timeouts to what is left until deadline; false when
+ * nothing is. */
+static bool set_timeouts(int fd, uint64_t deadline) {
+  uint64_t now = _vs_now_ns();
+  if (now >= deadline) return false;
+  uint64_t left = deadline - now;
+  struct timeval tv = {(time_t)(left / 1000000000ull), (suseconds_t)(left % 1000000000ull / 1000)};
+  if (!tv.tv_sec && !tv.tv_usec) tv.tv_usec = 1;
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return true;
+}
+
+/* Why the exporter's reply cannot be right, or NULL: nothing of it is mapped unless it is. */
+static const char *bad_reply(const vs_ipc_reply_t *rep, int nfds, const vs_ipc_handle_t *h, size_t gran) {
+  if (rep->nsegs == 0 || rep->nsegs > VS_IPC_MAX_SEGS) return "a number of handles out of range";
+  if ((int)rep->nsegs != nfds) return "not one descriptor per handle";
+  size_t total = 0;
+  for (uint32_t i = 0; i < rep->nsegs; i++) {
+    uint64_t s = rep->seg_size[i];
+    if (!s || s % gran) return "a handle size that is not a multiple of the granularity";
+    if (s > VS_SIZE_OPTION_MAX || total + s > VS_SIZE_OPTION_MAX) return "handles of more than 1 PiB";
+    total += s;
+  }
+  if (rep->offset % 256 || rep->offset >= rep->seg_size[0]) return "an offset outside its first handle";
+  if (!h->size || h->size > total - rep->offset) return "a block that does not fit in its handles";
+  return NULL;
+}
+
+/* Asks the exporter for the handles; fills im (handles imported, descriptors closed). Every wait
+ * ends by `deadline`. */
+static CUresult fetch(const vs_ipc_handle_t *h, vs_import_t *im, uint64_t deadline) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   struct sockaddr_un a;
   socklen_t len;
   socket_name(&a, &len, h->pid, h->nonce);
-  if (connect(fd, (struct sockaddr *)&a, len) != 0) {
-    _vs_warn("ipc: the process that made this handle (pid %u) is gone: %s", h->pid, strerror(errno));
+  /* connect waits as send does (SO_SNDTIMEO) when the exporter's backlog is full */
+  int rc = -1;
+  errno = EAGAIN;
+  while (set_timeouts(fd, deadline) && (rc = connect(fd, (struct sockaddr *)&a, len)) != 0 && errno == EINTR) {
+  }
+  if (rc != 0) {
+    if (errno == EAGAIN || errno == EINPROGRESS || errno == EINTR)
+      _vs_warn("ipc: the process that made this handle (pid %u) accepts no connection within %llu s "
+               "(VMMSHIM_IPC_TIMEOUT)", h->pid, (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT));
+    else
+      _vs_warn("ipc: the process that made this handle (pid %u) is gone: %s", h->pid, strerror(errno));
     close(fd);
     return CUDA_ERROR_MAP_FAILED;
   }
@@ -468,6 +761,7 @@ static CUresult fetch(const vs_ipc_handle_t *h, vs_import_t *im) {
   memcpy(req.magic, VS_IPC_MAGIC, 8);
   req.id = h->id;
   vs_ipc_reply_t rep;
+  memset(&rep, 0, sizeof rep);
   vs_ipc_ctrl_t ctrl;
   struct iovec iov = {&rep, sizeof rep};
   struct msghdr m = {0};
@@ -475,27 +769,45 @@ static CUresult fetch(const vs_ipc_handle_t *h, vs_import_t *im) {
   m.msg_iovlen = 1;
   m.msg_control = ctrl.buf;
   m.msg_controllen = sizeof ctrl.buf;
-  ssize_t r;
-  if (send(fd, &req, sizeof req, MSG_NOSIGNAL) != (ssize_t)sizeof req) r = -1;
-  else do r = recvmsg(fd, &m, MSG_WAITALL | MSG_CMSG_CLOEXEC);
-    while (r < 0 && errno == EINTR);
+  ssize_t r = -1;
+  if (set_timeouts(fd, deadline) && send(fd, &req, sizeof req, MSG_NOSIGNAL) == (ssize_t)sizeof req) {
+    do r = recvmsg(fd, &m, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+    while (r < 0 && errno == EINTR && set_timeouts(fd, deadline));
+  }
+  /* Every descriptor that came is closed below, however many: a reply may carry any. */
   int fds[VS_IPC_MAX_SEGS], nfds = 0;
-  for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-      if (nfds > VS_IPC_MAX_SEGS) nfds = VS_IPC_MAX_SEGS;
-      memcpy(fds, CMSG_DATA(c), sizeof(int) * (size_t)nfds);
+  bool extra = false;
+  for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    for (int i = 0; i < k; i++) {
+      int f;
+      memcpy(&f, CMSG_DATA(c) + (size_t)i * sizeof(int), sizeof f);
+      if (nfds < VS_IPC_MAX_SEGS) fds[nfds++] = f;
+      else {
+        close(f);
+        extra = true;
+      }
     }
+  }
   CUresult res = CUDA_SUCCESS;
+  const char *why = NULL;
   if (r != (ssize_t)sizeof rep) {
-    _vs_warn("ipc: no answer from pid %u for handle %llu", h->pid, (unsigned long long)h->id);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      _vs_warn("ipc: no answer from pid %u within %llu s (VMMSHIM_IPC_TIMEOUT) for handle %016llx", h->pid,
+               (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT), (unsigned long long)h->id);
+    else
+      _vs_warn("ipc: no answer from pid %u for handle %016llx", h->pid, (unsigned long long)h->id);
     res = CUDA_ERROR_MAP_FAILED;
   } else if (rep.status != VS_IPC_OK) {
-    _vs_warn("ipc: pid %u refused handle %llu: %s", h->pid, (unsigned long long)h->id,
+    _vs_warn("ipc: pid %u refused handle %016llx: %s", h->pid, (unsigned long long)h->id,
              rep.status == VS_IPC_DENIED ? "this process runs as another user"
-             : rep.status == VS_IPC_GONE ? "its block was freed" : "it could not export its memory");
+             : rep.status == VS_IPC_GONE ? "its block was freed"
+                                         : "it could not export its memory");
     res = CUDA_ERROR_MAP_FAILED;
-  } else if ((int)rep.nsegs != nfds || !nfds) {
+  } else if ((why = extra ? "more descriptors than handles" : bad_reply(&rep, nfds, h, im->caps.min_granularity))) {
+    _vs_warn("ipc: the answer of pid %u for handle %016llx is wrong (%s); not opened", h->pid,
+             (unsigned long long)h->id, why);
     res = CUDA_ERROR_MAP_FAILED;
   }
   im->n = 0;
@@ -529,26 +841,27 @@ bool _vs_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle, CUresult *er
   }
   /* Without the pools (VMMSHIM_DISABLE) the handle still opens: the driver could not. */
   if (!_vs_active() && _vs_cuda_resolve() != 0) return false;
+  uint64_t deadline = _vs_now_ns() + timeout_ns();
   pthread_once(&vs_atfork_once, atfork_register);
   CUdevice dev = 0;
   if (_vs_cu.cuCtxGetDevice(&dev) != CUDA_SUCCESS) {
     *err = CUDA_ERROR_INVALID_CONTEXT;
     return true;
   }
-  pthread_mutex_lock(&vs_import_lock);
+  import_lock();
   for (vs_import_t *im = vs_imports; im; im = im->next)
     if (im->pid == h.pid && im->nonce == h.nonce && im->id == h.id && im->caps.device == dev) {
       im->refs++; /* opened again by this context: the same address, one more reference */
       *pdptr = im->ptr;
-      pthread_mutex_unlock(&vs_import_lock);
+      import_unlock();
       return true;
     }
-  pthread_mutex_unlock(&vs_import_lock);
+  import_unlock();
   /* The pid alone could be a process of another pid namespace, or an exited one whose pid was
    * reused: the nonce says whether this process made it. */
-  pthread_mutex_lock(&vs_ipc_lock);
+  ipc_lock();
   bool own = h.pid == (uint32_t)getpid() && vs_server_pid == getpid() && h.nonce == vs_nonce;
-  pthread_mutex_unlock(&vs_ipc_lock);
+  ipc_unlock();
   if (own) {
     *err = CUDA_ERROR_INVALID_CONTEXT; /* the driver refuses a process's own handles so */
     return true;
@@ -564,7 +877,7 @@ bool _vs_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle, CUresult *er
   im->conn = -1;
   CUresult r = _vs_vmm_query(dev, &im->caps);
   if (r == CUDA_SUCCESS && !im->caps.vmm_supported) r = CUDA_ERROR_NOT_SUPPORTED;
-  if (r == CUDA_SUCCESS) r = fetch(&h, im);
+  if (r == CUDA_SUCCESS) r = fetch(&h, im, deadline);
   int mapped = 0;
   if (r == CUDA_SUCCESS) r = _vs_vmm_reserve(&im->caps, im->total, 0, &im->va);
   size_t off = 0;
@@ -583,12 +896,12 @@ bool _vs_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle, CUresult *er
   }
   im->ptr += im->va;
   im->refs = 1;
-  pthread_mutex_lock(&vs_import_lock);
+  import_lock();
   im->next = vs_imports;
   vs_imports = im;
-  pthread_mutex_unlock(&vs_import_lock);
+  import_unlock();
   *pdptr = im->ptr;
-  _vs_info("ipc: opened handle %llu of pid %u at 0x%llx (%zu bytes in %d handles)", (unsigned long long)h.id, h.pid,
+  _vs_info("ipc: opened handle %016llx of pid %u at 0x%llx (%zu bytes in %d handles)", (unsigned long long)h.id, h.pid,
            (unsigned long long)im->ptr, (size_t)h.size, im->n);
   return true;
 }
@@ -596,7 +909,7 @@ bool _vs_ipc_open(CUdeviceptr *pdptr, const CUipcMemHandle *handle, CUresult *er
 bool _vs_ipc_close(CUdeviceptr ptr, CUresult *err) {
   *err = CUDA_SUCCESS;
   if (_vs_guard || !ptr) return false;
-  pthread_mutex_lock(&vs_import_lock);
+  import_lock();
   vs_import_t **pp = &vs_imports, *im = NULL;
   for (; *pp; pp = &(*pp)->next)
     if ((*pp)->ptr == ptr) {
@@ -604,18 +917,18 @@ bool _vs_ipc_close(CUdeviceptr ptr, CUresult *err) {
       break;
     }
   if (!im) {
-    pthread_mutex_unlock(&vs_import_lock);
+    import_unlock();
     return false; /* not a shim handle's memory: the driver's */
   }
   if (--im->refs > 0) {
-    pthread_mutex_unlock(&vs_import_lock);
+    import_unlock();
     return true;
   }
   *pp = im->next;
-  pthread_mutex_unlock(&vs_import_lock);
+  import_unlock();
   unmap_import(im, im->n);
   close(im->conn); /* the exporter sees the handle closed */
-  _vs_info("ipc: closed handle %llu of pid %u", (unsigned long long)im->id, im->pid);
+  _vs_info("ipc: closed handle %016llx of pid %u", (unsigned long long)im->id, im->pid);
   free(im);
   return true;
 }
@@ -624,51 +937,58 @@ bool _vs_ipc_close(CUdeviceptr ptr, CUresult *err) {
 
 /* The lists are whole when the child copies them: both locks are taken around fork(). */
 static void atfork_prepare(void) {
-  pthread_mutex_lock(&vs_import_lock);
-  pthread_mutex_lock(&vs_ipc_lock);
+  import_lock();
+  ipc_lock();
 }
 
 static void atfork_parent(void) {
-  pthread_mutex_unlock(&vs_ipc_lock);
-  pthread_mutex_unlock(&vs_import_lock);
+  ipc_unlock();
+  import_unlock();
 }
 
 /* The child has no server thread and owns neither the parent's exports nor its imports: it closes
  * its copies of their sockets (an open import's connection would keep the exporter's block held
- * after the parent closed it) and forgets them. */
+ * after the parent closed it) and forgets them. Blocks its pools still mark exported are let go
+ * at their free (_vs_ipc_on_free finds no export). */
 static void atfork_child(void) {
   if (vs_listen_fd >= 0) close(vs_listen_fd);
-  vs_listen_fd = -1;
+  if (vs_spare_fd >= 0) close(vs_spare_fd);
+  vs_listen_fd = vs_spare_fd = -1;
   for (int i = 0; i < vs_nconn; i++) close(vs_conns[i].fd);
-  vs_nconn = 0;
+  vs_nconn = vs_npending = 0;
   vs_server_pid = 0;
-  for (vs_export_t *x = vs_exports, *next; x; x = next) {
-    next = x->next;
-    free(x);
-  }
-  vs_exports = NULL;
-  atomic_store(&_vs_ipc_exports, 0);
+  vs_export_t *x, *tmp;
+  HASH_ITER(by_id, vs_exports_by_id, x, tmp) export_remove(x);
   for (vs_import_t *im = vs_imports, *next; im; im = next) {
     next = im->next;
     close(im->conn);
     free(im);
   }
   vs_imports = NULL;
+  VS_LOCK_HELD(-2); /* the two taken in atfork_prepare, which the child does not unlock */
   pthread_mutex_init(&vs_ipc_lock, NULL);
   pthread_mutex_init(&vs_import_lock, NULL);
+  pthread_cond_init(&vs_ipc_unpinned, NULL);
 }
 
 /* ------------------------------------------------------------------ sleep */
 
 int _vs_ipc_held_ranges(vs_pool_t *pool, CUdeviceptr *va, size_t *len, int max) {
   int n = 0;
-  if (!atomic_load(&_vs_ipc_exports)) return 0;
-  pthread_mutex_lock(&vs_ipc_lock);
-  for (vs_export_t *e = vs_exports; e && n < max; e = e->next)
-    if (e->pool == pool && e->opens > 0) {
-      va[n] = e->ptr;
-      len[n++] = e->size;
+  ipc_lock();
+  vs_export_t *x, *tmp;
+  HASH_ITER(by_id, vs_exports_by_id, x, tmp)
+  if (n < max && x->pool == pool && x->opens > 0) va[n++] = x->ptr;
+  ipc_unlock();
+  /* Their sizes from the pool, with the IPC lock dropped (the pool's lock is never taken under
+   * it). A block freed meanwhile keeps its range: it stays out of the pool while held. */
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    size_t served = 0, requested = 0;
+    if (_vs_pool_block(pool, va[i], &served, &requested)) {
+      va[k] = va[i];
+      len[k++] = served;
     }
-  pthread_mutex_unlock(&vs_ipc_lock);
-  return n;
+  }
+  return k;
 }

@@ -18,10 +18,11 @@
  * VMMSHIM_PEER_ACCESS=none keeps every reason empty (the owner alone, as before).
  *
  * Changes are rare: they take the handle layer's access lock, which serialises them (held
- * across the cuMemSetAccess calls that apply them; no allocation or free ever takes it). A
- * growth takes it too, briefly, while it records its new mappings (handles.h): a change then
- * either came before, and the growth gives its mappings the new access, or comes after and
- * finds them. */
+ * across the cuMemSetAccess calls that apply them: handles.c says why that is safe). A growth
+ * takes it too, briefly, while it records its new mappings (handles.h): a change then either came
+ * before, and the growth gives its mappings the new access, or comes after and finds them. No
+ * other allocation or free takes it. The table's own lock is never held across a driver call
+ * (VMMSHIM_PEER_ACCESS=all asks the driver which devices can reach a new entry before taking it). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,10 +50,36 @@ static vs_peer_link_t vs_links[VS_PEER_LINKS];
 /* Per device: the peers its memory pool grants (cuMemPoolSetAccess), for every context on it,
  * also those whose first allocation comes later. */
 static uint64_t vs_pool_rw[VS_MAX_DEVICES], vs_pool_ro[VS_MAX_DEVICES];
-static pthread_mutex_t vs_peer_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t vs_peer_mutex = PTHREAD_MUTEX_INITIALIZER;
 
-/* The entry of ctx (on device dev), created when asked; NULL when the table is full. Lock held. */
-static vs_peer_entry_t *entry_of(CUcontext ctx, int dev, bool create) {
+/* Counted like the pools' locks: no driver call is made under it. */
+static void peer_lock(void) {
+  pthread_mutex_lock(&vs_peer_mutex);
+  VS_LOCK_HELD(1);
+}
+static void peer_unlock(void) {
+  VS_LOCK_HELD(-1);
+  pthread_mutex_unlock(&vs_peer_mutex);
+}
+
+/* VMMSHIM_PEER_ACCESS=all: the devices that can access device dev (driver calls: asked before the
+ * lock is taken). 0 otherwise. */
+static uint64_t all_for(int dev) {
+  uint64_t all = 0;
+  if (_vs_option(VS_OPT_PEER_ACCESS) != VS_PEER_ALL || !_vs_cu.cuDeviceCanAccessPeer || !_vs_cu.cuDeviceGetCount)
+    return 0;
+  int n = 0;
+  if (_vs_cu.cuDeviceGetCount(&n) != CUDA_SUCCESS) n = 0;
+  for (int d = 0; d < n && d < VS_MAX_DEVICES; d++) {
+    int can = 0;
+    if (d != dev && _vs_cu.cuDeviceCanAccessPeer(&can, d, dev) == CUDA_SUCCESS && can) all |= 1ull << d;
+  }
+  return all;
+}
+
+/* The entry of ctx (on device dev), created when asked (with `all`, all_for(dev)); NULL when the
+ * table is full. Lock held. */
+static vs_peer_entry_t *entry_of(CUcontext ctx, int dev, bool create, uint64_t all) {
   vs_peer_entry_t *free_slot = NULL;
   for (int i = 0; i < VS_PEER_CONTEXTS; i++) {
     if (vs_peer[i].ctx == ctx) return &vs_peer[i];
@@ -62,15 +89,7 @@ static vs_peer_entry_t *entry_of(CUcontext ctx, int dev, bool create) {
   memset(free_slot, 0, sizeof *free_slot);
   free_slot->ctx = ctx;
   free_slot->dev = dev;
-  uint64_t mode = _vs_option(VS_OPT_PEER_ACCESS);
-  if (mode == VS_PEER_ALL && _vs_cu.cuDeviceCanAccessPeer && _vs_cu.cuDeviceGetCount) {
-    int n = 0;
-    if (_vs_cu.cuDeviceGetCount(&n) != CUDA_SUCCESS) n = 0;
-    for (int d = 0; d < n && d < VS_MAX_DEVICES; d++) {
-      int can = 0;
-      if (d != dev && _vs_cu.cuDeviceCanAccessPeer(&can, d, dev) == CUDA_SUCCESS && can) free_slot->all |= 1ull << d;
-    }
-  }
+  free_slot->all = all;
   atomic_store(&free_slot->st.rw, free_slot->all | vs_pool_rw[dev]);
   atomic_store(&free_slot->st.ro, vs_pool_ro[dev] & ~(free_slot->all | vs_pool_rw[dev]));
   atomic_store(&free_slot->st.ever, free_slot->all | vs_pool_rw[dev] | vs_pool_ro[dev]);
@@ -79,9 +98,10 @@ static vs_peer_entry_t *entry_of(CUcontext ctx, int dev, bool create) {
 
 const vs_access_state_t *_vs_peer_state(CUcontext ctx, int dev) {
   if (_vs_option(VS_OPT_PEER_ACCESS) == VS_PEER_NONE) return NULL; /* the owner alone, nothing to follow */
-  pthread_mutex_lock(&vs_peer_lock);
-  vs_peer_entry_t *e = entry_of(ctx, dev, true);
-  pthread_mutex_unlock(&vs_peer_lock);
+  uint64_t all = all_for(dev);
+  peer_lock();
+  vs_peer_entry_t *e = entry_of(ctx, dev, true, all);
+  peer_unlock();
   return e ? &e->st : NULL;
 }
 
@@ -138,8 +158,9 @@ void _vs_peer_access_changed(CUcontext peer, bool enabled) {
   if (_vs_cu.cuCtxGetCurrent(&self) != CUDA_SUCCESS || !self) return;
   int from = current_device(), to = device_of(peer);
   if (from < 0 || to < 0 || from >= VS_MAX_DEVICES) return;
+  uint64_t all = all_for(to);
   _vs_access_lock();
-  pthread_mutex_lock(&vs_peer_lock);
+  peer_lock();
   /* The driver refuses a second enable of the same pair and a disable of none: one link each. */
   vs_peer_link_t *link = NULL, *free_link = NULL;
   for (int i = 0; i < VS_PEER_LINKS; i++) {
@@ -150,11 +171,11 @@ void _vs_peer_access_changed(CUcontext peer, bool enabled) {
   else if (enabled && !link) _vs_warn("more than %d peer-access grants; device %d gets no access to context %p's pools",
                                       VS_PEER_LINKS, from, (void *)peer);
   if (!enabled && link) link->from = NULL;
-  vs_peer_entry_t *e = entry_of(peer, to, true);
+  vs_peer_entry_t *e = entry_of(peer, to, true, all);
   vs_apply_t a;
   bool changed = false;
   if (e) update(e, &a, &changed);
-  pthread_mutex_unlock(&vs_peer_lock);
+  peer_unlock();
   if (changed) apply(&a, enabled ? "peer access enabled" : "peer access disabled");
   _vs_access_unlock();
 }
@@ -162,7 +183,7 @@ void _vs_peer_access_changed(CUcontext peer, bool enabled) {
 void _vs_peer_forget(CUcontext ctx) {
   if (!ctx) return;
   _vs_access_lock();
-  pthread_mutex_lock(&vs_peer_lock);
+  peer_lock();
   /* Grants it made go: the contexts it had access to lose its device. */
   CUcontext gave[VS_PEER_LINKS];
   int ng = 0;
@@ -183,7 +204,7 @@ void _vs_peer_forget(CUcontext ctx) {
     if (touched) update(e, &todo[nt], &changed);
     if (changed) nt++;
   }
-  pthread_mutex_unlock(&vs_peer_lock);
+  peer_unlock();
   for (int i = 0; i < nt; i++) apply(&todo[i], "the context that enabled peer access went away");
   _vs_access_unlock();
 }
@@ -206,7 +227,7 @@ void _vs_mempool_access_changed(CUmemoryPool pool, const CUmemAccessDesc *desc, 
   _vs_access_lock();
   vs_apply_t todo[VS_PEER_CONTEXTS];
   int nt = 0;
-  pthread_mutex_lock(&vs_peer_lock);
+  peer_lock();
   for (size_t k = 0; k < count; k++) {
     int d = desc[k].location.id;
     if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE || d == dev || d < 0 || d >= VS_MAX_DEVICES) continue;
@@ -223,7 +244,7 @@ void _vs_mempool_access_changed(CUmemoryPool pool, const CUmemAccessDesc *desc, 
     update(e, &todo[nt], &changed);
     if (changed) nt++;
   }
-  pthread_mutex_unlock(&vs_peer_lock);
+  peer_unlock();
   for (int i = 0; i < nt; i++) apply(&todo[i], "memory pool access set");
   _vs_access_unlock();
 }

@@ -12,8 +12,11 @@
 
 static bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
 
-/* Every driver call of this file is made with none of the shim's locks held: a VMM call
- * takes tens of microseconds to milliseconds, and other threads must not wait behind it. */
+/* Every driver call of this file is made with none of the shim's locks held (pools, context
+ * slots, IPC, the peer table; asserted in debug builds): a VMM call takes tens of microseconds to
+ * milliseconds, and other threads must not wait behind it. The one exception, counted apart, is
+ * handles.c's access lock, held on rare paths across cuMemSetAccess (handles.c says why it must
+ * be, and why that is safe). */
 #define VS_DRIVER_CALL_START() vs_assert(_vs_locks_held == 0)
 
 static const char *flag_name(unsigned f) {

@@ -56,7 +56,7 @@ static const char *const g_fn_names[FN_COUNT] = {
 
 static unsigned long long g_calls[FN_COUNT];
 static unsigned long long g_lookups, g_lookups_nf;
-static struct { CUresult err; int count; } g_fault[FN_COUNT];
+static struct { CUresult err; int skip, count; } g_fault[FN_COUNT]; /* skip calls succeed, then count fail */
 static int g_violations;
 static long g_device_faults; /* emu_device_access refusals (also violations) */
 
@@ -257,6 +257,17 @@ static void violation(const char *fmt, ...) {
   fprintf(stderr, "emu: contract violation: %s\n", buf);
 }
 
+/* The injected failure of this call of fn, CUDA_SUCCESS when none (emu_fail_after). Lock held. */
+static CUresult injected(int fn) {
+  if (g_fault[fn].count <= 0) return CUDA_SUCCESS;
+  if (g_fault[fn].skip > 0) {
+    g_fault[fn].skip--;
+    return CUDA_SUCCESS;
+  }
+  g_fault[fn].count--;
+  return g_fault[fn].err;
+}
+
 static CUresult enter(int fn) {
   unsigned delay = 0;
   {
@@ -269,11 +280,7 @@ static CUresult enter(int fn) {
   if (delay) usleep(delay); /* outside the lock: other threads' calls go on meanwhile */
   LOCKED();
   g_calls[fn]++;
-  if (g_fault[fn].count > 0) {
-    g_fault[fn].count--;
-    return g_fault[fn].err;
-  }
-  return CUDA_SUCCESS;
+  return injected(fn);
 }
 #define ENTER(name)                                 \
   do {                                              \
@@ -2670,10 +2677,8 @@ static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t
   LOCKED();
   g_calls[FN_cuGetProcAddress]++;
   g_lookups++;
-  if (g_fault[FN_cuGetProcAddress].count > 0) {
-    g_fault[FN_cuGetProcAddress].count--;
-    return g_fault[FN_cuGetProcAddress].err;
-  }
+  CUresult fault = injected(FN_cuGetProcAddress);
+  if (fault != CUDA_SUCCESS) return fault;
   if (!symbol || !pfn ||
       (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))) {
     violation("cuGetProcAddress: bad arguments (symbol %s, flags 0x%llx)", symbol ? symbol : "(null)",
@@ -2964,6 +2969,10 @@ static int fn_index(const char *name) {
 }
 
 API void emu_fail_next(const char *function_name, CUresult err, int count) {
+  emu_fail_after(function_name, 0, err, count);
+}
+
+API void emu_fail_after(const char *function_name, int skip, CUresult err, int count) {
   LOCKED();
   int i = fn_index(function_name);
   if (i < 0) {
@@ -2971,6 +2980,7 @@ API void emu_fail_next(const char *function_name, CUresult err, int count) {
     return;
   }
   g_fault[i].err = err;
+  g_fault[i].skip = skip > 0 && count > 0 ? skip : 0;
   g_fault[i].count = count > 0 ? count : 0;
 }
 
@@ -3017,6 +3027,12 @@ API void emu_reset_counters(void) {
   memset(g_calls, 0, sizeof g_calls);
   memset(g_sym_hits, 0, sizeof g_sym_hits);
   g_lookups = g_lookups_nf = 0;
+}
+
+API int emu_faults_left(const char *function_name) {
+  LOCKED();
+  int i = fn_index(function_name);
+  return i < 0 ? -1 : g_fault[i].count;
 }
 
 API long long emu_calls(const char *function_name) {

@@ -169,6 +169,12 @@ void emu_set_eager(int on);
  * a _v2/_ptsz suffix is ignored) return err. count 0 clears it. Returns silently for an
  * unknown name after printing a warning. */
 void emu_fail_next(const char *function_name, CUresult err, int count);
+/* The same after `skip` more calls of it have succeeded: emu_fail_after("cuMemUnmap", 2, e, 1)
+ * fails the third cuMemUnmap from now. A call that fails so does nothing (the driver's state is
+ * as before it). */
+void emu_fail_after(const char *function_name, int skip, CUresult err, int count);
+/* Injected failures still to come for function_name (0 once all were used, -1 unknown name). */
+int emu_faults_left(const char *function_name);
 void emu_clear_faults(void);
 
 /* ---- observation ---- */

@@ -23,8 +23,9 @@ code_vars() {
     sed -n '/^#define VS_OPTIONS(X)/,/^$/p' include/vmmshim/base.h |
       sed -n 's/^[[:space:]]*X(\([A-Z0-9_]*\),.*/VMMSHIM_\1/p'
     grep -ho 'getenv("VMMSHIM_[A-Z0-9_]*"' src/*/*.c | sed 's/.*"\(VMMSHIM_[A-Z0-9_]*\)"/\1/'
-    grep -ho '\${VMMSHIM_[A-Z0-9_]*' scripts/* | sed 's/^\${//'
-    grep -hoE "environ(\.get\(|\[)[\"']VMMSHIM_[A-Z0-9_]*" scripts/* | sed 's/.*\(VMMSHIM_[A-Z0-9_]*\)$/\1/'
+    grep -ho '\${VMMSHIM_[A-Z0-9_]*' scripts/* 2>/dev/null | sed 's/^\${//'
+    grep -hoE "environ(\.get\(|\[)[\"']VMMSHIM_[A-Z0-9_]*" scripts/* scripts/*/*.py 2>/dev/null |
+      sed 's/.*\(VMMSHIM_[A-Z0-9_]*\)$/\1/'
   } | sort -u
 }
 
