@@ -125,7 +125,7 @@ int _vs_parse_limit(const char *text, uint64_t *all, uint64_t dev[VS_LIMIT_DEVIC
   if (!text || !*text) return -1;
   for (const char *s = text; *s;) {
     size_t len = strcspn(s, ",");
-    char item[64];
+    char item[256];
     if (len == 0 || len >= sizeof item) return -1;
     memcpy(item, s, len);
     item[len] = 0;
