@@ -165,7 +165,7 @@ static int spill(void) {
   k_touch<<<264, 256>>>(h, gib / 4);
   CK(cudaDeviceSynchronize());
   char cmd[256];
-  snprintf(cmd, sizeof cmd, "python3 scripts/vmmshim_group.py %s limit 4G >/dev/null", group);
+  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD python3 scripts/vmmshim_group.py %s limit 4G >/dev/null", group);
   if (system(cmd) != 0) fprintf(stderr, "group spill: %s failed\n", cmd);
   vmmshim_sleep_result_t r;
   memset(&r, 0, sizeof r);

@@ -510,7 +510,8 @@ static bool budget_on(void) {
 
 /* At exit: the member's bytes go back to the group (the driver frees them with the process). */
 static void budget_leave(void) {
-  if (atomic_load(&vs_budget_state) != 1) return;
+  /* A fork child that never joined as itself has nothing counted (its parent's slot is not its). */
+  if (atomic_load(&vs_budget_state) != 1 || atomic_load(&vs_budget_forked)) return;
   budget_lock();
   if (!vs_b.h) {
     budget_unlock();

@@ -335,7 +335,7 @@ static int mode_spill(void) {
   check(rc == -ENOMEM && r.restored == 0, "promote-no-room", "rc %d, %llu MiB moved (%s)", rc,
         (unsigned long long)r.restored >> 20, r.reason);
   char cmd[256];
-  snprintf(cmd, sizeof cmd, "%s scripts/vmmshim_group.py %s limit 8G >/dev/null", getenv("PYTHON") ? getenv("PYTHON") : "python3",
+  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD %s scripts/vmmshim_group.py %s limit 8G >/dev/null", getenv("PYTHON") ? getenv("PYTHON") : "python3",
            group);
   check(system(cmd) == 0, "raise-limit", "%s", cmd);
   memset(&r, 0, sizeof r);
