@@ -16,6 +16,8 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,14 +59,16 @@ __global__ void k_bad(const uint32_t *p, size_t n, uint32_t seed, unsigned long 
   if (b) atomicAdd(bad, b);
 }
 
-/* One member: waits for the start (a byte on fd 3), then K growths and K pairs. */
+/* One member: says it is ready (a byte to fd 4), waits for the start (a byte on fd 3), then K
+ * growths and K pairs. */
 static int member(const char *cfg, int n, int k) {
   CK(cudaSetDevice(0));
   CK(cudaFree(0));
   void *p = NULL;
   CK(cudaMalloc(&p, 64 << 20)); /* the pool made, the group joined */
   CK(cudaFree(p));
-  char x;
+  char x = 'r';
+  if (write(4, &x, 1) != 1) return 1;
   while (read(3, &x, 1) < 0 && errno == EINTR) {
   }
   double t0 = now_us();
@@ -89,8 +93,9 @@ static int member(const char *cfg, int n, int k) {
 }
 
 static int admit(const char *self, const char *cfg, int n, int k) {
-  int go[2];
-  if (pipe(go)) return 1;
+  signal(SIGPIPE, SIG_IGN); /* a member that failed closed its end: its exit status says so */
+  int go[2], ready[2];
+  if (pipe(go) || pipe(ready)) return 1;
   pid_t pid[64];
   char group[64], lim[32];
   snprintf(group, sizeof group, "bench-%d", (int)getpid());
@@ -99,8 +104,11 @@ static int admit(const char *self, const char *cfg, int n, int k) {
     fflush(stdout);
     pid[i] = fork();
     if (pid[i] == 0) {
-      dup2(go[0], 3);
-      close(go[1]);
+      /* Out of the way first: a pipe's end may itself be 3 or 4. */
+      int in = fcntl(go[0], F_DUPFD, 20), out = fcntl(ready[1], F_DUPFD, 20);
+      close(go[0]), close(go[1]), close(ready[0]), close(ready[1]);
+      dup2(in, 3), dup2(out, 4);
+      close(in), close(out);
       setenv("VMMSHIM_RELEASE_THRESHOLD", "0", 1);
       setenv("VMMSHIM_LIMIT", lim, 1);
       if (!strcmp(cfg, "group")) setenv("VMMSHIM_LIMIT_GROUP", group, 1);
@@ -112,7 +120,16 @@ static int admit(const char *self, const char *cfg, int n, int k) {
     }
   }
   close(go[0]);
-  sleep(n > 4 ? 8 : 4); /* the members start their contexts */
+  close(ready[1]);
+  /* Every member has its context and its pool before any starts: they run at once. */
+  for (int i = 0; i < n; i++) {
+    char x;
+    ssize_t r;
+    while ((r = read(ready[0], &x, 1)) < 0 && errno == EINTR) {
+    }
+    if (r != 1) break; /* a member failed: the others are released anyway */
+  }
+  close(ready[0]);
   for (int i = 0; i < n; i++)
     if (write(go[1], "x", 1) != 1) return 1;
   close(go[1]);

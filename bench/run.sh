@@ -40,7 +40,7 @@ for f in bench pairs growth frag churn tfrag step overhead sleep group; do rm -f
 rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg"
 MAIN_LOG="$LOGDIR/bench.log"
 T_START=$(date +%s)
-BENCH_BUDGET=${BENCH_BUDGET:-420} # seconds for all steps; what is left after it is reported FAILED
+BENCH_BUDGET=${BENCH_BUDGET:-480} # seconds for all steps; what is left after it is reported FAILED
 nfailed=0
 
 say() { echo "$*" | tee -a "$MAIN_LOG"; }
