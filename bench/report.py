@@ -633,6 +633,42 @@ def sec_sleep(recs, out):
     out.append("")
 
 
+def sec_group(recs, out):
+    out.append("## 7. A group's budget (VMMSHIM_LIMIT_GROUP)\n")
+    out.append("N processes at once, each 200 growths: cudaMalloc of 64 MiB and its cudaFree with "
+               "VMMSHIM_RELEASE_THRESHOLD=0, so each maps a handle (one admission) and unmaps it (one return). "
+               "`alone`: each process under a VMMSHIM_LIMIT of its own; `group`: the N share one budget. "
+               "pair: cudaMalloc + cudaFree of 256 KiB on a pool that does not grow (no admission). "
+               "Medians over the processes.\n")
+    out.append("| members | growth alone (us) | growth in a group (us) | admission + return (us) | pair alone (us) | pair in a group (us) |")
+    out.append("| --- | --- | --- | --- | --- | --- |")
+
+    def med(cfg, n, key):
+        vs = [num(r, key) for r in find(recs, "group", cfg=cfg, members=n)]
+        vs = [v for v in vs if v is not None]
+        return statistics.median(vs) if vs else None
+
+    for n in (1, 4, 16):
+        ga, gg = med("alone", n, "growth_us"), med("group", n, "growth_us")
+        pa, pg = med("alone", n, "pair_us"), med("group", n, "pair_us")
+        diff = fnum(gg - ga) if ga is not None and gg is not None else "-"
+        out.append("| %d | %s | %s | %s | %s | %s |" % (n, fnum(ga), fnum(gg), diff, fnum(pa, "%.3f"), fnum(pg, "%.3f")))
+    d, h = one(recs, "group", cfg="spill", kernel="device"), one(recs, "group", cfg="spill", kernel="host")
+    pr = one(recs, "group", cfg="spill", kernel="promoted")
+    p = None
+    for r in find(recs, "group", cfg="spill"):
+        if r.get("promote_ms") is not None:
+            p = r
+    if d or h or p:
+        out.append("\nVMMSHIM_LIMIT=1G, VMMSHIM_ON_LIMIT=host: a kernel reading and writing 1 GiB on device memory "
+                   "%s GB/s, on host memory past the limit %s GB/s, on the same memory after vmmshim_promote %s GB/s; "
+                   "the promote of 1 GiB took %s ms (%s GiB/s), %s words wrong after it." % (
+                       fnum(num(d, "gbps") if d else None, "%.1f"), fnum(num(h, "gbps") if h else None, "%.1f"),
+                       fnum(num(pr, "gbps") if pr else None, "%.1f"), fnum(num(p, "promote_ms") if p else None),
+                       fnum(num(p, "promote_gibps") if p else None, "%.1f"), p.get("bad") if p else "-"))
+    out.append("")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--logs", required=True)
@@ -671,6 +707,8 @@ def main():
         sec_overhead(recs, out)
     if ran(recs, partial, "sleep"):
         sec_sleep(recs, out)
+    if ran(recs, partial, "group"):
+        sec_group(recs, out)
     failed = find(recs, "failed")
     if failed:
         out.append("## Steps that failed\n")

@@ -14,6 +14,9 @@
 #   5 overhead  a ~2 s memory-bound kernel on memory allocated once               (bench/overhead.cu)
 #   6 sleep     sleep and wake of an 8 GiB tag in each mode, with and without host memory made
 #               ahead; a kernel's bandwidth on memory asleep in mapped mode        (bench/sleep.cu)
+#   7 group     a group's budget: the cost of a growth (admission and return) with 1, 4 and 16
+#               members against processes alone, the allocation speed beside it, and a kernel's
+#               bandwidth on memory past the limit (VMMSHIM_ON_LIMIT=host), promote (bench/group.cu)
 #
 # Each program prints "R <section> key=value ..." lines; bench/report.py turns all of them into
 # one table, printed at the end and written to bench/results/<gpu>-<driver>.md (with growth.svg).
@@ -33,11 +36,11 @@ LIB="$PWD/$BUILD/libvmmshim.so"
 BIN="$BUILD/bench"
 if [ -n "$OUT" ]; then LOGDIR="$OUT"; else LOGDIR="bench/out"; fi
 mkdir -p "$LOGDIR" "$BIN" bench/results || exit 1
-for f in bench pairs growth frag churn tfrag step overhead sleep; do rm -f "$LOGDIR/$f.log"; done
+for f in bench pairs growth frag churn tfrag step overhead sleep group; do rm -f "$LOGDIR/$f.log"; done
 rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg"
 MAIN_LOG="$LOGDIR/bench.log"
 T_START=$(date +%s)
-BENCH_BUDGET=${BENCH_BUDGET:-420} # seconds for all steps; what is left after it is reported FAILED
+BENCH_BUDGET=${BENCH_BUDGET:-480} # seconds for all steps; what is left after it is reported FAILED
 nfailed=0
 
 say() { echo "$*" | tee -a "$MAIN_LOG"; }
@@ -82,13 +85,13 @@ say "bench: $GPU, driver $DRIVER, CUDA $CUDA_DRV, nvcc $NVCC_VER, torch ${TORCH:
 nvidia-smi >"$LOGDIR/nvidia-smi.txt" 2>&1
 
 # ---- build ----
-for p in pairs growth replay overhead churn sleep; do
+for p in pairs growth replay overhead churn sleep group; do
   rm -f "$BIN/$p"
   "$NVCC_PATH" -O2 -arch="$ARCH" -std=c++17 -Iinclude -Ibench -o "$BIN/$p" "bench/$p.cu" -ldl -lpthread \
     >"$LOGDIR/build-$p.txt" 2>&1 &
 done
 wait
-for p in pairs growth replay overhead churn sleep; do
+for p in pairs growth replay overhead churn sleep group; do
   [ -x "$BIN/$p" ] || { say "bench: build of bench/$p.cu failed:"; head -n 20 "$LOGDIR/build-$p.txt" | tee -a "$MAIN_LOG"; }
 done
 
@@ -139,7 +142,7 @@ SHIM="LD_PRELOAD=$LIB"
 section() { say "bench: $1 (at $(($(date +%s) - T_START)) s)"; }
 
 # ---- 1. pairs ----
-section "1/6 alloc+free pairs"
+section "1/7 alloc+free pairs"
 SIZES="256 4K 64K 1M 16M 256M 1G"
 step pairs-cudaMalloc pairs 120 -- "$BIN/pairs" malloc cudaMalloc 1,8 $SIZES
 step pairs-pool pairs 120 -- "$BIN/pairs" async pool 1,8 $SIZES
@@ -199,7 +202,7 @@ step pairs-trace-on8-async pairs 60 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%
 rm -f "$LOGDIR"/pairs-trace.*
 
 # ---- 2. growth ----
-section "2/6 first-time growth"
+section "2/7 first-time growth"
 for total in 1G 8G 64G; do
   for req in 2M 64M 1G; do
     step "growth-cudaMalloc-$total-$req" growth 60 -- "$BIN/growth" cudaMalloc "$total" "$req"
@@ -211,7 +214,7 @@ for total in 1G 8G 64G; do
 done
 
 # ---- 3. fragmentation ----
-section "3/6 fragmentation"
+section "3/7 fragmentation"
 TRACE=bench/traces/synthetic.csv
 [ -f "$TRACE" ] || "$PYTHON" bench/gen_trace.py -o "$TRACE" | tee -a "$MAIN_LOG"
 step frag-cudaMalloc frag 120 -- "$BIN/replay" "$TRACE" malloc cudaMalloc
@@ -245,7 +248,7 @@ spread_step() {
   esac
 }
 if [ -n "$BENCH_SPREAD" ]; then
-  section "3/6 fragmentation: spread over seeds ${BENCH_SPREAD_SEEDS:-1 2 3 4 5}"
+  section "3/7 fragmentation: spread over seeds ${BENCH_SPREAD_SEEDS:-1 2 3 4 5}"
   for seed in ${BENCH_SPREAD_SEEDS:-1 2 3 4 5}; do
     strace="$LOGDIR/synthetic-seed$seed.csv"
     "$PYTHON" bench/gen_trace.py -o "$strace" --seed "$seed" >/dev/null || say "bench: gen_trace.py --seed $seed failed"
@@ -279,7 +282,7 @@ else
 fi
 
 # ---- 4. real program ----
-section "4/6 PyTorch training step"
+section "4/7 PyTorch training step"
 if [ "$have_torch" = 1 ]; then
   # The caching allocator and the shim's deferred mode are compared in three alternating
   # rounds: one run's median step moves by up to 20% from one process to the next.
@@ -295,7 +298,7 @@ else
 fi
 
 # ---- 5. overhead ----
-section "5/6 steady-state overhead"
+section "5/7 steady-state overhead"
 for i in 1 2 3; do
   for cfg in cudaMalloc shim; do
     t0=$(date +%s%N)
@@ -310,9 +313,18 @@ for i in 1 2 3; do
 done
 
 # ---- 6. sleep and wake ----
-section "6/6 sleep and wake of an 8 GiB tag"
+section "6/7 sleep and wake of an 8 GiB tag"
 step sleep-cold sleep 120 "$SHIM" -- "$BIN/sleep" cold 8
 step sleep-reserved sleep 120 "$SHIM" VMMSHIM_HOST_RESERVE=8G -- "$BIN/sleep" reserved 8
+
+# ---- 7. a group's budget ----
+section "7/7 a group's budget: admission with 1, 4 and 16 members; memory past the limit"
+for n in 1 4 16; do
+  step "group-alone-$n" group 90 "$SHIM" -- "$BIN/group" admit alone "$n" 200
+  step "group-group-$n" group 90 "$SHIM" -- "$BIN/group" admit group "$n" 200
+done
+step group-spill group 90 "$SHIM" VMMSHIM_LIMIT_GROUP="bench-spill-$$" VMMSHIM_LIMIT=1G VMMSHIM_ON_LIMIT=host -- \
+  "$BIN/group" spill
 
 # ---- report ----
 echo "runtime=$(($(date +%s) - T_START)) s" >>"$LOGDIR/machine.txt"

@@ -74,7 +74,7 @@ int vmmshim_dump(void);
  *   (or VMMSHIM_LIMIT) has no room to wake, -ENOTSUP the device cannot do it (mapped mode needs
  *   host-location VMM), -EALREADY nothing to do (asleep already, or awake), -ENODEV the shim
  *   is not active. A result says what moved, also when the call failed part way. */
-#define VMMSHIM_API_VERSION 2
+#define VMMSHIM_API_VERSION 3
 int vmmshim_api_version(void);
 
 #define VMMSHIM_TAG_MAX 32   /* bytes of a tag name, its terminating zero included */
@@ -142,6 +142,17 @@ int vmmshim_tag_stats(vmmshim_tag_stats_t *out, int max, size_t size);
 int vmmshim_host_memory(uint64_t *in_use, uint64_t *cached);
 /* Gives the kept host memory back (keep: bytes to keep); returns the bytes given back. */
 size_t vmmshim_release_host(size_t keep);
+
+/* ---- past the limit (docs/limits.md) ----
+ * With VMMSHIM_ON_LIMIT=host, growths the limit (VMMSHIM_LIMIT, a group's) refuses are served
+ * from host memory mapped at the device addresses: the program keeps running on them, over the
+ * link; vmmshim_tag_stats counts them in host_mapped (with asleep 0). vmmshim_promote moves them
+ * into device memory at the same addresses, as many as the limit and the device have room for
+ * now, after waiting for the process's GPU work (and for a capture in progress, as a sleep does).
+ * The result: restored, the bytes moved to the device; skipped, those left on the host (reason
+ * says why); released, host memory under no live block given back instead of moved. Returns 0,
+ * -ENOMEM when none could move, -EALREADY when nothing is on the host, -EBUSY, -ENODEV. */
+int vmmshim_promote(vmmshim_sleep_result_t *out, size_t size);
 
 #ifdef __cplusplus
 }

@@ -38,6 +38,31 @@ static void signal_is(const char *text, int want) {
   else CHECK(r == 0 && v == (uint64_t)want, "_vs_parse_signal(\"%s\") = %d, %llu", text, r, (unsigned long long)v);
 }
 
+/* _vs_parse_limit: want_all, and device d's cap in want_dev[d] (dev 0..3 checked, the rest 0). */
+static void limit_is(const char *text, uint64_t want_all, const uint64_t want_dev[4]) {
+  uint64_t all = 7, dev[VS_LIMIT_DEVICES];
+  memset(dev, 0x55, sizeof dev);
+  int r = _vs_parse_limit(text, &all, dev);
+  int ok = r == 0 && all == want_all;
+  for (int d = 0; d < VS_LIMIT_DEVICES; d++) ok &= dev[d] == (d < 4 ? want_dev[d] : 0);
+  CHECK(ok, "_vs_parse_limit(\"%s\") = %d, all %llu, dev0 %llu dev1 %llu", text, r, (unsigned long long)all,
+        (unsigned long long)dev[0], (unsigned long long)dev[1]);
+}
+
+static void limit_bad(const char *text) {
+  uint64_t all = 7, dev[VS_LIMIT_DEVICES];
+  CHECK(_vs_parse_limit(text, &all, dev) == -1 && all == 7, "_vs_parse_limit(\"%s\") accepted", text ? text : "(null)");
+}
+
+static void on_limit_is(const char *text, int want_mode, uint64_t want_arg) {
+  uint64_t mode = 9, arg = 9;
+  int r = _vs_parse_on_limit(text, &mode, &arg);
+  if (want_mode < 0) CHECK(r == -1, "_vs_parse_on_limit(\"%s\") accepted: %llu %llu", text ? text : "(null)",
+                           (unsigned long long)mode, (unsigned long long)arg);
+  else CHECK(r == 0 && mode == (uint64_t)want_mode && arg == want_arg, "_vs_parse_on_limit(\"%s\") = %d, %llu, %llu", text,
+             r, (unsigned long long)mode, (unsigned long long)arg);
+}
+
 /* Runs _vs_config_reload + _vs_config_report with stderr captured; returns what was printed. */
 static char captured[8192];
 static const char *reload_capture(void) {
@@ -64,7 +89,8 @@ static void clear_env(void) {
                                "VMMSHIM_RELEASE_THRESHOLD", "VMMSHIM_LIMIT", "VMMSHIM_RESERVE",
                                "VMMSHIM_ARENAS", "VMMSHIM_LOG", "VMMSHIM_STATS", "VMMSHIM_VERBOSE",
                                "VMMSHIM_DUMP_SIGNAL",
-                               "VMMSHIM_TRACE", "VMMSHIM_TRACE_FORMAT", "VMMSHIM_TRACE_PYTHON"};
+                               "VMMSHIM_TRACE", "VMMSHIM_TRACE_FORMAT", "VMMSHIM_TRACE_PYTHON",
+                               "VMMSHIM_LIMIT_GROUP", "VMMSHIM_ON_LIMIT"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -302,6 +328,69 @@ int main(void) {
   CHECK(strstr(out, "VMMSHIM_DISABLE") && strstr(out, "perhaps"), "disable message");
   CHECK(strstr(out, "VMMSHIM_LOG") && strstr(out, "loud"), "log message");
   CHECK(strstr(out, "VMMSHIM_TRACE_FORMAT") && strstr(out, "xml"), "trace format message");
+  /* VMMSHIM_LIMIT: one size for every device together, and/or DEVICE:SIZE */
+  const uint64_t G = 1ull << 30, none[4] = {0, 0, 0, 0}, d01[4] = {8 * G, 4 * G, 0, 0}, d3[4] = {0, 0, 0, 2 * G};
+  limit_is("8G", 8 * G, none);
+  limit_is("0:8G,1:4G", 0, d01);
+  limit_is("12G,3:2G", 12 * G, d3);
+  limit_is("3:2G, 12G", 12 * G, d3);
+  limit_is("0", 0, none);
+  limit_bad("");
+  limit_bad("8G,9G");      /* two sizes for every device */
+  limit_bad("0:1G,0:2G");  /* a device twice */
+  limit_bad("16:1G");      /* past VS_LIMIT_DEVICES */
+  limit_bad("-1:1G");
+  limit_bad("x:1G");
+  limit_bad("0:");
+  limit_bad("8G,");
+  limit_bad("1.5G");
+  /* VMMSHIM_ON_LIMIT */
+  on_limit_is("fail", VS_ON_LIMIT_FAIL, 0);
+  on_limit_is("wait", VS_ON_LIMIT_WAIT, 0);
+  on_limit_is("wait:30", VS_ON_LIMIT_WAIT, 30);
+  on_limit_is("HOST", VS_ON_LIMIT_HOST, 0);
+  on_limit_is("host:4G", VS_ON_LIMIT_HOST, 4 * G);
+  on_limit_is("wait:0", -1, 0);
+  on_limit_is("wait:1G", -1, 0);
+  on_limit_is("wait:", -1, 0);
+  on_limit_is("host:0", -1, 0);
+  on_limit_is("fail:1", -1, 0);
+  on_limit_is("spill", -1, 0);
+  /* Whose VMMSHIM_LIMIT is it: the process's own cap, or the budget's (a group, per device, wait). */
+  clear_env();
+  setenv("VMMSHIM_LIMIT", "8G", 1);
+  out = reload_capture();
+  CHECK(out[0] == 0 && _vs_option(VS_OPT_LIMIT) == 8 * G && !_vs_limit_in_budget() && _vs_limit_setting(-1) == 8 * G,
+        "8G alone is the process's own cap: %llu '%s'", (unsigned long long)_vs_option(VS_OPT_LIMIT), out);
+  setenv("VMMSHIM_LIMIT_GROUP", "jobs", 1);
+  out = reload_capture();
+  CHECK(out[0] == 0 && _vs_option(VS_OPT_LIMIT) == 0 && _vs_limit_in_budget() && _vs_limit_setting(-1) == 8 * G &&
+            !strcmp(_vs_option_string(VS_OPT_LIMIT_GROUP), "jobs"),
+        "with a group it is the group's: own cap %llu", (unsigned long long)_vs_option(VS_OPT_LIMIT));
+  setenv("VMMSHIM_LIMIT_GROUP", "no/slash", 1);
+  out = reload_capture();
+  CHECK(strstr(out, "VMMSHIM_LIMIT_GROUP") && strstr(out, "no/slash") && !_vs_limit_in_budget() &&
+            _vs_option(VS_OPT_LIMIT) == 8 * G,
+        "a bad group name: a message, and the process's own cap: '%s'", out);
+  unsetenv("VMMSHIM_LIMIT_GROUP");
+  setenv("VMMSHIM_LIMIT", "2G,1:1G", 1);
+  out = reload_capture();
+  CHECK(_vs_limit_in_budget() && _vs_option(VS_OPT_LIMIT) == 0 && _vs_limit_setting(-1) == 2 * G &&
+            _vs_limit_setting(1) == G && _vs_limit_setting(0) == 0 && _vs_limit_setting(99) == 0,
+        "a per-device cap is the budget's");
+  setenv("VMMSHIM_LIMIT", "2G", 1);
+  setenv("VMMSHIM_ON_LIMIT", "wait:5", 1);
+  out = reload_capture();
+  CHECK(_vs_limit_in_budget() && _vs_option(VS_OPT_ON_LIMIT) == VS_ON_LIMIT_WAIT && _vs_option_arg(VS_OPT_ON_LIMIT) == 5,
+        "waited for, it is the budget's");
+  setenv("VMMSHIM_ON_LIMIT", "host:1G", 1);
+  out = reload_capture();
+  CHECK(!_vs_limit_in_budget() && _vs_option(VS_OPT_LIMIT) == 2 * G && _vs_option_arg(VS_OPT_ON_LIMIT) == G,
+        "host alone leaves it the process's own");
+  setenv("VMMSHIM_ON_LIMIT", "later", 1);
+  out = reload_capture();
+  CHECK(_vs_option(VS_OPT_ON_LIMIT) == VS_ON_LIMIT_FAIL && strstr(out, "VMMSHIM_ON_LIMIT") && strstr(out, "later"),
+        "a bad VMMSHIM_ON_LIMIT: fail, and a message: '%s'", out);
   /* a valid value after a malformed one: no stale message */
   clear_env();
   setenv("VMMSHIM_GRANULARITY", "4M", 1);

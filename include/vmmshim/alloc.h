@@ -52,12 +52,23 @@ void _vs_sync_contexts(void);
 /* Gives cached host memory back down to keep bytes; returns the bytes given back. */
 size_t _vs_release_host(size_t keep);
 
+/* ---------------------------------------------------------------- "limit.c" */
+/* Bytes served from host memory at their own addresses, every pool (tags asleep in mapped mode,
+ * growths past the limit): pointer queries look further only when it is not 0. */
+extern atomic_size_t _vs_host_mapped_bytes;
+/* The limit (or the device) refused an allocation after every pool gave back its idle memory:
+ * VMMSHIM_ON_LIMIT says what now (wait, host). Returns the new status (VS_POOL_OK: served). */
+vs_pool_status_t _vs_on_limit(vs_pool_t *pool, vs_pool_status_t st, size_t size, CUstream stream, vmmshim_api_t api,
+                              CUdeviceptr *ptr, size_t *served, CUresult *err);
+
 /* ---------------------------------------------------------------- "sleep.c" */
 /* vmmshim_sleep, _wake and _sleep_level without the result's time and log (vmmshim.h). */
 int _vs_sleep(const char *tag, int mode, vmmshim_sleep_result_t *res);
 int _vs_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *res);
 int _vs_sleep_level(int level, int mapped, vmmshim_sleep_result_t *res);
 int _vs_tag_stats(vmmshim_tag_stats_t *out, int max);
+/* vmmshim_promote without the result's time and log. */
+int _vs_promote(vmmshim_sleep_result_t *res);
 /* Whether addr is served from host memory at its own address (a tag asleep in mapped mode), and
  * its pool's device: pointer queries then answer device memory, as before the sleep. */
 bool _vs_host_mapped(CUdeviceptr addr, int *dev);

@@ -81,6 +81,9 @@ typedef enum vs_trace_format_e { VS_TRACE_NATIVE = 0, VS_TRACE_RMM = 1 } vs_trac
 typedef enum vs_python_mode_e { VS_PYTHON_OFF = 0, VS_PYTHON_HELD = 1, VS_PYTHON_ON = 2 } vs_python_mode_t;
 typedef enum vs_peer_mode_e { VS_PEER_AUTO = 0, VS_PEER_ALL = 1, VS_PEER_NONE = 2 } vs_peer_mode_t;
 typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIND_DWARF = 2, VS_UNWIND_FP = 3 } vs_unwind_t;
+/* VMMSHIM_ON_LIMIT: what an allocation does when the limit refuses it (docs/limits.md). */
+typedef enum vs_on_limit_e { VS_ON_LIMIT_FAIL = 0, VS_ON_LIMIT_WAIT = 1, VS_ON_LIMIT_HOST = 2 } vs_on_limit_t;
+#define VS_LIMIT_DEVICES 16 /* devices VMMSHIM_LIMIT can name one by one (D:SIZE) */
 
 /* Defaults a build may override with -D. */
 #ifndef VS_DEFAULT_GRANULARITY
@@ -94,7 +97,9 @@ typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIN
   X(MAX_HANDLE, VS_KIND_SIZE, 0)                 /* largest handle, 0 = unlimited */        \
   X(FREE_MODE, VS_KIND_FREE_MODE, VS_FREE_SYNC)  /* sync | deferred */                      \
   X(RELEASE_THRESHOLD, VS_KIND_SIZE_OR_UNLIMITED, UINT64_MAX) /* idle bytes kept mapped */  \
-  X(LIMIT, VS_KIND_SIZE, 0)                      /* cap on mapped bytes, 0 = none */        \
+  X(LIMIT, VS_KIND_LIMIT, 0)                     /* cap on mapped bytes: SIZE and/or D:SIZE, 0 = none */ \
+  X(LIMIT_GROUP, VS_KIND_NAME, 0)                /* processes of this name and user share VMMSHIM_LIMIT */ \
+  X(ON_LIMIT, VS_KIND_ON_LIMIT, VS_ON_LIMIT_FAIL) /* fail | wait[:SECONDS] | host[:SIZE] */ \
   X(RESERVE, VS_KIND_SIZE, 0)                    /* VA per pool, 0 = auto */                \
   X(ARENAS, VS_KIND_ARENAS, 8)                   /* arenas per context (1..VS_MAX_ARENAS) */ \
   X(LOG, VS_KIND_LOG, 1)                         /* level[:file] */                         \
@@ -131,8 +136,11 @@ typedef enum vs_option_kind_e {
   VS_KIND_UNWIND,
   VS_KIND_PYTHON,
   VS_KIND_PEER,
-  VS_KIND_TAG, /* a tag name (vmmshim.h): 1-31 of A-Z a-z 0-9 _ . - */
-  VS_KIND_SECONDS /* 1 .. 3600 */
+  VS_KIND_TAG,      /* a tag name (vmmshim.h): 1-31 of A-Z a-z 0-9 _ . - */
+  VS_KIND_SECONDS,  /* 1 .. 3600 */
+  VS_KIND_LIMIT,    /* SIZE (every device together) and/or D:SIZE (device D), comma-separated */
+  VS_KIND_NAME,     /* a group name: 1-31 of A-Z a-z 0-9 _ . - */
+  VS_KIND_ON_LIMIT  /* fail, wait[:SECONDS], host[:SIZE]: the mode, its number in _vs_option_arg */
 } vs_option_kind_t;
 
 typedef enum vs_option_e {
@@ -149,13 +157,26 @@ typedef enum vs_option_e {
 void _vs_config_init(void);
 /* Hot-path getters: no parsing, no getenv. */
 uint64_t _vs_option(vs_option_t opt);
-const char *_vs_option_string(vs_option_t opt); /* STRING, LOG and TAG kinds: the text, or NULL */
+const char *_vs_option_string(vs_option_t opt); /* STRING, LOG, TAG, NAME and LIMIT kinds: the text, or NULL */
+uint64_t _vs_option_arg(vs_option_t opt);       /* ON_LIMIT: the SECONDS of wait, the SIZE of host (0: none given) */
+/* What VMMSHIM_LIMIT says for device dev (dev < 0: every device together); 0 = no cap. */
+uint64_t _vs_limit_setting(int dev);
+/* Whether VMMSHIM_LIMIT belongs to the budget of the handle layer (src/handle/group.c): with
+ * VMMSHIM_LIMIT_GROUP, a per-device cap, or VMMSHIM_ON_LIMIT=wait. _vs_option(VS_OPT_LIMIT), the
+ * cap of this process alone, is then 0. */
+bool _vs_limit_in_budget(void);
 void _vs_config_print(void);                   /* VMMSHIM_VERBOSE */
 void _vs_config_report(void);                  /* warns about malformed values, once the log is open */
 /* Parsers, exposed for tests. Return 0 on success, -1 on a malformed value. */
 int _vs_parse_size(const char *text, uint64_t *out);
 int _vs_parse_bool(const char *text, uint64_t *out);
 int _vs_parse_signal(const char *text, uint64_t *out); /* "USR2", "SIGUSR2", "12"; "0"/"off": 0 */
+/* "8G" (every device together), "0:8G,1:4G" (per device), or both: "12G,0:8G". */
+int _vs_parse_limit(const char *text, uint64_t *all, uint64_t dev[VS_LIMIT_DEVICES]);
+/* "fail", "wait", "wait:SECONDS", "host", "host:SIZE". */
+int _vs_parse_on_limit(const char *text, uint64_t *mode, uint64_t *arg);
+/* A name of a tag or group: 1-31 of A-Z a-z 0-9 _ . - */
+bool _vs_name_ok(const char *name);
 /* Re-reads the environment (tests only). */
 void _vs_config_reload(void);
 /* Option i (0 .. VS_OPT_COUNT-1) as its messages word it, for the vmmshim(7) page: the variable,

@@ -8,6 +8,7 @@
 #ifndef VMMSHIM_HANDLES_H
 #define VMMSHIM_HANDLES_H
 
+#include "vmmshim/group.h"
 #include "vmmshim/vmm.h"
 
 /* The devices besides its owner that may access a context's pool memory (peer.c keeps it;
@@ -35,11 +36,50 @@ typedef struct vs_segs_s {
 size_t _vs_mapped_total(void);
 /* Would mapping `add` more bytes pass VMMSHIM_LIMIT? */
 bool _vs_over_limit(size_t add);
-/* Counts `len` bytes about to be mapped, unless that passes VMMSHIM_LIMIT (then false, nothing
- * counted): two threads racing for the last bytes under the limit cannot both have them. */
-bool _vs_mapped_admit(size_t len);
-/* Bytes unmapped, or admitted and then not mapped. */
-void _vs_mapped_return(size_t len);
+/* Counts `len` bytes about to be mapped on device dev, unless that passes VMMSHIM_LIMIT or the
+ * budget (group.c) (then false, nothing counted): two threads, or two processes of a group,
+ * racing for the last bytes under the limit cannot both have them. */
+bool _vs_mapped_admit(int dev, size_t len);
+/* Bytes unmapped on device dev, or admitted and then not mapped. */
+void _vs_mapped_return(int dev, size_t len);
+
+/* ---- the budget (group.c): VMMSHIM_LIMIT shared by a group of processes (VMMSHIM_LIMIT_GROUP),
+ * or per device; inactive (every call a no-op) when VMMSHIM_LIMIT is this process's own cap ---- */
+/* Joins the group (or makes the process's own budget) now, rather than at the first growth: the
+ * alloc layer calls it when the process first uses a device, so that the group lists it. */
+void _vs_group_join(void);
+/* Admits len bytes on device dev against the budget, or refuses (false, nothing counted). */
+bool _vs_group_admit(int dev, size_t len);
+void _vs_group_return(int dev, size_t len);
+/* Would len more bytes on dev be refused now (no lock: for the status of a failure)? */
+bool _vs_group_over(int dev, size_t len);
+/* What is left under the budget's caps on dev, and the smallest cap; false when none applies. */
+bool _vs_group_headroom(int dev, size_t *left, size_t *cap);
+/* VMMSHIM_ON_LIMIT=wait: sleeps until bytes come back to the budget (a member's release, a
+ * limit raised: a futex on the segment, woken by the release), or at most half a second (a
+ * member that died is only found at the next admission), or until deadline_ns (_vs_now_ns).
+ * While a member waits, the others' frees give their idle memory back. Returns false once the
+ * deadline has passed, true when the caller should try again. */
+bool _vs_group_wait(uint64_t deadline_ns);
+/* VMMSHIM_ON_LIMIT=host: len bytes on dev served from host memory past the limit, under
+ * host:SIZE (false: over it); counted in the member's host bytes. */
+bool _vs_group_spill_admit(int dev, size_t len);
+void _vs_group_spill_return(int dev, size_t len);
+/* The budget as it stands, for reports. */
+typedef struct vs_group_view_s {
+  char name[32]; /* the group's, "" for this process's own budget */
+  bool shared;
+  uint32_t members, limit_source;
+  uint64_t limit_all, limit_dev, total_all, total_dev, mine_all, mine_dev;
+  uint64_t host_all, mine_host, refused, reclaimed;
+} vs_group_view_t;
+bool _vs_group_view(int dev, vs_group_view_t *v);
+/* Whether a member waits for bytes (its frees should then give idle memory back): a load. */
+extern const uint32_t *_Atomic _vs_budget_waiters;
+static inline bool _vs_budget_wanted(void) {
+  const uint32_t *w = atomic_load_explicit(&_vs_budget_waiters, memory_order_relaxed);
+  return w && __atomic_load_n(w, __ATOMIC_RELAXED) != 0;
+}
 
 /* ---- the segment table (caller holds the pool's lock; no driver call) ---- */
 /* Index of the first segment at or above va. */

@@ -25,6 +25,13 @@ void _vs_pool_destroy(vs_pool_t *pool);
 /* *contended is set when the pool's lock was held by another thread at the first try. */
 vs_pool_status_t _vs_pool_alloc(vs_pool_t *pool, size_t size, CUstream stream, vmmshim_api_t api,
                                 CUdeviceptr *ptr_out, size_t *served_out, CUresult *cu_err, bool *contended);
+/* VMMSHIM_ON_LIMIT=host: serves the request from host memory mapped at the pool's addresses (a
+ * growth past the limit: the program keeps running on it, over the link), or fails with the
+ * reason in *cu_err (CUDA_ERROR_OUT_OF_MEMORY past host:SIZE or VMMSHIM_HOST_LIMIT,
+ * CUDA_ERROR_NOT_SUPPORTED where the device cannot map host memory). *grown_out: the host bytes
+ * mapped for it (0 when free memory served it). */
+vs_pool_status_t _vs_pool_alloc_host(vs_pool_t *pool, size_t size, CUstream stream, CUdeviceptr *ptr_out,
+                                     size_t *served_out, CUresult *cu_err, size_t *grown_out);
 /* Frees a block. For VS_NO_STREAM, the free mode decides (sync: the context is synchronised
  * first; deferred: the block is reused after a later synchronisation). A block marked exported
  * is not freed: VS_POOL_EXPORTED (the caller asks IPC, which unmarks it or keeps it). */
@@ -108,6 +115,7 @@ typedef struct vs_move_s {
   size_t discarded;   /* not kept (discard mode) */
   size_t skipped;     /* left on the device, why_skipped says why */
   size_t restored;    /* wake: device memory mapped again */
+  size_t dropped;     /* promote: host memory under no live block, given back instead of moved */
   CUresult err;       /* the first failure, why says what it stopped */
   const char *why, *why_skipped;
 } vs_move_t;
@@ -121,8 +129,16 @@ void _vs_pool_sleep(vs_pool_t *pool, int mode, const CUdeviceptr *skip_va, const
 /* Wakes every asleep segment at its address (zero: discarded bytes come back as zeros). When
  * the device has no room nothing changes: CUDA_ERROR_OUT_OF_MEMORY, the pool still asleep. */
 CUresult _vs_pool_wake(vs_pool_t *pool, bool zero, vs_move_t *out);
-/* Whether part of the pool is asleep; its bytes, and those served from host memory at their
- * addresses. */
+/* Moves the growths served from host memory past the limit (VMMSHIM_ON_LIMIT=host) into device
+ * memory at the same addresses, as many as the limit and the device have room for (the others
+ * stay on the host, counted as skipped); those under no live block are given back instead. The
+ * pool's context is current and no GPU work touches them. CUDA_ERROR_OUT_OF_MEMORY when none
+ * could move. */
+CUresult _vs_pool_promote(vs_pool_t *pool, vs_move_t *out);
+/* Gives back the host memory of growths past the limit that no block uses; returns the bytes. */
+size_t _vs_pool_drop_idle_spilled(vs_pool_t *pool);
+/* Whether part of the pool is asleep (growths on the host past the limit are not asleep); its
+ * bytes, and those served from host memory at their addresses. */
 bool _vs_pool_asleep(vs_pool_t *pool, size_t *bytes, size_t *host_mapped);
 /* Whether addr lies in host memory mapped at its own address (mapped mode). */
 bool _vs_pool_host_mapped_at(vs_pool_t *pool, CUdeviceptr addr);
@@ -130,6 +146,7 @@ typedef struct vs_sleep_figures_s {
   size_t live;        /* bytes in live blocks */
   size_t device;      /* mapped on the device */
   size_t host_copied, host_mapped, discarded; /* asleep, by mode */
+  size_t spilled;     /* of host_mapped: growths past the limit, awake */
 } vs_sleep_figures_t;
 void _vs_pool_sleep_figures(vs_pool_t *pool, vs_sleep_figures_t *f);
 /* The tag of the pool's blocks (the alloc layer's index): set once, before it serves. */

@@ -116,6 +116,8 @@ typedef struct vs_asleep_seg_s {
   int mode;             /* VMMSHIM_SLEEP_* */
   int nbufs;            /* host buffers holding its bytes, back to back (host, mapped) */
   vs_host_buf_t *bufs;
+  bool spilled;         /* a growth served from host memory past the limit (VMMSHIM_ON_LIMIT=host),
+                           mapped mode: not asleep; a wake leaves it, a promote takes it */
 } vs_asleep_seg_t;
 
 typedef struct vs_asleep_s {
@@ -123,6 +125,7 @@ typedef struct vs_asleep_s {
   size_t n, cap;
   size_t bytes;       /* their sizes, summed: the pool's memory that is not on the device */
   size_t host_mapped; /* of which served from host memory at its own address (mapped mode) */
+  size_t spilled;     /* of which growths past the limit (spilled: awake memory on the host) */
 } vs_asleep_t;
 
 struct vs_pool_s {
@@ -253,6 +256,11 @@ int _vs_pool_add_reservation(vs_pool_t *p, int heap_id, size_t size);
 /* Maps more memory into heap heap_id so that a request of size/align fits (exact: handles
  * of exactly what is missing, for the out-of-memory retry). Lock not held. */
 CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, bool exact);
+/* A BUSY block where `size` bytes at `align` can be mapped (its length in *len_out), handles of
+ * at least `handle` bytes: from a hole, or from a new reservation when no hole is large enough.
+ * NULL: no address space. Lock not held. */
+vs_block_t *_vs_pool_claim_space(vs_pool_t *p, int heap_id, size_t size, size_t align, size_t handle,
+                                 size_t *len_out);
 /* Unmaps and releases every segment and reservation (the pool is being destroyed). */
 void _vs_pool_unmap_all(vs_pool_t *p);
 /* Idle bytes of free block b that lie in whole handles (which trimming could give back). Lock held. */
@@ -288,6 +296,9 @@ const void *_vs_thread_tag(void);
 /* ---- asleep.c ---- */
 /* Frees the asleep segments' records and host buffers (the pool is being destroyed). */
 void _vs_pool_forget_asleep(vs_pool_t *p);
+/* Maps host memory for a request of size/align (VMMSHIM_ON_LIMIT=host): a new free range of
+ * the heap (*len_out bytes), recorded as a spilled segment. Lock not held. */
+CUresult _vs_pool_grow_host(vs_pool_t *p, int heap_id, size_t size, size_t align, size_t *len_out);
 
 /* ---- invariants (pool.c) ---- */
 /* Every invariant of the pool checked; returns the number of problems found. Lock held. */

@@ -39,7 +39,8 @@ void _vs_ipc_forget_pool(vs_pool_t *pool);
 int _vs_ipc_held_ranges(vs_pool_t *pool, CUdeviceptr *va, size_t *len, int max);
 
 /* ---------------------------------------------------------------- "report.c" */
-/* The shim answered out-of-memory: the memory report at warn level, once per burst. */
-void _vs_report_oom(vmmshim_api_t api, size_t size, int dev, bool limit_reached);
+/* The shim answered out-of-memory: the memory report at warn level, once per burst. scattered:
+ * the idle bytes the process's other pools gave back before the answer. */
+void _vs_report_oom(vmmshim_api_t api, size_t size, int dev, bool limit_reached, size_t scattered);
 
 #endif

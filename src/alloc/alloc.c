@@ -88,6 +88,7 @@ static vs_pool_slot_t *slot_create_slow(CUcontext ctx) {
   }
   vs_pool_t *pool = NULL;
   _vs_tags_init();
+  _vs_group_join();
   if (r == CUDA_SUCCESS) r = _vs_vmm_query(dev, &caps);
   if (r != CUDA_SUCCESS) {
     _vs_warn("device %d: cannot query VMM support (%s); its allocations pass through", (int)dev,
@@ -269,21 +270,31 @@ static void visit_all(void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
   }
 }
 
-/* Out of memory in one arena: the context's other pools (its other arenas, other tags' and
- * parked ones) give back what they hold idle (after their pending frees complete), and the
- * allocation is tried once more. */
-static bool release_sibling_arenas(vs_pool_t *self) {
-  vs_pool_slot_t *slot = slot_find(_vs_pool_context(self));
-  if (!slot) return false;
+/* Out of memory in one arena: the process's other pools give back what they hold idle (after
+ * their pending frees complete), and the allocation is tried once more. Which pools: the
+ * context's others (its other arenas, other tags' and parked ones), the other contexts of the
+ * same device (their memory is the same device's), and, when a limit refused (limit: it counts
+ * every device, or a group's members, together), every pool of the process. Other processes' idle
+ * memory is theirs. Returns the bytes given back: memory that was scattered over idle handles. */
+static size_t release_elsewhere(vs_pool_t *self, bool limit) {
+  vs_pool_slot_t *own = slot_find(_vs_pool_context(self));
+  int dev = _vs_pool_device(self);
   vs_pool_t *pools[VS_SLOT_POOLS];
-  int n = slot_pools(slot, pools, NULL);
   size_t got = 0;
-  for (int i = 0; i < n; i++) {
-    if (pools[i] == self) continue;
-    _vs_pool_reclaim(pools[i]);
-    got += _vs_pool_trim(pools[i], 0);
+  for (int s_ = 0, n_ = atomic_load_explicit(&vs_nslots, memory_order_acquire); s_ < n_; s_++) {
+    vs_pool_slot_t *slot = &vs_slots[s_];
+    if (slot != own && !limit && (int)slot->caps.device != dev) continue;
+    int n = slot_pools(slot, pools, NULL);
+    CUcontext popped;
+    bool pushed = slot != own && n && _vs_cu.cuCtxPushCurrent(_vs_pool_context(pools[0])) == CUDA_SUCCESS;
+    for (int i = 0; i < n; i++) {
+      if (pools[i] == self) continue;
+      if (slot == own || pushed) _vs_pool_reclaim(pools[i]); /* needs the pool's context current */
+      got += _vs_pool_trim(pools[i], 0);
+    }
+    if (pushed) _vs_cu.cuCtxPopCurrent(&popped);
   }
-  return got > 0;
+  return got;
 }
 
 vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUdeviceptr *ptr, CUresult *err) {
@@ -304,8 +315,13 @@ vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUd
   CUresult cerr = CUDA_SUCCESS;
   bool contended = false;
   vs_pool_status_t st = _vs_pool_alloc(pool, size, stream, api, ptr, &served, &cerr, &contended);
-  if (vs_unlikely(st == VS_POOL_OOM || st == VS_POOL_LIMIT) && release_sibling_arenas(pool))
-    st = _vs_pool_alloc(pool, size, stream, api, ptr, &served, &cerr, &contended);
+  size_t scattered = 0;
+  if (vs_unlikely(st == VS_POOL_OOM || st == VS_POOL_LIMIT)) {
+    scattered = release_elsewhere(pool, st == VS_POOL_LIMIT);
+    if (scattered) st = _vs_pool_alloc(pool, size, stream, api, ptr, &served, &cerr, &contended);
+    if ((st == VS_POOL_OOM || st == VS_POOL_LIMIT) && _vs_option(VS_OPT_ON_LIMIT) != VS_ON_LIMIT_FAIL)
+      st = _vs_on_limit(pool, st, size, stream, api, ptr, &served, &cerr);
+  }
   note_contention(contended);
   int dev = _vs_pool_device(pool);
   if (vs_likely(st == VS_POOL_OK)) {
@@ -322,7 +338,7 @@ vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUd
   }
   VS_STAT_ADD(alloc_failures, 1);
   if (vs_unlikely(_vs_trace_on)) _vs_trace_alloc_fail(api, size, stream, dev, CUDA_ERROR_OUT_OF_MEMORY);
-  _vs_report_oom(api, size, dev, st == VS_POOL_LIMIT);
+  _vs_report_oom(api, size, dev, st == VS_POOL_LIMIT, scattered);
   *err = CUDA_ERROR_OUT_OF_MEMORY;
   return VS_ALLOC_FAILED;
 }
@@ -387,6 +403,15 @@ void _vs_adjust_mem_info(size_t *free_bytes, size_t *total_bytes) {
     if (free_bytes && *free_bytes > left) *free_bytes = left;
     if (total_bytes && *total_bytes > limit) *total_bytes = (size_t)limit;
   }
+  /* The budget (a group's, or per device): what is left under it, never below zero. */
+  size_t left = 0, cap = 0;
+  if (slot && _vs_group_headroom((int)slot->caps.device, &left, &cap)) {
+    left = left > SIZE_MAX - idle ? SIZE_MAX : left + idle;
+    if (free_bytes && *free_bytes > left) *free_bytes = left;
+    if (total_bytes && *total_bytes > cap) *total_bytes = cap;
+  }
+  /* Never more free than the device has (as reported). */
+  if (free_bytes && total_bytes && *free_bytes > *total_bytes) *free_bytes = *total_bytes;
 }
 
 static void stream_destroyed(vs_pool_t *pool, void *stream) { _vs_pool_stream_destroyed(pool, (CUstream)stream); }
@@ -436,6 +461,8 @@ static void trim_one(vs_pool_t *pool, void *total) {
     _vs_cu.cuCtxPopCurrent(&popped);
   }
   *(size_t *)total += _vs_pool_trim(pool, 0);
+  /* Host memory served past the limit that no block uses any more goes back too. */
+  atomic_fetch_sub(&_vs_host_mapped_bytes, _vs_pool_drop_idle_spilled(pool));
 }
 
 size_t _vs_trim_all(void) {

@@ -26,7 +26,6 @@
 #define VS_MAX_HELD 64        /* ranges importers hold, per pool */
 
 static pthread_mutex_t vs_sleep_lock = PTHREAD_MUTEX_INITIALIZER;
-atomic_size_t _vs_host_mapped_bytes; /* served from host memory at their addresses, all pools */
 
 static void result_reason(vmmshim_sleep_result_t *res, const char *fmt, const char *what) {
   if (!res->reason[0] && fmt) snprintf(res->reason, sizeof res->reason, fmt, what ? what : "");
@@ -242,10 +241,73 @@ VS_API int vmmshim_sleep_level(int level, int mapped, vmmshim_sleep_result_t *ou
                 level == 1 ? (mapped ? VMMSHIM_SLEEP_MAPPED : VMMSHIM_SLEEP_HOST) : VMMSHIM_SLEEP_DISCARD);
 }
 
+/* ------------------------------------------------------------------ promote */
+
+typedef struct vs_promote_job_s {
+  vmmshim_sleep_result_t *res;
+  int pools, moved;
+  CUresult err;
+} vs_promote_job_t;
+
+static void promote_pool(vs_pool_t *pool, void *arg) {
+  vs_promote_job_t *job = arg;
+  vs_sleep_figures_t f;
+  _vs_pool_sleep_figures(pool, &f);
+  if (!f.spilled) return;
+  CUcontext popped;
+  if (_vs_cu.cuCtxPushCurrent(_vs_pool_context(pool)) != CUDA_SUCCESS) return;
+  vs_move_t mv;
+  CUresult r = _vs_pool_promote(pool, &mv);
+  _vs_cu.cuCtxPopCurrent(&popped);
+  job->pools++;
+  if (mv.restored || mv.dropped) job->moved++;
+  if (r != CUDA_SUCCESS && job->err == CUDA_SUCCESS) job->err = r;
+  atomic_fetch_sub(&_vs_host_mapped_bytes, mv.restored + mv.dropped);
+  job->res->released += mv.dropped;
+  mv.dropped = 0;
+  add_move(job->res, &mv);
+}
+
+int _vs_promote(vmmshim_sleep_result_t *res) {
+  memset(res, 0, sizeof *res);
+  if (!_vs_active()) return -ENODEV;
+  pthread_mutex_lock(&vs_sleep_lock);
+  /* As a wake of memory in mapped mode: no GPU work may touch the host memory while its bytes
+   * are copied and the device memory takes its place. */
+  int rc = quiet_and_close(res);
+  if (!rc) {
+    _vs_sync_contexts();
+    vs_promote_job_t job = {res, 0, 0, CUDA_SUCCESS};
+    _vs_visit_tag(-1, promote_pool, &job);
+    _vs_gate_open();
+    if (!job.pools) {
+      result_reason(res, "%snothing is served from host memory past the limit", "");
+      rc = -EALREADY;
+    } else if (!job.moved) {
+      rc = job.err == CUDA_ERROR_OUT_OF_MEMORY || job.err == CUDA_SUCCESS ? -ENOMEM : -EIO;
+    }
+  }
+  pthread_mutex_unlock(&vs_sleep_lock);
+  return rc;
+}
+
+VS_API int vmmshim_promote(vmmshim_sleep_result_t *out, size_t size) {
+  vmmshim_sleep_result_t res;
+  uint64_t t0 = _vs_now_ns();
+  if (out && size != sizeof *out) return -EINVAL;
+  return finish(_vs_promote(&res), t0, &res, out, size, "promote", NULL, 1, 0);
+}
+
 /* ------------------------------------------------------------------ figures */
 
+typedef struct vs_tag_sum_s {
+  vmmshim_tag_stats_t *st;
+  size_t spilled; /* of host_mapped: growths past the limit, awake */
+} vs_tag_sum_t;
+
 static void add_figures(vs_pool_t *pool, void *arg) {
-  vmmshim_tag_stats_t *st = arg;
+  vs_tag_sum_t *sum = arg;
+  vmmshim_tag_stats_t *st = sum->st;
   vs_sleep_figures_t f;
   _vs_pool_sleep_figures(pool, &f);
   st->live += f.live;
@@ -253,6 +315,7 @@ static void add_figures(vs_pool_t *pool, void *arg) {
   st->host_copied += f.host_copied;
   st->host_mapped += f.host_mapped;
   st->discarded += f.discarded;
+  sum->spilled += f.spilled;
 }
 
 int _vs_tag_stats(vmmshim_tag_stats_t *out, int max) {
@@ -262,8 +325,9 @@ int _vs_tag_stats(vmmshim_tag_stats_t *out, int max) {
     vmmshim_tag_stats_t *st = &out[t];
     memset(st, 0, sizeof *st);
     snprintf(st->name, sizeof st->name, "%s", _vs_tag_name(t));
-    if (atomic_load(&_vs_state) == 1) _vs_visit_tag(t, add_figures, st);
-    st->asleep = st->host_copied || st->host_mapped || st->discarded;
+    vs_tag_sum_t sum = {st, 0};
+    if (atomic_load(&_vs_state) == 1) _vs_visit_tag(t, add_figures, &sum);
+    st->asleep = st->host_copied || st->host_mapped > sum.spilled || st->discarded;
     st->keep = _vs_tag_keep(t);
   }
   return n;

@@ -20,16 +20,7 @@ _Thread_local int _vs_tl_tag1;
 static pthread_mutex_t vs_tags_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t vs_tags_once = PTHREAD_ONCE_INIT;
 
-bool _vs_tag_name_ok(const char *name) {
-  size_t n = name ? strlen(name) : 0;
-  if (n == 0 || n >= VMMSHIM_TAG_MAX) return false;
-  for (size_t i = 0; i < n; i++) {
-    char c = name[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-'))
-      return false;
-  }
-  return true;
-}
+bool _vs_tag_name_ok(const char *name) { return _vs_name_ok(name); }
 
 /* VMMSHIM_TAG: the process's tag from the start. */
 static void tags_init(void) {

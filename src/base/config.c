@@ -15,6 +15,7 @@
 typedef struct vs_option_desc_s {
   uint64_t value;
   uint64_t init; /* default */
+  uint64_t arg;  /* ON_LIMIT: its number */
   vs_option_t id;
   vs_option_kind_t kind;
   const char *name; /* VMMSHIM_<token> */
@@ -23,13 +24,20 @@ typedef struct vs_option_desc_s {
 } vs_option_desc_t;
 
 static vs_option_desc_t vs_options[VS_OPT_COUNT] = {
-#define VS_OPT_DESC(tok, kind, def) {(uint64_t)(def), (uint64_t)(def), VS_OPT_##tok, kind, "VMMSHIM_" #tok, NULL, false},
+#define VS_OPT_DESC(tok, kind, def) {(uint64_t)(def), (uint64_t)(def), 0, VS_OPT_##tok, kind, "VMMSHIM_" #tok, NULL, false},
     VS_OPTIONS(VS_OPT_DESC)
 #undef VS_OPT_DESC
 };
 
+/* VMMSHIM_LIMIT as given: every device together, and device by device. */
+static uint64_t vs_limit_all, vs_limit_dev[VS_LIMIT_DEVICES];
+static bool vs_limit_budget;
+
 uint64_t _vs_option(vs_option_t opt) { return vs_options[opt].value; }
 const char *_vs_option_string(vs_option_t opt) { return vs_options[opt].text; }
+uint64_t _vs_option_arg(vs_option_t opt) { return vs_options[opt].arg; }
+uint64_t _vs_limit_setting(int dev) { return dev < 0 ? vs_limit_all : dev < VS_LIMIT_DEVICES ? vs_limit_dev[dev] : 0; }
+bool _vs_limit_in_budget(void) { return vs_limit_budget; }
 
 static const char *skip_space(const char *s) {
   while (*s == ' ' || *s == '\t') s++;
@@ -116,6 +124,75 @@ int _vs_parse_signal(const char *text, uint64_t *out) {
   return 0;
 }
 
+int _vs_parse_limit(const char *text, uint64_t *all, uint64_t dev[VS_LIMIT_DEVICES]) {
+  uint64_t a = 0, d[VS_LIMIT_DEVICES] = {0};
+  bool seen_all = false, seen[VS_LIMIT_DEVICES] = {false};
+  if (!text || !*text) return -1;
+  for (const char *s = text; *s;) {
+    size_t len = strcspn(s, ",");
+    char item[256];
+    if (len == 0 || len >= sizeof item) return -1;
+    memcpy(item, s, len);
+    item[len] = 0;
+    if (s[len] == ',' && !s[len + 1]) return -1; /* "8G," */
+    s += len + (s[len] == ',');
+    char *colon = strchr(item, ':');
+    uint64_t size;
+    if (!colon) {
+      if (seen_all || _vs_parse_size(item, &size) != 0) return -1;
+      seen_all = true;
+      a = size;
+      continue;
+    }
+    *colon = 0;
+    char *end;
+    const char *num = skip_space(item);
+    errno = 0;
+    unsigned long n = strtoul(num, &end, 10);
+    if (errno || end == num || *skip_space(end) || *num == '-' || *num == '+' || n >= VS_LIMIT_DEVICES || seen[n] ||
+        _vs_parse_size(colon + 1, &size) != 0)
+      return -1;
+    seen[n] = true;
+    d[n] = size;
+  }
+  *all = a;
+  memcpy(dev, d, sizeof d);
+  return 0;
+}
+
+int _vs_parse_on_limit(const char *text, uint64_t *mode, uint64_t *arg) {
+  if (!text) return -1;
+  const char *colon = strchr(text, ':');
+  size_t len = colon ? (size_t)(colon - text) : strlen(text);
+  uint64_t n = 0;
+  if (len == 4 && !strncasecmp(text, "fail", 4) && !colon) {
+    *mode = VS_ON_LIMIT_FAIL;
+  } else if (len == 4 && !strncasecmp(text, "wait", 4)) {
+    /* whole seconds, at most 1e9 (about 31 years: "wait" alone waits without end) */
+    if (colon && (_vs_parse_size(colon + 1, &n) != 0 || strpbrk(colon + 1, "kKmMgGtTbB") || n < 1 || n > 1000000000))
+      return -1;
+    *mode = VS_ON_LIMIT_WAIT;
+  } else if (len == 4 && !strncasecmp(text, "host", 4)) {
+    if (colon && (_vs_parse_size(colon + 1, &n) != 0 || n == 0)) return -1;
+    *mode = VS_ON_LIMIT_HOST;
+  } else {
+    return -1;
+  }
+  *arg = n;
+  return 0;
+}
+
+bool _vs_name_ok(const char *name) {
+  size_t n = name ? strlen(name) : 0;
+  if (n == 0 || n > 31) return false;
+  for (size_t i = 0; i < n; i++) {
+    char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-'))
+      return false;
+  }
+  return true;
+}
+
 static int parse_log_level(const char *text, uint64_t *out) {
   static const char *levels[] = {"error", "warn", "info", "debug"};
   size_t len = strcspn(text, ":");
@@ -164,6 +241,9 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_PYTHON: return "on";
   case VS_KIND_PEER: return "auto";
   case VS_KIND_SECONDS: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
+  case VS_KIND_LIMIT: return "0";
+  case VS_KIND_NAME: return "unset";
+  case VS_KIND_ON_LIMIT: return "fail";
   }
   return "?";
 }
@@ -177,7 +257,20 @@ static int parse_count(const char *text, uint64_t lo, uint64_t hi, uint64_t *v) 
 }
 
 static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const char **expect) {
+  o->arg = 0;
   switch (o->kind) {
+  case VS_KIND_LIMIT: {
+    *expect = "a size (every device together) and/or DEVICE:SIZE items (device 0 to " VS_STR(VS_LIMIT_DEVICES) " - 1), "
+              "comma-separated, as in 8G or 0:8G,1:4G";
+    uint64_t dev[VS_LIMIT_DEVICES];
+    if (_vs_parse_limit(text, v, dev) != 0) return -1;
+    memcpy(vs_limit_dev, dev, sizeof dev);
+    return 0;
+  }
+  case VS_KIND_NAME: *expect = "a group name: 1 to 31 of A-Z a-z 0-9 _ . -"; *v = 1; return _vs_name_ok(text) ? 0 : -1;
+  case VS_KIND_ON_LIMIT:
+    *expect = "fail, wait, wait:SECONDS, host or host:SIZE";
+    return _vs_parse_on_limit(text, v, &o->arg);
   case VS_KIND_BOOL: *expect = "1/true/yes/on or 0/false/no/off"; return _vs_parse_bool(text, v);
   case VS_KIND_SIZE: *expect = "a size in bytes with an optional K/M/G/T suffix"; return _vs_parse_size(text, v);
   case VS_KIND_SIZE_OR_UNLIMITED:
@@ -226,14 +319,7 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     *expect = "a non-empty path";
     *v = 1;
     return *text ? 0 : -1;
-  case VS_KIND_TAG: {
-    *expect = "a tag name: 1 to 31 of A-Z a-z 0-9 _ . -";
-    size_t n = strlen(text);
-    if (n == 0 || n > 31 || strspn(text, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") != n)
-      return -1;
-    *v = 1;
-    return 0;
-  }
+  case VS_KIND_TAG: *expect = "a tag name: 1 to 31 of A-Z a-z 0-9 _ . -"; *v = 1; return _vs_name_ok(text) ? 0 : -1;
   }
   return -1;
 }
@@ -242,9 +328,11 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
 static char vs_config_msgs[VS_OPT_COUNT][320];
 
 static void config_read(void) {
+  memset(vs_limit_dev, 0, sizeof vs_limit_dev);
   for (int i = 0; i < VS_OPT_COUNT; i++) {
     vs_option_desc_t *o = &vs_options[i];
     o->value = o->init;
+    o->arg = 0;
     o->text = NULL;
     o->set = false;
     vs_config_msgs[i][0] = 0;
@@ -261,7 +349,9 @@ static void config_read(void) {
     }
     o->value = v;
     o->set = true;
-    if (o->kind == VS_KIND_STRING || o->kind == VS_KIND_LOG || o->kind == VS_KIND_TAG) o->text = text;
+    if (o->kind == VS_KIND_STRING || o->kind == VS_KIND_LOG || o->kind == VS_KIND_TAG || o->kind == VS_KIND_NAME ||
+        o->kind == VS_KIND_LIMIT)
+      o->text = text;
   }
   /* Sizes the pool rounds up (to the device's granularity, to the handle size) or multiplies:
    * a value near 2^64 would wrap to 0 there. 1 PiB is more than any device's memory or address
@@ -277,6 +367,15 @@ static void config_read(void) {
     o->value = o->init;
     o->set = false;
   }
+  /* VMMSHIM_LIMIT's caps belong to the budget (src/handle/group.c) when they are shared, per
+   * device, or waited for; else it is this process's own cap, as it always was. */
+  vs_option_desc_t *lim = &vs_options[VS_OPT_LIMIT];
+  vs_limit_all = lim->value;
+  bool per_device = false;
+  for (int d = 0; d < VS_LIMIT_DEVICES; d++) per_device |= vs_limit_dev[d] != 0;
+  vs_limit_budget = vs_options[VS_OPT_LIMIT_GROUP].set || per_device ||
+                    vs_options[VS_OPT_ON_LIMIT].value == VS_ON_LIMIT_WAIT;
+  if (vs_limit_budget) lim->value = 0;
   if (vs_options[VS_OPT_GRANULARITY].value == 0) {
     snprintf(vs_config_msgs[VS_OPT_GRANULARITY], sizeof vs_config_msgs[0],
              "VMMSHIM_GRANULARITY=0 is not valid (a pool cannot grow by 0 bytes); using the default %llu",
@@ -314,8 +413,23 @@ void _vs_config_print(void) {
       shown = names[o->value & 3];
       break;
     }
-    case VS_KIND_STRING: shown = o->text ? o->text : "(unset)"; break;
+    case VS_KIND_STRING:
+    case VS_KIND_NAME: shown = o->text ? o->text : "(unset)"; break;
     case VS_KIND_TAG: shown = o->text ? o->text : "default"; break;
+    case VS_KIND_LIMIT:
+      if (!o->text) shown = "0 (off)";
+      else {
+        snprintf(buf, sizeof buf, "%.40s%s", o->text, vs_limit_budget ? " (the budget's)" : "");
+        shown = buf;
+      }
+      break;
+    case VS_KIND_ON_LIMIT: {
+      static const char *names[] = {"fail", "wait", "host", "?"};
+      if (o->arg) snprintf(buf, sizeof buf, "%s:%llu", names[o->value & 3], (unsigned long long)o->arg);
+      else snprintf(buf, sizeof buf, "%s", names[o->value & 3]);
+      shown = buf;
+      break;
+    }
     case VS_KIND_PYTHON: {
       static const char *names[] = {"off", "held", "on", "?"};
       shown = names[o->value & 3];

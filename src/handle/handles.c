@@ -26,17 +26,24 @@ bool _vs_over_limit(size_t add) {
   return limit && atomic_load_explicit(&vs_mapped_total, memory_order_relaxed) + add > limit;
 }
 
-bool _vs_mapped_admit(size_t len) {
+bool _vs_mapped_admit(int dev, size_t len) {
   uint64_t limit = _vs_option(VS_OPT_LIMIT);
   size_t cur = atomic_load_explicit(&vs_mapped_total, memory_order_relaxed);
   do {
     if (limit && (cur + len < cur || cur + len > limit)) return false;
   } while (!atomic_compare_exchange_weak_explicit(&vs_mapped_total, &cur, cur + len, memory_order_relaxed,
                                                   memory_order_relaxed));
+  if (!_vs_group_admit(dev, len)) { /* the budget (group.c) refused: undone */
+    atomic_fetch_sub_explicit(&vs_mapped_total, len, memory_order_relaxed);
+    return false;
+  }
   return true;
 }
 
-void _vs_mapped_return(size_t len) { atomic_fetch_sub_explicit(&vs_mapped_total, len, memory_order_relaxed); }
+void _vs_mapped_return(int dev, size_t len) {
+  atomic_fetch_sub_explicit(&vs_mapped_total, len, memory_order_relaxed);
+  _vs_group_return(dev, len);
+}
 
 /* ------------------------------------------------------------------ the segment table */
 

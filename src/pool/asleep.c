@@ -212,7 +212,7 @@ void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const si
   if (copying) copier_open(&cp);
   int live = 0; /* segments to release from here: moved[0 .. live) */
   for (int i = 0; i < nm; i++) {
-    vs_asleep_seg_t a = {segs[i].va, segs[i].size, mode, 0, NULL};
+    vs_asleep_seg_t a = {segs[i].va, segs[i].size, mode, 0, NULL, false};
     if (copying) {
       CUresult r = CUDA_SUCCESS;
       a.nbufs = take_bufs(&p->caps, a.size, &a.bufs, &r);
@@ -260,7 +260,7 @@ void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const si
       continue;
     }
     _vs_vmm_release(&p->caps, segs[i].handle, segs[i].size);
-    _vs_mapped_return(segs[i].size);
+    _vs_mapped_return((int)p->caps.device, segs[i].size);
     VS_STAT_SUB(bytes_mapped, segs[i].size);
     out->released += segs[i].size;
     if (a->mode == VMMSHIM_SLEEP_MAPPED) {
@@ -285,54 +285,119 @@ void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const si
   free(segs), free(moved), free(stay);
 }
 
-CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
-  *out = (vs_move_t){0};
+/* A segment's share of the asleep list's counts, added or taken off. Lock held. */
+static void asleep_count(vs_asleep_t *l, const vs_asleep_seg_t *s, bool add) {
+  size_t mapped = s->mode == VMMSHIM_SLEEP_MAPPED ? s->size : 0, spilled = s->spilled ? s->size : 0;
+  if (add) {
+    l->bytes += s->size;
+    l->host_mapped += mapped;
+    l->spilled += spilled;
+  } else {
+    l->bytes -= s->size;
+    l->host_mapped -= mapped;
+    l->spilled -= spilled;
+  }
+}
+
+/* Appends segments to the asleep list. Lock held. False when there is no host memory for the
+ * list (nothing appended). */
+static bool asleep_append(vs_pool_t *p, const vs_asleep_seg_t *v, size_t n) {
+  if (p->asleep.n + n > p->asleep.cap) {
+    size_t cap = p->asleep.cap ? p->asleep.cap * 2 : 16;
+    while (cap < p->asleep.n + n) cap *= 2;
+    vs_asleep_seg_t *nv = realloc(p->asleep.v, cap * sizeof *nv);
+    if (!nv) return false;
+    p->asleep.v = nv;
+    p->asleep.cap = cap;
+  }
+  for (size_t i = 0; i < n; i++) {
+    p->asleep.v[p->asleep.n++] = v[i];
+    asleep_count(&p->asleep, &v[i], true);
+  }
+  return true;
+}
+
+/* Puts segments back on the asleep list after a wake that did not take them. Lock not held. */
+static void asleep_put_back(vs_pool_t *p, const vs_asleep_seg_t *v, size_t n) {
+  if (!n) return;
   pool_lock(p);
-  size_t n = p->asleep.n;
-  vs_asleep_seg_t *a = p->asleep.v;
-  p->asleep = (vs_asleep_t){0};
+  bool ok = asleep_append(p, v, n);
+  pool_unlock(p);
+  if (!ok)
+    _vs_warn("device %d: no host memory to record %zu sleeping ranges; their bytes are lost", (int)p->caps.device, n);
+}
+
+/* Wakes the asleep segments of one kind: those asleep (spilled false), or the growths served
+ * from host memory past the limit (spilled true, a promote). A wake is all or nothing: when one
+ * device handle cannot be had, nothing moves. A promote takes the segments that fit under the
+ * limit and leaves the others on the host (counted as skipped). */
+static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *out) {
+  *out = (vs_move_t){0};
+  int dev = (int)p->caps.device;
+  pool_lock(p);
+  size_t total = p->asleep.n, n = 0, k = 0;
+  vs_asleep_seg_t *a = total ? malloc(total * sizeof *a) : NULL;
+  if (total && !a) {
+    pool_unlock(p);
+    note(out, CUDA_ERROR_OUT_OF_MEMORY, "no host memory for the shim's records");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  /* The segments to wake leave the list (nothing else moves them meanwhile); the others stay. */
+  for (size_t i = 0; i < total; i++) {
+    vs_asleep_seg_t s = p->asleep.v[i];
+    if (s.spilled == spilled) {
+      a[n++] = s;
+      asleep_count(&p->asleep, &s, false);
+    } else {
+      p->asleep.v[k++] = s;
+    }
+  }
+  p->asleep.n = k;
   pool_unlock(p);
   if (!n) {
     free(a);
     return CUDA_SUCCESS;
   }
 
-  /* Every device handle first, admitted under VMMSHIM_LIMIT: if the device has no room, nothing
-   * has moved and the segments go back to the asleep list as they were. */
+  /* Every device handle first, admitted under VMMSHIM_LIMIT and the budget. */
   CUmemGenericAllocationHandle *h = calloc(n, sizeof *h);
-  CUresult r = h ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-  size_t made = 0;
-  for (; made < n && r == CUDA_SUCCESS; made++) {
-    if (!_vs_mapped_admit(a[made].size)) {
-      r = CUDA_ERROR_OUT_OF_MEMORY;
-      break;
+  vs_asleep_seg_t *later = spilled ? malloc(n * sizeof *later) : NULL;
+  CUresult r = h && (!spilled || later) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  size_t ng = 0, nl = 0;
+  for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
+    CUresult c = _vs_mapped_admit(dev, a[i].size) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (c == CUDA_SUCCESS) {
+      c = _vs_vmm_create(&p->caps, a[i].size, &h[ng]);
+      if (c != CUDA_SUCCESS) _vs_mapped_return(dev, a[i].size);
     }
-    r = _vs_vmm_create(&p->caps, a[made].size, &h[made]);
-    if (r != CUDA_SUCCESS) {
-      _vs_mapped_return(a[made].size);
-      break;
+    if (c == CUDA_SUCCESS) {
+      a[ng++] = a[i]; /* ng <= i: the admitted ones gather at the front */
+    } else if (spilled) {
+      later[nl++] = a[i]; /* stays on the host */
+      out->skipped += a[i].size;
+      if (!out->why_skipped)
+        out->why_skipped = c == CUDA_ERROR_OUT_OF_MEMORY ? "no room under the limit (VMMSHIM_LIMIT, the group's) or on the device"
+                                                         : "cuMemCreate failed";
+    } else {
+      r = c;
     }
   }
-  if (r != CUDA_SUCCESS) {
-    while (made-- > 0) {
-      _vs_vmm_release(&p->caps, h[made], a[made].size);
-      _vs_mapped_return(a[made].size);
+  if (r != CUDA_SUCCESS || !ng) {
+    /* A wake that could not have every handle, or a promote that could have none: nothing moved. */
+    while (ng-- > 0) {
+      _vs_vmm_release(&p->caps, h[ng], a[ng].size);
+      _vs_mapped_return(dev, a[ng].size);
     }
-    free(h);
-    note(out, r, r == CUDA_ERROR_OUT_OF_MEMORY ? "the device has no room for the sleeping memory (or VMMSHIM_LIMIT)"
-                                               : "cuMemCreate failed");
-    pool_lock(p);
-    vs_asleep_t now = p->asleep; /* empty: nothing sleeps this pool while it wakes */
-    p->asleep.v = a;
-    p->asleep.n = p->asleep.cap = n;
-    for (size_t i = 0; i < n; i++) {
-      p->asleep.bytes += a[i].size;
-      if (a[i].mode == VMMSHIM_SLEEP_MAPPED) p->asleep.host_mapped += a[i].size;
-    }
-    pool_unlock(p);
-    free(now.v);
+    if (r == CUDA_SUCCESS) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (nl) asleep_put_back(p, later, nl); /* a promote: every one of them went there */
+    else asleep_put_back(p, a, n);
+    note(out, r, spilled ? "no room under the limit (VMMSHIM_LIMIT, the group's) or on the device"
+                 : r == CUDA_ERROR_OUT_OF_MEMORY ? "the device has no room for the sleeping memory (or VMMSHIM_LIMIT)"
+                                                 : "cuMemCreate failed");
+    free(h), free(later), free(a);
     return r;
   }
+  n = ng;
 
   uint64_t rw = p->access ? atomic_load(&p->access->rw) : 0, ro = p->access ? atomic_load(&p->access->ro) : 0;
   vs_copier_t cp;
@@ -344,15 +409,13 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
     /* No host memory for the shim's records: undo, as for a device without room. */
     for (size_t i = 0; i < n; i++) {
       _vs_vmm_release(&p->caps, h[i], a[i].size);
-      _vs_mapped_return(a[i].size);
+      _vs_mapped_return(dev, a[i].size);
     }
     free(h), free(woke), free(still);
     copier_close(&cp);
-    pool_lock(p);
-    p->asleep.v = a;
-    p->asleep.n = p->asleep.cap = n;
-    for (size_t i = 0; i < n; i++) p->asleep.bytes += a[i].size;
-    pool_unlock(p);
+    asleep_put_back(p, a, n);
+    asleep_put_back(p, later, nl);
+    free(a), free(later);
     note(out, CUDA_ERROR_OUT_OF_MEMORY, "no host memory for the shim's records");
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -423,15 +486,17 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
     vs_asleep_seg_t *s = &a[i];
     CUresult m = stage ? st[i] : CUDA_ERROR_OUT_OF_MEMORY;
     if (m != CUDA_SUCCESS) {
-      note(out, m, "mapping device memory at the sleeping address failed; it stays asleep");
+      note(out, m, spilled ? "mapping device memory in place of host memory failed; it stays on the host"
+                           : "mapping device memory at the sleeping address failed; it stays asleep");
       _vs_vmm_release(&p->caps, h[i], s->size);
-      _vs_mapped_return(s->size);
+      _vs_mapped_return(dev, s->size);
       still[nstill++] = *s;
       continue;
     }
     woke[nw++] = (vs_seg_t){s->va, s->size, h[i]};
     if (s->mode == VMMSHIM_SLEEP_DISCARD) out->discarded += s->size;
     else out->to_host += s->size;
+    if (s->spilled) _vs_group_spill_return(dev, s->size);
     give_bufs(&p->caps, s);
     out->restored += s->size;
   }
@@ -445,26 +510,151 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
     p->mapped += woke[i].size;
     heap_at(p, woke[i].va)->mapped += woke[i].size;
   }
-  for (size_t i = 0; i < nstill; i++) {
-    p->asleep.bytes += still[i].size;
-    if (still[i].mode == VMMSHIM_SLEEP_MAPPED) p->asleep.host_mapped += still[i].size;
-  }
-  free(p->asleep.v);
-  p->asleep.v = still;
-  p->asleep.n = p->asleep.cap = nstill;
+  bool kept = asleep_append(p, still, nstill) && asleep_append(p, later, nl);
   VS_POOL_CHECK(p);
   pool_unlock(p);
+  if (!kept) _vs_warn("device %d: no host memory to record the ranges left on the host; their bytes are lost", dev);
   if (out->restored) {
     uint64_t m = VS_STAT_ADD(bytes_mapped, out->restored) + out->restored;
     _vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);
   }
-  free(h), free(woke), free(a);
+  free(h), free(woke), free(still), free(later), free(a);
   return out->err;
+}
+
+CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) { return wake_segments(p, zero, false, out); }
+
+/* ------------------------------------------------------------------ past the limit, on the host */
+
+CUresult _vs_pool_grow_host(vs_pool_t *p, int heap_id, size_t size, size_t align, size_t *len_out) {
+  *len_out = 0;
+  if (!p->caps.host_vmm_supported) return CUDA_ERROR_NOT_SUPPORTED;
+  int dev = (int)p->caps.device;
+  size_t len = 0;
+  vs_block_t *b = _vs_pool_claim_space(p, heap_id, size, align, p->caps.min_granularity, &len);
+  if (!b) return CUDA_ERROR_OUT_OF_MEMORY;
+  vs_asleep_seg_t a = {b->addr, len, VMMSHIM_SLEEP_MAPPED, 0, NULL, true};
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  bool admitted = _vs_group_spill_admit(dev, len), mapped = false;
+  unsigned gen = p->access ? atomic_load(&p->access->gen) : 0;
+  if (admitted) {
+    a.nbufs = take_bufs(&p->caps, len, &a.bufs, &r);
+    if (a.nbufs >= 0) {
+      r = map_bufs_at(p, &a); /* they stay at home too, as a mapped sleep's do */
+      mapped = r == CUDA_SUCCESS;
+      if (!mapped) give_bufs(&p->caps, &a);
+    } else {
+      a.nbufs = 0;
+    }
+  }
+  /* The new mappings become visible to access changes under their lock, as a growth's do. */
+  if (mapped && p->access) {
+    _vs_access_lock();
+    if (atomic_load(&p->access->gen) != gen) {
+      uint64_t rw = atomic_load(&p->access->rw), ro = atomic_load(&p->access->ro);
+      _vs_vmm_set_access_devices(&p->caps, a.va, a.size, rw, ro, atomic_load(&p->access->ever) & ~(rw | ro));
+    }
+  }
+  pool_lock(p);
+  if (mapped && !asleep_append(p, &a, 1)) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (mapped && r == CUDA_SUCCESS) _vs_block_make_free(p, b);
+  VS_POOL_CHECK(p);
+  pool_unlock(p);
+  if (mapped && p->access) _vs_access_unlock();
+  if (r == CUDA_SUCCESS) {
+    _vs_info("device %d: %zu bytes past the limit served from host memory at 0x%llx", dev, len, (unsigned long long)a.va);
+    *len_out = len;
+    return CUDA_SUCCESS;
+  }
+  if (mapped) { /* no host memory for the record: undone */
+    size_t off = 0;
+    for (int k = 0; k < a.nbufs; off += a.bufs[k++].size) _vs_vmm_unmap_host(&p->caps, a.va + off, a.bufs[k].size);
+    give_bufs(&p->caps, &a);
+  }
+  if (admitted) _vs_group_spill_return(dev, len);
+  pool_lock(p);
+  _vs_block_make_hole(p, b);
+  VS_POOL_CHECK(p);
+  pool_unlock(p);
+  return r;
+}
+
+/* The FREE block holding [va, va + size) whole, or NULL. Lock held. */
+static vs_block_t *free_block_over(vs_pool_t *p, CUdeviceptr va, size_t size) {
+  for (int i = 0; i < p->n_resv; i++) {
+    if (va < p->resv[i].va || va >= p->resv[i].va + p->resv[i].size) continue;
+    for (vs_block_t *b = p->resv[i].first; b; b = b->next)
+      if (va >= b->addr && va < b->addr + b->size)
+        return b->state == B_FREE && va + size <= b->addr + b->size ? b : NULL;
+  }
+  return NULL;
+}
+
+/* Carves [va, va + size) out of free block b: the piece BUSY, the rest back in the bins.
+ * NULL (b as it was) when there is no host memory for a descriptor. Lock held. */
+static vs_block_t *carve_range(vs_pool_t *p, vs_block_t *b, CUdeviceptr va, size_t size) {
+  _vs_bin_remove(p, b);
+  vs_block_t *mid = b;
+  if (va > b->addr) {
+    mid = _vs_block_split(p, b, (size_t)(va - b->addr));
+    if (!mid) {
+      _vs_bin_insert(p, b);
+      return NULL;
+    }
+    _vs_bin_insert(p, b);
+  }
+  if (mid->size > size) {
+    vs_block_t *rest = _vs_block_split(p, mid, size);
+    if (!rest) {
+      _vs_block_make_free(p, mid); /* merges with the front piece again */
+      return NULL;
+    }
+    _vs_bin_insert(p, rest);
+  }
+  mid->state = B_BUSY;
+  return mid;
+}
+
+size_t _vs_pool_drop_idle_spilled(vs_pool_t *p) {
+  size_t dropped = 0;
+  for (;;) {
+    vs_asleep_seg_t victim;
+    vs_block_t *mid = NULL;
+    pool_lock(p);
+    for (size_t i = 0; i < p->asleep.n && !mid; i++) {
+      vs_asleep_seg_t *s = &p->asleep.v[i];
+      vs_block_t *fb = s->spilled ? free_block_over(p, s->va, s->size) : NULL;
+      if (!fb || !(mid = carve_range(p, fb, s->va, s->size))) continue;
+      victim = *s;
+      asleep_count(&p->asleep, s, false);
+      p->asleep.v[i] = p->asleep.v[--p->asleep.n];
+    }
+    pool_unlock(p);
+    if (!mid) return dropped;
+    size_t off = 0;
+    for (int k = 0; k < victim.nbufs; off += victim.bufs[k++].size)
+      _vs_vmm_unmap_host(&p->caps, victim.va + off, victim.bufs[k].size);
+    give_bufs(&p->caps, &victim);
+    _vs_group_spill_return((int)p->caps.device, victim.size);
+    pool_lock(p);
+    _vs_block_make_hole(p, mid);
+    VS_POOL_CHECK(p);
+    pool_unlock(p);
+    dropped += victim.size;
+  }
+}
+
+CUresult _vs_pool_promote(vs_pool_t *p, vs_move_t *out) {
+  size_t dropped = _vs_pool_drop_idle_spilled(p);
+  CUresult r = wake_segments(p, false, true, out);
+  out->dropped += dropped;
+  return r;
 }
 
 bool _vs_pool_asleep(vs_pool_t *p, size_t *bytes, size_t *host_mapped) {
   pool_lock(p);
-  size_t b = p->asleep.bytes, hm = p->asleep.host_mapped;
+  /* Spilled segments are awake memory that happens to be on the host. */
+  size_t b = p->asleep.bytes - p->asleep.spilled, hm = p->asleep.host_mapped - p->asleep.spilled;
   pool_unlock(p);
   if (bytes) *bytes = b;
   if (host_mapped) *host_mapped = hm;
@@ -491,6 +681,7 @@ void _vs_pool_sleep_figures(vs_pool_t *p, vs_sleep_figures_t *f) {
     if (s->mode == VMMSHIM_SLEEP_DISCARD) f->discarded += s->size;
     else if (s->mode == VMMSHIM_SLEEP_HOST) f->host_copied += s->size;
     else f->host_mapped += s->size;
+    if (s->spilled) f->spilled += s->size;
   }
   pool_unlock(p);
 }
@@ -498,6 +689,7 @@ void _vs_pool_sleep_figures(vs_pool_t *p, vs_sleep_figures_t *f) {
 void _vs_pool_forget_asleep(vs_pool_t *p) {
   for (size_t i = 0; i < p->asleep.n; i++) {
     vs_asleep_seg_t *s = &p->asleep.v[i];
+    if (s->spilled) _vs_group_spill_return((int)p->caps.device, s->size);
     if (s->mode == VMMSHIM_SLEEP_MAPPED) {
       size_t off = 0;
       for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap_host(&p->caps, s->va + off, s->bufs[b].size);

@@ -284,9 +284,10 @@ static vs_block_t *alloc_slow(vs_pool_t *p, vs_request_t *rq, vs_pool_status_t *
     *st = VS_POOL_ERROR;
     return NULL;
   }
-  /* (6. The context's other arenas give back their idle memory: alloc.c.) */
+  /* (6. The process's other pools give back their idle memory: alloc.c.) */
   *err = CUDA_ERROR_OUT_OF_MEMORY;
-  *st = _vs_over_limit(round_up(rq->size, p->caps.min_granularity)) ? VS_POOL_LIMIT : VS_POOL_OOM;
+  size_t want = round_up(rq->size, p->caps.min_granularity);
+  *st = _vs_over_limit(want) || _vs_group_over((int)p->caps.device, want) ? VS_POOL_LIMIT : VS_POOL_OOM;
   return NULL;
 }
 
@@ -310,6 +311,36 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
   *ptr_out = b->addr;
   *served_out = b->size;
   return VS_POOL_OK;
+}
+
+vs_pool_status_t _vs_pool_alloc_host(vs_pool_t *p, size_t req, CUstream stream, CUdeviceptr *ptr_out,
+                                     size_t *served_out, CUresult *cu_err, size_t *grown_out) {
+  bool contended = false;
+  vs_request_t rq = {.req = req, .stream = stream, .contended = &contended};
+  rq.size = vs_policy_block_size(req, p->gran, p->caps.min_granularity);
+  rq.align = vs_policy_align(rq.size);
+  rq.heap_id = vs_policy_heap_for(rq.size);
+  rq.key = stream == VS_NO_STREAM ? NULL : _vs_stream_key(stream, &rq.owner);
+  *cu_err = CUDA_SUCCESS;
+  *grown_out = 0;
+  /* Grown, then taken: another thread may take what was grown, so a few times. */
+  for (int tries = 0; tries < 4; tries++) {
+    vs_block_t *b = take_block(p, &rq);
+    if (b) {
+      *ptr_out = b->addr;
+      *served_out = b->size;
+      return VS_POOL_OK;
+    }
+    size_t len = 0;
+    CUresult r = _vs_pool_grow_host(p, rq.heap_id, rq.size, rq.align, &len);
+    *grown_out += len;
+    if (r != CUDA_SUCCESS) {
+      *cu_err = r;
+      return VS_POOL_OOM;
+    }
+  }
+  *cu_err = CUDA_ERROR_OUT_OF_MEMORY;
+  return VS_POOL_OOM;
 }
 
 /* ------------------------------------------------------------------ free */
@@ -421,6 +452,11 @@ static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, CUstream strea
   size_t threshold = idle_allowed(p);
   bool trim = vs_unlikely(p->free_bytes > threshold) && p->free_bytes >= p->trim_retry_at;
   if (trim) p->trim_retry_at = p->free_bytes + p->gran;
+  /* A member of the budget waits for bytes (VMMSHIM_ON_LIMIT=wait): idle memory goes back now. */
+  if (vs_unlikely(_vs_budget_wanted()) && p->free_bytes >= p->caps.min_granularity) {
+    trim = true;
+    threshold = 0;
+  }
   /* The free's record takes its place in the trace before another thread can have the
    * range, and is written after the unlock (nothing else is traced in between). */
   vs_trace_place_t at = {NULL, 0};
@@ -635,7 +671,13 @@ int _vs_pool_check_locked(vs_pool_t *p) {
     asleep_sum += p->asleep.v[i].size;
     if (p->asleep.v[i].mode == VMMSHIM_SLEEP_MAPPED) host_mapped += p->asleep.v[i].size;
   }
-  if (asleep_sum != p->asleep.bytes || host_mapped != p->asleep.host_mapped) bad++;
+  size_t spilled = 0;
+  for (size_t i = 0; i < p->asleep.n; i++)
+    if (p->asleep.v[i].spilled) {
+      spilled += p->asleep.v[i].size;
+      if (p->asleep.v[i].mode != VMMSHIM_SLEEP_MAPPED) bad++; /* spilled memory is always mapped */
+    }
+  if (asleep_sum != p->asleep.bytes || host_mapped != p->asleep.host_mapped || spilled != p->asleep.spilled) bad++;
   return bad;
 }
 

@@ -69,9 +69,19 @@ static unsigned access_gen(const vs_pool_t *p) { return p->access ? atomic_load(
 void _vs_pool_set_access(vs_pool_t *p, uint64_t rw, uint64_t ro, uint64_t none) {
   pool_lock(p);
   p->applying_access++;
-  size_t n = 0;
-  vs_seg_t *copy = _vs_segs_copy(&p->segs, &n);
-  bool lost = p->segs.n && !copy;
+  /* The device handles, and the host memory mapped at the pool's addresses (a tag asleep in
+   * mapped mode, growths served past the limit): the program reaches both. */
+  size_t n = p->segs.n, nh = 0;
+  for (size_t i = 0; i < p->asleep.n; i++) nh += p->asleep.v[i].mode == VMMSHIM_SLEEP_MAPPED;
+  vs_seg_t *copy = n + nh ? malloc((n + nh) * sizeof *copy) : NULL;
+  bool lost = n + nh && !copy;
+  if (copy) {
+    memcpy(copy, p->segs.v, n * sizeof *copy);
+    for (size_t i = 0; i < p->asleep.n; i++)
+      if (p->asleep.v[i].mode == VMMSHIM_SLEEP_MAPPED) copy[n++] = (vs_seg_t){p->asleep.v[i].va, p->asleep.v[i].size, 0};
+  } else {
+    n = 0;
+  }
   pool_unlock(p);
   if (lost) _vs_warn("device %d: no host memory to change the pool's access; it stays as it was", (int)p->caps.device);
   _vs_handles_set_access(&p->caps, copy, n, rw, ro, none);
@@ -192,10 +202,8 @@ static void release_before_growth(vs_pool_t *p, size_t want, vs_spares_t *sp) {
   if (idle > keep && idle >= p->caps.min_granularity) unmap_idle(p, keep, false, sp);
 }
 
-/* A BUSY block where `size` bytes at `align` can be mapped (its length in *len_out): from a
- * hole, or from a new reservation when no hole is large enough. NULL: no address space. */
-static vs_block_t *claim_space(vs_pool_t *p, int heap_id, size_t size, size_t align, size_t handle,
-                               size_t *len_out) {
+vs_block_t *_vs_pool_claim_space(vs_pool_t *p, int heap_id, size_t size, size_t align, size_t handle,
+                                 size_t *len_out) {
   vs_heap_t *heap = &p->heaps[heap_id];
   pool_lock(p);
   vs_block_t *b = claim_hole(p, heap, size, align, handle, len_out);
@@ -223,7 +231,7 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   spares.n = 0;
   release_before_growth(p, round_up(size, handle), p->chunk < SIZE_MAX / 2 ? &spares : NULL);
   size_t len = 0;
-  vs_block_t *b = claim_space(p, heap_id, size, align, handle, &len);
+  vs_block_t *b = _vs_pool_claim_space(p, heap_id, size, align, handle, &len);
   if (!b) {
     _vs_handles_release_spares(&p->caps, &spares);
     _vs_warn("device %d: no address space for %zu bytes", (int)p->caps.device, size);
@@ -236,7 +244,7 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   if (len / chunk >= VS_GROW_PIECES) chunk = round_up(len / (VS_GROW_PIECES - 1), p->caps.min_granularity);
   CUresult r;
   unsigned gen = access_gen(p);
-  bool admitted = _vs_mapped_admit(len);
+  bool admitted = _vs_mapped_admit((int)p->caps.device, len);
   if (!admitted) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
@@ -279,7 +287,7 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   VS_POOL_CHECK(p);
   pool_unlock(p);
   if (peers) _vs_access_unlock();
-  if (r != CUDA_SUCCESS && admitted) _vs_mapped_return(len - stuck);
+  if (r != CUDA_SUCCESS && admitted) _vs_mapped_return((int)p->caps.device, len - stuck);
   if (say) say_stuck(p, &pieces[0], "after a failed growth");
   size_t now_mapped = r == CUDA_SUCCESS ? len : stuck;
   if (now_mapped) {
@@ -370,7 +378,7 @@ static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp)
     if (!n) break;
     bool stuck[MAX_BATCH];
     size_t bytes = _vs_handles_unmap_idle(&p->caps, victims, n, sp, stuck);
-    _vs_mapped_return(bytes);
+    _vs_mapped_return((int)p->caps.device, bytes);
     VS_STAT_SUB(bytes_mapped, bytes);
     released += bytes;
     int first = -1;
@@ -408,7 +416,7 @@ void _vs_pool_unmap_all(vs_pool_t *p) {
       stuck_n++;
       continue; /* still mapped: still counted */
     }
-    _vs_mapped_return(sg.size);
+    _vs_mapped_return((int)p->caps.device, sg.size);
     VS_STAT_SUB(bytes_mapped, sg.size);
   }
   p->segs.n = 0;

@@ -141,6 +141,19 @@ static void report_device(const vs_device_sum_t *d, size_t need, bool after_ladd
              (unsigned long long)limit, H(total_mapped));
     said++;
   }
+  vs_group_view_t v;
+  if (_vs_group_over(d->dev, need) && _vs_group_view(d->dev, &v)) {
+    if (v.shared)
+      _vs_note("  what may help: the group's limit is reached: raise it (vmmshim ctl --group %s limit SIZE), let a member "
+               "give memory back, queue behind the others (VMMSHIM_ON_LIMIT=wait) or run on host memory past it "
+               "(VMMSHIM_ON_LIMIT=host)",
+               v.name);
+    else
+      _vs_note("  what may help: VMMSHIM_LIMIT is reached on device %d: raise it, or VMMSHIM_ON_LIMIT=host to run on host "
+               "memory past it",
+               d->dev);
+    said++;
+  }
   if (pinned >= need || (mapped && pinned > mapped / 8)) {
     char now[48];
     _vs_note("  what may help: %s idle is pinned by live blocks in the same handles (fragmentation): a smaller "
@@ -168,7 +181,26 @@ static void report_device(const vs_device_sum_t *d, size_t need, bool after_ladd
              H(live), have_free ? H(dtotal) : "memory");
 }
 
-static void report(const char *first_line, int failed_dev, size_t need, bool after_ladder) {
+/* The budget's lines: a group's segment, or this process's own per-device caps. */
+static void report_budget(int dev) {
+  vs_group_view_t v;
+  if (!_vs_group_view(dev, &v)) return;
+  char who[80];
+  if (v.shared) snprintf(who, sizeof who, "VMMSHIM_LIMIT_GROUP=%s (%u member%s)", v.name, v.members, v.members == 1 ? "" : "s");
+  else snprintf(who, sizeof who, "the budget of this process alone");
+  if (v.limit_all)
+    _vs_note("  %s: every device: %s mapped of the limit %s (this process %s)", who, HX(v.total_all), H(v.limit_all),
+             H(v.mine_all));
+  if (dev >= 0 && v.limit_dev)
+    _vs_note("  %s: device %d: %s mapped of the limit %s (this process %s)", who, dev, HX(v.total_dev), H(v.limit_dev),
+             H(v.mine_dev));
+  if (!v.limit_all && !(dev >= 0 && v.limit_dev))
+    _vs_note("  %s: no limit set: %s mapped by the group (this process %s)", who, HX(v.total_all), H(v.mine_all));
+  if (v.host_all) _vs_note("  %s: %s served from host memory past the limit (this process %s)", who, H(v.host_all), H(v.mine_host));
+  if (v.reclaimed) _vs_note("  %s: %s of members that died was returned", who, H(v.reclaimed));
+}
+
+static void report(const char *first_line, int failed_dev, size_t need, bool after_ladder, size_t scattered) {
   _vs_note("%s", first_line);
   static vs_sums_t sums; /* one report at a time (callers hold vs_report_lock) */
   memset(&sums, 0, sizeof sums);
@@ -181,6 +213,11 @@ static void report(const char *first_line, int failed_dev, size_t need, bool aft
   uint64_t limit = _vs_option(VS_OPT_LIMIT);
   if (limit)
     _vs_note("  VMMSHIM_LIMIT=%llu: the process maps %s of it", (unsigned long long)limit, HX(_vs_mapped_total()));
+  report_budget(failed_dev);
+  if (need)
+    _vs_note("  scattered: %s idle in the process's other pools (other arenas, tags, contexts) was given back before "
+             "this answer%s",
+             HX(scattered), scattered ? "; the request still did not fit" : "");
   _vs_note("  process: %llu allocations served, %llu failed, %llu passed to the driver; peak live %s, peak mapped %s",
            (unsigned long long)(st.allocs[0] + st.allocs[1] + st.allocs[2] + st.allocs[3]),
            (unsigned long long)st.alloc_failures, (unsigned long long)st.passthrough_allocs, H(st.peak_bytes_in_use),
@@ -195,7 +232,7 @@ static pthread_mutex_t vs_report_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_uint_least64_t vs_last_oom_ns;
 static atomic_uint_least64_t vs_oom_unreported;
 
-void _vs_report_oom(vmmshim_api_t api, size_t size, int dev, bool limit_reached) {
+void _vs_report_oom(vmmshim_api_t api, size_t size, int dev, bool limit_reached, size_t scattered) {
   uint64_t now = _vs_now_ns();
   uint64_t last = atomic_exchange(&vs_last_oom_ns, now);
   if (last && now - last < VS_OOM_BURST_NS) {
@@ -213,7 +250,7 @@ void _vs_report_oom(vmmshim_api_t api, size_t size, int dev, bool limit_reached)
            (unsigned)api < VMMSHIM_API_COUNT ? vs_api_names[api] : "allocation", HX(size), dev,
            limit_reached ? " (VMMSHIM_LIMIT reached)" : "", extra);
   pthread_mutex_lock(&vs_report_lock);
-  report(line, dev, size, true);
+  report(line, dev, size, true, scattered);
   pthread_mutex_unlock(&vs_report_lock);
 }
 
@@ -222,7 +259,7 @@ void _vs_report_oom(vmmshim_api_t api, size_t size, int dev, bool limit_reached)
 VS_API int vmmshim_dump(void) {
   if (!_vs_active()) return -1;
   pthread_mutex_lock(&vs_report_lock);
-  report("memory report (vmmshim_dump or VMMSHIM_DUMP_SIGNAL):", -1, 0, false);
+  report("memory report (vmmshim_dump or VMMSHIM_DUMP_SIGNAL):", -1, 0, false, 0);
   pthread_mutex_unlock(&vs_report_lock);
   return 0;
 }

@@ -259,6 +259,11 @@ fi
 run_prog "static/sleep-mapped" "$BIN/t_sleep.static" SLEEP_MODE=mapped
 run_prog "static/sleep-cycles" "$BIN/t_sleep.static" SLEEP_MODE=cycles
 
+# ---- one budget for a group (tests/gpu/t_group.cu): four members; host memory past the limit ----
+run_prog "static/group-four" "$BIN/t_group.static" GROUP_MODE=four GROUP_BUDGET_MB=8192
+run_prog "shared/group-spill" "$BIN/t_group.shared" GROUP_MODE=spill VMMSHIM_LIMIT_GROUP="gpu-spill-$$" \
+  VMMSHIM_LIMIT=2G VMMSHIM_ON_LIMIT=host
+
 # ---- robustness (tests/gpu/t_robust.cu, one ROBUST_MODE per run) ----
 # robust_value LOG KEY: KEY=value of the "RESULT pressure" line.
 robust_value() { sed -n "s/^RESULT pressure .*$2=\([^ ]*\).*/\1/p" "$1" | head -n 1; }

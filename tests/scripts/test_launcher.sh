@@ -85,9 +85,9 @@ bad_value --log loud
 bad_value --log warn:$tmp/no-such-dir/log
 bad_value --trace $tmp/no-such-dir/t.trace
 out=$("$L" -q --no-trace --limit -5 true 2>&1)
-check "the message for --limit -5 [$out]" test "$out" = "vmmshim: error: --limit: '-5' is not a size (a whole number of bytes, or with K, M, G or T: 512M, 8G)"
+check "the message for --limit -5 [$out]" test "$out" = "vmmshim: error: --limit: '-5' is not a limit: a size for every device together and/or DEVICE:SIZE items (DEVICE 0 to 15), comma-separated: 8G, 0:8G,1:4G"
 out=$("$L" -q --no-trace --limit=-5 true 2>&1); rc=$?
-check "--limit=-5: the same [$rc: $out]" test "$rc:$out" = "125:vmmshim: error: --limit: '-5' is not a size (a whole number of bytes, or with K, M, G or T: 512M, 8G)"
+check "--limit=-5: the same [$rc: $out]" test "$rc:$out" = "125:vmmshim: error: --limit: '-5' is not a limit: a size for every device together and/or DEVICE:SIZE items (DEVICE 0 to 15), comma-separated: 8G, 0:8G,1:4G"
 rm -f ran
 out=$(VMMSHIM_ARENAS=lots "$L" -q --no-trace sh -c ': > ran' 2>&1); rc=$?
 check "a malformed variable already set: status 125, the variable named, the program not run [$rc: $out]" \

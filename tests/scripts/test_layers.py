@@ -14,12 +14,12 @@ import tempfile
 
 LAYERS = ["hook", "alloc", "share", "pool", "handle", "vmm", "base"]  # top first
 ORDER = {  # within a layer, files that call each other: top first
-    "alloc": ["sleep.c", "mempool.c", "alloc.c", "tags.c"],
+    "alloc": ["sleep.c", "mempool.c", "alloc.c", "limit.c", "tags.c"],
     "pool": ["pool.c", "reclaim.c", "asleep.c", "space.c", "pool_streams.c", "pool_blocks.c"],
 }
 HEADERS = {  # vmmshim/<header>: the layer it belongs to
     "alloc.h": "alloc", "share.h": "share", "pool.h": "pool", "pool_internal.h": "pool",
-    "handles.h": "handle", "vmm.h": "vmm", "base.h": "base", "policy.h": "base",
+    "handles.h": "handle", "group.h": "handle", "vmm.h": "vmm", "base.h": "base", "policy.h": "base",
     "clock.h": "base", "stacks.h": "base", "trace.h": "base",
 }
 

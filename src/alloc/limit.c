@@ -1,0 +1,57 @@
+/* limit.c: what an allocation does when the limit refuses it (VMMSHIM_ON_LIMIT), after the pool's
+ * ladder and the process's other pools have given back what they held idle (alloc.c):
+ *   fail  out of memory, with the memory report (alloc.c);
+ *   wait  sleeps until bytes come back to the budget (another member's release, a limit raised:
+ *         group.c wakes it through a futex on the segment) and tries again, until SECONDS pass;
+ *         meanwhile the members' frees give their idle memory back;
+ *   host  the growth is served from host memory mapped at the pool's own addresses (asleep.c):
+ *         the program keeps running on it, over the link, until vmmshim_promote moves it back. */
+#include "vmmshim/alloc.h"
+
+atomic_size_t _vs_host_mapped_bytes; /* served from host memory at their addresses, all pools */
+
+static vs_pool_status_t wait_for_room(vs_pool_t *pool, size_t size, CUstream stream, vmmshim_api_t api, CUdeviceptr *ptr,
+                                      size_t *served, CUresult *err) {
+  uint64_t secs = _vs_option_arg(VS_OPT_ON_LIMIT), t0 = _vs_now_ns();
+  uint64_t deadline = secs ? t0 + secs * 1000000000ull : UINT64_MAX;
+  int dev = _vs_pool_device(pool);
+  _vs_info("device %d: %zu bytes do not fit under the limit: waiting%s for another member to give memory back", dev,
+           size, secs ? " (VMMSHIM_ON_LIMIT=wait:SECONDS)" : "");
+  vs_pool_status_t st = VS_POOL_LIMIT;
+  bool contended = false, more = true;
+  while (st == VS_POOL_LIMIT && more) {
+    more = _vs_group_wait(deadline);
+    st = _vs_pool_alloc(pool, size, stream, api, ptr, served, err, &contended);
+  }
+  double ms = (double)(_vs_now_ns() - t0) / 1e6;
+  if (st == VS_POOL_OK) _vs_info("device %d: %zu bytes fit under the limit after %.1f ms", dev, size, ms);
+  else _vs_warn("device %d: %zu bytes waited %.0f ms under the limit (VMMSHIM_ON_LIMIT=wait:%llu) and did not fit", dev,
+                size, ms, (unsigned long long)secs);
+  return st;
+}
+
+static vs_pool_status_t serve_on_host(vs_pool_t *pool, vs_pool_status_t st, size_t size, CUstream stream, CUdeviceptr *ptr,
+                                      size_t *served) {
+  CUresult herr = CUDA_SUCCESS;
+  size_t grown = 0;
+  if (_vs_pool_alloc_host(pool, size, stream, ptr, served, &herr, &grown) == VS_POOL_OK) {
+    if (grown) atomic_fetch_add(&_vs_host_mapped_bytes, grown);
+    return VS_POOL_OK;
+  }
+  static atomic_bool said;
+  if (!atomic_exchange(&said, true))
+    _vs_warn("device %d: %zu bytes past the limit cannot be served from host memory: %s (%s)", _vs_pool_device(pool),
+             size,
+             herr == CUDA_ERROR_NOT_SUPPORTED ? "the device cannot map host memory (HOST_NUMA VMM)"
+                                              : "VMMSHIM_ON_LIMIT=host:SIZE or VMMSHIM_HOST_LIMIT reached, or the host has no more",
+             _vs_cu_error_name(herr));
+  return st;
+}
+
+vs_pool_status_t _vs_on_limit(vs_pool_t *pool, vs_pool_status_t st, size_t size, CUstream stream, vmmshim_api_t api,
+                              CUdeviceptr *ptr, size_t *served, CUresult *err) {
+  uint64_t mode = _vs_option(VS_OPT_ON_LIMIT);
+  if (mode == VS_ON_LIMIT_WAIT && st == VS_POOL_LIMIT) return wait_for_room(pool, size, stream, api, ptr, served, err);
+  if (mode == VS_ON_LIMIT_HOST) return serve_on_host(pool, st, size, stream, ptr, served);
+  return st;
+}

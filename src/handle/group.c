@@ -1,0 +1,672 @@
+/* group.c: the budget. VMMSHIM_LIMIT shared by the processes of a group, or per device.
+ *
+ * With VMMSHIM_LIMIT_GROUP=NAME, every process of that name and user counts the device bytes it
+ * maps, per device, in one shared-memory segment, /dev/shm/vmmshim-<uid>-<NAME> (the layout is
+ * in vmmshim/group.h), and every growth and every wake is admitted against the group's totals:
+ * _vs_mapped_admit (handles.c) asks here after its own count, _vs_mapped_return gives back.
+ * Without a group, a per-device cap (VMMSHIM_LIMIT=0:8G) or VMMSHIM_ON_LIMIT=wait gives the
+ * process a budget of its own, in anonymous memory of the same layout, through the same code;
+ * so does a group whose segment cannot be used (another user's, another version, corrupt, full):
+ * the process then runs capped alone, and says why.
+ *
+ * Why a lock (flock on the segment) rather than an atomic add-then-check-then-undo: the kernel
+ * lets go of a flock when its holder dies, kill -9 included, so no death leaves the group locked;
+ * every change is made under it with `busy` naming the writer, so a change cut short by a death
+ * is seen by the next holder, which counts the totals again from the member slots (an atomic
+ * add whose process died before its undo would stay counted with nobody to return it); the
+ * Python client (scripts/vmmshim_group.py) takes the same lock with fcntl.flock, where a robust
+ * pthread mutex would put glibc's mutex layout into the file format. Its cost, two system calls,
+ * is paid at a growth (which makes driver calls of tens of microseconds), never per allocation.
+ * A flock does not exclude the threads of one process (they share the descriptor): a mutex of
+ * the process is taken first.
+ *
+ * A member is its pid and its start time (/proc/PID/stat field 22): a dead member (or one whose
+ * pid now names another process) is found when an admission does not fit, and its bytes go back
+ * before that admission is decided. Members must share a pid namespace (checked at the join). */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "vmmshim/handles.h"
+
+#define WAIT_SLICE_NS 500000000ull /* a waiter tries again at least this often */
+#define FLAG_WAITING 0xffffu      /* member flags: threads of the member waiting for bytes */
+
+typedef struct vs_budget_s {
+  vs_group_header_t *h;
+  vs_group_member_t *me;
+  int fd;          /* the segment's descriptor; -1: this process's own budget */
+  bool shared;     /* a group's segment */
+  bool left;       /* at exit: the member has left, nothing is counted any more */
+  char shm[80];    /* the name given to shm_open */
+  char name[32];
+  uint64_t start;  /* this process's start time */
+} vs_budget_t;
+
+static vs_budget_t vs_b = {.fd = -1};
+static atomic_int vs_budget_state; /* 0 not yet known, 1 on, 2 off */
+static pthread_once_t vs_budget_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t vs_budget_mutex = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool vs_budget_forked; /* a fork child that has not joined as itself yet */
+static atomic_size_t vs_spilled;     /* bytes served from host memory past the limit */
+const uint32_t *_Atomic _vs_budget_waiters;
+
+/* The release_seq seen by this thread's last refused admission: a wait sleeps until it moves. */
+static _Thread_local uint32_t tl_refused_seq;
+static _Thread_local bool tl_refused;
+
+#define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+
+/* ------------------------------------------------------------------ helpers */
+
+/* zlib's CRC-32 (Python's zlib.crc32 computes the same). */
+static uint32_t crc32_of(const void *data, size_t n) {
+  const unsigned char *p = data;
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; i++) {
+    c ^= p[i];
+    for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+  }
+  return c ^ 0xFFFFFFFFu;
+}
+
+/* Start time (clock ticks since boot) and state of a process: 0, -ENOENT when there is none,
+ * another -errno when it cannot be told. */
+static int proc_start(pid_t pid, uint64_t *start, char *state) {
+  char path[40], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT || errno == ESRCH ? -ENOENT : -errno;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  int err = errno;
+  close(fd);
+  if (n <= 0) return n == 0 || err == ESRCH ? -ENOENT : -err;
+  buf[n] = 0;
+  char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses: the fields follow the last ')' */
+  if (!p) return -EIO;
+  p++;
+  /* Field 3 is the state; field 22 the start time. */
+  int field = 2;
+  char *tok, *save = NULL;
+  for (tok = strtok_r(p, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+    field++;
+    if (field == 3 && state) *state = tok[0];
+    if (field == 22) {
+      *start = strtoull(tok, NULL, 10);
+      return 0;
+    }
+  }
+  return -EIO;
+}
+
+/* The member is the process it names, alive (a zombie has given its GPU memory back). */
+static bool member_alive(const vs_group_member_t *m) {
+  uint64_t start = 0;
+  char state = 0;
+  int r = proc_start((pid_t)m->pid, &start, &state);
+  if (r == -ENOENT) return false;
+  if (r != 0) return true; /* cannot be told: kept */
+  return start == m->start && state != 'Z' && state != 'X';
+}
+
+static uint64_t pidns_inode(void) {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+static void header_init(vs_group_header_t *h, const char *name) {
+  memset(h, 0, VS_GROUP_SIZE);
+  memcpy(h->magic, VS_GROUP_MAGIC, 8);
+  h->version = VS_GROUP_VERSION;
+  h->header_size = VS_GROUP_HEADER;
+  h->member_size = VS_GROUP_MEMBER;
+  h->max_members = VS_GROUP_MEMBERS;
+  h->max_devices = VS_GROUP_DEVICES;
+  h->uid = (uint32_t)geteuid();
+  h->pidns = pidns_inode();
+  snprintf(h->name, sizeof h->name, "%s", name);
+  h->crc = crc32_of(h, VS_GROUP_CRC_BYTES);
+}
+
+/* ------------------------------------------------------------------ the lock */
+
+static void lock_fd(int fd, int op) {
+  if (fd >= 0)
+    while (flock(fd, op) != 0 && errno == EINTR) {
+    }
+}
+
+/* What the member slots add up to. */
+typedef struct vs_sums_s {
+  uint64_t all, host, dev[VS_GROUP_DEVICES];
+  uint32_t members, waiters;
+} vs_sums_t;
+
+static void sum_members(vs_group_header_t *h, vs_sums_t *s) {
+  memset(s, 0, sizeof *s);
+  const vs_group_member_t *m = vs_group_members(h);
+  for (unsigned i = 0; i < VS_GROUP_MEMBERS; i++) {
+    if (!m[i].pid) continue;
+    s->members++;
+    s->waiters += m[i].flags & FLAG_WAITING;
+    s->all += m[i].mapped_all;
+    s->host += m[i].host_all;
+    for (int d = 0; d < VS_GROUP_DEVICES; d++) s->dev[d] += m[i].mapped[d];
+  }
+}
+
+/* The totals counted again from the member slots: after a change cut short by a death. */
+static void recount(vs_group_header_t *h) {
+  vs_sums_t s;
+  sum_members(h, &s);
+  ST(h->total_all, s.all);
+  ST(h->host_all, s.host);
+  for (int d = 0; d < VS_GROUP_DEVICES; d++) ST(h->total[d], s.dev[d]);
+  ST(h->members, s.members);
+  ST(h->waiters, s.waiters);
+}
+
+static void begin_change(vs_group_header_t *h) { __atomic_store_n(&h->busy, (uint32_t)getpid(), __ATOMIC_SEQ_CST); }
+static void end_change(vs_group_header_t *h) { __atomic_store_n(&h->busy, 0, __ATOMIC_RELEASE); }
+
+static void budget_rejoin(void);
+
+/* The process's mutex, then the segment's flock; a change left half done by a death is mended. */
+static void budget_lock(void) {
+  pthread_mutex_lock(&vs_budget_mutex);
+  if (vs_unlikely(atomic_load_explicit(&vs_budget_forked, memory_order_relaxed))) budget_rejoin();
+  lock_fd(vs_b.fd, LOCK_EX);
+  if (vs_unlikely(vs_b.h && LD(vs_b.h->busy) != 0)) {
+    recount(vs_b.h);
+    end_change(vs_b.h);
+  }
+}
+
+static void budget_unlock(void) {
+  lock_fd(vs_b.fd, LOCK_UN);
+  pthread_mutex_unlock(&vs_budget_mutex);
+}
+
+static void futex_wake_all(uint32_t *word) { syscall(SYS_futex, word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0); }
+
+/* ------------------------------------------------------------------ counting (lock held) */
+
+static void count_mapped(vs_group_header_t *h, vs_group_member_t *m, int dev, uint64_t len, bool add) {
+  bool one = dev >= 0 && dev < VS_GROUP_DEVICES;
+  if (!add) { /* never more than the member has: a fork child returns its parent's bytes */
+    if (len > m->mapped_all) len = m->mapped_all;
+    if (one && len > m->mapped[dev]) len = m->mapped[dev];
+  }
+  uint64_t sign = add ? len : 0 - len;
+  m->mapped_all += sign;
+  ST(h->total_all, LD(h->total_all) + sign);
+  if (one) {
+    m->mapped[dev] += sign;
+    ST(h->total[dev], LD(h->total[dev]) + sign);
+  }
+}
+
+static void count_host(vs_group_header_t *h, vs_group_member_t *m, int dev, uint64_t len, bool add) {
+  bool one = dev >= 0 && dev < VS_GROUP_DEVICES;
+  if (!add) {
+    if (len > m->host_all) len = m->host_all;
+    if (one && len > m->host[dev]) len = m->host[dev];
+  }
+  uint64_t sign = add ? len : 0 - len;
+  m->host_all += sign;
+  ST(h->host_all, LD(h->host_all) + sign);
+  if (one) m->host[dev] += sign;
+}
+
+/* Whether len more bytes on dev fit under the limits (values read once each). */
+static bool fits(const vs_group_header_t *h, int dev, uint64_t len) {
+  uint64_t la = LD(h->limit_all), ta = LD(h->total_all);
+  if (la && (ta > la || len > la - ta)) return false;
+  if (dev >= 0 && dev < VS_GROUP_DEVICES) {
+    uint64_t ld = LD(h->limit[dev]), td = LD(h->total[dev]);
+    if (ld && (td > ld || len > ld - td)) return false;
+  }
+  return true;
+}
+
+/* Members that died (or whose pid names another process now): their bytes go back. Returns
+ * whether any was found. */
+static bool reclaim_dead(vs_group_header_t *h, const vs_group_member_t *self) {
+  vs_group_member_t *m = vs_group_members(h);
+  bool any = false;
+  for (unsigned i = 0; i < VS_GROUP_MEMBERS; i++) {
+    if (!m[i].pid || &m[i] == self || member_alive(&m[i])) continue;
+    begin_change(h);
+    uint64_t bytes = m[i].mapped_all;
+    memset(&m[i], 0, sizeof m[i]);
+    recount(h);
+    ST(h->reclaimed, LD(h->reclaimed) + bytes);
+    ST(h->release_seq, LD(h->release_seq) + 1);
+    end_change(h);
+    _vs_info("group '%s': a member that died held %llu bytes: returned", h->name, (unsigned long long)bytes);
+    any = true;
+  }
+  return any;
+}
+
+static bool live_others(const vs_group_header_t *h, const vs_group_member_t *self) {
+  const vs_group_member_t *m = vs_group_members((vs_group_header_t *)h);
+  for (unsigned i = 0; i < VS_GROUP_MEMBERS; i++)
+    if (m[i].pid && &m[i] != self) return true;
+  return false;
+}
+
+/* VMMSHIM_LIMIT into the segment: when no limit was ever set, or the last one came from a
+ * member's environment and no other member lives. An unconfigured process never sets one. */
+static void take_limits(vs_group_header_t *h, const vs_group_member_t *self) {
+  uint64_t all = _vs_limit_setting(-1), dev[VS_GROUP_DEVICES];
+  bool any = all != 0, differs = LD(h->limit_all) != all;
+  for (int d = 0; d < VS_GROUP_DEVICES; d++) {
+    dev[d] = _vs_limit_setting(d);
+    any |= dev[d] != 0;
+    differs |= LD(h->limit[d]) != dev[d];
+  }
+  if (!any || !differs) return;
+  uint32_t src = LD(h->limit_source);
+  if (src == VS_GROUP_LIMIT_UNSET || (src == VS_GROUP_LIMIT_ENV && !live_others(h, self))) {
+    begin_change(h);
+    ST(h->limit_all, all);
+    for (int d = 0; d < VS_GROUP_DEVICES; d++) ST(h->limit[d], dev[d]);
+    ST(h->limit_source, (uint32_t)VS_GROUP_LIMIT_ENV);
+    ST(h->limit_gen, LD(h->limit_gen) + 1);
+    ST(h->release_seq, LD(h->release_seq) + 1);
+    end_change(h);
+  } else {
+    _vs_warn("group '%s' keeps the limit %s set (every device: %llu bytes); this process's VMMSHIM_LIMIT=%s is not "
+             "taken (vmmshim ctl --group %s limit SIZE changes it)",
+             h->name, src == VS_GROUP_LIMIT_CTL ? "vmmshim ctl" : "its first member", (unsigned long long)LD(h->limit_all),
+             _vs_option_string(VS_OPT_LIMIT) ? _vs_option_string(VS_OPT_LIMIT) : "", h->name);
+  }
+}
+
+/* A member slot for this process, counters at zero (after the dead are returned); NULL when
+ * every slot is taken. */
+static vs_group_member_t *join(vs_group_header_t *h) {
+  reclaim_dead(h, NULL);
+  vs_group_member_t *m = vs_group_members(h);
+  for (unsigned i = 0; i < VS_GROUP_MEMBERS; i++) {
+    if (m[i].pid) continue;
+    begin_change(h);
+    memset(&m[i], 0, sizeof m[i]);
+    m[i].pid = (uint32_t)getpid();
+    m[i].start = vs_b.start;
+    char comm[32] = "";
+    int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      ssize_t n = read(fd, comm, sizeof comm - 1);
+      close(fd);
+      comm[n > 0 ? n : 0] = 0;
+      comm[strcspn(comm, "\n")] = 0;
+    }
+    snprintf(m[i].comm, sizeof m[i].comm, "%.15s", comm);
+    ST(h->members, LD(h->members) + 1);
+    end_change(h);
+    return &m[i];
+  }
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ the segment */
+
+/* Opens the group's segment (made, under the lock, by whichever process comes first), checks
+ * it and returns it locked; NULL with why[] filled when it must not be used. */
+static vs_group_header_t *open_segment(const char *name, int *fd_out, char *why, size_t n) {
+  const char *shm = vs_b.shm;
+  /* The existing segment first: creating over another user's file in /dev/shm (sticky) may be
+   * refused before its owner can be told (fs.protected_regular). */
+  int fd = shm_open(shm, O_RDWR, 0);
+  if (fd < 0 && errno == ENOENT) {
+    fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0) fchmod(fd, 0600); /* whatever the umask */
+    else if (errno == EEXIST) fd = shm_open(shm, O_RDWR, 0);
+  }
+  if (fd < 0) {
+    snprintf(why, n, "cannot open /dev/shm%s: %s", shm, strerror(errno));
+    return NULL;
+  }
+  lock_fd(fd, LOCK_EX);
+  struct stat st;
+  vs_group_header_t *h = NULL;
+  if (fstat(fd, &st) != 0) {
+    snprintf(why, n, "cannot stat /dev/shm%s: %s", shm, strerror(errno));
+  } else if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+    snprintf(why, n, "/dev/shm%s is owned by uid %u with mode 0%o: not this user's own (uid %u, 0600)", shm,
+             (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777), (unsigned)geteuid());
+  } else if (st.st_size == 0) { /* new: made here */
+    if (ftruncate(fd, VS_GROUP_SIZE) != 0) {
+      snprintf(why, n, "cannot size /dev/shm%s: %s", shm, strerror(errno));
+    } else {
+      h = mmap(NULL, VS_GROUP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (h == MAP_FAILED) {
+        h = NULL;
+        snprintf(why, n, "cannot map /dev/shm%s: %s", shm, strerror(errno));
+      } else {
+        header_init(h, name);
+      }
+    }
+  } else {
+    vs_group_header_t head;
+    memset(&head, 0, sizeof head);
+    ssize_t got = pread(fd, &head, sizeof head, 0);
+    if (got < (ssize_t)sizeof head || memcmp(head.magic, VS_GROUP_MAGIC, 8))
+      snprintf(why, n, "/dev/shm%s is corrupt (no vmmshim group header)", shm);
+    else if (head.crc != crc32_of(&head, VS_GROUP_CRC_BYTES))
+      snprintf(why, n, "/dev/shm%s is corrupt (header checksum 0x%08x, the header sums to 0x%08x)", shm, head.crc,
+               crc32_of(&head, VS_GROUP_CRC_BYTES));
+    else if (head.version != VS_GROUP_VERSION)
+      snprintf(why, n, "/dev/shm%s has layout version %u, this vmmshim reads version %u (another release made it)", shm,
+               head.version, VS_GROUP_VERSION);
+    else if (st.st_size != VS_GROUP_SIZE || head.header_size != VS_GROUP_HEADER || head.member_size != VS_GROUP_MEMBER ||
+             head.max_members != VS_GROUP_MEMBERS || head.max_devices != VS_GROUP_DEVICES)
+      snprintf(why, n, "/dev/shm%s is corrupt (its sizes are not those of version %u)", shm, VS_GROUP_VERSION);
+    else if (head.uid != geteuid() || strncmp(head.name, name, sizeof head.name))
+      snprintf(why, n, "/dev/shm%s is corrupt (it names uid %u, group '%.31s')", shm, head.uid, head.name);
+    else if (head.pidns != pidns_inode())
+      snprintf(why, n, "/dev/shm%s belongs to processes of another pid namespace (their pids mean nothing here)", shm);
+    else if ((h = mmap(NULL, VS_GROUP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+      h = NULL;
+      snprintf(why, n, "cannot map /dev/shm%s: %s", shm, strerror(errno));
+    }
+    if (h) {
+      /* The totals must be the members' sums (a change cut short by a death says so in busy). */
+      if (LD(h->busy)) {
+        recount(h);
+        end_change(h);
+      }
+      vs_sums_t sums;
+      sum_members(h, &sums);
+      bool ok = sums.all == h->total_all && sums.host == h->host_all && sums.members == h->members;
+      for (int d = 0; d < VS_GROUP_DEVICES; d++) ok &= sums.dev[d] == h->total[d];
+      if (!ok) {
+        snprintf(why, n, "/dev/shm%s is corrupt (its totals are not the sums of its members)", shm);
+        munmap(h, VS_GROUP_SIZE);
+        h = NULL;
+      }
+    }
+  }
+  if (!h) {
+    lock_fd(fd, LOCK_UN);
+    close(fd);
+    return NULL;
+  }
+  *fd_out = fd;
+  return h;
+}
+
+static vs_group_header_t *private_segment(void) {
+  vs_group_header_t *h = mmap(NULL, VS_GROUP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (h == MAP_FAILED) return NULL;
+  header_init(h, "");
+  return h;
+}
+
+static void budget_leave(void);
+static void atfork_prepare(void) { pthread_mutex_lock(&vs_budget_mutex); }
+static void atfork_parent(void) { pthread_mutex_unlock(&vs_budget_mutex); }
+static void atfork_child(void) {
+  atomic_store(&vs_budget_forked, true);
+  pthread_mutex_unlock(&vs_budget_mutex);
+}
+
+/* Joins the group, or makes the process's own budget. Returns false when neither can be had. */
+static bool budget_open(bool announce) {
+  const char *name = _vs_option_string(VS_OPT_LIMIT_GROUP);
+  char why[400] = "";
+  vs_group_header_t *h = NULL;
+  int fd = -1;
+  vs_b.me = NULL;
+  if (name) {
+    snprintf(vs_b.name, sizeof vs_b.name, "%s", name);
+    snprintf(vs_b.shm, sizeof vs_b.shm, "/vmmshim-%u-%s", (unsigned)geteuid(), name);
+    h = open_segment(name, &fd, why, sizeof why);
+    if (h) {
+      vs_b.h = h;
+      vs_b.me = join(h);
+      if (vs_b.me) take_limits(h, vs_b.me);
+      else snprintf(why, sizeof why, "/dev/shm%s has no free member slot (%u processes)", vs_b.shm, VS_GROUP_MEMBERS);
+      lock_fd(fd, LOCK_UN);
+      if (!vs_b.me) {
+        munmap(h, VS_GROUP_SIZE);
+        close(fd);
+        h = NULL;
+        fd = -1;
+      }
+    }
+    if (!h) {
+      const char *lim = _vs_option_string(VS_OPT_LIMIT);
+      _vs_warn("group '%s': %s: refused; this process runs alone under VMMSHIM_LIMIT=%s", name, why, lim ? lim : "(none)");
+    }
+  }
+  vs_b.shared = h != NULL;
+  if (!h) {
+    h = private_segment();
+    if (!h) {
+      _vs_warn("no memory for the budget of VMMSHIM_LIMIT (%s): the limit is not applied", strerror(errno));
+      return false;
+    }
+    vs_b.h = h;
+    vs_b.me = join(h);
+    take_limits(h, vs_b.me);
+  }
+  vs_b.fd = fd;
+  atomic_store(&_vs_budget_waiters, &h->waiters);
+  if (announce && vs_b.shared)
+    _vs_info("group '%s': joined /dev/shm%s (%u members, limit %llu bytes every device)", vs_b.name, vs_b.shm,
+             (unsigned)LD(h->members), (unsigned long long)LD(h->limit_all));
+  return true;
+}
+
+static void budget_init(void) {
+  if (!_vs_limit_in_budget()) {
+    atomic_store(&vs_budget_state, 2);
+    return;
+  }
+  uint64_t start = 0;
+  proc_start(getpid(), &start, NULL);
+  vs_b.start = start;
+  if (!budget_open(true)) {
+    atomic_store(&vs_budget_state, 2);
+    return;
+  }
+  atexit(budget_leave);
+  pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+  atomic_store(&vs_budget_state, 1);
+}
+
+/* A fork child: the descriptor it inherited shares its parent's flock (and a private budget its
+ * parent's memory): it joins again as itself. Under the process's mutex. */
+static void budget_rejoin(void) {
+  atomic_store(&vs_budget_forked, false);
+  atomic_store(&_vs_budget_waiters, NULL);
+  if (vs_b.fd >= 0) close(vs_b.fd);
+  vs_b.fd = -1;
+  if (vs_b.h) munmap(vs_b.h, VS_GROUP_SIZE);
+  vs_b.h = NULL;
+  uint64_t start = 0;
+  proc_start(getpid(), &start, NULL);
+  vs_b.start = start;
+  if (!budget_open(false)) vs_b.left = true;
+}
+
+static bool budget_on(void) {
+  pthread_once(&vs_budget_once, budget_init);
+  return atomic_load_explicit(&vs_budget_state, memory_order_relaxed) == 1 && !vs_b.left;
+}
+
+/* At exit: the member's bytes go back to the group (the driver frees them with the process). */
+static void budget_leave(void) {
+  /* A fork child that never joined as itself has nothing counted (its parent's slot is not its). */
+  if (atomic_load(&vs_budget_state) != 1 || atomic_load(&vs_budget_forked)) return;
+  budget_lock();
+  if (!vs_b.h) {
+    budget_unlock();
+    return;
+  }
+  if (!vs_b.left && vs_b.me) {
+    vs_group_header_t *h = vs_b.h;
+    begin_change(h);
+    memset(vs_b.me, 0, sizeof *vs_b.me);
+    recount(h);
+    ST(h->release_seq, LD(h->release_seq) + 1);
+    end_change(h);
+    vs_b.left = true;
+  }
+  uint32_t waiters = LD(vs_b.h->waiters);
+  budget_unlock();
+  if (waiters) futex_wake_all(&vs_b.h->release_seq);
+}
+
+/* ------------------------------------------------------------------ admissions */
+
+void _vs_group_join(void) { (void)budget_on(); }
+
+bool _vs_group_admit(int dev, size_t len) {
+  if (vs_likely(!budget_on())) return true;
+  budget_lock();
+  vs_group_header_t *h = vs_b.h;
+  bool ok = fits(h, dev, len);
+  if (!ok && reclaim_dead(h, vs_b.me)) ok = fits(h, dev, len);
+  begin_change(h);
+  if (ok) {
+    count_mapped(h, vs_b.me, dev, len, true);
+    ST(h->admitted, LD(h->admitted) + 1);
+  } else {
+    ST(h->refused, LD(h->refused) + 1);
+    tl_refused_seq = LD(h->release_seq);
+    tl_refused = true;
+  }
+  end_change(h);
+  budget_unlock();
+  return ok;
+}
+
+void _vs_group_return(int dev, size_t len) {
+  if (vs_likely(!budget_on())) return;
+  budget_lock();
+  vs_group_header_t *h = vs_b.h;
+  begin_change(h);
+  count_mapped(h, vs_b.me, dev, len, false);
+  ST(h->release_seq, LD(h->release_seq) + 1);
+  end_change(h);
+  uint32_t waiters = LD(h->waiters);
+  budget_unlock();
+  if (waiters) futex_wake_all(&h->release_seq);
+}
+
+bool _vs_group_over(int dev, size_t len) { return budget_on() && !fits(vs_b.h, dev, len); }
+
+bool _vs_group_headroom(int dev, size_t *left, size_t *cap) {
+  if (!budget_on()) return false;
+  const vs_group_header_t *h = vs_b.h;
+  uint64_t c = UINT64_MAX, l = UINT64_MAX;
+  uint64_t la = LD(h->limit_all), ta = LD(h->total_all);
+  if (la) {
+    c = la;
+    l = ta >= la ? 0 : la - ta; /* never below zero, whatever a lowered limit left */
+  }
+  if (dev >= 0 && dev < VS_GROUP_DEVICES) {
+    uint64_t ld = LD(h->limit[dev]), td = LD(h->total[dev]);
+    if (ld) {
+      if (ld < c) c = ld;
+      uint64_t ldl = td >= ld ? 0 : ld - td;
+      if (ldl < l) l = ldl;
+    }
+  }
+  if (c == UINT64_MAX) return false;
+  *left = (size_t)l;
+  *cap = (size_t)c;
+  return true;
+}
+
+bool _vs_group_wait(uint64_t deadline_ns) {
+  if (!budget_on()) return false;
+  vs_group_header_t *h = vs_b.h;
+  budget_lock();
+  uint32_t seen = tl_refused ? tl_refused_seq : LD(h->release_seq);
+  tl_refused = false;
+  begin_change(h);
+  vs_b.me->flags++;
+  ST(h->waiters, LD(h->waiters) + 1);
+  end_change(h);
+  budget_unlock();
+
+  uint64_t now = _vs_now_ns();
+  if (LD(h->release_seq) == seen && now < deadline_ns) {
+    uint64_t ns = deadline_ns - now < WAIT_SLICE_NS ? deadline_ns - now : WAIT_SLICE_NS;
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    syscall(SYS_futex, &h->release_seq, FUTEX_WAIT, seen, &ts, NULL, 0);
+  }
+
+  budget_lock();
+  begin_change(h);
+  if (vs_b.me->flags & FLAG_WAITING) vs_b.me->flags--;
+  if (LD(h->waiters)) ST(h->waiters, LD(h->waiters) - 1);
+  end_change(h);
+  budget_unlock();
+  return _vs_now_ns() < deadline_ns;
+}
+
+bool _vs_group_spill_admit(int dev, size_t len) {
+  uint64_t cap = _vs_option(VS_OPT_ON_LIMIT) == VS_ON_LIMIT_HOST ? _vs_option_arg(VS_OPT_ON_LIMIT) : 0;
+  size_t cur = atomic_load(&vs_spilled);
+  do {
+    if (cap && (cur > cap || len > cap - cur)) return false;
+  } while (!atomic_compare_exchange_weak(&vs_spilled, &cur, cur + len));
+  if (budget_on()) {
+    budget_lock();
+    begin_change(vs_b.h);
+    count_host(vs_b.h, vs_b.me, dev, len, true);
+    end_change(vs_b.h);
+    budget_unlock();
+  }
+  return true;
+}
+
+void _vs_group_spill_return(int dev, size_t len) {
+  atomic_fetch_sub(&vs_spilled, len);
+  if (budget_on()) {
+    budget_lock();
+    begin_change(vs_b.h);
+    count_host(vs_b.h, vs_b.me, dev, len, false);
+    end_change(vs_b.h);
+    budget_unlock();
+  }
+}
+
+bool _vs_group_view(int dev, vs_group_view_t *v) {
+  memset(v, 0, sizeof *v);
+  if (!budget_on()) return false;
+  const vs_group_header_t *h = vs_b.h;
+  snprintf(v->name, sizeof v->name, "%s", vs_b.shared ? vs_b.name : "");
+  v->shared = vs_b.shared;
+  v->members = LD(h->members);
+  v->limit_source = LD(h->limit_source);
+  v->limit_all = LD(h->limit_all);
+  v->total_all = LD(h->total_all);
+  v->mine_all = LD(vs_b.me->mapped_all);
+  v->host_all = LD(h->host_all);
+  v->mine_host = LD(vs_b.me->host_all);
+  v->refused = LD(h->refused);
+  v->reclaimed = LD(h->reclaimed);
+  if (dev >= 0 && dev < VS_GROUP_DEVICES) {
+    v->limit_dev = LD(h->limit[dev]);
+    v->total_dev = LD(h->total[dev]);
+    v->mine_dev = LD(vs_b.me->mapped[dev]);
+  }
+  return true;
+}
