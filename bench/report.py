@@ -594,6 +594,88 @@ def sec_step(recs, out):
     return mismatch
 
 
+SERVE_CFGS = [("caching", "caching allocator"), ("expandable", "caching, expandable_segments:True"),
+              ("async", "backend:cudaMallocAsync"),
+              ("shim-sync", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, sync"),
+              ("shim-deferred", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, deferred"),
+              ("shim-caching", "caching allocator under the shim"),
+              ("shim-expandable", "expandable_segments:True under the shim"),
+              ("shim-async", "backend:cudaMallocAsync under the shim")]
+
+
+def serve_held(r):
+    """Memory held at peak by one serve run and where the figure comes from: the shim's peak
+    mapped or PyTorch's peak reserved, whichever is larger (under the shim, the caching allocator
+    reserves from the shim's mappings; with expandable segments PyTorch maps its own memory
+    through the VMM API, which the shim does not serve)."""
+    mapped = num(r, "shim_peak_mapped") if r.get("shim") == "1" else None
+    reserved = num(r, "peak_reserved") or None
+    if mapped and (reserved is None or mapped >= reserved):
+        return mapped, "mapped"
+    if reserved:
+        return reserved, "reserved"
+    return None, "-"
+
+
+def serve_same(r, ref):
+    """Whether a serve run generated what the caching allocator's did (tokens and logits)."""
+    if ref is None:
+        return None
+    return r.get("checksum") == ref.get("checksum") and r.get("logit_sum") == ref.get("logit_sum")
+
+
+def sec_serve(recs, out):
+    """The LLM-serving shape (bench/torch_serve.py); returns the configurations whose generated
+    tokens differ from the caching allocator's."""
+    rows = {c: one(recs, "serve", cfg=c) for c, _ in SERVE_CFGS}
+    skipped = {c: one(recs, "skip", step="serve-" + c) for c, _ in SERVE_CFGS}
+    first = next((r for r in rows.values() if r), None)
+    out.append("## 4b. Real program: LLM serving, a KV cache grown by torch.cat (bench/torch_serve.py)\n")
+    if first:
+        out.append("bench/tfm.py's decoder (d_model %s, %s layers, vocab %s) generating %s tokens greedily for %s batches "
+                   "of %s prompts of %s tokens (random lengths, seeded, left-padded): a prefill, then one token at a "
+                   "time, every layer's keys and values grown by torch.cat at each token. tokens/s: generated tokens "
+                   "over the time of the batches after the first %s. held at peak: the shim's peak mapped or PyTorch's "
+                   "peak reserved (the cudaMallocAsync backend's: its pool's high mark), whichever is larger; in use: "
+                   "cudaMemGetInfo at the batches' last tokens, the highest. same result: the generated tokens' "
+                   "checksum and the last logits' sum equal the caching allocator's.\n" % (
+                       first.get("d_model", "?"), first.get("layers", "?"), first.get("vocab", "?"),
+                       first.get("new_tokens", "?"), first.get("batches", "?"), first.get("batch", "?"),
+                       first.get("prompts", "?"), first.get("warmup", "?")))
+    out.append("| configuration | tokens/s | vs caching | held at peak | allocated at peak | in use (cudaMemGetInfo) "
+               "| VMM calls | same result |")
+    out.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    ref = rows["caching"]
+    base = num(ref, "tokens_per_s") if ref else None
+    differ = []
+    for c, label in SERVE_CFGS:
+        r = rows[c]
+        if r is None:
+            sk = skipped[c]
+            out.append("| %s | %s | | | | | | |" % (label, "skipped: " + sk.get("why", "") if sk else "FAILED"))
+            continue
+        tps = num(r, "tokens_per_s")
+        held, src = serve_held(r)
+        same = serve_same(r, ref)
+        if c == "caching":
+            same_cell = "-"
+        elif same is None:
+            same_cell = "no caching run to compare"
+        elif same:
+            same_cell = "yes"
+        else:
+            same_cell = "**DIFFERS**"
+            differ.append(c)
+        out.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            label, fnum(tps, "%.0f"), ratio(tps, base), "-" if held is None else "%s (%s)" % (fsize(held), src),
+            fsize(num(r, "peak_allocated")) if num(r, "peak_allocated") else "-", fsize(num(r, "used")),
+            r.get("shim_vmm_calls", "-"), same_cell))
+    if differ:
+        out.append("\n**Different tokens** from the caching allocator's: %s.\n" % ", ".join(differ))
+    out.append("")
+    return differ
+
+
 def sec_overhead(recs, out):
     out.append("## 5. Steady-state overhead: 1 GiB allocated once, memory-bound kernel for ~2 s\n")
     out.append("| configuration | runs | kernel time, median (ms) | whole process, median (ms) |")
@@ -666,7 +748,9 @@ def main():
     if ran(recs, partial, "frag", "churn", "tfrag"):
         sec_frag(recs, out, partial)
     sec_spread(recs, out)
-    mismatch = sec_step(recs, out) if ran(recs, partial, "step") else False
+    mismatch = sec_step(recs, out) if ran(recs, partial, "step") else []
+    if ran(recs, partial, "serve"):
+        mismatch = mismatch + [c for c in sec_serve(recs, out) if c.startswith("shim")]
     if ran(recs, partial, "overhead"):
         sec_overhead(recs, out)
     if ran(recs, partial, "sleep"):

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Benchmarks of vmmshim (make bench). Needs an NVIDIA GPU, nvcc and build/libvmmshim.so;
-# PyTorch for sections 3b and 4 (skipped without it). About 4-6 minutes on an H100.
+# PyTorch for sections 3b and 4 (skipped without it). About 6-8 minutes on an H100.
 #
 #   1 pairs     alloc+free latency and 8-thread throughput: cudaMalloc, cudaMallocAsync pool
 #               (both without the shim), the shim sync, deferred and async paths  (bench/pairs.cu)
@@ -11,6 +11,10 @@
 #               a varying sequence length (bench/torch_frag.py)
 #   4 step      PyTorch training step: caching allocator, no caching, no caching under the shim
 #               (sync, deferred)                                                  (bench/torch_step.py)
+#     serve     PyTorch decoder generating for batches of random prompt lengths, its KV cache grown
+#               by torch.cat: caching allocator, expandable segments, the cudaMallocAsync backend,
+#               each without and under the shim, and no caching under the shim (sync, deferred)
+#               (bench/torch_serve.py; BENCH_SERVE_ARGS: its options, e.g. "--batches 64")
 #   5 overhead  a ~2 s memory-bound kernel on memory allocated once               (bench/overhead.cu)
 #   6 sleep     sleep and wake of an 8 GiB tag in each mode, with and without host memory made
 #               ahead; a kernel's bandwidth on memory asleep in mapped mode        (bench/sleep.cu)
@@ -33,11 +37,11 @@ LIB="$PWD/$BUILD/libvmmshim.so"
 BIN="$BUILD/bench"
 if [ -n "$OUT" ]; then LOGDIR="$OUT"; else LOGDIR="bench/out"; fi
 mkdir -p "$LOGDIR" "$BIN" bench/results || exit 1
-for f in bench pairs growth frag churn tfrag step overhead sleep; do rm -f "$LOGDIR/$f.log"; done
+for f in bench pairs growth frag churn tfrag step serve overhead sleep; do rm -f "$LOGDIR/$f.log"; done
 rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg"
 MAIN_LOG="$LOGDIR/bench.log"
 T_START=$(date +%s)
-BENCH_BUDGET=${BENCH_BUDGET:-420} # seconds for all steps; what is left after it is reported FAILED
+BENCH_BUDGET=${BENCH_BUDGET:-540} # seconds for all steps; what is left after it is reported FAILED
 nfailed=0
 
 say() { echo "$*" | tee -a "$MAIN_LOG"; }
@@ -279,7 +283,7 @@ else
 fi
 
 # ---- 4. real program ----
-section "4/6 PyTorch training step"
+section "4/6 PyTorch training step and serving"
 if [ "$have_torch" = 1 ]; then
   # The caching allocator and the shim's deferred mode are compared in three alternating
   # rounds: one run's median step moves by up to 20% from one process to the next.
@@ -292,6 +296,33 @@ if [ "$have_torch" = 1 ]; then
 else
   for c in caching nocache shim-sync shim-deferred; do echo "R skip step=step-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/step.log"; done
   say "SKIP PyTorch training step: no PyTorch with CUDA for $PYTHON"
+fi
+# The serving shape, about 10-20 s a configuration on an H100: PyTorch's three allocator
+# settings as they are, then each under the shim (expandable segments map their memory through
+# the VMM API themselves: the shim serves only what goes through cudaMalloc), then no caching
+# under the shim in both free modes.
+SERVE="bench/torch_serve.py"
+EXP=PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+ASYNC=PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+if [ "$have_torch" = 1 ]; then
+  # shellcheck disable=SC2086 # BENCH_SERVE_ARGS: options, one word each
+  {
+    step serve-caching serve 120 -- "$PYTHON" "$SERVE" caching $BENCH_SERVE_ARGS
+    step serve-expandable serve 120 "$EXP" -- "$PYTHON" "$SERVE" expandable $BENCH_SERVE_ARGS
+    step serve-async serve 120 "$ASYNC" -- "$PYTHON" "$SERVE" async $BENCH_SERVE_ARGS
+    step serve-shim-caching serve 120 "$SHIM" -- "$PYTHON" "$SERVE" shim-caching $BENCH_SERVE_ARGS
+    step serve-shim-expandable serve 120 "$SHIM" "$EXP" -- "$PYTHON" "$SERVE" shim-expandable $BENCH_SERVE_ARGS
+    step serve-shim-async serve 120 "$SHIM" "$ASYNC" -- "$PYTHON" "$SERVE" shim-async $BENCH_SERVE_ARGS
+    step serve-shim-sync serve 120 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=sync -- \
+      "$PYTHON" "$SERVE" shim-sync $BENCH_SERVE_ARGS
+    step serve-shim-deferred serve 120 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred -- \
+      "$PYTHON" "$SERVE" shim-deferred $BENCH_SERVE_ARGS
+  }
+else
+  for c in caching expandable async shim-caching shim-expandable shim-async shim-sync shim-deferred; do
+    echo "R skip step=serve-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/serve.log"
+  done
+  say "SKIP PyTorch serving: no PyTorch with CUDA for $PYTHON"
 fi
 
 # ---- 5. overhead ----
@@ -320,7 +351,7 @@ section "report"
 "$PYTHON" bench/report.py --logs "$LOGDIR" --out "$RESULT" >"$LOGDIR/report.txt" 2>&1
 rrc=$?
 cat "$LOGDIR/report.txt" | tee -a "$MAIN_LOG"
-[ "$rrc" = 0 ] || say "bench: report.py exit $rrc (a loss mismatch, or an error above)"
+[ "$rrc" = 0 ] || say "bench: report.py exit $rrc (a loss or token mismatch, or an error above)"
 if [ -n "$OUT" ]; then
   cp "$RESULT" "$OUT/" 2>/dev/null
   cp "bench/results/$STEM-growth.svg" "$OUT/" 2>/dev/null
