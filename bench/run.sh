@@ -20,7 +20,11 @@
 #               ahead; a kernel's bandwidth on memory asleep in mapped mode        (bench/sleep.cu)
 #
 # Each program prints "R <section> key=value ..." lines; bench/report.py turns all of them into
-# one table, printed at the end and written to bench/results/<gpu>-<driver>.md (with growth.svg).
+# one table, printed at the end and written to bench/results/<gpu>-<driver>.md (with growth.svg),
+# every figure also to bench/results/<gpu>-<driver>.json with its rounds. The regression guard at
+# the top of the report compares them with the committed <gpu>-<driver>.json (for BENCH_TAG=NAME,
+# <gpu>-<driver>-NAME.json when there is one): each of the shim's figures that moved the wrong way
+# beyond its rounds' spread (else a default tolerance per kind of figure), with both values.
 # Raw logs go to $OUT when it is set (the results file and plot are copied there too), else to
 # bench/out. Every step runs under a timeout; a failed step prints FAILED and the rest go on.
 # BENCH_ONLY="PREFIX ...": only the steps whose names start with one of the prefixes run (say
@@ -38,7 +42,7 @@ BIN="$BUILD/bench"
 if [ -n "$OUT" ]; then LOGDIR="$OUT"; else LOGDIR="bench/out"; fi
 mkdir -p "$LOGDIR" "$BIN" bench/results || exit 1
 for f in bench pairs growth frag churn tfrag step serve overhead sleep; do rm -f "$LOGDIR/$f.log"; done
-rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg"
+rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg" "$LOGDIR/baseline.json"
 MAIN_LOG="$LOGDIR/bench.log"
 T_START=$(date +%s)
 BENCH_BUDGET=${BENCH_BUDGET:-540} # seconds for all steps; what is left after it is reported FAILED
@@ -286,7 +290,8 @@ fi
 section "4/6 PyTorch training step and serving"
 if [ "$have_torch" = 1 ]; then
   # The caching allocator and the shim's deferred mode are compared in three alternating
-  # rounds: one run's median step moves by up to 20% from one process to the next.
+  # rounds: one run's median step moves by up to 20% from one process to the next. The
+  # regression guard takes their spread as the tolerance of the step's figures.
   step step-nocache step 180 PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "$PYTHON" bench/torch_step.py nocache
   step step-shim-sync step 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=sync -- "$PYTHON" bench/torch_step.py shim-sync
   for r in 1 2 3; do
@@ -348,13 +353,33 @@ step sleep-reserved sleep 120 "$SHIM" VMMSHIM_HOST_RESERVE=8G -- "$BIN/sleep" re
 # ---- report ----
 echo "runtime=$(($(date +%s) - T_START)) s" >>"$LOGDIR/machine.txt"
 section "report"
-"$PYTHON" bench/report.py --logs "$LOGDIR" --out "$RESULT" >"$LOGDIR/report.txt" 2>&1
+# The regression guard's baseline: the results committed for this GPU and driver (a tagged run's
+# own when there are some, else the full run's), as committed at HEAD; in a tree copied without
+# its history, the file as it is. Taken before this run's figures replace the file.
+BASE_JSON="bench/results/$STEM.json"
+if [ -n "$BENCH_TAG" ] && { git cat-file -e "HEAD:bench/results/$STEM-$BENCH_TAG.json" 2>/dev/null ||
+  [ -f "bench/results/$STEM-$BENCH_TAG.json" ]; }; then
+  BASE_JSON="bench/results/$STEM-$BENCH_TAG.json"
+fi
+if git cat-file -e "HEAD:$BASE_JSON" 2>/dev/null; then
+  git show "HEAD:$BASE_JSON" >"$LOGDIR/baseline.json" 2>/dev/null
+  BASE_NAME="$BASE_JSON (as committed)"
+elif [ -f "$BASE_JSON" ]; then
+  cp "$BASE_JSON" "$LOGDIR/baseline.json"
+  BASE_NAME="$BASE_JSON"
+else
+  BASE_NAME="$BASE_JSON"
+fi
+"$PYTHON" bench/report.py --logs "$LOGDIR" --out "$RESULT" --baseline "$LOGDIR/baseline.json" \
+  --baseline-name "$BASE_NAME" >"$LOGDIR/report.txt" 2>&1
 rrc=$?
 cat "$LOGDIR/report.txt" | tee -a "$MAIN_LOG"
 [ "$rrc" = 0 ] || say "bench: report.py exit $rrc (a loss or token mismatch, or an error above)"
+RESULT_JSON="${RESULT%.md}.json"
 if [ -n "$OUT" ]; then
-  cp "$RESULT" "$OUT/" 2>/dev/null
+  cp "$RESULT" "$RESULT_JSON" "$OUT/" 2>/dev/null
   cp "bench/results/$STEM-growth.svg" "$OUT/" 2>/dev/null
 fi
-say "bench: results in $RESULT; raw logs in $LOGDIR; $nfailed step(s) failed; $(($(date +%s) - T_START)) s in all"
+grep -m 1 '^Regression guard:' "$LOGDIR/report.txt" | tee -a "$MAIN_LOG"
+say "bench: results in $RESULT and $RESULT_JSON; raw logs in $LOGDIR; $nfailed step(s) failed; $(($(date +%s) - T_START)) s in all"
 [ "$nfailed" = 0 ] && [ "$rrc" = 0 ]
