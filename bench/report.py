@@ -993,8 +993,8 @@ def tolerance(b, c):
     if c["kind"] in ("bad", "same"):
         return 0.0, why
     floor = max(c.get("floor", floor), rel_floor * abs(b["value"]))
-    spreads = [(f["spread"], len(f["samples"]), who) for f, who in ((b, "committed"), (c, "this run"))
-               if f.get("spread") is not None]
+    spreads = [(f["spread"], len(f.get("samples", [])), who) for f, who in ((b, "committed"), (c, "this run"))
+               if isinstance(f.get("spread"), (int, float))]
     if spreads:
         sp, n, who = max(spreads)
         return max(sp, floor), "spread of %d rounds (%s)" % (n, who)
@@ -1021,7 +1021,7 @@ def fval(f):
     """A figure's value, with its rounds' range when it has several."""
     def g(x):
         return "%.4g" % x
-    if len(f["samples"]) > 1:
+    if len(f.get("samples", [])) > 1:
         return "%s (%s - %s, %d rounds)" % (g(f["value"]), g(min(f["samples"])), g(max(f["samples"])), len(f["samples"]))
     return g(f["value"])
 
@@ -1036,10 +1036,14 @@ def guard_lines(base_path, base_name, machine, cur):
     try:
         with open(base_path, encoding="utf-8") as f:
             base = json.load(f)
-        bfigs = base["figures"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        # Figures without a numeric value or a known direction are left out, not fatal.
+        bfigs = {k: f for k, f in base["figures"].items() if isinstance(f, dict)
+                 and isinstance(f.get("value"), (int, float)) and f.get("better") in ("lower", "higher")
+                 and isinstance(f.get("samples", []), list)}
+        bm = base.get("machine", {})
+        bm.get("gpu")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return ["Regression guard: %s is not a results file of bench/report.py (%s): nothing compared.\n" % (name, e)]
-    bm = base.get("machine", {})
     if (bm.get("gpu"), bm.get("driver")) != (machine.get("gpu"), machine.get("driver")):
         return ["Regression guard: %s holds results of %s, driver %s, not of %s: nothing compared.\n" % (
             name, bm.get("gpu", "?"), bm.get("driver", "?"), where)]
@@ -1065,8 +1069,8 @@ def guard_lines(base_path, base_name, machine, cur):
     if shim:
         out += table(shim) + [""]
     if ref:
-        out.append("Without the shim, %d figures moved the same way beyond their tolerance too (the machine, not the "
-                   "shim, when they match the rows above):\n" % len(ref))
+        out.append("Without the shim, %d figure(s) moved the wrong way beyond their tolerance too: where the shim's "
+                   "rows move with them, the machine is slower, not the shim.\n" % len(ref))
         out += table(ref) + [""]
     missing = [k for k, f in bfigs.items() if k not in cur and f.get("guard")]
     if missing and not machine.get("only"):

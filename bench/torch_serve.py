@@ -168,7 +168,7 @@ def main():
     if cuda:
         try:
             reserved, allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
-        except RuntimeError:  # a backend without these statistics
+        except (RuntimeError, NotImplementedError):  # a backend without these statistics
             reserved = allocated = 0
     else:
         reserved = allocated = 0
