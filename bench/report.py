@@ -10,6 +10,7 @@ see the step's log); one the program skipped on purpose shows as skipped."""
 import argparse
 import csv
 import glob
+import json
 import math
 import os
 import re
@@ -594,6 +595,88 @@ def sec_step(recs, out):
     return mismatch
 
 
+SERVE_CFGS = [("caching", "caching allocator"), ("expandable", "caching, expandable_segments:True"),
+              ("async", "backend:cudaMallocAsync"),
+              ("shim-sync", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, sync"),
+              ("shim-deferred", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, deferred"),
+              ("shim-caching", "caching allocator under the shim"),
+              ("shim-expandable", "expandable_segments:True under the shim"),
+              ("shim-async", "backend:cudaMallocAsync under the shim")]
+
+
+def serve_held(r):
+    """Memory held at peak by one serve run and where the figure comes from: the shim's peak
+    mapped or PyTorch's peak reserved, whichever is larger (under the shim, the caching allocator
+    reserves from the shim's mappings; with expandable segments PyTorch maps its own memory
+    through the VMM API, which the shim does not serve)."""
+    mapped = num(r, "shim_peak_mapped") if r.get("shim") == "1" else None
+    reserved = num(r, "peak_reserved") or None
+    if mapped and (reserved is None or mapped >= reserved):
+        return mapped, "mapped"
+    if reserved:
+        return reserved, "reserved"
+    return None, "-"
+
+
+def serve_same(r, ref):
+    """Whether a serve run generated what the caching allocator's did (tokens and logits)."""
+    if ref is None:
+        return None
+    return r.get("checksum") == ref.get("checksum") and r.get("logit_sum") == ref.get("logit_sum")
+
+
+def sec_serve(recs, out):
+    """The LLM-serving shape (bench/torch_serve.py); returns the configurations whose generated
+    tokens differ from the caching allocator's."""
+    rows = {c: one(recs, "serve", cfg=c) for c, _ in SERVE_CFGS}
+    skipped = {c: one(recs, "skip", step="serve-" + c) for c, _ in SERVE_CFGS}
+    first = next((r for r in rows.values() if r), None)
+    out.append("## 4b. Real program: LLM serving, a KV cache grown by torch.cat (bench/torch_serve.py)\n")
+    if first:
+        out.append("bench/tfm.py's decoder (d_model %s, %s layers, vocab %s) generating %s tokens greedily for %s batches "
+                   "of %s prompts of %s tokens (random lengths, seeded, left-padded): a prefill, then one token at a "
+                   "time, every layer's keys and values grown by torch.cat at each token. tokens/s: generated tokens "
+                   "over the time of the batches after the first %s. held at peak: the shim's peak mapped or PyTorch's "
+                   "peak reserved (the cudaMallocAsync backend's: its pool's high mark), whichever is larger; in use: "
+                   "cudaMemGetInfo at the batches' last tokens, the highest. same result: the generated tokens' "
+                   "checksum and the last logits' sum equal the caching allocator's.\n" % (
+                       first.get("d_model", "?"), first.get("layers", "?"), first.get("vocab", "?"),
+                       first.get("new_tokens", "?"), first.get("batches", "?"), first.get("batch", "?"),
+                       first.get("prompts", "?"), first.get("warmup", "?")))
+    out.append("| configuration | tokens/s | vs caching | held at peak | allocated at peak | in use (cudaMemGetInfo) "
+               "| VMM calls | same result |")
+    out.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    ref = rows["caching"]
+    base = num(ref, "tokens_per_s") if ref else None
+    differ = []
+    for c, label in SERVE_CFGS:
+        r = rows[c]
+        if r is None:
+            sk = skipped[c]
+            out.append("| %s | %s | | | | | | |" % (label, "skipped: " + sk.get("why", "") if sk else "FAILED"))
+            continue
+        tps = num(r, "tokens_per_s")
+        held, src = serve_held(r)
+        same = serve_same(r, ref)
+        if c == "caching":
+            same_cell = "-"
+        elif same is None:
+            same_cell = "no caching run to compare"
+        elif same:
+            same_cell = "yes"
+        else:
+            same_cell = "**DIFFERS**"
+            differ.append(c)
+        out.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            label, fnum(tps, "%.0f"), ratio(tps, base), "-" if held is None else "%s (%s)" % (fsize(held), src),
+            fsize(num(r, "peak_allocated")) if num(r, "peak_allocated") else "-", fsize(num(r, "used")),
+            r.get("shim_vmm_calls", "-"), same_cell))
+    if differ:
+        out.append("\n**Different tokens** from the caching allocator's: %s.\n" % ", ".join(differ))
+    out.append("")
+    return differ
+
+
 def sec_overhead(recs, out):
     out.append("## 5. Steady-state overhead: 1 GiB allocated once, memory-bound kernel for ~2 s\n")
     out.append("| configuration | runs | kernel time, median (ms) | whole process, median (ms) |")
@@ -669,10 +752,398 @@ def sec_group(recs, out):
     out.append("")
 
 
+# ------------------------------------------------------------------ figures and the regression guard
+# Every figure of a run goes into a JSON file beside the Markdown one (bench/results/<stem>.json):
+# its value (the median of its samples), the samples (the alternating rounds of one run, where a
+# step runs in rounds; else one), which way is better and its kind. The next run on the same GPU
+# and driver reads the committed file and reports, at the top of its report, each of the shim's
+# figures that moved the wrong way by more than its tolerance:
+#   - measured: a figure with two or more samples in either run may move by the larger of the two
+#     runs' spreads (highest sample minus lowest), never less than the kind's floor;
+#   - default: a figure with one sample in both runs may move by its kind's default below.
+# The defaults come from the repeated runs on the H100 (docs/benchmarks.md).
+GUARD_KINDS = {
+    # kind: (relative default, absolute floor (the figure's unit), relative floor, why)
+    "time": (0.20, 0.0, 0.0, "±20%: times on fresh machines of the same kind"),
+    "pair": (0.20, 0.1, 0.0, "±20% or ±0.1 us: a pair's median from one process to the next"),
+    "rate": (0.20, 0.0, 0.0, "±20%: throughput on fresh machines of the same kind"),
+    "rate8": (0.50, 0.0, 0.0, "±50%: 8-thread pairs/s, which moved up to 2x between two runs"),
+    "growth": (0.40, 0.0, 0.0, "±40%: growth cells on fresh machines of the same kind"),
+    "memory": (0.10, 0.0, 0.02, "±10%: memory held in a mode that frees late"),
+    "calls": (0.20, 2.0, 0.0, "±20% or ±2 calls"),
+    "calls100": (0.20, 0.1, 0.0, "±20% or ±0.1 per 100 allocations"),
+    "bad": (0.0, 0.0, 0.0, "none: a wrong word is never noise"),
+    "same": (0.0, 0.0, 0.0, "none: a result that equalled the reference must still"),
+}
+
+
+class Figures:
+    """An ordered collection of figures: key -> {value, samples, spread, better, kind, unit, guard}.
+    guard: False for the figures of the reference allocators (no shim loaded), which the guard
+    shows apart: they tell whether the machine, not the shim, moved."""
+
+    def __init__(self):
+        self.d = {}
+
+    def add(self, key, samples, better, kind, guard=True, floor=None):
+        if not isinstance(samples, (list, tuple)):
+            samples = [samples]
+        v = [float(x) for x in samples if x is not None and math.isfinite(float(x))]
+        if not v:
+            return
+        # A count of wrong results, or whether a result matched, is its worst round, not the median.
+        value = max(v) if kind == "bad" else min(v) if kind == "same" else statistics.median(v)
+        f = {"value": value, "samples": v, "spread": (max(v) - min(v)) if len(v) > 1 else None,
+             "better": better, "kind": kind, "guard": bool(guard)}
+        if floor is not None:
+            f["floor"] = floor
+        self.d[key] = f
+
+
+def figs_pairs(recs, F):
+    names = dict(PAIR_CFGS)
+    for r in find(recs, "pairs"):
+        c = r.get("cfg", "")
+        if c not in names or r.get("skipped") or "size" not in r:
+            continue
+        s, t = size_label(r["size"]), int(r.get("threads", 1))
+        if t == 1:
+            F.add("pairs 1 thread, %s, %s: median pair (us)" % (names[c], s), num(r, "median_us"), "lower", "pair",
+                  c.startswith("shim"))
+        else:
+            F.add("pairs %d threads, %s, %s: pairs/s" % (t, names[c], s), num(r, "pairs_per_s"), "higher", "rate8",
+                  c.startswith("shim"))
+    sizes = sorted({int(r["size"]) for r in find(recs, "pairs") if r.get("cfg", "").startswith("trace-")})
+    for m in ("deferred", "async"):
+        for sz in sizes:
+            base, on, diff = [], [], []
+            for rnd in range(1, 10):
+                a = one(recs, "pairs", cfg="trbase-%s-%d" % (m, rnd), size=sz, threads=1)
+                b = one(recs, "pairs", cfg="trace-%s-%d" % (m, rnd), size=sz, threads=1)
+                if a is None or b is None or a.get("skipped") or b.get("skipped"):
+                    continue
+                base.append(num(a, "median_us"))
+                on.append(num(b, "median_us"))
+                diff.append((num(b, "median_us") - num(a, "median_us")) * 1000.0)
+            s = size_label(sz)
+            F.add("pairs pinned, shim %s, %s: median pair (us)" % (m, s), base, "lower", "pair")
+            F.add("pairs pinned, shim %s traced, %s: median pair (us)" % (m, s), on, "lower", "pair")
+            F.add("pairs pinned, shim %s, %s: cost of tracing (ns)" % (m, s), diff, "lower", "pair", floor=100.0)
+    for c, name in (("trbase8-async", "shim async"), ("trace8-async", "shim async traced")):
+        for r in find(recs, "pairs", cfg=c, threads=8):
+            if not r.get("skipped"):
+                F.add("pairs 8 threads, %s, %s: pairs/s" % (name, size_label(r["size"])), num(r, "pairs_per_s"),
+                      "higher", "rate8")
+    for c, name in (("stk-off", "no stacks"), ("stk-libunwind", "libunwind"), ("stk-dwarf", "dwarf"), ("stk-fp", "fp")):
+        r = one(recs, "pairs", cfg=c, size=4096, threads=1)
+        if r and not r.get("skipped"):
+            F.add("pairs traced async 4 KiB, 20 deep, %s: median pair (us)" % name, num(r, "median_us"), "lower", "pair")
+
+
+def figs_growth(recs, F):
+    for r in growth_rows(recs):
+        if r["skipped"] or not r["us_per_gib"]:
+            continue
+        what = "growth %s, %s in %s requests" % (r["config"], size_label(r["total_bytes"]), size_label(r["request_bytes"]))
+        shim = r["config"].startswith("shim")
+        F.add(what + ": us per GiB", float(r["us_per_gib"]), "lower", "growth", shim)
+        if r["free_us"]:
+            F.add(what + ": free (ms)", float(r["free_us"]) / 1e3, "lower", "growth", shim, floor=1.0)
+        if shim and r["shim_vmm_calls"]:
+            F.add(what + ": VMM calls", float(r["shim_vmm_calls"]), "lower", "calls")
+
+
+def held_live(r, cfg):
+    live = num(r, "peak_live")
+    held = num(r, "pool_reserved_high") if cfg == "pool" else num(r, "shim_peak_mapped") if cfg.startswith("shim") else None
+    return held / live if held and live else None
+
+
+def figs_frag(recs, F):
+    pool = one(recs, "frag", cfg="pool")
+    pool_ms = num(pool, "time_ms") if pool and not pool.get("failed") else None
+    for r in find(recs, "frag"):
+        c = r.get("cfg", "")
+        if r.get("failed") or c.startswith("spread-") or not c:
+            continue
+        what, shim = "replay %s, %s" % (r.get("trace", "trace"), c), c.startswith("shim")
+        t = num(r, "time_ms")
+        F.add(what + ": time (ms)", t, "lower", "time", shim)
+        if shim and t and pool_ms:
+            F.add(what + ": time / the pool's", t / pool_ms, "lower", "time")
+        F.add(what + ": held / live", held_live(r, c), "lower", "memory", shim)
+        if shim:
+            F.add(what + ": VMM calls", num(r, "shim_vmm_calls"), "lower", "calls")
+    for work in ("churn", "varlen"):
+        pool = one(recs, "churn", work=work, cfg="pool")
+        pool_us = num(pool, "us_per_step") if pool and not pool.get("failed") else None
+        for c in ("cudaMalloc", "pool", "shim-sync", "shim-deferred", "shim-async"):
+            r = one(recs, "churn", work=work, cfg=c)
+            if r is None or r.get("failed"):
+                continue
+            what, shim = "%s, %s" % (work, c), c.startswith("shim")
+            us = num(r, "us_per_step")
+            F.add(what + ": us per step", us, "lower", "time", shim)
+            if shim and us and pool_us:
+                F.add(what + ": us per step / the pool's", us / pool_us, "lower", "time")
+            F.add(what + ": held / live", held_live(r, c), "lower", "memory", shim)
+            F.add(what + ": wrong buffers", num(r, "bad"), "lower", "bad")
+            if shim:
+                calls, allocs = num(r, "shim_vmm_steady"), num(r, "allocs_steady")
+                if calls is not None and allocs:
+                    F.add(what + ": VMM calls per 100 allocations", 100.0 * calls / allocs, "lower", "calls100")
+                else:
+                    F.add(what + ": VMM calls after the warm-up", calls, "lower", "calls")
+    ref = one(recs, "tfrag", cfg="caching")
+    for c, hk, lk in (("caching", "torch_reserved", "torch_allocated"), ("expandable", "torch_reserved", "torch_allocated"),
+                      ("shim", "shim_peak_mapped", "shim_peak_in_use")):
+        r = one(recs, "tfrag", cfg=c)
+        if r is None:
+            continue
+        held, live = num(r, hk), num(r, lk)
+        F.add("PyTorch varying length, %s: held at peak (bytes)" % c, held, "lower", "memory", c == "shim")
+        F.add("PyTorch varying length, %s: held / live" % c, held / live if held and live else None, "lower", "memory",
+              c == "shim")
+        if c == "shim" and ref is not None:
+            F.add("PyTorch varying length, shim: final loss equals the caching allocator's",
+                  1.0 if r.get("loss") == ref.get("loss") else 0.0, "higher", "same")
+
+
+def figs_spread(recs, F):
+    for work, _, _ in SPREAD_WORK:
+        runs = spread_runs(recs, work)
+        pool = runs.get("pool", {})
+        tk = "time_ms" if work == "replay" else "us_per_step"
+        calls_key = "shim_vmm_calls" if work == "replay" else "shim_vmm_steady"
+        allocs_key = "allocs" if work == "replay" else "allocs_steady"
+        for cfg, by_seed in runs.items():
+            held, speed, calls, bad = [], [], [], 0
+            for seed, r in sorted(by_seed.items()):
+                if r.get("failed"):
+                    continue
+                held.append(held_live(r, cfg))
+                pr = pool.get(seed)
+                t, pt = num(r, tk), num(pr, tk) if pr and not pr.get("failed") else None
+                speed.append(t / pt if t and pt else None)
+                n, a = num(r, calls_key), num(r, allocs_key)
+                calls.append(100.0 * n / a if n is not None and a else None)
+                bad += int(num(r, "bad") or 0)
+            shim = cfg != "pool"
+            seeds = " ".join(str(x) for x in sorted(by_seed))
+            what = "seeds %s, %s, %s" % (seeds, work, cfg)
+
+            def med(v):
+                v = [x for x in v if x is not None]
+                return statistics.median(v) if v else None
+            # One figure per allocator: the median over the seeds (the spread over seeds is the
+            # workload's, not the run's: it is no tolerance).
+            F.add(what + ": held / live, median of seeds", med(held), "lower", "memory", shim)
+            if shim:
+                F.add(what + ": time / the pool's, median of seeds", med(speed), "lower", "time")
+                F.add(what + ": VMM calls per 100 allocations, median of seeds", med(calls), "lower", "calls100")
+            F.add(what + ": wrong buffers", bad, "lower", "bad")
+
+
+def figs_step(recs, F):
+    def rounds(cfg):
+        return [r for r in find(recs, "step", cfg=cfg) if num(r, "median_ms") is not None]
+    a, b, c, d = rounds("caching"), rounds("nocache"), rounds("shim-sync"), rounds("shim-deferred")
+    F.add("step (a) caching allocator: step median (ms)", [num(r, "median_ms") for r in a], "lower", "time", False)
+    F.add("step (a) caching allocator: reserved at peak (bytes)", [num(r, "torch_reserved") for r in a], "lower",
+          "memory", False)
+    F.add("step (b) no caching: step median (ms)", [num(r, "median_ms") for r in b], "lower", "time", False)
+    a_med = statistics.median([num(r, "median_ms") for r in a]) if a else None
+    bloss = b[-1].get("loss") if b else None
+    for rs, name in ((c, "(c) shim sync"), (d, "(d) shim deferred")):
+        if not rs:
+            continue
+        F.add("step %s: step median (ms)" % name, [num(r, "median_ms") for r in rs], "lower", "time")
+        # Against the caching allocator's round beside it when both ran in rounds (the rounds
+        # alternate, so a slow spell of the machine slows both), else its median.
+        if len(rs) > 1 and len(rs) == len(a):
+            vs = [num(x, "median_ms") / num(y, "median_ms") for x, y in zip(rs, a) if num(y, "median_ms")]
+        else:
+            vs = [num(x, "median_ms") / a_med for x in rs] if a_med else []
+        F.add("step %s / (a) caching allocator: step time" % name, vs, "lower", "time")
+        F.add("step %s: mapped at peak (bytes)" % name, [num(r, "shim_peak_mapped") for r in rs], "lower", "memory")
+        F.add("step %s: VMM calls" % name, [num(r, "shim_vmm_calls") for r in rs], "lower", "calls")
+        if bloss is not None:
+            F.add("step %s: final loss equals (b)'s" % name, [1.0 if r.get("loss") == bloss else 0.0 for r in rs],
+                  "higher", "same")
+
+
+def figs_serve(recs, F):
+    ref = one(recs, "serve", cfg="caching")
+    base = num(ref, "tokens_per_s") if ref else None
+    for c, label in SERVE_CFGS:
+        r = one(recs, "serve", cfg=c)
+        if r is None:
+            continue
+        shim = c.startswith("shim")
+        tps = num(r, "tokens_per_s")
+        F.add("serve, %s: tokens/s" % label, tps, "higher", "rate", shim)
+        if c != "caching" and tps and base:
+            F.add("serve, %s: tokens/s / the caching allocator's" % label, tps / base, "higher", "rate", shim)
+        F.add("serve, %s: held at peak (bytes)" % label, serve_held(r)[0], "lower", "memory", shim)
+        if shim:
+            F.add("serve, %s: VMM calls" % label, num(r, "shim_vmm_calls"), "lower", "calls")
+        same = serve_same(r, ref)
+        if c != "caching" and same is not None:
+            F.add("serve, %s: same tokens as the caching allocator" % label, 1.0 if same else 0.0, "higher", "same",
+                  shim)
+
+
+def figs_overhead(recs, F):
+    runs = {}
+    for c in ("cudaMalloc", "shim"):
+        runs[c] = [num(r, "kernel_ms") for r in find(recs, "overhead", cfg=c)]
+        F.add("overhead, %s: kernel time (ms)" % c, runs[c], "lower", "time", c == "shim")
+        F.add("overhead, %s: whole process (ms)" % c, [num(r, "ms") for r in find(recs, "overhead_wall", cfg=c)],
+              "lower", "time", c == "shim")
+    pairs = [(x, y) for x, y in zip(runs["shim"], runs["cudaMalloc"]) if x is not None and y]
+    F.add("overhead: kernel time under the shim / without", [x / y for x, y in pairs], "lower", "time")
+
+
+def figs_sleep(recs, F):
+    for r in find(recs, "sleep"):
+        if "mode" in r:
+            what = "sleep %s, %s, cycle %s" % (r.get("cfg"), r.get("mode"), r.get("cycle"))
+            F.add(what + ": sleep (ms)", num(r, "sleep_ms"), "lower", "time")
+            F.add(what + ": wake (ms)", num(r, "wake_ms"), "lower", "time")
+            F.add(what + ": wrong words", num(r, "bad"), "lower", "bad")
+        elif r.get("kernel") == "mapped":
+            F.add("sleep %s: kernel on memory asleep in mapped mode (GB/s)" % r.get("cfg"), num(r, "gbps"), "higher",
+                  "rate")
+
+
+def figs_group(recs, F):
+    for n in ("1", "4", "16"):
+        for cfg in ("alone", "group"):
+            rs = find(recs, "group", cfg=cfg, members=n)
+            F.add("group, %s, %s members: growth (us)" % (cfg, n), [num(r, "growth_us") for r in rs], "lower", "time")
+            F.add("group, %s, %s members: pair (us)" % (cfg, n), [num(r, "pair_us") for r in rs], "lower", "pair")
+    for r in find(recs, "group", cfg="spill"):
+        if r.get("kernel") in ("device", "host", "promoted"):
+            F.add("group, spill: kernel on %s memory (GB/s)" % r.get("kernel"), num(r, "gbps"), "higher", "rate")
+        if r.get("promote_ms") is not None:
+            F.add("group, spill: promote of 1 GiB (ms)", num(r, "promote_ms"), "lower", "time")
+            F.add("group, spill: wrong words after promote", num(r, "bad"), "lower", "bad")
+
+
+def figures(recs):
+    F = Figures()
+    for fn in (figs_pairs, figs_growth, figs_frag, figs_spread, figs_step, figs_serve, figs_overhead, figs_sleep,
+               figs_group):
+        fn(recs, F)
+    return F.d
+
+
+def tolerance(b, c):
+    """How far a figure may move the wrong way, and what that allowance is."""
+    rel, floor, rel_floor, why = GUARD_KINDS[c["kind"]]
+    if c["kind"] in ("bad", "same"):
+        return 0.0, why
+    floor = max(c.get("floor", floor), rel_floor * abs(b["value"]))
+    spreads = [(f["spread"], len(f.get("samples", [])), who) for f, who in ((b, "committed"), (c, "this run"))
+               if isinstance(f.get("spread"), (int, float))]
+    if spreads:
+        sp, n, who = max(spreads)
+        return max(sp, floor), "spread of %d rounds (%s)" % (n, who)
+    return max(rel * abs(b["value"]), floor), "default " + why
+
+
+def compare(base, cur):
+    """The figures of cur that moved the wrong way beyond their tolerance against base:
+    (regressions of the shim's figures, those of the reference allocators, figures in common)."""
+    shim, ref, common = [], [], 0
+    for key, c in cur.items():
+        b = base.get(key)
+        if b is None or b.get("better") != c["better"] or c["kind"] not in GUARD_KINDS:
+            continue
+        common += 1
+        worse = (c["value"] - b["value"]) if c["better"] == "lower" else (b["value"] - c["value"])
+        tol, how = tolerance(b, c)
+        if worse > tol:
+            (shim if c["guard"] else ref).append((key, b, c, tol, how))
+    return shim, ref, common
+
+
+def fval(f):
+    """A figure's value, with its rounds' range when it has several."""
+    def g(x):
+        return "%.4g" % x
+    if len(f.get("samples", [])) > 1:
+        return "%s (%s - %s, %d rounds)" % (g(f["value"]), g(min(f["samples"])), g(max(f["samples"])), len(f["samples"]))
+    return g(f["value"])
+
+
+def guard_lines(base_path, base_name, machine, cur):
+    """The regression guard's text for the top of the report. Its first line starts with
+    'Regression guard:' (bench/run.sh repeats it at the end of the run)."""
+    where = "%s, driver %s" % (machine.get("gpu", "?"), machine.get("driver", "?"))
+    name = base_name or base_path
+    if not base_path or not os.path.exists(base_path):
+        return ["Regression guard: no committed results for %s (%s): nothing to compare.\n" % (where, name)]
+    try:
+        with open(base_path, encoding="utf-8") as f:
+            base = json.load(f)
+        # Figures without a numeric value or a known direction are left out, not fatal.
+        bfigs = {k: f for k, f in base["figures"].items() if isinstance(f, dict)
+                 and isinstance(f.get("value"), (int, float)) and f.get("better") in ("lower", "higher")
+                 and isinstance(f.get("samples", []), list)}
+        bm = base.get("machine", {})
+        bm.get("gpu")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return ["Regression guard: %s is not a results file of bench/report.py (%s): nothing compared.\n" % (name, e)]
+    if (bm.get("gpu"), bm.get("driver")) != (machine.get("gpu"), machine.get("driver")):
+        return ["Regression guard: %s holds results of %s, driver %s, not of %s: nothing compared.\n" % (
+            name, bm.get("gpu", "?"), bm.get("driver", "?"), where)]
+    shim, ref, common = compare(bfigs, cur)
+    when = "run of %s, shim %s" % (bm.get("date", "?"), bm.get("shim", "?"))
+    if common == 0:
+        return ["Regression guard: %s (%s) has none of this run's figures: nothing compared.\n" % (name, when)]
+    if not shim:
+        head = "Regression guard: against %s (%s): %d figures in common, none of the shim's moved the wrong way " \
+               "beyond its tolerance." % (name, when, common)
+    else:
+        head = "Regression guard: against %s (%s): %d figures in common, **%d of the shim's moved the wrong way** " \
+               "beyond their tolerance:" % (name, when, common, len(shim))
+    out = ["## Regression guard\n", head + "\n"]
+
+    def table(rows):
+        t = ["| figure | committed | this run | change | tolerance |", "| --- | --- | --- | --- | --- |"]
+        for key, b, c, tol, how in rows:
+            ch = "%+.1f%%" % (100.0 * (c["value"] - b["value"]) / abs(b["value"])) if b["value"] else "%+.4g" % (
+                c["value"] - b["value"])
+            t.append("| %s | %s | %s | %s | %.4g: %s |" % (key, fval(b), fval(c), ch, tol, how))
+        return t
+    if shim:
+        out += table(shim) + [""]
+    if ref:
+        out.append("Without the shim, %d figure(s) moved the wrong way beyond their tolerance too: where the shim's "
+                   "rows move with them, the machine is slower, not the shim.\n" % len(ref))
+        out += table(ref) + [""]
+    missing = [k for k, f in bfigs.items() if k not in cur and f.get("guard")]
+    if missing and not machine.get("only"):
+        out.append("%d of the shim's committed figures were not measured in this run (a step failed or was left "
+                   "out).\n" % len(missing))
+    return out
+
+
+def write_figures(path, machine, figs):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"format": 1, "machine": machine, "tolerances": {k: v[3] for k, v in GUARD_KINDS.items()},
+                   "figures": figs}, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--logs", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--baseline", help="the committed results (JSON) of this GPU and driver to compare with; "
+                    "a path that does not exist: there are none")
+    ap.add_argument("--baseline-name", help="how the report names the baseline (default: its path)")
     a = ap.parse_args()
     recs = parse_logs(a.logs)
     machine = {}
@@ -686,6 +1157,10 @@ def main():
     stem = os.path.splitext(os.path.basename(a.out))[0]
     os.makedirs(results_dir, exist_ok=True)
     out = ["# vmmshim benchmarks: %s, driver %s\n" % (machine.get("gpu", "?"), machine.get("driver", "?"))]
+    figs = figures(recs)
+    if a.baseline is not None:
+        # Read before this run's figures are written: the baseline may be the file they replace.
+        out += guard_lines(a.baseline, a.baseline_name, machine, figs)
     out.append("| machine | |\n| --- | --- |")
     for k, label in (("gpu", "GPU"), ("driver", "driver"), ("cuda", "CUDA (driver / nvcc)"), ("cpu", "CPU"),
                      ("date", "date"), ("shim", "shim commit"), ("torch", "PyTorch"), ("runtime", "bench run time"),
@@ -702,7 +1177,9 @@ def main():
     if ran(recs, partial, "frag", "churn", "tfrag"):
         sec_frag(recs, out, partial)
     sec_spread(recs, out)
-    mismatch = sec_step(recs, out) if ran(recs, partial, "step") else False
+    mismatch = sec_step(recs, out) if ran(recs, partial, "step") else []
+    if ran(recs, partial, "serve"):
+        mismatch = mismatch + [c for c in sec_serve(recs, out) if c.startswith("shim")]
     if ran(recs, partial, "overhead"):
         sec_overhead(recs, out)
     if ran(recs, partial, "sleep"):
@@ -718,6 +1195,7 @@ def main():
     text = "\n".join(out) + "\n"
     with open(a.out, "w") as f:
         f.write(text)
+    write_figures(os.path.splitext(a.out)[0] + ".json", machine, figs)
     print(text)
     return 1 if mismatch else 0
 

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Benchmarks of vmmshim (make bench). Needs an NVIDIA GPU, nvcc and build/libvmmshim.so;
-# PyTorch for sections 3b and 4 (skipped without it). About 4-6 minutes on an H100.
+# PyTorch for sections 3b and 4 (skipped without it). About 6-8 minutes on an H100.
 #
 #   1 pairs     alloc+free latency and 8-thread throughput: cudaMalloc, cudaMallocAsync pool
 #               (both without the shim), the shim sync, deferred and async paths  (bench/pairs.cu)
@@ -11,6 +11,10 @@
 #               a varying sequence length (bench/torch_frag.py)
 #   4 step      PyTorch training step: caching allocator, no caching, no caching under the shim
 #               (sync, deferred)                                                  (bench/torch_step.py)
+#     serve     PyTorch decoder generating for batches of random prompt lengths, its KV cache grown
+#               by torch.cat: caching allocator, expandable segments, the cudaMallocAsync backend,
+#               each without and under the shim, and no caching under the shim (sync, deferred)
+#               (bench/torch_serve.py; BENCH_SERVE_ARGS: its options, e.g. "--batches 64")
 #   5 overhead  a ~2 s memory-bound kernel on memory allocated once               (bench/overhead.cu)
 #   6 sleep     sleep and wake of an 8 GiB tag in each mode, with and without host memory made
 #               ahead; a kernel's bandwidth on memory asleep in mapped mode        (bench/sleep.cu)
@@ -19,7 +23,11 @@
 #               bandwidth on memory past the limit (VMMSHIM_ON_LIMIT=host), promote (bench/group.cu)
 #
 # Each program prints "R <section> key=value ..." lines; bench/report.py turns all of them into
-# one table, printed at the end and written to bench/results/<gpu>-<driver>.md (with growth.svg).
+# one table, printed at the end and written to bench/results/<gpu>-<driver>.md (with growth.svg),
+# every figure also to bench/results/<gpu>-<driver>.json with its rounds. The regression guard at
+# the top of the report compares them with the committed <gpu>-<driver>.json (for BENCH_TAG=NAME,
+# <gpu>-<driver>-NAME.json when there is one): each of the shim's figures that moved the wrong way
+# beyond its rounds' spread (else a default tolerance per kind of figure), with both values.
 # Raw logs go to $OUT when it is set (the results file and plot are copied there too), else to
 # bench/out. Every step runs under a timeout; a failed step prints FAILED and the rest go on.
 # BENCH_ONLY="PREFIX ...": only the steps whose names start with one of the prefixes run (say
@@ -36,11 +44,11 @@ LIB="$PWD/$BUILD/libvmmshim.so"
 BIN="$BUILD/bench"
 if [ -n "$OUT" ]; then LOGDIR="$OUT"; else LOGDIR="bench/out"; fi
 mkdir -p "$LOGDIR" "$BIN" bench/results || exit 1
-for f in bench pairs growth frag churn tfrag step overhead sleep group; do rm -f "$LOGDIR/$f.log"; done
-rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg"
+for f in bench pairs growth frag churn tfrag step serve overhead sleep group; do rm -f "$LOGDIR/$f.log"; done
+rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg" "$LOGDIR/baseline.json"
 MAIN_LOG="$LOGDIR/bench.log"
 T_START=$(date +%s)
-BENCH_BUDGET=${BENCH_BUDGET:-480} # seconds for all steps; what is left after it is reported FAILED
+BENCH_BUDGET=${BENCH_BUDGET:-560} # seconds for all steps; what is left after it is reported FAILED
 nfailed=0
 
 say() { echo "$*" | tee -a "$MAIN_LOG"; }
@@ -282,10 +290,11 @@ else
 fi
 
 # ---- 4. real program ----
-section "4/7 PyTorch training step"
+section "4/7 PyTorch training step and serving"
 if [ "$have_torch" = 1 ]; then
   # The caching allocator and the shim's deferred mode are compared in three alternating
-  # rounds: one run's median step moves by up to 20% from one process to the next.
+  # rounds: one run's median step moves by up to 20% from one process to the next. The
+  # regression guard takes their spread as the tolerance of the step's figures.
   step step-nocache step 180 PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "$PYTHON" bench/torch_step.py nocache
   step step-shim-sync step 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=sync -- "$PYTHON" bench/torch_step.py shim-sync
   for r in 1 2 3; do
@@ -295,6 +304,33 @@ if [ "$have_torch" = 1 ]; then
 else
   for c in caching nocache shim-sync shim-deferred; do echo "R skip step=step-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/step.log"; done
   say "SKIP PyTorch training step: no PyTorch with CUDA for $PYTHON"
+fi
+# The serving shape, about 10-20 s a configuration on an H100: PyTorch's three allocator
+# settings as they are, then each under the shim (expandable segments map their memory through
+# the VMM API themselves: the shim serves only what goes through cudaMalloc), then no caching
+# under the shim in both free modes.
+SERVE="bench/torch_serve.py"
+EXP=PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+ASYNC=PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+if [ "$have_torch" = 1 ]; then
+  # shellcheck disable=SC2086 # BENCH_SERVE_ARGS: options, one word each
+  {
+    step serve-caching serve 120 -- "$PYTHON" "$SERVE" caching $BENCH_SERVE_ARGS
+    step serve-expandable serve 120 "$EXP" -- "$PYTHON" "$SERVE" expandable $BENCH_SERVE_ARGS
+    step serve-async serve 120 "$ASYNC" -- "$PYTHON" "$SERVE" async $BENCH_SERVE_ARGS
+    step serve-shim-caching serve 120 "$SHIM" -- "$PYTHON" "$SERVE" shim-caching $BENCH_SERVE_ARGS
+    step serve-shim-expandable serve 120 "$SHIM" "$EXP" -- "$PYTHON" "$SERVE" shim-expandable $BENCH_SERVE_ARGS
+    step serve-shim-async serve 120 "$SHIM" "$ASYNC" -- "$PYTHON" "$SERVE" shim-async $BENCH_SERVE_ARGS
+    step serve-shim-sync serve 120 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=sync -- \
+      "$PYTHON" "$SERVE" shim-sync $BENCH_SERVE_ARGS
+    step serve-shim-deferred serve 120 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred -- \
+      "$PYTHON" "$SERVE" shim-deferred $BENCH_SERVE_ARGS
+  }
+else
+  for c in caching expandable async shim-caching shim-expandable shim-async shim-sync shim-deferred; do
+    echo "R skip step=serve-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/serve.log"
+  done
+  say "SKIP PyTorch serving: no PyTorch with CUDA for $PYTHON"
 fi
 
 # ---- 5. overhead ----
@@ -329,13 +365,33 @@ step group-spill group 90 "$SHIM" VMMSHIM_LIMIT_GROUP="bench-spill-$$" VMMSHIM_L
 # ---- report ----
 echo "runtime=$(($(date +%s) - T_START)) s" >>"$LOGDIR/machine.txt"
 section "report"
-"$PYTHON" bench/report.py --logs "$LOGDIR" --out "$RESULT" >"$LOGDIR/report.txt" 2>&1
+# The regression guard's baseline: the results committed for this GPU and driver (a tagged run's
+# own when there are some, else the full run's), as committed at HEAD; in a tree copied without
+# its history, the file as it is. Taken before this run's figures replace the file.
+BASE_JSON="bench/results/$STEM.json"
+if [ -n "$BENCH_TAG" ] && { git cat-file -e "HEAD:bench/results/$STEM-$BENCH_TAG.json" 2>/dev/null ||
+  [ -f "bench/results/$STEM-$BENCH_TAG.json" ]; }; then
+  BASE_JSON="bench/results/$STEM-$BENCH_TAG.json"
+fi
+if git cat-file -e "HEAD:$BASE_JSON" 2>/dev/null; then
+  git show "HEAD:$BASE_JSON" >"$LOGDIR/baseline.json" 2>/dev/null
+  BASE_NAME="$BASE_JSON (as committed)"
+elif [ -f "$BASE_JSON" ]; then
+  cp "$BASE_JSON" "$LOGDIR/baseline.json"
+  BASE_NAME="$BASE_JSON"
+else
+  BASE_NAME="$BASE_JSON"
+fi
+"$PYTHON" bench/report.py --logs "$LOGDIR" --out "$RESULT" --baseline "$LOGDIR/baseline.json" \
+  --baseline-name "$BASE_NAME" >"$LOGDIR/report.txt" 2>&1
 rrc=$?
 cat "$LOGDIR/report.txt" | tee -a "$MAIN_LOG"
-[ "$rrc" = 0 ] || say "bench: report.py exit $rrc (a loss mismatch, or an error above)"
+[ "$rrc" = 0 ] || say "bench: report.py exit $rrc (a loss or token mismatch, or an error above)"
+RESULT_JSON="${RESULT%.md}.json"
 if [ -n "$OUT" ]; then
-  cp "$RESULT" "$OUT/" 2>/dev/null
+  cp "$RESULT" "$RESULT_JSON" "$OUT/" 2>/dev/null
   cp "bench/results/$STEM-growth.svg" "$OUT/" 2>/dev/null
 fi
-say "bench: results in $RESULT; raw logs in $LOGDIR; $nfailed step(s) failed; $(($(date +%s) - T_START)) s in all"
+grep -m 1 '^Regression guard:' "$LOGDIR/report.txt" | tee -a "$MAIN_LOG"
+say "bench: results in $RESULT and $RESULT_JSON; raw logs in $LOGDIR; $nfailed step(s) failed; $(($(date +%s) - T_START)) s in all"
 [ "$nfailed" = 0 ] && [ "$rrc" = 0 ]
