@@ -1,4 +1,4 @@
-"""(g) Python smoke tests: python3 py_smoke.py torch|cupy|jax|torch-ipc|torch-dp|torch-async
+"""(g) Python smoke tests: python3 py_smoke.py torch|cupy|jax|torch-ipc|torch-dp|torch-dp-cache|torch-ddp|torch-async
 
 Runs a small deterministic GPU computation and prints one "VALUE <name> <number>" line per
 result, then "SHIM <summary>" and, under the shim, "VMM <name> yes|no" for a sample buffer.
@@ -271,9 +271,12 @@ def run_torch_async():
     report_shim(sample.data_ptr())
 
 
-def run_torch_dp():
-    """nn.DataParallel over two GPUs: replicas, scatter and gather go through peer access."""
-    os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+def run_torch_dp(cache=False):
+    """nn.DataParallel over two GPUs: replicas, scatter and gather go through peer access; then a
+    tensor copied from one GPU to the other and back. cache: with PyTorch's caching allocator
+    (its blocks come from the shim's cudaMalloc), else every tensor is a cudaMalloc of its own."""
+    if not cache:
+        os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     torch = torch_with_cuda("torch-dp")
     import torch.nn as nn
     if torch.cuda.device_count() < 2:
@@ -294,15 +297,74 @@ def run_torch_dp():
         value("loss_step%d" % step, loss.item())
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
+    # A copy between the GPUs, both ways, with work on each side.
+    a = torch.randn(3, 1 << 20, generator=g).cuda(0)
+    b = a.to("cuda:1", non_blocking=True) * 3
+    c = b.to("cuda:0") - a
+    value("copy_sum_on_1", b.double().sum().item())
+    value("copy_back_maxdiff", (c - 2 * a).abs().max().item())
     report_shim(model[0].weight.data_ptr())
+
+
+def _ddp_rank(rank, port, path):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=2)
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda(rank)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1 + rank)
+    losses = []
+    for _ in range(4):
+        xb = torch.randn(64, 256, generator=g).cuda(rank)
+        loss = ddp(xb).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    w = model[0].weight.detach().double().sum()
+    dist.all_reduce(w)
+    torch.cuda.synchronize()
+    with open("%s.%d" % (path, rank), "w") as f:
+        f.write(" ".join(repr(x) for x in losses + [w.item()]))
+    dist.destroy_process_group()
+
+
+def run_torch_ddp():
+    """DistributedDataParallel, two processes (one per GPU) with NCCL: the gradients' all-reduce
+    goes between the GPUs; every rank's losses and the all-reduced weights are reported."""
+    torch = torch_with_cuda("torch-ddp")
+    if torch.cuda.device_count() < 2:
+        skip("torch-ddp: %d GPU(s); two ranks need two" % torch.cuda.device_count())
+    import socket
+    import tempfile
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = os.path.join(tempfile.mkdtemp(prefix="vs-ddp-"), "losses")
+    mp.spawn(_ddp_rank, args=(port, path), nprocs=2, join=True)
+    import shutil
+    for rank in (0, 1):
+        with open("%s.%d" % (path, rank)) as f:
+            xs = [float(x) for x in f.read().split()]
+        for i, x in enumerate(xs[:-1]):
+            value("rank%d_loss_step%d" % (rank, i), x)
+        value("rank%d_weight_sum" % rank, xs[-1])
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else ""
     runs = {"torch": run_torch, "cupy": run_cupy, "jax": run_jax, "torch-ipc": run_torch_ipc, "torch-dp": run_torch_dp,
+            "torch-dp-cache": lambda: run_torch_dp(cache=True), "torch-ddp": run_torch_ddp,
             "torch-async": run_torch_async}
     if which not in runs:
-        print("usage: py_smoke.py torch|cupy|jax|torch-ipc|torch-dp|torch-async")
+        print("usage: py_smoke.py torch|cupy|jax|torch-ipc|torch-dp|torch-dp-cache|torch-ddp|torch-async")
         sys.exit(2)
     runs[which]()
     print("DONE %s" % which)

@@ -243,6 +243,8 @@ py_case cupy shim
 py_case jax shim
 py_case torch-ipc shim
 py_case torch-dp shim
+py_case torch-dp-cache shim
+py_case torch-ddp shim
 py_case torch-async shim
 rm -f "$LOGDIR"/py-*.done
 # The stats the shim printed at exit of the PyTorch run (quoted in reports).

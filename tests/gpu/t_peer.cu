@@ -7,9 +7,17 @@
  *   pool access   cudaMemPoolSetAccess on device 0's default pool: the same for a
  *                 cudaMallocAsync block;
  *   copies        cudaMemcpyPeer both ways, checked on the other side;
- *   disable       cudaDeviceDisablePeerAccess succeeds and a later allocation still works on
- *                 device 0 (an access from device 1 after it would fault the context: not tried). */
+ *   sleep, wake   under the shim: a tagged block of device 0 is slept to host memory and woken
+ *                 while device 1 has peer access; device 1 reads and writes the woken bytes
+ *                 (the wake grants device 1 its access again);
+ *   disable       cudaDeviceDisablePeerAccess succeeds, a later allocation still works on
+ *                 device 0 and cudaMemcpyPeer still copies both ways without peer access (an
+ *                 access from device 1's kernels after it would fault the context: not tried). */
 #include "gpu_test.cuh"
+
+typedef int (*sleep_fn)(const char *, vmmshim_sleep_mode_t, vmmshim_sleep_result_t *, size_t);
+typedef int (*wake_fn)(const char *, unsigned, vmmshim_sleep_result_t *, size_t);
+typedef int (*tag_fn)(const char *);
 
 static size_t errors_on(int dev, const void *p, size_t n, uint32_t seed) {
   CK(cudaSetDevice(dev));
@@ -104,6 +112,32 @@ int main() {
   bad = errors_on(0, before, n_before, 9);
   check(bad == 0, "memcpy-peer-1-to-0", "%zu words differ", bad);
 
+  /* A tag slept to host memory and woken while device 1 has peer access to it. */
+  sleep_fn p_sleep = (sleep_fn)dlsym(RTLD_DEFAULT, "vmmshim_sleep");
+  wake_fn p_wake = (wake_fn)dlsym(RTLD_DEFAULT, "vmmshim_wake");
+  tag_fn p_tag = (tag_fn)dlsym(RTLD_DEFAULT, "vmmshim_set_tag");
+  if (shim) check(p_sleep && p_wake && p_tag, "sleep-api", "vmmshim_sleep, vmmshim_wake or vmmshim_set_tag not found");
+  if (shim && p_sleep && p_wake && p_tag) {
+    CK(cudaSetDevice(0));
+    size_t n_tag = 320u << 20;
+    void *tagged;
+    p_tag("peer");
+    CK(cudaMalloc(&tagged, n_tag));
+    p_tag(NULL);
+    fill_on(0, tagged, n_tag, 11);
+    vmmshim_sleep_result_t r;
+    int rc = p_sleep("peer", VMMSHIM_SLEEP_HOST, &r, sizeof r);
+    check(rc == 0 && r.to_host >= n_tag, "sleep-host", "vmmshim_sleep: %d, %llu bytes to host (%s)", rc, (unsigned long long)r.to_host, r.reason);
+    rc = p_wake("peer", 0, &r, sizeof r);
+    check(rc == 0, "wake", "vmmshim_wake: %d", rc);
+    CK(cudaSetDevice(0));
+    bad = errors_on(0, tagged, n_tag, 11);
+    check(bad == 0, "woken-bytes-device0", "%zu words differ after the wake", bad);
+    round_trip("woken-with-peer-access", tagged, n_tag, 11);
+    CK(cudaSetDevice(0));
+    CK(cudaFree(tagged));
+  }
+
   CK(cudaSetDevice(1));
   cudaError_t e = cudaDeviceDisablePeerAccess(0);
   check(e == cudaSuccess, "disable", "cudaDeviceDisablePeerAccess: %s", cudaGetErrorName(e));
@@ -113,6 +147,15 @@ int main() {
   fill_on(0, later, 256u << 20, 6);
   bad = errors_on(0, later, 256u << 20, 6);
   check(bad == 0, "alloc-after-disable", "%zu words differ", bad);
+  CK(cudaMemcpyPeer(on1, 1, later, 0, n_before));
+  CK(cudaDeviceSynchronize());
+  bad = errors_on(1, on1, n_before, 6);
+  check(bad == 0, "memcpy-peer-0-to-1-no-access", "%zu words differ", bad);
+  fill_on(1, on1, n_before, 12);
+  CK(cudaMemcpyPeer(later, 0, on1, 1, n_before));
+  CK(cudaDeviceSynchronize());
+  bad = errors_on(0, later, n_before, 12);
+  check(bad == 0, "memcpy-peer-1-to-0-no-access", "%zu words differ", bad);
 
   CK(cudaFree(later));
   CK(cudaFreeAsync(as, s0));
