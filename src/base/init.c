@@ -26,6 +26,7 @@ atomic_int _vs_captures_active;
 
 static pthread_once_t vs_once = PTHREAD_ONCE_INIT;
 static void (*vs_dump_handler)(void);
+static void (*vs_activate_handler)(void);
 static void install_dump_signal(void);
 
 static void vs_at_exit(void) {
@@ -58,9 +59,12 @@ bool _vs_activate_slow(void) {
     want = 2;
   }
   int expected = 0;
-  atomic_compare_exchange_strong(&_vs_state, &expected, want);
+  if (atomic_compare_exchange_strong(&_vs_state, &expected, want) && want == 1 && vs_activate_handler)
+    vs_activate_handler();
   return atomic_load(&_vs_state) == 1;
 }
+
+void _vs_set_activate_handler(void (*fn)(void)) { vs_activate_handler = fn; }
 
 VS_API int vmmshim_active(void) { return _vs_active() ? 1 : 0; }
 
