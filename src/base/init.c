@@ -9,7 +9,9 @@
  *
  * The dump signal is installed here, with nothing of CUDA: a pipe, a thread that waits on
  * it, and a handler that writes one byte. What the thread then does (write the memory
- * report) belongs to a layer above: it registers itself with _vs_set_dump_handler. */
+ * report) belongs to a layer above: it registers itself with _vs_set_dump_handler. So does
+ * what starts with the shim (the control channel, src/hook/control.c): the thread that
+ * activates it runs the handler registered with _vs_set_activate_handler, once. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
