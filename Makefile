@@ -112,6 +112,9 @@ $(BUILD)/tests/test_shim_%: tests/test_shim_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT) | 
 $(BUILD)/tests/test_static_%: tests/test_static_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT_A) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< $(EMU_RT_A) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
+# test_static_control.c is test_shim_control.c built with the static runtime.
+$(BUILD)/tests/test_static_control: tests/test_shim_control.c
+
 $(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC_ALL) $(EMU_DRV) | $(BUILD)/tests deps
 	$(CC) $(T_CFLAGS) -fvisibility=hidden -o $@ $< $(filter-out src/hook/%.c,$(SRC)) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
