@@ -7,8 +7,9 @@
 #   make bench      GPU benchmarks (needs a GPU and nvcc)
 #   make bench-spread  the irregular workloads at seeds 1-5, default and small handles (GPU)
 #   make bench-cpu  the shim's own costs on the host emulation (no GPU)
-#   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc and the man page
-#                   under $(DESTDIR)$(PREFIX) (PREFIX=/usr/local); make uninstall removes them
+#   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc, the man page and
+#                   the Python client and module (lib/vmmshim/python) under $(DESTDIR)$(PREFIX)
+#                   (PREFIX=/usr/local); make uninstall removes them
 # Every target that compiles runs scripts/deps.sh first: it checks for uthash.h (installs
 # uthash-dev with apt-get when root) and stops with one line saying what to install when it
 # cannot. UTHASH_INCLUDE=DIR: uthash.h is in DIR (added with -I).
@@ -187,11 +188,16 @@ bench-cpu: deps $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag $(BUILD)
 	@BUILD=$(BUILD) sh bench/cpu_run.sh
 
 # ---- install: PREFIX (default /usr/local), DESTDIR for staging ----
-# The launcher finds the library at ../lib/libvmmshim.so next to itself, so the layout under
-# PREFIX is fixed: bin, lib, lib/pkgconfig, include, share/man/man1.
+# The launcher finds the library at ../lib/libvmmshim.so next to itself, and the client of
+# vmmshim ctl / top at ../lib/vmmshim/python/vmmshim_ctl.py, so the layout under PREFIX is fixed:
+# bin, lib, lib/pkgconfig, lib/vmmshim/python (the vmmshim module: PYTHONPATH=$$(vmmshim ctl
+# --python-path)), include, share/man/man1.
+PY_DIR    := lib/vmmshim/python
+PY_MOD    := $(wildcard scripts/python/vmmshim/*.py)
 INSTALLED := $(PREFIX)/lib/libvmmshim.so $(PREFIX)/lib/pkgconfig/vmmshim.pc \
              $(PREFIX)/bin/vmmshim $(PREFIX)/bin/vmmshim-report $(PREFIX)/bin/vmmshim-replay \
-             $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1
+             $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1 \
+             $(PREFIX)/$(PY_DIR)/vmmshim_ctl.py $(PY_MOD:scripts/python/%=$(PREFIX)/$(PY_DIR)/%)
 INSTDIR   := $(DESTDIR)$(PREFIX)
 
 install: $(LIB) $(MAN) $(PC)
@@ -201,10 +207,15 @@ install: $(LIB) $(MAN) $(PC)
 	install -m 755 scripts/vmmshim scripts/vmmshim-report scripts/vmmshim-replay $(INSTDIR)/bin/
 	install -m 644 include/vmmshim.h $(INSTDIR)/include/vmmshim.h
 	install -m 644 $(MAN) $(INSTDIR)/share/man/man1/vmmshim.1
+	install -d -m 755 $(INSTDIR)/$(PY_DIR)/vmmshim
+	install -m 644 scripts/python/vmmshim_ctl.py $(INSTDIR)/$(PY_DIR)/vmmshim_ctl.py
+	install -m 644 $(PY_MOD) $(INSTDIR)/$(PY_DIR)/vmmshim/
 
-# Removes the files make install puts there (directories are left).
+# Removes the files make install puts there, and the module's byte-code cache (directories are
+# left).
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	rm -rf $(DESTDIR)$(PREFIX)/$(PY_DIR)/vmmshim/__pycache__
 
 clean:
 	rm -rf $(BUILD)

@@ -4,8 +4,11 @@
 # with no variable set (also through symlinks) and the shim serves a program on the host
 # emulation; the installed vmmshim-report and vmmshim-replay work from bin/; vmmshim.pc gives
 # the right prefix and flags, and a program builds and links with them; the man page has its
-# sections, renders without warnings and lists exactly the options --help lists; uninstall
-# removes those files and nothing else. Needs make test's build (the library and tests/emu).
+# sections, renders without warnings and lists exactly the options --help lists; the installed
+# vmmshim ctl and top find their client in lib/vmmshim/python and reach a program run by the
+# installed launcher, and the vmmshim module imports from there (under the shim, and says how to
+# run under it without); uninstall removes those files and nothing else. Needs make test's build
+# (the library, tests/emu and test_shim_control).
 # Ends with "N passed, N failed".
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD:-build}
@@ -36,6 +39,8 @@ bin/vmmshim-report 755
 include/vmmshim.h 644
 lib/libvmmshim.so 644
 lib/pkgconfig/vmmshim.pc 644
+$(cd scripts/python && find vmmshim -name '*.py' | LC_ALL=C sort | sed 's|^|lib/vmmshim/python/|; s|$| 644|')
+lib/vmmshim/python/vmmshim_ctl.py 644
 share/man/man1/vmmshim.1 644"
 got=$(cd "$P" 2>/dev/null && find . -type f -o -type l | sed 's|^\./||' | LC_ALL=C sort | while read -r f; do echo "$f $(stat -c %a "$f")"; done)
 check "the installed files and their modes are exactly: $(echo $want)" test "$got" = "$want"
@@ -190,6 +195,45 @@ if command -v groff >/dev/null 2>&1; then
 else
   echo "SKIP rendering the man page: no groff; not counted"
 fi
+
+# ---- vmmshim ctl and top, and the vmmshim module, from the install ----
+out=$(env -u PYTHONPATH "$P/bin/vmmshim" ctl --python-path 2>&1)
+check "installed vmmshim ctl --python-path: $P/lib/vmmshim/python [$out]" test "$out" = "$P/lib/vmmshim/python"
+check "the installed client is the source's" cmp -s scripts/python/vmmshim/client.py "$P/lib/vmmshim/python/vmmshim/client.py"
+out=$("$tmp/links/abs" ctl 99999999 status 2>&1)
+check "installed vmmshim ctl through a symlink: a pid that does not exist, exit 3 [$out]" \
+  sh -c '[ "$1" = 3 ] && [ "$2" = "vmmshim: error: no process 99999999" ]' - "$?" "$out"
+serve="$B/tests/test_shim_control"
+if [ -x "$serve" ]; then
+  mkfifo "$tmp/serve.in"
+  LD_LIBRARY_PATH="$B/emu" "$P/bin/vmmshim" --no-trace -q -- "$serve" serve <"$tmp/serve.in" >"$tmp/serve.out" 2>&1 &
+  serve_pid=$!
+  exec 3>"$tmp/serve.in" # its input, open until we quit it
+  i=0
+  while [ $i -lt 100 ] && ! grep -q '^ready ' "$tmp/serve.out"; do sleep 0.1; i=$((i + 1)); done
+  pid=$(sed -n 's/^ready //p' "$tmp/serve.out")
+  out=$("$P/bin/vmmshim" ctl "$pid" status --json 2>&1)
+  check "installed vmmshim ctl reaches a program run by the installed launcher [$(echo "$out" | cut -c1-80)]" \
+    has "$out" "\"pid\":$pid,"
+  out=$("$P/bin/vmmshim" ctl "$pid" sleep weights 2>&1)
+  check "installed vmmshim ctl sleeps its tag [$out]" has "$out" "sleep weights (host): released"
+  out=$("$P/bin/vmmshim" top --once 2>&1)
+  check "installed vmmshim top --once shows it" sh -c 'printf "%s\n" "$1" | grep -q "^ *$2 test_shim_cont"' - "$out" "$pid"
+  mod=$(cd "$tmp" && LD_PRELOAD="$P/lib/libvmmshim.so" LD_LIBRARY_PATH="$B/emu" PYTHONPATH="$P/lib/vmmshim/python" \
+    python3 -c 'import vmmshim, sys; print(vmmshim.__file__); print(vmmshim.control(int(sys.argv[1])).wake("weights")["ok"])' "$pid" 2>&1)
+  check "the installed module imports, and its control() wakes the tag [$mod]" \
+    test "$mod" = "$P/lib/vmmshim/python/vmmshim/__init__.py
+True"
+  echo quit >&3
+  exec 3>&-
+  wait "$serve_pid"
+  check "the program exits cleanly" test $? = 0
+else
+  ko "$serve is built (make test builds it)"
+fi
+err=$(cd "$tmp" && env -u LD_PRELOAD PYTHONPATH="$P/lib/vmmshim/python" python3 -c 'import vmmshim; vmmshim.sleep("kv")' 2>&1 | tail -n 1)
+check "the installed module without the shim: the one line [$err]" \
+  test "$err" = 'vmmshim.NotPreloaded: vmmshim: the shim is not preloaded: run under `vmmshim` or LD_PRELOAD=.../libvmmshim.so'
 
 # ---- make uninstall ----
 : > "$P/bin/not-ours"
