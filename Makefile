@@ -1,5 +1,6 @@
 # vmmshim: build, test, benchmark.
-#   make            build/libvmmshim.so (and the launcher's man page, build/vmmshim.1)
+#   make            build/libvmmshim.so, the launcher's man page build/vmmshim.1 and the page of
+#                   every variable, build/vmmshim.7
 #   make demo       build and run the bundled CUDA program under the shim (needs a GPU)
 #   make test       CPU tests on the host emulation of the driver, then under sanitizers (CI runs this)
 #   make test-sanitize  only the sanitizer pass
@@ -7,7 +8,7 @@
 #   make bench      GPU benchmarks (needs a GPU and nvcc)
 #   make bench-spread  the irregular workloads at seeds 1-5, default and small handles (GPU)
 #   make bench-cpu  the shim's own costs on the host emulation (no GPU)
-#   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc, the man page and
+#   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc, the man pages and
 #                   the Python client and module (lib/vmmshim/python) under $(DESTDIR)$(PREFIX)
 #                   (PREFIX=/usr/local); make uninstall removes them
 # Every target that compiles runs scripts/deps.sh first: it checks for uthash.h (installs
@@ -39,10 +40,11 @@ OBJ       := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 SRC_ALL   := $(wildcard src/*/*.c)
 LIB       := $(BUILD)/libvmmshim.so
 MAN       := $(BUILD)/vmmshim.1
+MAN7      := $(BUILD)/vmmshim.7
 PC        := $(BUILD)/vmmshim.pc
 
 .PHONY: all demo test test-sanitize gpu-test bench bench-spread bench-cpu clean deps install uninstall FORCE
-all: $(LIB) $(MAN)
+all: $(LIB) $(MAN) $(MAN7)
 
 # The dependency check: a prerequisite of every target, order-only for each object, so that
 # with -j nothing compiles before it has finished. It runs on every make and is silent and
@@ -66,13 +68,27 @@ $(BUILD) $(BUILD)/obj $(BUILD)/emu $(BUILD)/tests $(BUILD)/bench:
 $(MAN): scripts/vmmshim scripts/gen-man.sh | $(BUILD)
 	sh scripts/gen-man.sh scripts/vmmshim > $@.tmp && mv $@.tmp $@
 
-# The pkg-config file, remade on every make install for the PREFIX given.
+# vmmshim(7), every VMMSHIM_* variable: the values each accepts and its default come from the
+# shim's own option table (src/base/config.c, printed by man/options.c), the prose from
+# man/variables.txt; scripts/gen-man7.sh puts them together and fails on a variable one has and
+# the other lacks.
+$(BUILD)/vmmshim-options: man/options.c src/base/config.c $(HDR) | $(BUILD)
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -O1 -Iinclude -I$(CUDA_HOME)/include -o $@ man/options.c src/base/config.c
+
+$(MAN7): $(BUILD)/vmmshim-options man/variables.txt scripts/gen-man7.sh include/vmmshim.h | $(BUILD)
+	$(BUILD)/vmmshim-options > $@.options
+	sh scripts/gen-man7.sh $@.options man/variables.txt \
+	  "$$(sed -n 's/^#define VMMSHIM_VERSION "\(.*\)"$$/\1/p' include/vmmshim.h)" > $@.tmp && mv $@.tmp $@
+	rm -f $@.options
+
+# The pkg-config file, remade on every make install for the PREFIX given. Cflags only: a program
+# never links against the shim (it is preloaded; vmmshim.h's functions are found with dlsym).
 $(PC): include/vmmshim.h FORCE | $(BUILD)
 	@printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' 'libdir=$${prefix}/lib' \
 	  'includedir=$${prefix}/include' '' 'Name: vmmshim' \
 	  'Description: CUDA device allocations served from pools on the driver VMM API (LD_PRELOAD)' \
 	  "Version: $$(sed -n 's/^#define VMMSHIM_VERSION "\(.*\)"$$/\1/p' include/vmmshim.h)" \
-	  'Libs: -L$${libdir} -lvmmshim' 'Cflags: -I$${includedir}' > $@
+	  'Cflags: -I$${includedir}' > $@
 
 # ---- host emulation of the CUDA driver and runtime (tests/emu) ----
 EMU_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -fPIC -Itests/emu -Iinclude -I$(CUDA_HOME)/include -pthread
@@ -148,7 +164,7 @@ $(eval $(call SANITIZER_BUILD,tsan))
 SAN_DEPS := $(BUILD)/asan/libvmmshim.so $(BUILD)/tsan/libvmmshim.so \
             $(T_UNIT_NAMES:%=$(BUILD)/asan/tests/%) $(T_UNIT_NAMES:%=$(BUILD)/tsan/tests/%)
 
-TEST_DEPS := deps $(LIB) $(MAN) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC) \
+TEST_DEPS := deps $(LIB) $(MAN) $(MAN7) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC) \
              $(BUILD)/bench/frag_floor
 
 # Every CPU test on the release library, then the sanitizer pass (tests/run.sh says which tests).
@@ -191,22 +207,24 @@ bench-cpu: deps $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag $(BUILD)
 # The launcher finds the library at ../lib/libvmmshim.so next to itself, and the client of
 # vmmshim ctl / top at ../lib/vmmshim/python/vmmshim_ctl.py, so the layout under PREFIX is fixed:
 # bin, lib, lib/pkgconfig, lib/vmmshim/python (the vmmshim module: PYTHONPATH=$$(vmmshim ctl
-# --python-path)), include, share/man/man1.
+# --python-path)), include, share/man/man1 and man7.
 PY_DIR    := lib/vmmshim/python
 PY_MOD    := $(wildcard scripts/python/vmmshim/*.py)
 INSTALLED := $(PREFIX)/lib/libvmmshim.so $(PREFIX)/lib/pkgconfig/vmmshim.pc \
              $(PREFIX)/bin/vmmshim $(PREFIX)/bin/vmmshim-report $(PREFIX)/bin/vmmshim-replay \
-             $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1 \
+             $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1 $(PREFIX)/share/man/man7/vmmshim.7 \
              $(PREFIX)/$(PY_DIR)/vmmshim_ctl.py $(PY_MOD:scripts/python/%=$(PREFIX)/$(PY_DIR)/%)
 INSTDIR   := $(DESTDIR)$(PREFIX)
 
-install: $(LIB) $(MAN) $(PC)
-	install -d -m 755 $(INSTDIR)/bin $(INSTDIR)/lib/pkgconfig $(INSTDIR)/include $(INSTDIR)/share/man/man1
+install: $(LIB) $(MAN) $(MAN7) $(PC)
+	install -d -m 755 $(INSTDIR)/bin $(INSTDIR)/lib/pkgconfig $(INSTDIR)/include $(INSTDIR)/share/man/man1 \
+	  $(INSTDIR)/share/man/man7
 	install -m 644 $(LIB) $(INSTDIR)/lib/libvmmshim.so
 	install -m 644 $(PC) $(INSTDIR)/lib/pkgconfig/vmmshim.pc
 	install -m 755 scripts/vmmshim scripts/vmmshim-report scripts/vmmshim-replay $(INSTDIR)/bin/
 	install -m 644 include/vmmshim.h $(INSTDIR)/include/vmmshim.h
 	install -m 644 $(MAN) $(INSTDIR)/share/man/man1/vmmshim.1
+	install -m 644 $(MAN7) $(INSTDIR)/share/man/man7/vmmshim.7
 	install -d -m 755 $(INSTDIR)/$(PY_DIR)/vmmshim
 	install -m 644 scripts/python/vmmshim_ctl.py $(INSTDIR)/$(PY_DIR)/vmmshim_ctl.py
 	install -m 644 $(PY_MOD) $(INSTDIR)/$(PY_DIR)/vmmshim/

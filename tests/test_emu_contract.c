@@ -818,7 +818,8 @@ static void test_lookup_new(void) {
   static const struct { const char *name; int ver; } syms[] = {
       {"cuDeviceCanAccessPeer", 4000},      {"cuCtxEnablePeerAccess", 4000}, {"cuCtxDisablePeerAccess", 4000},
       {"cuDeviceGetDefaultMemPool", 11020}, {"cuDeviceGetMemPool", 11020},   {"cuMemPoolSetAccess", 11020},
-      {"cuMemPoolGetAccess", 11020},        {"cuIpcGetMemHandle", 4010},     {"cuIpcCloseMemHandle", 4010}};
+      {"cuMemPoolGetAccess", 11020},        {"cuIpcGetMemHandle", 4010},     {"cuIpcCloseMemHandle", 4010},
+      {"cuMemPoolGetAttribute", 11020},     {"cuMemPoolSetAttribute", 11020}, {"cuMemPoolTrimTo", 11020}};
   CUdriverProcAddressQueryResult st;
   for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
     void *p = NULL;
@@ -832,6 +833,143 @@ static void test_lookup_new(void) {
   CHECK_COND(cuGetErrorName(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, &s) == CUDA_SUCCESS &&
              strcmp(s, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED") == 0);
   CHECK_COND(cuGetErrorName(CUDA_ERROR_MAP_FAILED, &s) == CUDA_SUCCESS && strcmp(s, "CUDA_ERROR_MAP_FAILED") == 0);
+}
+
+/* ---- the default pool keeps freed memory: attributes, release threshold, trim ---- */
+
+static cuuint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a) {
+  cuuint64_t v = 0xdeadull;
+  CHECK(cuMemPoolGetAttribute(pool, a, &v) == CUDA_SUCCESS, "cuMemPoolGetAttribute(%d)", (int)a);
+  return v;
+}
+#define RESERVED(p) pool_attr(p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+#define USED(p) pool_attr(p, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+
+typedef int (*rt_pool_attr_t)(CUmemoryPool, int, void *);
+typedef int (*rt_pool_trim_t)(CUmemoryPool, size_t);
+typedef int (*rt_pool_get_t)(CUmemoryPool *, int);
+
+static void test_pool_attributes(void) {
+  CUmemoryPool pool = NULL;
+  CHECK_COND(cuDeviceGetDefaultMemPool(&pool, 0) == CUDA_SUCCESS && pool);
+  CHECK_COND(cuCtxSynchronize() == CUDA_SUCCESS);
+  CHECK_NO_VIOLATION(cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+  CHECK_COND(RESERVED(pool) == 0 && USED(pool) == 0);
+  CHECK_COND(pool_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) == 0); /* the driver's default */
+  for (int a = CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES; a <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES; a++) {
+    int on = -1;
+    CHECK(cuMemPoolGetAttribute(pool, (CUmemPool_attribute)a, &on) == CUDA_SUCCESS && on == 1, "reuse flag %d: %d", a, on);
+  }
+  cuuint64_t zero = 0, one = 1;
+  CHECK_NO_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero), CUDA_SUCCESS);
+  CHECK_NO_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero), CUDA_SUCCESS);
+  CHECK_COND(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) == 0 && pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) == 0);
+
+  CUstream s;
+  CHECK_COND(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  size_t dev0 = emu_device_used(0);
+  CUdeviceptr a = 0, b = 0, c = 0;
+  CHECK_COND(cuMemAllocAsync(&a, 1 * MiB, s) == CUDA_SUCCESS && cuMemAllocAsync(&b, 3 * MiB, s) == CUDA_SUCCESS);
+  CHECK_COND(USED(pool) == 4 * MiB && RESERVED(pool) == 4 * MiB && emu_device_used(0) == dev0 + 4 * MiB);
+  CHECK_COND(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) == 4 * MiB);
+  /* a stream-ordered free counts at once in the use, in the reserve until its stream reaches it */
+  CHECK_COND(cuMemFreeAsync(b, s) == CUDA_SUCCESS);
+  CHECK_COND(USED(pool) == 1 * MiB && RESERVED(pool) == 4 * MiB);
+  CHECK_NO_VIOLATION(cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+  CHECK_COND(RESERVED(pool) == 4 * MiB); /* not reached yet: outstanding */
+  emu_complete(s, -1);
+  CHECK_COND(RESERVED(pool) == 4 * MiB && emu_device_used(0) == dev0 + 4 * MiB); /* kept by the pool */
+  emu_counters_t ec;
+  emu_get_counters(&ec);
+  CHECK_COND(ec.pool_idle_bytes == 3 * MiB);
+  /* the next allocation takes the kept memory */
+  CHECK_COND(cuMemAllocAsync(&c, 2 * MiB, s) == CUDA_SUCCESS);
+  CHECK_COND(USED(pool) == 3 * MiB && RESERVED(pool) == 4 * MiB && emu_device_used(0) == dev0 + 4 * MiB);
+  CHECK_COND(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) == 4 * MiB);
+  CHECK_NO_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero), CUDA_SUCCESS);
+  CHECK_COND(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) == 3 * MiB); /* reset to the current value */
+  CHECK_COND(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) == 4 * MiB);
+  /* trims keep at least what they are asked to, and never what is in use */
+  CHECK_NO_VIOLATION(cuMemPoolTrimTo(pool, 3 * MiB + MiB / 2), CUDA_SUCCESS);
+  CHECK_COND(RESERVED(pool) == 3 * MiB + MiB / 2);
+  CHECK_NO_VIOLATION(cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+  CHECK_COND(RESERVED(pool) == 3 * MiB && emu_device_used(0) == dev0 + 3 * MiB);
+  CHECK_COND(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) == 4 * MiB);
+  CHECK_NO_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero), CUDA_SUCCESS);
+  CHECK_COND(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) == 3 * MiB);
+
+  /* the release threshold: what the pool keeps through a synchronisation */
+  cuuint64_t keep_all = UINT64_MAX, some = 3 * MiB / 2;
+  CHECK_NO_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all), CUDA_SUCCESS);
+  CHECK_COND(pool_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) == UINT64_MAX);
+  CHECK_COND(cuMemFreeAsync(c, s) == CUDA_SUCCESS && cuStreamSynchronize(s) == CUDA_SUCCESS);
+  CHECK_COND(RESERVED(pool) == 3 * MiB && USED(pool) == 1 * MiB);
+  CHECK_NO_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &some), CUDA_SUCCESS);
+  CHECK_COND(RESERVED(pool) == 3 * MiB); /* applied at the next synchronisation, not before */
+  CHECK_COND(cuStreamSynchronize(s) == CUDA_SUCCESS);
+  CHECK_COND(RESERVED(pool) == some);
+  CHECK_NO_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero), CUDA_SUCCESS);
+  CHECK_COND(cuCtxSynchronize() == CUDA_SUCCESS && RESERVED(pool) == 1 * MiB);
+  /* a synchronous free of pool memory: kept until a synchronisation (an event's here) */
+  CHECK_COND(cuMemFree(a) == CUDA_SUCCESS);
+  CHECK_COND(USED(pool) == 0 && RESERVED(pool) == 1 * MiB);
+  CUevent ev;
+  CHECK_COND(cuEventCreate(&ev, 0) == CUDA_SUCCESS && cuEventRecord(ev, s) == CUDA_SUCCESS);
+  CHECK_COND(cuEventSynchronize(ev) == CUDA_SUCCESS && cuEventDestroy(ev) == CUDA_SUCCESS);
+  CHECK_COND(RESERVED(pool) == 0 && emu_device_used(0) == dev0);
+  CHECK_COND(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) == 3 * MiB);
+
+  /* graph allocations are not the pool's */
+  CUgraph g = NULL;
+  CUdeviceptr ga = 0;
+  CHECK_COND(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAllocAsync(&ga, 8 * MiB, s) == CUDA_SUCCESS);
+  CHECK_COND(cuStreamEndCapture(s, &g) == CUDA_SUCCESS);
+  CHECK_COND(USED(pool) == 0 && RESERVED(pool) == 0);
+  CHECK_COND(cuGraphDestroy(g) == CUDA_SUCCESS && cuMemFree(ga) == CUDA_SUCCESS);
+
+  /* the reuse flags are kept */
+  int off = 0, on = 1, got = -1;
+  CHECK_NO_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &off), CUDA_SUCCESS);
+  CHECK_COND(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &got) == CUDA_SUCCESS && got == 0);
+  CHECK_NO_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &on), CUDA_SUCCESS);
+
+  /* what the driver rejects */
+  CUmemoryPool unknown = (CUmemoryPool)(uintptr_t)&off;
+  cuuint64_t v = 0;
+  CHECK_VIOLATION(cuMemPoolGetAttribute(unknown, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, NULL), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolGetAttribute(pool, (CUmemPool_attribute)99, &v), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &one), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &one), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &zero), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &zero), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, NULL), CUDA_ERROR_INVALID_VALUE);
+  CHECK_VIOLATION(cuMemPoolTrimTo(unknown, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_COND(pool_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) == 0);
+
+  /* the same through the runtime */
+  void *rt = open_runtime();
+  rt_malloc_async_t ma = rt ? (rt_malloc_async_t)dlsym(rt, "cudaMallocAsync") : NULL;
+  rt_free_async_t fa = rt ? (rt_free_async_t)dlsym(rt, "cudaFreeAsync") : NULL;
+  rt_pool_attr_t rget = rt ? (rt_pool_attr_t)dlsym(rt, "cudaMemPoolGetAttribute") : NULL;
+  rt_pool_attr_t rset = rt ? (rt_pool_attr_t)dlsym(rt, "cudaMemPoolSetAttribute") : NULL;
+  rt_pool_trim_t rtrim = rt ? (rt_pool_trim_t)dlsym(rt, "cudaMemPoolTrimTo") : NULL;
+  rt_pool_get_t rcur = rt ? (rt_pool_get_t)dlsym(rt, "cudaDeviceGetMemPool") : NULL;
+  CHECK_COND(ma && fa && rget && rset && rtrim && rcur);
+  if (ma && fa && rget && rset && rtrim && rcur) {
+    CUmemoryPool cur = NULL;
+    void *p = NULL;
+    CHECK_COND(rcur(&cur, 0) == 0 && cur == pool);
+    CHECK_COND(ma(&p, 5 * MiB, s) == 0);
+    CHECK_COND(rget(pool, 7 /* cudaMemPoolAttrUsedMemCurrent */, &v) == 0 && v == 5 * MiB);
+    CHECK_COND(rset(pool, 8 /* cudaMemPoolAttrUsedMemHigh */, &zero) == 0);
+    CHECK_COND(rset(pool, 8, &one) == 1); /* cudaErrorInvalidValue */
+    CHECK_COND(fa(p, s) == 0 && cuStreamSynchronize(s) == CUDA_SUCCESS);
+    CHECK_COND(rget(pool, 5 /* cudaMemPoolAttrReservedMemCurrent */, &v) == 0 && v == 0);
+    CHECK_COND(rtrim(pool, 0) == 0);
+  }
+  CHECK_COND(cuStreamDestroy(s) == CUDA_SUCCESS);
 }
 
 /* ---- a VMM handle exported as a file descriptor, imported in another process ---- */
@@ -1101,6 +1239,8 @@ static void mgpu_pools(CUcontext c0, CUcontext c1) {
   CHECK_ACCESS_FAULT(emu_device_access(0, p1, 16, 0)); /* pool access does not reach cuMemAlloc memory */
   CHECK_COND(cuMemAllocAsync(&q2, 100, NULL) == CUDA_SUCCESS); /* a later allocation */
   CHECK_ACCESS_OK(emu_device_access(0, q2, 100, 0));
+  CHECK_COND(USED(pool1) == 1 * MiB + 100 && RESERVED(pool1) == 1 * MiB + 100); /* each device its own pool */
+  CHECK_COND(USED(pool0) == 0 && RESERVED(pool0) == 0);
   CUmemAccessDesc two[2] = {{{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
                             {{CU_MEM_LOCATION_TYPE_DEVICE, 2}, CU_MEM_ACCESS_FLAGS_PROT_READ}};
   CHECK_NO_VIOLATION(cuMemPoolSetAccess(pool1, two, 2), CUDA_SUCCESS);
@@ -1330,6 +1470,7 @@ int main(int argc, char **argv) {
   test_threads();
   test_errors();
   test_lookup_new();
+  test_pool_attributes();
   test_ipc();
   test_import();
   check_run_child("mgpu", (char *)NULL);

@@ -35,12 +35,17 @@
  *   peers    two devices, device 1 granted access by peer access: after a wake, device 1 reads
  *            the woken bytes (access given again).
  *   nohost   a device without host-location VMM: host and mapped modes leave everything on the
- *            device with the reason; discard works. */
+ *            device with the reason; discard works.
+ *   ipc      a block another process holds open through CUDA IPC stays on the device (the answer
+ *            says why), the rest of the tag sleeps; once the importer closed it, it sleeps too.
+ *   big      a block on one 150 MiB handle (three host buffers of 64 MiB and one of the rest):
+ *            mapped and host cycles keep every byte. */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sys/wait.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +72,7 @@
 #pragma weak vmmshim_api_version
 
 static vmmshim_sleep_result_t g_res;
+static const char *g_self;
 
 static int do_sleep(const char *tag, vmmshim_sleep_mode_t mode) {
   memset(&g_res, 0, sizeof g_res);
@@ -497,6 +503,98 @@ static void scenario_nohost(void) {
   cudaFree(w);
 }
 
+/* A block on one handle larger than a host buffer: its bytes span several buffers. */
+static void scenario_big(void) {
+  size_t n = 150 * MiB;
+  char *b = tagged_malloc("big", n);
+  if (!b) return;
+  pat_fill_sparse(b, n, 61);
+  CHECK(do_sleep("big", VMMSHIM_SLEEP_MAPPED) == 0, "sleep mapped: %s", g_res.reason);
+  CHECK(mapped_as(b, n) == 1 && pat_check_sparse(b, n, 61) == (size_t)-1, "served from host buffers, intact");
+  pat_fill_sparse(b, n, 62);
+  CHECK(do_wake("big", 0) == 0, "wake: %s", g_res.reason);
+  CHECK(mapped_as(b, n) == 0 && pat_check_sparse(b, n, 62) == (size_t)-1, "on the device, with what was written");
+  CHECK(do_sleep("big", VMMSHIM_SLEEP_HOST) == 0 && do_wake("big", 0) == 0, "host cycle");
+  CHECK(pat_check_sparse(b, n, 62) == (size_t)-1, "intact after the host cycle");
+  cudaFree(b);
+  CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
+}
+
+/* The importer of scenario ipc: opens the handle given in SLEEP_IPC_HANDLE (hex), says "open" on
+ * stdout, then closes it when a line arrives on stdin. */
+static void scenario_importer(void) {
+  const char *hex = getenv("SLEEP_IPC_HANDLE");
+  cudaIpcMemHandle_t h;
+  memset(&h, 0, sizeof h);
+  for (size_t i = 0; hex && i < sizeof h && hex[2 * i] && hex[2 * i + 1]; i++) {
+    unsigned v = 0;
+    sscanf(hex + 2 * i, "%2x", &v);
+    ((unsigned char *)&h)[i] = (unsigned char)v;
+  }
+  void *p = NULL;
+  cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  CHECK(e == cudaSuccess && p, "importer opens the handle: %s", cudaGetErrorName(e));
+  printf("open\n");
+  fflush(stdout);
+  char line[16];
+  if (!fgets(line, sizeof line, stdin)) line[0] = 0;
+  if (p) CHECK(cudaIpcCloseMemHandle(p) == cudaSuccess, "importer closes");
+}
+
+/* A block another process holds open through CUDA IPC stays on the device; once closed, it sleeps. */
+static void scenario_ipc(const char *self) {
+  size_t n = 8 * MiB;
+  char *x = tagged_malloc("shared", n);
+  char *y = tagged_malloc("shared", 80 * MiB); /* on a handle of its own: not held */
+  if (!x || !y) return;
+  pat_fill_sparse(x, n, 71);
+  cudaIpcMemHandle_t h;
+  CHECK(cudaIpcGetMemHandle(&h, x) == cudaSuccess, "export");
+  char hex[2 * sizeof h + 1];
+  for (size_t i = 0; i < sizeof h; i++) sprintf(hex + 2 * i, "%02x", ((unsigned char *)&h)[i]);
+  int to_child[2], from_child[2];
+  if (pipe(to_child) || pipe(from_child)) return;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(to_child[0], 0);
+    dup2(from_child[1], 1);
+    close(to_child[1]);
+    close(from_child[0]);
+    setenv("SLEEP_IPC_HANDLE", hex, 1);
+    execl("/proc/self/exe", self, "importer", (char *)NULL);
+    _exit(127);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  FILE *in = fdopen(from_child[0], "r");
+  char line[256] = "";
+  int opened = 0;
+  while (in && fgets(line, sizeof line, in)) {
+    if (!strncmp(line, "open", 4)) {
+      opened = 1;
+      break;
+    }
+    fputs(line, stdout); /* the importer's failures, if any */
+  }
+  CHECK(opened, "the importer opened the block");
+  CHECK(do_sleep("shared", VMMSHIM_SLEEP_HOST) == 0, "sleep: %s", g_res.reason);
+  CHECK(g_res.skipped >= n && strstr(g_res.reason, "importer") != NULL, "held block skipped: %llu (%s)",
+        (unsigned long long)g_res.skipped, g_res.reason);
+  CHECK(mapped_as(x, n) == 0 && mapped_as(y, 80 * MiB) == -1, "the held block stays, the other sleeps");
+  CHECK(do_wake("shared", 0) == 0, "wake");
+  if (write(to_child[1], "close\n", 6) != 6) CHECK(0, "tell the importer");
+  int st = 0;
+  waitpid(pid, &st, 0);
+  while (in && fgets(line, sizeof line, in)) fputs(line, stdout); /* the importer's checks */
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the importer ran clean: status %d", st);
+  CHECK(do_sleep("shared", VMMSHIM_SLEEP_HOST) == 0 && g_res.skipped == 0, "closed: everything sleeps (%llu skipped)",
+        (unsigned long long)g_res.skipped);
+  CHECK(do_wake("shared", 0) == 0 && pat_check_sparse(x, n, 71) == (size_t)-1, "intact");
+  if (in) fclose(in);
+  close(to_child[1]);
+  cudaFree(x), cudaFree(y);
+}
+
 static void run_scenario(const char *name) {
   if (!strcmp(name, "peers")) emu_set_device_count(2);
   if (!strcmp(name, "nohost")) emu_set_host_vmm(0);
@@ -515,10 +613,14 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "limit")) scenario_limit();
   else if (!strcmp(name, "peers")) scenario_peers();
   else if (!strcmp(name, "nohost")) scenario_nohost();
+  else if (!strcmp(name, "big")) scenario_big();
+  else if (!strcmp(name, "ipc")) scenario_ipc(g_self);
+  else if (!strcmp(name, "importer")) scenario_importer();
   else CHECK(0, "unknown scenario %s", name);
 }
 
 int main(int argc, char **argv) {
+  g_self = argv[0];
   const char *child = check_child_main(argc, argv);
   if (child) {
     run_scenario(child);
@@ -539,5 +641,7 @@ int main(int argc, char **argv) {
   check_run_child("limit", "VMMSHIM_HOST_LIMIT=128M", NULL);
   check_run_child("peers", NULL);
   check_run_child("nohost", NULL);
+  check_run_child("big", NULL);
+  check_run_child("ipc", NULL);
   return check_summary();
 }

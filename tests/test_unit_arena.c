@@ -5,7 +5,8 @@
  *   - a thread that finds its arena's lock held by another allocating thread 4 times moves to
  *     another arena (driven step by step); threads hammering one arena at once keep it whole;
  *   - out of memory in one arena takes back what another holds idle;
- *   - bytes in use and the peak are exact for one thread and sum up across threads. */
+ *   - bytes in use and the peak are exact for one thread and sum up across threads;
+ *   - the device's default pool (cuMemPoolGetAttribute, cuMemPoolTrimTo) sums its arenas. */
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
@@ -101,6 +102,63 @@ static void test_two_arenas(void) {
   for (int i = 0; i < 4; i++) CHECK(free_ok(b[i]) && free_ok(a[i]), "cross-thread free %d", i);
   CHECK(!_vs_free(VMMSHIM_API_DRIVER, b[0], VS_NO_STREAM, &err), "second free refused");
   CHECK(_vs_pool_check(pa) == 0 && _vs_pool_check(pb) == 0, "both arenas consistent");
+}
+
+/* ---- the device's default pool sums its arenas (mempool.c) ---- */
+typedef struct {
+  unsigned arena;
+  size_t size;
+  CUdeviceptr p, sync;
+} stream_job_t;
+
+static void *stream_alloc_job(void *arg) {
+  stream_job_t *j = arg;
+  cuCtxSetCurrent(g_ctx);
+  _vs_arena_select(j->arena);
+  CUresult err = CUDA_SUCCESS;
+  if (_vs_alloc(VMMSHIM_API_DRIVER_ASYNC, j->size, CU_STREAM_LEGACY, &j->p, &err) != VS_ALLOC_SERVED) j->p = 0;
+  j->sync = alloc_or_0(j->size); /* a synchronous block: not the stream-ordered allocator's */
+  return NULL;
+}
+
+static cuuint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a) {
+  cuuint64_t v = 0;
+  _vs_mempool_got_attribute(pool, a, &v);
+  return v;
+}
+
+static void test_default_pool_sums_arenas(void) {
+  CUmemoryPool pool = NULL;
+  CHECK(cuDeviceGetDefaultMemPool(&pool, 0) == CUDA_SUCCESS && pool, "default pool");
+  CHECK(_vs_mempool_trim(pool, 0) == 0 && pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 0,
+        "nothing reserved at the start");
+  cuuint64_t zero = 0;
+  _vs_mempool_set_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero);
+  stream_job_t ja = {0, 3 * MiB, 0, 0}, jb = {1, 5 * MiB, 0, 0};
+  pthread_t t;
+  pthread_create(&t, NULL, stream_alloc_job, &ja);
+  pthread_join(t, NULL);
+  pthread_create(&t, NULL, stream_alloc_job, &jb);
+  pthread_join(t, NULL);
+  CHECK(ja.p && jb.p && ja.sync && jb.sync, "served");
+  CHECK(_vs_dir_lookup(ja.p) != _vs_dir_lookup(jb.p), "two arenas");
+  CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) == 8 * MiB, "used %llu, want 8 MiB",
+        (unsigned long long)pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
+  CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) == 8 * MiB, "used high");
+  cuuint64_t reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+  CHECK(reserved == stats().bytes_mapped - 8 * MiB, "reserve %llu: mapped %llu less the synchronous blocks",
+        (unsigned long long)reserved, (unsigned long long)stats().bytes_mapped);
+  CUresult err;
+  CHECK(_vs_free(VMMSHIM_API_DRIVER_ASYNC, ja.p, CU_STREAM_LEGACY, &err) && free_ok(ja.sync), "free arena 0's");
+  CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) == 5 * MiB, "used after a free");
+  CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) == 8 * MiB, "the high watermark stays");
+  CHECK(_vs_free(VMMSHIM_API_DRIVER_ASYNC, jb.p, CU_STREAM_LEGACY, &err) && free_ok(jb.sync), "free arena 1's");
+  CHECK(_vs_mempool_trim(pool, 0) == 0, "the shim keeps nothing for the driver to keep");
+  CHECK(pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) == 0 && stats().bytes_mapped == 0,
+        "both arenas trimmed: reserve %llu, mapped %llu",
+        (unsigned long long)pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+        (unsigned long long)stats().bytes_mapped);
+  CHECK(_vs_mempool_trim((CUmemoryPool)(uintptr_t)&zero, 7) == 7, "another pool is the driver's alone");
 }
 
 /* ---- contention moves a thread to another arena ----
@@ -262,6 +320,7 @@ int main(void) {
   CHECK(_vs_active(), "shim active");
   test_stats_one_thread();
   test_two_arenas();
+  test_default_pool_sums_arenas();
   test_contention_moves();
   test_threads_at_once();
   test_oom_takes_sibling_idle();

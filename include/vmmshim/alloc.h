@@ -27,6 +27,8 @@ void _vs_stream_destroyed(CUstream stream);
 /* Drop the pools of a context that is being destroyed or reset (ctx NULL: all of device dev). */
 void _vs_drop_context(CUcontext ctx, int dev);
 size_t _vs_trim_all(void);
+/* Calls fn for every arena of every live context on device dev (rare paths: the pool queries). */
+void _vs_visit_device_arenas(int dev, void (*fn)(vs_pool_t *pool, void *arg), void *arg);
 /* Moves the calling thread to arena idx (mod VMMSHIM_ARENAS); contention does it by itself. */
 void _vs_arena_select(unsigned idx);
 
@@ -77,5 +79,21 @@ const char *_vs_tag_name(int id);
 int _vs_tag_count(void);
 bool _vs_tag_keep(int id);
 int _vs_set_process_tag(const char *tag);
+
+/* ---------------------------------------------------------------- "mempool.c" */
+/* The queries a program makes about the stream-ordered allocator's pool, on a pool the shim
+ * stands in for: each device's default pool (its stream-ordered allocations are the shim's).
+ * The driver answers first (its pool holds what passed through); these add the shim's part.
+ * Any other pool (one the program created) is the driver's alone. */
+/* cuMemPoolGetAttribute succeeded: the shim's figures are added to the reserve, use and their
+ * high watermarks. */
+void _vs_mempool_got_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+/* cuMemPoolSetAttribute succeeded: a release threshold is applied to the device's pools, a
+ * reset of a high watermark resets theirs. */
+void _vs_mempool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attr, const void *value);
+/* cuMemPoolTrimTo(pool, keep): the device's pools give back idle memory down to `keep` bytes of
+ * reserve (never below); returns what the driver's pool is to keep, for the reserve of both
+ * to stay at or above `keep`. */
+size_t _vs_mempool_trim(CUmemoryPool pool, size_t keep);
 
 #endif

@@ -97,6 +97,7 @@ typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIN
   X(VERBOSE, VS_KIND_BOOL, 0)                    /* print version and options at start */   \
   X(TRACE, VS_KIND_STRING, 0)                    /* trace path, %p pid, %r rank */          \
   X(TRACE_FORMAT, VS_KIND_TRACE_FORMAT, VS_TRACE_NATIVE) /* native | rmm */                \
+  X(TRACE_MAX, VS_KIND_SIZE, 0)                  /* trace file cap in bytes, 0 = none */    \
   X(DUMP_SIGNAL, VS_KIND_SIGNAL, SIGUSR2)        /* signal that writes the memory report, 0 off */ \
   X(TRACE_STACKS, VS_KIND_FRAMES, 0)             /* frames per traced allocation, 0 off */  \
   X(TRACE_STACKS_MIN, VS_KIND_SIZE, 0)           /* allocations this large always get one */ \
@@ -104,7 +105,7 @@ typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIN
   X(TRACE_UNWIND, VS_KIND_UNWIND, VS_UNWIND_AUTO) /* auto | libunwind | dwarf | fp */        \
   X(TRACE_PYTHON, VS_KIND_PYTHON, VS_PYTHON_ON)  /* off | held | on: Python frames (pyframes.c) */ \
   X(PEER_ACCESS, VS_KIND_PEER, VS_PEER_AUTO)     /* auto | all | none */            \
-  X(TAG, VS_KIND_STRING, 0)                      /* tag of new allocations at start ("default") */ \
+  X(TAG, VS_KIND_TAG, 0)                         /* tag of new allocations at start ("default") */ \
   X(HOST_LIMIT, VS_KIND_SIZE, 0)                 /* cap on host memory of sleeping tags, 0 = none */ \
   X(HOST_RESERVE, VS_KIND_SIZE, 0)               /* host memory made ahead for sleeps */ \
   X(SLEEP_WAIT, VS_KIND_SAMPLE, 10000)           /* ms a sleep waits for a capture to end */
@@ -123,7 +124,8 @@ typedef enum vs_option_kind_e {
   VS_KIND_SAMPLE, /* 1 .. 1000000000 */
   VS_KIND_UNWIND,
   VS_KIND_PYTHON,
-  VS_KIND_PEER
+  VS_KIND_PEER,
+  VS_KIND_TAG /* a tag name (vmmshim.h): 1-31 of A-Z a-z 0-9 _ . - */
 } vs_option_kind_t;
 
 typedef enum vs_option_e {
@@ -137,7 +139,7 @@ typedef enum vs_option_e {
 void _vs_config_init(void);
 /* Hot-path getters: no parsing, no getenv. */
 uint64_t _vs_option(vs_option_t opt);
-const char *_vs_option_string(vs_option_t opt); /* STRING and LOG kinds: the text, or NULL */
+const char *_vs_option_string(vs_option_t opt); /* STRING, LOG and TAG kinds: the text, or NULL */
 void _vs_config_print(void);                   /* VMMSHIM_VERBOSE */
 void _vs_config_report(void);                  /* warns about malformed values, once the log is open */
 /* Parsers, exposed for tests. Return 0 on success, -1 on a malformed value. */
@@ -146,6 +148,9 @@ int _vs_parse_bool(const char *text, uint64_t *out);
 int _vs_parse_signal(const char *text, uint64_t *out); /* "USR2", "SIGUSR2", "12"; "0"/"off": 0 */
 /* Re-reads the environment (tests only). */
 void _vs_config_reload(void);
+/* Option i (0 .. VS_OPT_COUNT-1) as its messages word it, for the vmmshim(7) page: the variable,
+ * the values it accepts and its default (written to buf). Returns -1 past the last option. */
+int _vs_option_describe(int i, const char **name, const char **accepted, char *buf, size_t n);
 
 /* ---------------------------------------------------------------- "log.c" */
 

@@ -52,6 +52,31 @@ CUresult _vs_pool_reclaim(vs_pool_t *pool);
 /* Unmaps and releases whole idle handles until at most keep_bytes idle bytes remain; returns
  * the bytes released. */
 size_t _vs_pool_trim(vs_pool_t *pool, size_t keep_bytes);
+/* The same, releasing only handles that leave at least keep_bytes idle bytes (as
+ * cuMemPoolTrimTo keeps at least what it is asked to keep). */
+size_t _vs_pool_trim_exact(vs_pool_t *pool, size_t keep_bytes);
+
+/* The device's stream-ordered allocator, as the driver's pool attributes describe it
+ * (cuMemPoolGetAttribute on the device's default pool; the layer above sums the device's
+ * pools). A pool's memory serves cudaMalloc and cudaMallocAsync alike: the "reserve" of the
+ * stream-ordered allocator is what the pool maps minus what live synchronous allocations
+ * (cudaMalloc, cuMemAlloc) hold, i.e. what stream-ordered allocations hold or could be given. */
+typedef struct vs_pool_usage_s {
+  size_t reserved, reserved_high; /* mapped minus live synchronous blocks; its high watermark */
+  size_t used, used_high;         /* bytes asked for by live blocks allocated on a stream, as the
+                                     driver counts them; its high watermark */
+  size_t idle;                    /* free bytes (the part of the reserve trimming may give back) */
+} vs_pool_usage_t;
+void _vs_pool_usage(vs_pool_t *pool, vs_pool_usage_t *out);
+/* Resets the high watermarks to the current values (setting them to 0, as the driver does). */
+void _vs_pool_reset_high(vs_pool_t *pool, bool reserved, bool used);
+/* The release threshold a program set on device dev's default pool (cuMemPoolSetAttribute,
+ * CU_MEMPOOL_ATTR_RELEASE_THRESHOLD): each pool of the device gives back whole idle handles
+ * while its reserve is above it, at each free as with VMMSHIM_RELEASE_THRESHOLD (the lower of
+ * the two binds). UINT64_MAX (the value before any is set) holds everything. */
+void _vs_pool_set_release_threshold(int dev, uint64_t bytes);
+/* Gives back, now, the idle memory that the thresholds allow no more; returns the bytes released. */
+size_t _vs_pool_apply_release_threshold(vs_pool_t *pool);
 CUcontext _vs_pool_context(const vs_pool_t *pool);
 int _vs_pool_device(const vs_pool_t *pool);
 /* Debug check that map, bins and block list agree; returns the number of problems found. */

@@ -69,6 +69,7 @@ typedef struct vs_block_s {
   uint16_t resv;                    /* reservation index: blocks never merge across */
   uint8_t state;
   uint8_t bin;
+  uint8_t stream_ordered;           /* USED: allocated on a stream (cudaMallocAsync) */
   UT_hash_handle hh; /* USED blocks, by addr */
 } vs_block_t;
 
@@ -154,6 +155,10 @@ struct vs_pool_s {
   vs_asleep_t asleep; /* segments whose memory left the device (asleep.c): not in segs */
   int tag;            /* the tag of every block of the pool (a handle never holds two) */
   size_t mapped, used, free_bytes, pending_bytes;
+  /* The live blocks allocated on a stream: the bytes they hold (served), the bytes asked for
+   * (what the driver's pool reports as used, vmmshim/pool.h) and its high watermark; the
+   * reserve's high watermark. */
+  size_t stream_served, stream_requested, stream_requested_high, reserved_high;
   size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq;    /* synchronisations started */
   unsigned syncs_running;  /* context synchronisations in flight */

@@ -532,3 +532,13 @@ void _vs_visit_tag(int tag, void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
 }
 
 VS_API size_t vmmshim_trim(void) { return _vs_trim_all(); }
+
+void _vs_visit_device_arenas(int dev, void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
+  if (!_vs_active()) return;
+  vs_pool_t *pools[VS_SLOT_POOLS];
+  for (int s_ = 0, n_ = atomic_load_explicit(&vs_nslots, memory_order_acquire); s_ < n_; s_++) {
+    int n = slot_pools(&vs_slots[s_], pools, NULL);
+    for (int i = 0; i < n; i++)
+      if (_vs_pool_device(pools[i]) == dev) fn(pools[i], arg);
+  }
+}

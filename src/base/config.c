@@ -74,21 +74,29 @@ int _vs_parse_bool(const char *text, uint64_t *out) {
   return -1;
 }
 
+static const struct {
+  const char *name;
+  int sig;
+} vs_signal_names[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP},  {"QUIT", SIGQUIT},
+                       {"PWR", SIGPWR},   {"WINCH", SIGWINCH}, {"URG", SIGURG}};
+
+/* "USR2" for SIGUSR2: the name the variable takes; NULL for a signal given by number only. */
+static const char *signal_name(uint64_t sig) {
+  for (size_t i = 0; i < sizeof vs_signal_names / sizeof vs_signal_names[0]; i++)
+    if ((uint64_t)vs_signal_names[i].sig == sig) return vs_signal_names[i].name;
+  return NULL;
+}
+
 int _vs_parse_signal(const char *text, uint64_t *out) {
-  static const struct {
-    const char *name;
-    int sig;
-  } names[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP}, {"QUIT", SIGQUIT},
-               {"PWR", SIGPWR},   {"WINCH", SIGWINCH}, {"URG", SIGURG}};
   if (!text) return -1;
   if (!strcasecmp(text, "off") || !strcmp(text, "0")) {
     *out = 0;
     return 0;
   }
   const char *name = strncasecmp(text, "SIG", 3) ? text : text + 3;
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (!strcasecmp(name, names[i].name)) {
-      *out = (uint64_t)names[i].sig;
+  for (size_t i = 0; i < sizeof vs_signal_names / sizeof vs_signal_names[0]; i++)
+    if (!strcasecmp(name, vs_signal_names[i].name)) {
+      *out = (uint64_t)vs_signal_names[i].sig;
       return 0;
     }
   /* Real-time signals by number, or any number a handler may take (not KILL, STOP, and the
@@ -113,22 +121,35 @@ static int parse_log_level(const char *text, uint64_t *out) {
   return -1;
 }
 
+/* A size as it would be typed: 64M for 67108864, with the largest suffix that is exact. */
+static const char *size_text(uint64_t v, char *buf, size_t n) {
+  static const char *const suffix[] = {"", "K", "M", "G", "T"};
+  unsigned k = 0;
+  while (v && k < 4 && (v & 1023) == 0) {
+    v >>= 10;
+    k++;
+  }
+  snprintf(buf, n, "%llu%s", (unsigned long long)v, suffix[k]);
+  return buf;
+}
+
+/* The default as the messages give it; what 0 means differs by option (the man page says). */
 static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) {
   switch (o->kind) {
   case VS_KIND_BOOL: return o->init ? "1" : "0";
   case VS_KIND_SIZE_OR_UNLIMITED:
     if (o->init == UINT64_MAX) return "unlimited";
     /* fall through */
-  case VS_KIND_SIZE:
-    if (o->init == 0) return "0 (off)";
-    snprintf(buf, n, "%llu", (unsigned long long)o->init);
-    return buf;
+  case VS_KIND_SIZE: return size_text(o->init, buf, n);
   case VS_KIND_FREE_MODE: return "sync";
   case VS_KIND_ARENAS: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
   case VS_KIND_LOG: return "warn";
   case VS_KIND_TRACE_FORMAT: return "native";
   case VS_KIND_STRING: return "unset";
+  case VS_KIND_TAG: return "default";
   case VS_KIND_SIGNAL:
+    if (o->init && signal_name(o->init)) return signal_name(o->init);
+    /* fall through */
   case VS_KIND_FRAMES:
     if (o->init == 0) return "0 (off)";
     snprintf(buf, n, "%llu", (unsigned long long)o->init);
@@ -197,6 +218,14 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     *expect = "a non-empty path";
     *v = 1;
     return *text ? 0 : -1;
+  case VS_KIND_TAG: {
+    *expect = "a tag name: 1 to 31 of A-Z a-z 0-9 _ . -";
+    size_t n = strlen(text);
+    if (n == 0 || n > 31 || strspn(text, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") != n)
+      return -1;
+    *v = 1;
+    return 0;
+  }
   }
   return -1;
 }
@@ -224,7 +253,7 @@ static void config_read(void) {
     }
     o->value = v;
     o->set = true;
-    if (o->kind == VS_KIND_STRING || o->kind == VS_KIND_LOG) o->text = text;
+    if (o->kind == VS_KIND_STRING || o->kind == VS_KIND_LOG || o->kind == VS_KIND_TAG) o->text = text;
   }
   if (vs_options[VS_OPT_GRANULARITY].value == 0) {
     snprintf(vs_config_msgs[VS_OPT_GRANULARITY], sizeof vs_config_msgs[0],
@@ -264,6 +293,7 @@ void _vs_config_print(void) {
       break;
     }
     case VS_KIND_STRING: shown = o->text ? o->text : "(unset)"; break;
+    case VS_KIND_TAG: shown = o->text ? o->text : "default"; break;
     case VS_KIND_PYTHON: {
       static const char *names[] = {"off", "held", "on", "?"};
       shown = names[o->value & 3];
@@ -281,7 +311,10 @@ void _vs_config_print(void) {
     }
     case VS_KIND_SIGNAL:
       if (!o->value) shown = "0 (off)";
-      else {
+      else if (signal_name(o->value)) {
+        snprintf(buf, sizeof buf, "%s (%llu)", signal_name(o->value), (unsigned long long)o->value);
+        shown = buf;
+      } else {
         snprintf(buf, sizeof buf, "%llu (%s)", (unsigned long long)o->value, strsignal((int)o->value));
         shown = buf;
       }
@@ -292,4 +325,16 @@ void _vs_config_print(void) {
     }
     _vs_note("option %s = %s%s", o->name, shown, o->set ? "" : " (default)");
   }
+}
+
+int _vs_option_describe(int i, const char **name, const char **accepted, char *buf, size_t n) {
+  if (i < 0 || i >= VS_OPT_COUNT) return -1;
+  vs_option_desc_t o = vs_options[i];
+  uint64_t v;
+  *name = o.name;
+  *accepted = "";
+  parse_one(&o, "", &v, accepted); /* every kind says what it expects before it parses */
+  const char *d = default_text(&o, buf, n);
+  if (d != buf) snprintf(buf, n, "%s", d);
+  return 0;
 }

@@ -19,6 +19,11 @@
  *     and re-raise so the process dies the way it would have.
  *   - fork: the child drops the inherited ring and the parent's file; it opens its own
  *     file when the path holds %p, and stops tracing otherwise.
+ *   - VMMSHIM_TRACE_MAX caps the file. The drain counts the bytes it writes (no call of its
+ *     own) and checks each line before it keeps it; the first line that would pass the cap
+ *     is replaced by the end record with the cap as a second field ("e T MAX", room for it
+ *     is kept under the cap), tracing stops and one warning says so. Every line in the file
+ *     is whole, and each record follows the lines it refers to.
  *
  * Records become text in trace_format.c; their times come from clock.c. The native format
  * is documented column by column in README.md ("Trace format"). */
@@ -43,6 +48,7 @@
 #define VS_TRACE_SLOTS 128      /* records the ring holds (a power of two): 8 KiB */
 #define VS_TRACE_DRAIN_EVERY 96 /* the record at every 96th position drains the ring */
 #define VS_TRACE_TEXT_SIZE 8192 /* lines go out in write(2)s of at most this */
+#define VS_TRACE_END_MAX 40     /* the longest end record: 'e' and two 16-digit fields */
 
 int _vs_trace_on;
 
@@ -51,6 +57,13 @@ static vs_trace_fmt_t vs_fmt;                  /* format and time origin */
 static char vs_trace_template[PATH_MAX];       /* VMMSHIM_TRACE as given */
 static char vs_trace_path[PATH_MAX];           /* after %p / %r expansion */
 static atomic_int vs_trace_write_errors;
+/* VMMSHIM_TRACE_MAX (0: none); the bytes written so far, and how many the lines may take in
+ * all: the cap less room for the end record (UINT64_MAX: no cap). Under the lock. */
+static uint64_t vs_trace_max;
+static uint64_t vs_trace_bytes;
+static uint64_t vs_trace_room = UINT64_MAX;
+static bool vs_trace_cut;          /* the cap was reached: nothing more is written */
+static atomic_int vs_trace_cut_untold; /* the warning about it is still to be given */
 
 static vs_trace_rec_t vs_ring[VS_TRACE_SLOTS];
 /* The next position to hand out, alone on its cache line: every record's one atomic. */
@@ -114,8 +127,9 @@ static int write_all(int fd, const char *p, size_t n) {
 /* ------------------------------------------------------------------ the ring */
 
 static void text_out(size_t len) {
-  if (len && vs_trace_fd >= 0 && write_all(vs_trace_fd, vs_text, len) != 0)
-    atomic_fetch_add_explicit(&vs_trace_write_errors, 1, memory_order_relaxed);
+  if (!len || vs_trace_fd < 0) return;
+  if (write_all(vs_trace_fd, vs_text, len) != 0) atomic_fetch_add_explicit(&vs_trace_write_errors, 1, memory_order_relaxed);
+  else vs_trace_bytes += len;
 }
 
 /* Which stacks, modules and strings the file has had (each is written once, before the
@@ -140,17 +154,61 @@ static char *text_room(size_t *len, size_t need) {
   return vs_text + *len;
 }
 
+/* A line was formatted at p, up to end. Keeps it when the file stays within the cap (true);
+ * else drops it (false), and the caller cuts the trace there. */
+static bool line_kept(size_t *len, char *p, char *end) {
+  size_t at = (size_t)(p - vs_text);
+  if (vs_unlikely(vs_trace_bytes + at + (size_t)(end - p) > vs_trace_room)) {
+    *len = at;
+    return false;
+  }
+  *len = at + (size_t)(end - p);
+  return true;
+}
+
+/* The cap is reached: the end record with the cap as its second field, then nothing more.
+ * Tracing stops (no more records taken, no stacks captured); the warning waits for a caller
+ * that may print (not a signal handler). The rmm format has no place for a marker. */
+static void trace_cut(size_t *len, uint64_t mono_ns) {
+  vs_trace_cut = true;
+  _vs_trace_on = 0;
+  if (vs_fmt.format == VS_TRACE_NATIVE) {
+    char *p = text_room(len, VS_TRACE_END_MAX);
+    char *end = _vs_trace_format_end(p, mono_ns, &vs_fmt);
+    uint64_t cap = vs_trace_max;
+    char hex[17];
+    int n = 0;
+    do {
+      hex[n++] = "0123456789abcdef"[cap & 15];
+      cap >>= 4;
+    } while (cap);
+    end[-1] = ' ';
+    while (n) *end++ = hex[--n];
+    *end++ = '\n';
+    *len += (size_t)(end - p);
+  }
+  atomic_store_explicit(&vs_trace_cut_untold, 1, memory_order_relaxed);
+}
+
+static void tell_cut(void) {
+  if (vs_unlikely(atomic_load_explicit(&vs_trace_cut_untold, memory_order_relaxed)) &&
+      atomic_exchange_explicit(&vs_trace_cut_untold, 0, memory_order_relaxed))
+    _vs_warn("trace %s reached VMMSHIM_TRACE_MAX (%llu bytes); later events are not recorded (the program runs on)",
+             vs_trace_path, (unsigned long long)vs_trace_max);
+}
+
 /* The lines a stack needs before an allocation can refer to it: its modules, its strings,
- * the stack itself. Async-signal-safe: the entries are published and immutable. */
-static void emit_stack(uint32_t id, size_t *len) {
+ * the stack itself. False when the cap cut one of them. Async-signal-safe: the entries are
+ * published and immutable. */
+static bool emit_stack(uint32_t id, size_t *len) {
   const vs_stack_t *st = _vs_stack_get(id);
-  if (!st || !first_time(vs_stack_written, id)) return;
+  if (!st || !first_time(vs_stack_written, id)) return true;
   for (unsigned i = 0; i < st->nnative; i++) {
     uint32_t m = st->modules[i];
     const vs_module_t *mod = _vs_module_get(m);
     if (!mod || !first_time(vs_module_written, m)) continue;
     char *p = text_room(len, VS_TRACE_MODULE_MAX);
-    *len += (size_t)(_vs_trace_format_module(p, m, mod) - p);
+    if (!line_kept(len, p, _vs_trace_format_module(p, m, mod))) return false;
   }
   for (unsigned i = 0; i < st->npy; i++) {
     uint32_t ids[2] = {st->py[i].file, st->py[i].func};
@@ -158,27 +216,31 @@ static void emit_stack(uint32_t id, size_t *len) {
       const char *text = _vs_string_get(ids[k]);
       if (!text || !first_time(vs_string_written, ids[k])) continue;
       char *p = text_room(len, VS_TRACE_STRING_MAX);
-      *len += (size_t)(_vs_trace_format_string(p, ids[k], text) - p);
+      if (!line_kept(len, p, _vs_trace_format_string(p, ids[k], text))) return false;
     }
   }
   char *p = text_room(len, VS_TRACE_STACK_MAX);
-  *len += (size_t)(_vs_trace_format_stack(p, st) - p);
+  return line_kept(len, p, _vs_trace_format_stack(p, st));
 }
 
 /* Formats and writes every published record, in position order, up to the first one not
  * yet published (its writer is between taking the position and publishing; it goes out
- * with the next drain). With no file open the records are dropped. Caller holds the lock.
- * Async-signal-safe: static tables, the stack, write(2). */
+ * with the next drain). With no file open, or the trace cut, the records are dropped.
+ * Caller holds the lock. Async-signal-safe: static tables, the stack, write(2). */
 static uint64_t drain_locked(void) {
   uint64_t first = vs_ring_drained, pos = first;
   size_t len = 0;
   for (;; pos++) {
     vs_trace_rec_t *r = &vs_ring[pos & (VS_TRACE_SLOTS - 1)];
     if (atomic_load_explicit(&r->seq, memory_order_acquire) != pos + 1) break;
-    if (vs_trace_fd >= 0) {
-      if (r->type == 'a' && r->e) emit_stack(r->e, &len);
-      char *p = text_room(&len, VS_TRACE_REC_MAX);
-      len += (size_t)(_vs_trace_format_record(p, r, _vs_clock_to_ns(r->t), &vs_fmt) - p);
+    if (vs_trace_fd >= 0 && !vs_trace_cut) {
+      uint64_t ns = _vs_clock_to_ns(r->t);
+      bool kept = !(r->type == 'a' && r->e) || emit_stack(r->e, &len);
+      if (kept) {
+        char *p = text_room(&len, VS_TRACE_REC_MAX);
+        kept = line_kept(&len, p, _vs_trace_format_record(p, r, ns, &vs_fmt));
+      }
+      if (!kept) trace_cut(&len, ns);
     }
     atomic_store_explicit(&r->seq, pos + VS_TRACE_SLOTS, memory_order_release);
   }
@@ -193,6 +255,7 @@ static uint64_t drain_locked(void) {
  * its drain: the 8 kept always hold the one its ticks fall in. */
 static void drain(void) {
   if (drain_locked() >= VS_TRACE_DRAIN_EVERY / 2) _vs_clock_calibrate();
+  tell_cut();
 }
 
 /* The slot still holds the record from one lap before: drain, or wait for the thread that
@@ -437,7 +500,7 @@ static void write_header(void) {
     _vs_stacks_settings(&frames, &min_size, &sample);
     n += (size_t)snprintf(h + n, sizeof h - n, "t %x %llx %x\n", frames, (unsigned long long)min_size, sample);
   }
-  write_all(vs_trace_fd, h, n);
+  if (write_all(vs_trace_fd, h, n) == 0) vs_trace_bytes += n;
 }
 
 /* Opens vs_trace_path (already expanded) and writes the header. Returns 0 or -1. */
@@ -454,9 +517,16 @@ static int open_file(void) {
   memset(vs_stack_written, 0, sizeof vs_stack_written); /* a new file has had none of them */
   memset(vs_module_written, 0, sizeof vs_module_written);
   memset(vs_string_written, 0, sizeof vs_string_written);
-  lock_drop();
+  vs_trace_bytes = 0;
+  vs_trace_cut = false;
   vs_trace_fd = fd;
   write_header();
+  if (vs_trace_bytes > vs_trace_room) { /* a cap smaller than the header: the end record at once */
+    size_t len = 0;
+    trace_cut(&len, _vs_clock_to_ns(_vs_clock_raw()));
+    text_out(len);
+  }
+  lock_drop();
   return 0;
 }
 
@@ -479,7 +549,7 @@ static void atfork_child(void) {
   vs_trace_fd = -1;
   if (!strstr(vs_trace_template, "%p")) return; /* one file per process needs %p */
   expand_path(vs_trace_template, vs_trace_path, sizeof vs_trace_path);
-  if (open_file() == 0) _vs_trace_on = 1;
+  if (open_file() == 0) _vs_trace_on = !vs_trace_cut;
 }
 
 void _vs_trace_open(void) {
@@ -495,6 +565,8 @@ void _vs_trace_open(void) {
   }
   memcpy(vs_trace_template, tmpl, len + 1);
   vs_fmt.format = _vs_option(VS_OPT_TRACE_FORMAT) == VS_TRACE_RMM ? VS_TRACE_RMM : VS_TRACE_NATIVE;
+  vs_trace_max = _vs_option(VS_OPT_TRACE_MAX);
+  vs_trace_room = !vs_trace_max ? UINT64_MAX : vs_trace_max > VS_TRACE_END_MAX ? vs_trace_max - VS_TRACE_END_MAX : 0;
   expand_path(vs_trace_template, vs_trace_path, sizeof vs_trace_path);
   _vs_stacks_open();
   if (open_file() != 0) {
@@ -506,7 +578,8 @@ void _vs_trace_open(void) {
     atfork_done = true;
   }
   install_signal_handlers();
-  _vs_trace_on = 1;
+  _vs_trace_on = !vs_trace_cut;
+  tell_cut();
   _vs_info("tracing to %s (%s format)", vs_trace_path, vs_fmt.format == VS_TRACE_RMM ? "rmm" : "native");
 }
 
@@ -515,12 +588,18 @@ void _vs_trace_close(void) {
   _vs_trace_on = 0;
   lock_take(trace_tid());
   drain_locked();
-  if (vs_fmt.format == VS_TRACE_NATIVE)
+  if (vs_fmt.format == VS_TRACE_NATIVE && !vs_trace_cut) /* a cut trace has its end record */
     text_out((size_t)(_vs_trace_format_end(vs_text, _vs_clock_to_ns(_vs_clock_raw()), &vs_fmt) - vs_text));
   int fd = vs_trace_fd;
   vs_trace_fd = -1;
+  uint64_t bytes = vs_trace_bytes;
+  bool cut = vs_trace_cut;
   lock_drop();
   close(fd);
+  tell_cut();
   int errs = atomic_exchange(&vs_trace_write_errors, 0);
   if (errs) _vs_warn("%d writes to trace file %s failed; the trace is incomplete", errs, vs_trace_path);
+  if (_vs_option(VS_OPT_STATS) || _vs_option(VS_OPT_VERBOSE))
+    _vs_note("stats: trace %s: %llu bytes%s", vs_trace_path, (unsigned long long)bytes,
+             cut ? ", cut at VMMSHIM_TRACE_MAX: later events are not in it" : "");
 }

@@ -48,6 +48,9 @@
   X(PEER_ENABLE, "cuCtxEnablePeerAccess", 4000, 0, cuCtxEnablePeerAccess) \
   X(PEER_DISABLE, "cuCtxDisablePeerAccess", 4000, 0, cuCtxDisablePeerAccess) \
   X(MEMPOOL_SET_ACCESS, "cuMemPoolSetAccess", 11020, 0, cuMemPoolSetAccess) \
+  X(MEMPOOL_GET_ATTR, "cuMemPoolGetAttribute", 11020, 0, cuMemPoolGetAttribute) \
+  X(MEMPOOL_SET_ATTR, "cuMemPoolSetAttribute", 11020, 0, cuMemPoolSetAttribute) \
+  X(MEMPOOL_TRIM, "cuMemPoolTrimTo", 11020, 0, cuMemPoolTrimTo) \
   X(IPC_GET, "cuIpcGetMemHandle", 4010, 0, cuIpcGetMemHandle) \
   X(IPC_OPEN_V2, "cuIpcOpenMemHandle", 11000, 0, cuIpcOpenMemHandle_v2) \
   X(IPC_OPEN, "cuIpcOpenMemHandle", 4010, 0, cuIpcOpenMemHandle) \
@@ -553,6 +556,36 @@ VS_API CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map
   CUresult r = real(pool, map, count);
   if (r == CUDA_SUCCESS) _vs_mempool_access_changed(pool, map, count);
   return r;
+}
+
+/* ------------------------------------------------------------------ the stream-ordered pool */
+
+/* A device's default pool is where its cudaMallocAsync memory comes from: the driver answers
+ * for what it holds (what passed through), the shim adds its own (mempool.c). */
+VS_API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+  typedef CUresult (*fn_t)(CUmemoryPool, CUmemPool_attribute, void *);
+  fn_t real = REAL(MEMPOOL_GET_ATTR, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(pool, attr, value);
+  if (r == CUDA_SUCCESS) _vs_mempool_got_attribute(pool, attr, value);
+  return r;
+}
+
+/* The driver checks the value (a high watermark resets only to 0) and keeps the threshold. */
+VS_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+  typedef CUresult (*fn_t)(CUmemoryPool, CUmemPool_attribute, void *);
+  fn_t real = REAL(MEMPOOL_SET_ATTR, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(pool, attr, value);
+  if (r == CUDA_SUCCESS) _vs_mempool_set_attribute(pool, attr, value);
+  return r;
+}
+
+VS_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  typedef CUresult (*fn_t)(CUmemoryPool, size_t);
+  fn_t real = REAL(MEMPOOL_TRIM, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  return real(pool, _vs_mempool_trim(pool, keep));
 }
 
 VS_API CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {

@@ -4,8 +4,8 @@
  * segment table into its asleep list, by mode:
  *   discard  the device handle is unmapped and released; the bytes are lost;
  *   host     the bytes are copied into host buffers (host.c), then the device handle goes;
- *   mapped   as host, then the host buffers are mapped at the segment's own address, so the
- *            program keeps running on that memory, over the link.
+ *   mapped   as host, then the host buffers are mapped at the segment's own address too (they
+ *            stay at home as well), so the program keeps running on that memory, over the link.
  * The blocks do not move: live blocks stay live at their addresses, free ones stay free (the
  * pool is taken off allocation while it sleeps, alloc.c). Idle whole handles are given back
  * first, as a trim does; segments the caller names (exported blocks that importers still map)
@@ -132,23 +132,6 @@ static CUresult map_bufs_at(vs_pool_t *p, const vs_asleep_seg_t *a) {
     off = 0;
     for (int k = 0; k < i; off += a->bufs[k++].size) _vs_vmm_unmap(&p->caps, a->va + off, a->bufs[k].size);
   }
-  return r;
-}
-
-/* Maps a segment's host buffers back at their homes (access for the owner). */
-static CUresult bufs_home(vs_pool_t *p, const vs_asleep_seg_t *a) {
-  CUresult r = CUDA_SUCCESS;
-  for (int i = 0; i < a->nbufs; i++) {
-    CUresult m = _vs_vmm_map(&p->caps, a->bufs[i].home, a->bufs[i].size, a->bufs[i].handle);
-    if (m == CUDA_SUCCESS) m = _vs_vmm_set_access(&p->caps, a->bufs[i].home, a->bufs[i].size);
-    if (r == CUDA_SUCCESS) r = m;
-  }
-  return r;
-}
-
-static CUresult bufs_leave_home(vs_pool_t *p, const vs_asleep_seg_t *a) {
-  CUresult r = CUDA_SUCCESS;
-  for (int i = 0; i < a->nbufs && r == CUDA_SUCCESS; i++) r = _vs_vmm_unmap(&p->caps, a->bufs[i].home, a->bufs[i].size);
   return r;
 }
 
@@ -281,12 +264,12 @@ void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const si
     VS_STAT_SUB(bytes_mapped, segs[i].size);
     out->released += segs[i].size;
     if (a->mode == VMMSHIM_SLEEP_MAPPED) {
-      /* The host buffers take the segment's address: the program keeps running on them. */
-      CUresult m = bufs_leave_home(p, a);
-      if (m == CUDA_SUCCESS) m = map_bufs_at(p, a);
+      /* The host buffers take the segment's address too (they stay mapped at home: mapping
+       * them home again at the wake would cost as much as this): the program keeps running on
+       * them. */
+      CUresult m = map_bufs_at(p, a);
       if (m != CUDA_SUCCESS) {
         note(out, m, "mapping host memory at the segment's address failed; its bytes are kept on the host");
-        bufs_home(p, a);
         a->mode = VMMSHIM_SLEEP_HOST;
       }
     }
@@ -373,37 +356,30 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
     note(out, CUDA_ERROR_OUT_OF_MEMORY, "no host memory for the shim's records");
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  for (size_t i = 0; i < n; i++) {
+  /* Step 1, every segment: a discarded or host one is mapped at its address and its bytes queued
+   * back; a mapped one (its address holds the host memory the program runs on) gets its device
+   * handle at a staging address and the copy from its address queued. One wait for all copies. */
+  CUdeviceptr *stage = calloc(n, sizeof *stage);
+  bool *staged_own = calloc(n, sizeof *staged_own); /* stage was reserved (to be freed) */
+  CUresult *st = calloc(n, sizeof *st);
+  if (!stage || !staged_own || !st) {
+    free(stage), free(staged_own), free(st);
+    stage = NULL;
+  }
+  for (size_t i = 0; i < n && stage; i++) {
     vs_asleep_seg_t *s = &a[i];
     CUresult m;
     if (s->mode == VMMSHIM_SLEEP_MAPPED) {
-      /* The new handle at the first buffer's home for the copy (a buffer that is mapped at the
-       * segment is not at home), then at the segment in the host memory's place. */
-      CUdeviceptr tmp = 0;
-      m = _vs_vmm_reserve(&p->caps, s->size, 0, &tmp);
+      m = _vs_vmm_reserve(&p->caps, s->size, 0, &stage[i]);
+      staged_own[i] = m == CUDA_SUCCESS;
       if (m == CUDA_SUCCESS) {
-        m = _vs_vmm_map(&p->caps, tmp, s->size, h[i]);
-        if (m == CUDA_SUCCESS) m = _vs_vmm_set_access(&p->caps, tmp, s->size);
+        m = _vs_vmm_map(&p->caps, stage[i], s->size, h[i]);
         if (m == CUDA_SUCCESS) {
-          copier_copy(&cp, tmp, s->va, s->size);
-          m = copier_close(&cp);
-          copier_open(&cp);
+          m = _vs_vmm_set_access(&p->caps, stage[i], s->size);
+          if (m != CUDA_SUCCESS) _vs_vmm_unmap(&p->caps, stage[i], s->size);
         }
-        _vs_vmm_unmap(&p->caps, tmp, s->size);
-        _vs_vmm_address_free(&p->caps, tmp, s->size);
-      }
-      if (m == CUDA_SUCCESS) {
-        size_t off = 0;
-        for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap(&p->caps, s->va + off, s->bufs[b].size);
-        m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
-        if (m == CUDA_SUCCESS) m = _vs_vmm_set_access_devices(&p->caps, s->va, s->size, rw, ro, 0);
-        if (m != CUDA_SUCCESS) {
-          /* Back to host memory at the segment's address: the program's view does not change. */
-          _vs_vmm_unmap(&p->caps, s->va, s->size);
-          map_bufs_at(p, s);
-        } else {
-          bufs_home(p, s);
-        }
+        if (m == CUDA_SUCCESS) copier_copy(&cp, stage[i], s->va, s->size);
+        else if (staged_own[i]) _vs_vmm_address_free(&p->caps, stage[i], s->size);
       }
     } else {
       m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
@@ -418,6 +394,34 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
         copier_zero(&cp, s->va, s->size);
       }
     }
+    st[i] = m;
+  }
+  CUresult c = copier_close(&cp);
+  note(out, c, "copying back to the device failed");
+  /* Step 2, the mapped segments: the device handle takes the host memory's place at the
+   * segment's address, and the host buffers go home. A failed copy or mapping leaves the host
+   * memory where it is: the program's view does not change, the segment stays asleep. */
+  for (size_t i = 0; i < n && stage; i++) {
+    vs_asleep_seg_t *s = &a[i];
+    if (s->mode != VMMSHIM_SLEEP_MAPPED || st[i] != CUDA_SUCCESS) continue;
+    _vs_vmm_unmap(&p->caps, stage[i], s->size);
+    if (staged_own[i]) _vs_vmm_address_free(&p->caps, stage[i], s->size);
+    CUresult m = c;
+    if (m == CUDA_SUCCESS) {
+      size_t off = 0;
+      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap(&p->caps, s->va + off, s->bufs[b].size);
+      m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
+      if (m == CUDA_SUCCESS) m = _vs_vmm_set_access_devices(&p->caps, s->va, s->size, rw, ro, 0);
+      if (m != CUDA_SUCCESS) {
+        _vs_vmm_unmap(&p->caps, s->va, s->size);
+        map_bufs_at(p, s);
+      }
+    }
+    st[i] = m;
+  }
+  for (size_t i = 0; i < n; i++) {
+    vs_asleep_seg_t *s = &a[i];
+    CUresult m = stage ? st[i] : CUDA_ERROR_OUT_OF_MEMORY;
     if (m != CUDA_SUCCESS) {
       note(out, m, "mapping device memory at the sleeping address failed; it stays asleep");
       _vs_vmm_release(&p->caps, h[i], s->size);
@@ -426,20 +430,12 @@ CUresult _vs_pool_wake(vs_pool_t *p, bool zero, vs_move_t *out) {
       continue;
     }
     woke[nw++] = (vs_seg_t){s->va, s->size, h[i]};
+    if (s->mode == VMMSHIM_SLEEP_DISCARD) out->discarded += s->size;
+    else out->to_host += s->size;
+    give_bufs(&p->caps, s);
+    out->restored += s->size;
   }
-  CUresult c = copier_close(&cp);
-  note(out, c, "copying back to the device failed");
-  /* The host buffers of the woken segments go back to the cache. */
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (k < nw && woke[k].va == a[i].va) {
-      if (a[i].mode == VMMSHIM_SLEEP_DISCARD) out->discarded += a[i].size;
-      else out->to_host += a[i].size;
-      give_bufs(&p->caps, &a[i]);
-      out->restored += a[i].size;
-      k++;
-    }
-  }
+  free(stage), free(staged_own), free(st);
   pool_lock(p);
   if (_vs_segs_add(&p->segs, woke, (int)nw) != 0) {
     /* No host memory for the table: the segments stay mapped and counted, unlisted. */
@@ -505,10 +501,8 @@ void _vs_pool_forget_asleep(vs_pool_t *p) {
     if (s->mode == VMMSHIM_SLEEP_MAPPED) {
       size_t off = 0;
       for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap(&p->caps, s->va + off, s->bufs[b].size);
-      for (int b = 0; b < s->nbufs; b++) _vs_host_drop(&p->caps, &s->bufs[b], false);
-    } else {
-      for (int b = 0; b < s->nbufs; b++) _vs_host_drop(&p->caps, &s->bufs[b], true);
     }
+    for (int b = 0; b < s->nbufs; b++) _vs_host_drop(&p->caps, &s->bufs[b], true);
     free(s->bufs);
   }
   free(p->asleep.v);

@@ -128,12 +128,30 @@ static size_t stream_waiting(const vs_pool_t *p, const vs_stream_t *s) {
   return n;
 }
 
+/* The reserve of the stream-ordered allocator (pool.h): what the pool maps, less what live
+ * synchronous blocks hold. Lock held. */
+static inline size_t stream_reserve(const vs_pool_t *p) { return p->mapped - (p->used - p->stream_served); }
+
+/* The reserve may have grown (a growth, or a synchronous block freed): its high watermark
+ * follows. Lock held. */
+static inline void note_reserve(vs_pool_t *p) {
+  size_t r = stream_reserve(p);
+  if (vs_unlikely(r > p->reserved_high)) p->reserved_high = r;
+}
+
 /* The carved block b becomes the request's: in the map, counted. Lock held. */
 static inline void serve_block(vs_pool_t *p, vs_block_t *b, const vs_request_t *rq) {
   b->requested = rq->req;
   HASH_ADD(hh, p->map, addr, sizeof b->addr, b);
   p->used += b->size;
   p->allocs++;
+  b->stream_ordered = rq->stream != VS_NO_STREAM;
+  if (b->stream_ordered) {
+    p->stream_served += b->size;
+    p->stream_requested += b->requested;
+    if (vs_unlikely(p->stream_requested > p->stream_requested_high)) p->stream_requested_high = p->stream_requested;
+  }
+  note_reserve(p);
 }
 
 /* Takes a block for the request under the lock: from the stream's own pending blocks, else
@@ -283,6 +301,32 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
 
 /* ------------------------------------------------------------------ free */
 
+/* The release threshold each device's program set on its default pool (pool.h); UINT64_MAX:
+ * none. Read at every free: written only by cuMemPoolSetAttribute, so the line stays shared. */
+static _Atomic uint64_t vs_release_threshold[VS_MAX_DEVICES] = {[0 ... VS_MAX_DEVICES - 1] = UINT64_MAX};
+
+void _vs_pool_set_release_threshold(int dev, uint64_t bytes) {
+  if (dev >= 0 && dev < VS_MAX_DEVICES) atomic_store_explicit(&vs_release_threshold[dev], bytes, memory_order_relaxed);
+}
+
+/* The idle bytes the pool may keep: VMMSHIM_RELEASE_THRESHOLD, or less where the program's
+ * threshold binds. The program's counts the whole reserve, as the driver's does, so what
+ * stream-ordered blocks hold or wait for comes off it; as the driver does, whole handles go
+ * back while the reserve is above it, even if that takes it below. Lock held. */
+static size_t idle_allowed(const vs_pool_t *p) {
+  uint64_t env = _vs_option(VS_OPT_RELEASE_THRESHOLD);
+  size_t allowed = env > SIZE_MAX ? SIZE_MAX : (size_t)env;
+  unsigned dev = (unsigned)p->caps.device;
+  uint64_t program =
+      dev < VS_MAX_DEVICES ? atomic_load_explicit(&vs_release_threshold[dev], memory_order_relaxed) : UINT64_MAX;
+  if (vs_unlikely(program != UINT64_MAX)) {
+    uint64_t held = (uint64_t)p->stream_served + p->pending_bytes;
+    uint64_t left = program > held ? program - held : 0;
+    if (left < allowed) allowed = (size_t)left;
+  }
+  return allowed;
+}
+
 vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out,
                                size_t *requested_out, CUresult *err_out) {
   *err_out = CUDA_SUCCESS;
@@ -321,6 +365,12 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
   vs_assert(b->state == B_USED);
   HASH_DELETE(hh, p->map, b);
   p->used -= b->size;
+  if (b->stream_ordered) {
+    p->stream_served -= b->size;
+    p->stream_requested -= b->requested;
+  } else {
+    note_reserve(p);
+  }
   *size_out = b->size;
   *requested_out = b->requested;
   if (sync_mode) {
@@ -340,10 +390,11 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
       }
     }
   }
-  /* VMMSHIM_RELEASE_THRESHOLD: idle memory above it goes back to the device. Retried only
-   * once idle memory has grown by a handle since the last try, so a pool whose idle memory
-   * sits in partly used handles does not rescan on every free. */
-  uint64_t threshold = _vs_option(VS_OPT_RELEASE_THRESHOLD);
+  /* VMMSHIM_RELEASE_THRESHOLD and the program's (release_threshold): idle memory above them
+   * goes back to the device. Retried only once idle memory has grown by a handle since the
+   * last try, so a pool whose idle memory sits in partly used handles does not rescan on
+   * every free. */
+  size_t threshold = idle_allowed(p);
   bool trim = vs_unlikely(p->free_bytes > threshold) && p->free_bytes >= p->trim_retry_at;
   if (trim) p->trim_retry_at = p->free_bytes + p->gran;
   /* The free's record takes its place in the trace before another thread can have the
@@ -354,7 +405,7 @@ vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, v
   if (vs_unlikely(at.rec != NULL)) _vs_trace_free_at(at, api, ptr, *size_out, stream, (int)p->caps.device);
   if (seal) _vs_pool_reclaim_by_events(p, _vs_thread_tag(), VS_SEAL_KEEP);
   if (trim) {
-    _vs_pool_trim(p, (size_t)threshold);
+    _vs_pool_trim(p, threshold);
     pool_lock(p);
     if (p->free_bytes <= threshold) p->trim_retry_at = 0;
     pool_unlock(p);
@@ -406,6 +457,32 @@ size_t _vs_pool_idle_bytes(vs_pool_t *p) {
   size_t n = p->free_bytes;
   pool_unlock(p);
   return n;
+}
+
+void _vs_pool_usage(vs_pool_t *p, vs_pool_usage_t *out) {
+  pool_lock(p);
+  out->reserved = stream_reserve(p);
+  out->reserved_high = p->reserved_high > out->reserved ? p->reserved_high : out->reserved;
+  out->used = p->stream_requested;
+  out->used_high = p->stream_requested_high;
+  out->idle = p->free_bytes;
+  pool_unlock(p);
+}
+
+void _vs_pool_reset_high(vs_pool_t *p, bool reserved, bool used) {
+  pool_lock(p);
+  if (reserved) p->reserved_high = stream_reserve(p);
+  if (used) p->stream_requested_high = p->stream_requested;
+  pool_unlock(p);
+}
+
+size_t _vs_pool_apply_release_threshold(vs_pool_t *p) {
+  pool_lock(p);
+  size_t keep = idle_allowed(p);
+  bool over = p->free_bytes > keep;
+  p->trim_retry_at = 0;
+  pool_unlock(p);
+  return over ? _vs_pool_trim(p, keep) : 0;
 }
 
 static void add_pending(vs_pool_t *p, const vs_list_t *l, vs_pool_figures_t *f) {
@@ -473,13 +550,17 @@ int _vs_pool_check_locked(vs_pool_t *p) {
       if (_vs_block_mergeable(p, h->prev, h, B_HOLE) || _vs_block_mergeable(p, h, h->next, B_HOLE)) bad++;
   }
   if (free_sum != p->free_bytes) bad++;
-  size_t used_sum = 0;
+  size_t used_sum = 0, stream_sum = 0, stream_req = 0;
   for (vs_block_t *b = p->map; b; b = b->hh.next) {
     if (b->state != B_USED) bad++;
     if (b->addr % VS_MIN_ALIGN) bad++;
     used_sum += b->size;
+    if (b->stream_ordered) {
+      stream_sum += b->size;
+      stream_req += b->requested;
+    }
   }
-  if (used_sum != p->used) bad++;
+  if (used_sum != p->used || stream_sum != p->stream_served || stream_req != p->stream_requested) bad++;
   size_t pending_sum = 0;
   bad += check_list(&p->deferred, B_PENDING, &pending_sum);
   for (vs_stream_t *s = p->streams; s; s = s->hh.next) {

@@ -125,7 +125,7 @@ static vs_block_t *claim_hole(vs_pool_t *p, vs_heap_t *heap, size_t size, size_t
   return pick;
 }
 
-static size_t unmap_idle(vs_pool_t *p, size_t keep, vs_spares_t *sp);
+static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp);
 
 /* Before a growth of `want` bytes, the idle handles beyond what policy.h keeps are unmapped:
  * into sp (at most its capacity), for the growth to map again at its own address, the rest
@@ -135,7 +135,7 @@ static void release_before_growth(vs_pool_t *p, size_t want, vs_spares_t *sp) {
   size_t idle = p->free_bytes, mapped = p->mapped;
   pool_unlock(p);
   size_t keep = vs_policy_keep_idle(idle, want, mapped, p->gran);
-  if (idle > keep && idle >= p->caps.min_granularity) unmap_idle(p, keep, sp);
+  if (idle > keep && idle >= p->caps.min_granularity) unmap_idle(p, keep, false, sp);
 }
 
 /* A BUSY block where `size` bytes at `align` can be mapped (its length in *len_out): from a
@@ -235,11 +235,12 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
 /* ------------------------------------------------------------------ giving memory back */
 
 /* Carves every whole handle lying inside free block b out of it (BUSY pieces appended to
- * out[], their segments to segs[]), until `want` bytes are collected or out[] is full.
- * Leftover free pieces go back to the bins without merging: b was maximal, so its pieces
- * have no free neighbours. Returns the bytes collected. Lock held. */
-static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_block_t **out, vs_seg_t *segs,
-                                 int *n, int max) {
+ * out[], their segments to segs[]), until `want` bytes are collected or out[] is full; exact:
+ * only handles that fit in what is still wanted. Leftover free pieces go back to the bins
+ * without merging: b was maximal, so its pieces have no free neighbours. Returns the bytes
+ * collected. Lock held. */
+static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, bool exact, vs_block_t **out,
+                                 vs_seg_t *segs, int *n, int max) {
   size_t got = 0;
   vs_segs_t *t = &p->segs;
   size_t i = _vs_segs_lower_bound(t, b->addr);
@@ -249,6 +250,10 @@ static size_t carve_idle_handles(vs_pool_t *p, vs_block_t *b, size_t want, vs_bl
   while (i < t->n && *n < max && got < want) {
     vs_seg_t sg = t->v[i];
     if (sg.va + sg.size > rest->addr + rest->size) break;
+    if (exact && sg.size > want - got) { /* stays mapped, in the free piece before the next one */
+      i++;
+      continue;
+    }
     vs_block_t *mid = rest;
     if (sg.va > rest->addr) {
       mid = _vs_block_split(p, rest, (size_t)(sg.va - rest->addr));
@@ -281,9 +286,10 @@ size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b) {
   return _vs_segs_whole_in(&p->segs, b->addr, b->size);
 }
 
-/* Unmaps whole idle handles until at most `keep` idle bytes remain: into sp while it has room
- * (sp may be NULL), else released. Returns the bytes unmapped. Lock not held. */
-static size_t unmap_idle(vs_pool_t *p, size_t keep, vs_spares_t *sp) {
+/* Unmaps whole idle handles until at most `keep` idle bytes remain (exact: never fewer): into
+ * sp while it has room (sp may be NULL), else released. Returns the bytes unmapped. Lock not
+ * held. */
+static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp) {
   enum { MAX_BATCH = 64, MAX_CAND = 64 };
   size_t released = 0;
   for (;;) {
@@ -302,7 +308,7 @@ static size_t unmap_idle(vs_pool_t *p, size_t keep, vs_spares_t *sp) {
       for (unsigned k = VS_NBINS; k-- > lowest && nc < MAX_CAND;)
         for (vs_block_t *c = p->heaps[heap_id].bins[k]; c && nc < MAX_CAND; c = c->fnext) cand[nc++] = c;
     for (int c = 0; c < nc && n < MAX_BATCH && p->free_bytes > keep; c++)
-      carve_idle_handles(p, cand[c], p->free_bytes - keep, busy, victims, &n, MAX_BATCH);
+      carve_idle_handles(p, cand[c], p->free_bytes - keep, exact, busy, victims, &n, MAX_BATCH);
     pool_unlock(p);
     if (!n) break;
     size_t bytes = _vs_handles_unmap_idle(&p->caps, victims, n, sp);
@@ -317,7 +323,8 @@ static size_t unmap_idle(vs_pool_t *p, size_t keep, vs_spares_t *sp) {
   return released;
 }
 
-size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, NULL); }
+size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, false, NULL); }
+size_t _vs_pool_trim_exact(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, true, NULL); }
 
 void _vs_pool_unmap_all(vs_pool_t *p) {
   for (size_t i = 0; i < p->segs.n; i++) {

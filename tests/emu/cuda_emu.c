@@ -106,14 +106,21 @@ typedef struct peer_s {
 static peer_t *g_peers;
 
 /* The default (and current) memory pool of each device. access[d]: what the pool grants
- * device d (cuMemPoolSetAccess); the owner always has read-write. */
+ * device d (cuMemPoolSetAccess); the owner always has read-write. Its memory (emu.h): the
+ * cuMemAllocAsync allocations of the device (live, or freed and not yet reached by their
+ * stream) and `idle` bytes freed and kept, all counted in the device's physical use. */
 struct CUmemPoolHandle_st {
   uint32_t magic;
   int dev;
   unsigned long long access[EMU_MAXDEV];
+  size_t idle;                     /* freed memory the pool holds on to */
+  size_t used_high, reserved_high; /* CU_MEMPOOL_ATTR_*_MEM_HIGH */
+  cuuint64_t threshold;            /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (default 0) */
+  int reuse_off[3];                /* the CU_MEMPOOL_ATTR_REUSE_* flags, 1 once disabled */
 };
 static struct CUmemPoolHandle_st g_pools[EMU_MAXDEV] = {
-    {MAGIC_POOL, 0, {0}}, {MAGIC_POOL, 1, {0}}, {MAGIC_POOL, 2, {0}}, {MAGIC_POOL, 3, {0}}};
+    {.magic = MAGIC_POOL, .dev = 0}, {.magic = MAGIC_POOL, .dev = 1}, {.magic = MAGIC_POOL, .dev = 2},
+    {.magic = MAGIC_POOL, .dev = 3}};
 
 enum { K_USER = 0, K_MARK, K_FREE, K_WAIT, K_COPY, K_SET };
 typedef struct item_s {
@@ -412,16 +419,60 @@ static plain_t *find_plain_in(CUdeviceptr p) {
   return NULL;
 }
 
+/* ---- the default pools' accounting (emu.h): used, reserve, release ---- */
+
+/* Bytes of dev's live pool allocations (those freed with cuMemFreeAsync no longer count). */
+static size_t pool_used(int dev) {
+  size_t n = 0;
+  for (plain_t *a = g_plain; a; a = a->next)
+    if (a->dev == dev && a->origin == P_POOL && !a->free_pending) n += a->size;
+  return n;
+}
+/* The pool's backing memory: its allocations (freed ones included until their stream reaches
+ * the free) and what it holds idle. */
+static size_t pool_reserved(int dev) {
+  size_t n = g_pools[dev].idle;
+  for (plain_t *a = g_plain; a; a = a->next)
+    if (a->dev == dev && a->origin == P_POOL) n += a->size;
+  return n;
+}
+static void pool_note_high(int dev) {
+  struct CUmemPoolHandle_st *p = &g_pools[dev];
+  size_t u = pool_used(dev), r = pool_reserved(dev);
+  if (u > p->used_high) p->used_high = u;
+  if (r > p->reserved_high) p->reserved_high = r;
+}
+/* Gives idle memory back to the device until the reserve is at most keep (or nothing idle is
+ * left): at a synchronisation (down to the release threshold) and cuMemPoolTrimTo. */
+static void pool_release(int dev, size_t keep) {
+  struct CUmemPoolHandle_st *p = &g_pools[dev];
+  size_t r = pool_reserved(dev);
+  if (r <= keep || !p->idle) return;
+  size_t give = r - keep < p->idle ? r - keep : p->idle;
+  p->idle -= give;
+  g_dev[dev].used -= give;
+}
+
 static CUresult plain_alloc(struct CUctx_st *ctx, size_t size, uint64_t cap_id, int origin, CUdeviceptr *out) {
   device_t *d = &g_dev[ctx->dev];
-  if (d->used > d->total || size > d->total - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
+  /* A pool allocation takes the pool's idle memory first: only the rest is new. */
+  size_t reuse = 0;
+  if (origin == P_POOL) {
+    reuse = g_pools[ctx->dev].idle < size ? g_pools[ctx->dev].idle : size;
+    g_pools[ctx->dev].idle -= reuse;
+    d->used -= reuse;
+  }
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
   size_t len = round_up(size, (size_t)sysconf(_SC_PAGESIZE));
-  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-  plain_t *a = calloc(1, sizeof *a);
+  void *m = MAP_FAILED;
+  plain_t *a = NULL;
+  if (d->used <= d->total && size <= d->total - d->used)
+    m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m != MAP_FAILED && (a = calloc(1, sizeof *a)) == NULL) munmap(m, len);
   if (!a) {
-    munmap(m, len);
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    g_pools[ctx->dev].idle += reuse;
+    d->used += reuse;
+    return r;
   }
   a->base = (CUdeviceptr)(uintptr_t)m;
   a->size = size;
@@ -434,9 +485,11 @@ static CUresult plain_alloc(struct CUctx_st *ctx, size_t size, uint64_t cap_id, 
   g_plain = a;
   d->used += size;
   *out = a->base;
+  if (origin == P_POOL) pool_note_high(ctx->dev);
   return CUDA_SUCCESS;
 }
 
+/* A pool allocation's memory stays with the pool, idle, until a release gives it back. */
 static void plain_free(plain_t *a) {
   for (plain_t **pp = &g_plain; *pp; pp = &(*pp)->next)
     if (*pp == a) {
@@ -444,7 +497,8 @@ static void plain_free(plain_t *a) {
       break;
     }
   munmap((void *)(uintptr_t)a->base, a->maplen);
-  g_dev[a->dev].used -= a->size;
+  if (a->origin == P_POOL) g_pools[a->dev].idle += a->size;
+  else g_dev[a->dev].used -= a->size;
   free(a);
 }
 
@@ -573,6 +627,7 @@ static void teardown_ctx(struct CUctx_st *ctx) {
     if (a->ctx == ctx) plain_free(a);
     a = n;
   }
+  pool_release(ctx->dev, 0); /* the context's pool memory goes with it */
 }
 
 static CUresult ctx_activate(struct CUctx_st *c) {
@@ -887,6 +942,7 @@ static CUresult e_cuCtxSynchronize(void) {
       return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
   drain_ctx(c);
+  pool_release(c->dev, g_pools[c->dev].threshold);
   return CUDA_SUCCESS;
 }
 
@@ -1853,6 +1909,83 @@ static CUresult e_cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool pool
   return CUDA_SUCCESS;
 }
 
+/* The attributes' value types: int for the reuse flags, cuuint64_t for the rest. */
+static int pool_attr_valid(CUmemPool_attribute attr) {
+  return attr >= CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES && attr <= CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+}
+static int pool_attr_is_int(CUmemPool_attribute attr) { return attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES; }
+
+static CUresult e_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+  ENTER(cuMemPoolGetAttribute);
+  NEED_INIT();
+  LOCKED();
+  struct CUmemPoolHandle_st *p = find_pool(pool);
+  if (!p || !value || !pool_attr_valid(attr)) {
+    violation("cuMemPoolGetAttribute(pool %p, attribute %d, value %p): bad arguments", (void *)pool, (int)attr, value);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (pool_attr_is_int(attr)) {
+    *(int *)value = !p->reuse_off[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+    return CUDA_SUCCESS;
+  }
+  cuuint64_t v = 0;
+  switch (attr) {
+  case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: v = p->threshold; break;
+  case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: v = pool_reserved(p->dev); break;
+  case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: v = p->reserved_high; break;
+  case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: v = pool_used(p->dev); break;
+  default: v = p->used_high; break;
+  }
+  *(cuuint64_t *)value = v;
+  return CUDA_SUCCESS;
+}
+
+static CUresult e_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+  ENTER(cuMemPoolSetAttribute);
+  NEED_INIT();
+  LOCKED();
+  struct CUmemPoolHandle_st *p = find_pool(pool);
+  if (!p || !value || !pool_attr_valid(attr)) {
+    violation("cuMemPoolSetAttribute(pool %p, attribute %d, value %p): bad arguments", (void *)pool, (int)attr, value);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT || attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT) {
+    violation("cuMemPoolSetAttribute: attribute %d is read-only", (int)attr);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (pool_attr_is_int(attr)) {
+    p->reuse_off[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES] = *(int *)value == 0;
+    return CUDA_SUCCESS;
+  }
+  cuuint64_t v = *(cuuint64_t *)value;
+  if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) {
+    p->threshold = v; /* applied at the next synchronisation */
+    return CUDA_SUCCESS;
+  }
+  if (v != 0) {
+    violation("cuMemPoolSetAttribute: a high watermark (attribute %d) is reset to 0 only, not %llu", (int)attr,
+              (unsigned long long)v);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  /* Reset: the watermark starts again from the current value. */
+  if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) p->reserved_high = pool_reserved(p->dev);
+  else p->used_high = pool_used(p->dev);
+  return CUDA_SUCCESS;
+}
+
+static CUresult e_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  ENTER(cuMemPoolTrimTo);
+  NEED_INIT();
+  LOCKED();
+  struct CUmemPoolHandle_st *p = find_pool(pool);
+  if (!p) {
+    violation("cuMemPoolTrimTo on an unknown pool %p", (void *)pool);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  pool_release(p->dev, keep);
+  return CUDA_SUCCESS;
+}
+
 /* ------------------------------------------------------------------ legacy IPC
  * An emulation handle: bytes 0-7 "EMUIPC\0\0", 8-15 the exporting pid, 16-23 the allocation's
  * base, 24-31 its size (native byte order), 32-63 zero. The emulation shares no plain memory
@@ -2003,6 +2136,7 @@ static CUresult stream_sync(CUstream h, int ptsz) {
     for (struct CUstream_st *p = g_streams; p; p = p->next)
       if (p->ctx == s->ctx && is_blocking(p)) force_gseq(p, now);
   }
+  pool_release(s->ctx->dev, g_pools[s->ctx->dev].threshold);
   return CUDA_SUCCESS;
 }
 static CUresult e_cuStreamSynchronize(CUstream h) { return stream_sync(h, 0); }
@@ -2157,6 +2291,7 @@ static CUresult e_cuEventSynchronize(CUevent ev) {
     return CUDA_ERROR_CAPTURED_EVENT;
   }
   if (e->stream) force(e->stream, e->target);
+  if (e->ctx) pool_release(e->ctx->dev, g_pools[e->ctx->dev].threshold);
   return CUDA_SUCCESS;
 }
 
@@ -2490,6 +2625,9 @@ static const sym_t g_syms[] = {
     SYM("cuDeviceGetMemPool", 11020, e_cuDeviceGetMemPool),
     SYM("cuMemPoolSetAccess", 11020, e_cuMemPoolSetAccess),
     SYM("cuMemPoolGetAccess", 11020, e_cuMemPoolGetAccess),
+    SYM("cuMemPoolGetAttribute", 11020, e_cuMemPoolGetAttribute),
+    SYM("cuMemPoolSetAttribute", 11020, e_cuMemPoolSetAttribute),
+    SYM("cuMemPoolTrimTo", 11020, e_cuMemPoolTrimTo),
     SYM("cuIpcGetMemHandle", 4010, e_cuIpcGetMemHandle),
     SYM("cuIpcOpenMemHandle", 4010, e_cuIpcOpenMemHandle_v1),
     SYM("cuIpcOpenMemHandle", 11000, e_cuIpcOpenMemHandle_v2),
@@ -2646,6 +2784,9 @@ EXPORT(cuDeviceGetDefaultMemPool, e_cuDeviceGetDefaultMemPool)
 EXPORT(cuDeviceGetMemPool, e_cuDeviceGetMemPool)
 EXPORT(cuMemPoolSetAccess, e_cuMemPoolSetAccess)
 EXPORT(cuMemPoolGetAccess, e_cuMemPoolGetAccess)
+EXPORT(cuMemPoolGetAttribute, e_cuMemPoolGetAttribute)
+EXPORT(cuMemPoolSetAttribute, e_cuMemPoolSetAttribute)
+EXPORT(cuMemPoolTrimTo, e_cuMemPoolTrimTo)
 EXPORT(cuIpcGetMemHandle, e_cuIpcGetMemHandle)
 EXPORT(cuIpcOpenMemHandle, e_cuIpcOpenMemHandle_v1)
 EXPORT(cuIpcOpenMemHandle_v2, e_cuIpcOpenMemHandle_v2)
@@ -2862,11 +3003,12 @@ API void emu_get_counters(emu_counters_t *out) {
     out->live_plain++;
     out->plain_bytes += a->size;
   }
+  for (int d = 0; d < EMU_MAXDEV; d++) out->pool_idle_bytes += g_pools[d].idle;
   for (struct CUstream_st *s = g_streams; s; s = s->next)
     if (s->kind == S_USER) out->live_streams++;
   for (struct CUevent_st *e = g_events; e; e = e->next) out->live_events++;
   for (struct CUgraph_st *g = g_graphs; g; g = g->next) out->live_graphs++;
-  out->physical_bytes = out->handle_bytes + out->plain_bytes;
+  out->physical_bytes = out->handle_bytes + out->plain_bytes + out->pool_idle_bytes;
   out->violations = __atomic_load_n(&g_violations, __ATOMIC_RELAXED);
 }
 

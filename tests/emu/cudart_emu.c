@@ -71,6 +71,10 @@ typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t, CUdriver
   X(cuDeviceGetDefaultMemPool, 11020, 0, CUresult (*)(CUmemoryPool *, CUdevice))                      \
   X(cuMemPoolSetAccess, 11020, 0, CUresult (*)(CUmemoryPool, const CUmemAccessDesc *, size_t))        \
   X(cuMemPoolGetAccess, 11020, 0, CUresult (*)(CUmemAccess_flags *, CUmemoryPool, CUmemLocation *))   \
+  X(cuDeviceGetMemPool, 11020, 0, CUresult (*)(CUmemoryPool *, CUdevice))                             \
+  X(cuMemPoolGetAttribute, 11020, 0, CUresult (*)(CUmemoryPool, CUmemPool_attribute, void *))         \
+  X(cuMemPoolSetAttribute, 11020, 0, CUresult (*)(CUmemoryPool, CUmemPool_attribute, void *))         \
+  X(cuMemPoolTrimTo, 11020, 0, CUresult (*)(CUmemoryPool, size_t))                                    \
   X(cuIpcGetMemHandle, 4010, 0, CUresult (*)(CUipcMemHandle *, CUdeviceptr))                          \
   X(cuIpcOpenMemHandle, 11000, 0, CUresult (*)(CUdeviceptr *, CUipcMemHandle, unsigned))              \
   X(cuIpcCloseMemHandle, 4010, 0, CUresult (*)(CUdeviceptr))                                          \
@@ -502,6 +506,33 @@ static cudaError_t r_cudaMemPoolGetAccess(enum cudaMemAccessFlags *flags, cudaMe
   return ret_cu(r);
 }
 
+static cudaError_t r_cudaDeviceGetMemPool(cudaMemPool_t *pool, int dev) {
+  cudaError_t e = rt_ready();
+  if (e) return ret(e);
+  return ret_cu(D.cuDeviceGetMemPool(pool, dev));
+}
+
+/* cudaMemPoolAttr and CUmemPool_attribute share their values. */
+_Static_assert((int)cudaMemPoolAttrUsedMemHigh == (int)CU_MEMPOOL_ATTR_USED_MEM_HIGH, "pool attributes");
+
+static cudaError_t r_cudaMemPoolGetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
+  cudaError_t e = rt_ready();
+  if (e) return ret(e);
+  return ret_cu(D.cuMemPoolGetAttribute(pool, (CUmemPool_attribute)attr, value));
+}
+
+static cudaError_t r_cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
+  cudaError_t e = rt_ready();
+  if (e) return ret(e);
+  return ret_cu(D.cuMemPoolSetAttribute(pool, (CUmemPool_attribute)attr, value));
+}
+
+static cudaError_t r_cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep) {
+  cudaError_t e = rt_ready();
+  if (e) return ret(e);
+  return ret_cu(D.cuMemPoolTrimTo(pool, keep));
+}
+
 _Static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(CUipcMemHandle), "IPC handles of the same size");
 
 static cudaError_t r_cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p) {
@@ -655,6 +686,10 @@ EXPORT(cudaDeviceDisablePeerAccess, r_cudaDeviceDisablePeerAccess)
 EXPORT(cudaDeviceGetDefaultMemPool, r_cudaDeviceGetDefaultMemPool)
 EXPORT(cudaMemPoolSetAccess, r_cudaMemPoolSetAccess)
 EXPORT(cudaMemPoolGetAccess, r_cudaMemPoolGetAccess)
+EXPORT(cudaDeviceGetMemPool, r_cudaDeviceGetMemPool)
+EXPORT(cudaMemPoolGetAttribute, r_cudaMemPoolGetAttribute)
+EXPORT(cudaMemPoolSetAttribute, r_cudaMemPoolSetAttribute)
+EXPORT(cudaMemPoolTrimTo, r_cudaMemPoolTrimTo)
 EXPORT(cudaIpcGetMemHandle, r_cudaIpcGetMemHandle)
 EXPORT(cudaIpcOpenMemHandle, r_cudaIpcOpenMemHandle)
 EXPORT(cudaIpcCloseMemHandle, r_cudaIpcCloseMemHandle)

@@ -15,7 +15,8 @@
  *   cudaEventCreate cudaEventCreateWithFlags cudaEventRecord cudaEventQuery
  *   cudaEventSynchronize cudaEventDestroy cudaDriverGetVersion cudaRuntimeGetVersion
  *   cudaDeviceCanAccessPeer cudaDeviceEnablePeerAccess cudaDeviceDisablePeerAccess
- *   cudaDeviceGetDefaultMemPool cudaMemPoolSetAccess cudaMemPoolGetAccess
+ *   cudaDeviceGetDefaultMemPool cudaDeviceGetMemPool cudaMemPoolSetAccess cudaMemPoolGetAccess
+ *   cudaMemPoolGetAttribute cudaMemPoolSetAttribute cudaMemPoolTrimTo
  *   cudaIpcGetMemHandle cudaIpcOpenMemHandle cudaIpcCloseMemHandle
  */
 #ifndef VMMSHIM_CUDART_EMU_H

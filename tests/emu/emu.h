@@ -50,7 +50,23 @@
  * current pool; there is no cuDeviceSetMemPool) and is reached by its device and by the
  * devices the pool grants (cuMemPoolSetAccess, applied to existing and later allocations).
  * As on the real driver, peer access does not reach pool memory nor pool access cuMemAlloc
- * memory. Handles imported with cuMemImportFromShareableHandle belong to device 0; the fd is
+ * memory.
+ *
+ * Default pools keep freed memory, as the driver's do: a cuMemAllocAsync allocation's memory
+ * (exact byte counts) stays the pool's after its free (cuMemFreeAsync once its stream reaches
+ * it, or cuMemFree) as idle bytes, still counted in the device's physical use; the pool's next
+ * allocations take idle bytes first. The pool gives idle memory back while its reserve is
+ * above its release threshold (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, default 0) at every
+ * synchronisation of its device's context, streams or events (cuCtxSynchronize,
+ * cuStreamSynchronize, cuEventSynchronize), and down to minBytesToKeep at cuMemPoolTrimTo
+ * (never memory freed on a stream that has not reached the free); all of it when its context
+ * goes away. cuMemPoolGetAttribute: RESERVED_MEM_CURRENT = allocations not yet reached by
+ * their free + idle bytes; USED_MEM_CURRENT = allocations not yet freed (a cuMemFreeAsync
+ * counts at once); the *_HIGH watermarks rise with them and are reset to the current value by
+ * setting 0 (another value, or setting a *_CURRENT attribute: CUDA_ERROR_INVALID_VALUE, a
+ * violation); RELEASE_THRESHOLD returns what was set; the three REUSE_* flags (int) are kept
+ * (default 1) and change nothing. Graph allocations (cuMemAllocAsync in a capture) are not the
+ * pool's. Handles imported with cuMemImportFromShareableHandle belong to device 0; the fd is
  * the exporter's memfd, so another process sees the same bytes.
  *
  * Legacy IPC: cuIpcGetMemHandle gives a handle for the base of a cuMemAlloc allocation
@@ -94,7 +110,8 @@ extern "C" {
   X(cuGetErrorName) X(cuGetErrorString)                                                       \
   X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess)                \
   X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuMemPoolSetAccess)                   \
-  X(cuMemPoolGetAccess) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)  \
+  X(cuMemPoolGetAccess) X(cuMemPoolGetAttribute) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo)      \
+  X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)                                \
   X(cuMemcpyDtoD) X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD8Async) X(cuLaunchKernel)
 
 typedef struct emu_counters_s {
@@ -112,9 +129,10 @@ typedef struct emu_counters_s {
   long live_streams;       /* user streams (not legacy or per-thread) */
   long live_events;
   long live_graphs;
-  unsigned long long physical_bytes; /* handle_bytes + plain_bytes, all devices */
+  unsigned long long physical_bytes; /* handle_bytes + plain_bytes + pool_idle_bytes, all devices */
   unsigned long long handle_bytes;   /* physical memory of live handles */
   unsigned long long plain_bytes;    /* sizes of live plain allocations (exact byte counts) */
+  unsigned long long pool_idle_bytes; /* freed memory the default pools hold */
   unsigned long long mapped_bytes;
   unsigned long long reserved_bytes;
   int violations;

@@ -1,4 +1,4 @@
-"""(g) Python smoke tests: python3 py_smoke.py torch|cupy|jax|torch-ipc|torch-dp
+"""(g) Python smoke tests: python3 py_smoke.py torch|cupy|jax|torch-ipc|torch-dp|torch-async
 
 Runs a small deterministic GPU computation and prints one "VALUE <name> <number>" line per
 result, then "SHIM <summary>" and, under the shim, "VMM <name> yes|no" for a sample buffer.
@@ -219,6 +219,58 @@ def run_torch_ipc():
     report_shim(x.data_ptr())
 
 
+def run_torch_async():
+    """PyTorch with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync: memory_allocated(),
+    memory_reserved() and memory_stats() come from the device's default pool
+    (cudaMemPoolGetAttribute), empty_cache() trims it (cudaMemPoolTrimTo), reset_peak_memory_stats()
+    resets its high watermarks. The VALUE lines are the shape of those figures (1 or 0 each):
+    non-zero while tensors live, back down after empty_cache(); the same with and without the
+    shim. The figures themselves are printed as INFO lines."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    torch = torch_with_cuda("torch-async")
+    backend = getattr(torch.cuda, "get_allocator_backend", lambda: "?")()
+    if backend != "cudaMallocAsync":
+        skip("torch-async: the allocator backend is %s" % backend)
+    mib = 1 << 20
+    dev = torch.device("cuda")
+    torch.ones(1, device=dev)  # the context and the pool
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    sizes = [1 << 10, 3 * mib, 100 * mib]
+    ts = [torch.ones(n // 4, device=dev) for n in sizes]
+    torch.cuda.synchronize()
+    alloc, res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    st = torch.cuda.memory_stats()
+    print("INFO torch-async: base allocated %d reserved %d; with %d bytes of tensors: allocated %d reserved %d"
+          % (base_alloc, base_res, sum(sizes), alloc, res))
+    value("allocated_covers_tensors", alloc - base_alloc >= sum(sizes))
+    value("reserved_covers_allocated", res >= alloc and res > 0)
+    value("stats_agree", st.get("reserved_bytes.all.current") == res and st.get("allocated_bytes.all.current") == alloc)
+    value("peak_at_least_allocated", torch.cuda.max_memory_allocated() >= alloc)
+    peak = torch.cuda.max_memory_allocated()
+    del ts[2]
+    torch.cuda.synchronize()
+    value("allocated_drops_on_free", torch.cuda.memory_allocated() <= alloc - 100 * mib)
+    value("peak_kept_after_free", torch.cuda.max_memory_allocated() == peak)
+    value("reserved_kept_after_free", torch.cuda.memory_reserved() >= res)
+    torch.cuda.reset_peak_memory_stats()
+    value("peak_reset_to_current", torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated())
+    del ts
+    torch.cuda.synchronize()
+    value("allocated_back_to_base", torch.cuda.memory_allocated() == base_alloc)
+    before = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    after = torch.cuda.memory_reserved()
+    print("INFO torch-async: reserved %d before empty_cache(), %d after" % (before, after))
+    value("reserved_down_after_empty_cache", after < before)
+    value("reserved_back_to_base", after <= base_res)
+    sample = torch.empty(1 << 20, device=dev)
+    torch.cuda.synchronize()
+    report_shim(sample.data_ptr())
+
+
 def run_torch_dp():
     """nn.DataParallel over two GPUs: replicas, scatter and gather go through peer access."""
     os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
@@ -247,9 +299,10 @@ def run_torch_dp():
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else ""
-    runs = {"torch": run_torch, "cupy": run_cupy, "jax": run_jax, "torch-ipc": run_torch_ipc, "torch-dp": run_torch_dp}
+    runs = {"torch": run_torch, "cupy": run_cupy, "jax": run_jax, "torch-ipc": run_torch_ipc, "torch-dp": run_torch_dp,
+            "torch-async": run_torch_async}
     if which not in runs:
-        print("usage: py_smoke.py torch|cupy|jax|torch-ipc|torch-dp")
+        print("usage: py_smoke.py torch|cupy|jax|torch-ipc|torch-dp|torch-async")
         sys.exit(2)
     runs[which]()
     print("DONE %s" % which)

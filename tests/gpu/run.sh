@@ -231,6 +231,11 @@ else
   skip "peer: $NGPU GPU on this machine; tests/gpu/t_peer.cu needs two"
 fi
 
+# ---- the default pool's attributes, trim and release threshold (CuPy's and PyTorch's view) ----
+run_plain "plain/mempool" "$BIN/t_mempool.static"
+run_prog "static/mempool" "$BIN/t_mempool.static"
+run_prog "shared/mempool" "$BIN/t_mempool.shared"
+
 rm -f "$LOGDIR"/py-*.done
 py_case torch shim
 py_case torch shim-deferred VMMSHIM_FREE_MODE=deferred
@@ -238,6 +243,7 @@ py_case cupy shim
 py_case jax shim
 py_case torch-ipc shim
 py_case torch-dp shim
+py_case torch-async shim
 rm -f "$LOGDIR"/py-*.done
 # The stats the shim printed at exit of the PyTorch run (quoted in reports).
 if [ -s "$LOGDIR/py-torch-shim.stderr" ]; then

@@ -2,7 +2,7 @@
 # Keeps the documents true to the code and short:
 #   - every VMMSHIM_* variable the code reads has a row in docs/configuration.md's tables, and
 #     every row there names a variable the code reads. The code's variables: the VS_OPTIONS(X)
-#     table of include/vmmshim/internal.h (src/config.c reads VMMSHIM_<TOKEN> for each X(TOKEN,
+#     table of include/vmmshim/base.h (src/base/config.c reads VMMSHIM_<TOKEN> for each X(TOKEN,
 #     ...)), getenv("VMMSHIM_...") in src/, and in scripts/ the shell reads ${VMMSHIM_...} and
 #     Python's os.environ.get("VMMSHIM_...") / os.environ["VMMSHIM_..."];
 #   - README.md is at most 300 lines;
@@ -20,9 +20,9 @@ trap 'rm -rf "$tmp"' EXIT
 # ---- the variables the code reads, one per line, sorted
 code_vars() {
   {
-    sed -n '/^#define VS_OPTIONS(X)/,/^$/p' include/vmmshim/internal.h |
+    sed -n '/^#define VS_OPTIONS(X)/,/^$/p' include/vmmshim/base.h |
       sed -n 's/^[[:space:]]*X(\([A-Z0-9_]*\),.*/VMMSHIM_\1/p'
-    grep -ho 'getenv("VMMSHIM_[A-Z0-9_]*"' src/*.c | sed 's/.*"\(VMMSHIM_[A-Z0-9_]*\)"/\1/'
+    grep -ho 'getenv("VMMSHIM_[A-Z0-9_]*"' src/*/*.c | sed 's/.*"\(VMMSHIM_[A-Z0-9_]*\)"/\1/'
     grep -ho '\${VMMSHIM_[A-Z0-9_]*' scripts/* | sed 's/^\${//'
     grep -hoE "environ(\.get\(|\[)[\"']VMMSHIM_[A-Z0-9_]*" scripts/* | sed 's/.*\(VMMSHIM_[A-Z0-9_]*\)$/\1/'
   } | sort -u
@@ -36,7 +36,7 @@ doc_vars() { # configuration.md
 code_vars > "$tmp/code"
 doc_vars docs/configuration.md > "$tmp/doc"
 n_code=$(wc -l < "$tmp/code")
-n_opts=$(sed -n '/^#define VS_OPTIONS(X)/,/^$/p' include/vmmshim/internal.h | grep -c 'X(')
+n_opts=$(sed -n '/^#define VS_OPTIONS(X)/,/^$/p' include/vmmshim/base.h | grep -c 'X(')
 check "the code's variables found: the $n_opts of VS_OPTIONS and the scripts' ($n_code in all)" \
   test "$n_opts" -gt 0 -a "$n_code" -gt "$n_opts"
 undocumented=$(comm -23 "$tmp/code" "$tmp/doc" | tr '\n' ' ')

@@ -3,8 +3,10 @@
 # in place with its mode and nothing else; the installed launcher preloads the installed library
 # with no variable set (also through symlinks) and the shim serves a program on the host
 # emulation; the installed vmmshim-report and vmmshim-replay work from bin/; vmmshim.pc gives
-# the right prefix and flags, and a program builds and links with them; the man page has its
-# sections, renders without warnings and lists exactly the options --help lists; the installed
+# the right prefix and compiler flags and no library to link (the shim is preloaded, never
+# linked), and a program built with them finds the shim's functions at run time; the man page
+# has its sections, renders without warnings and lists exactly the options --help lists;
+# vmmshim(7) is installed as built and man finds both pages under share/man; the installed
 # vmmshim ctl and top find their client in lib/vmmshim/python and reach a program run by the
 # installed launcher, and the vmmshim module imports from there (under the shim, and says how to
 # run under it without); uninstall removes those files and nothing else. Needs make test's build
@@ -41,7 +43,8 @@ lib/libvmmshim.so 644
 lib/pkgconfig/vmmshim.pc 644
 $(cd scripts/python && find vmmshim -name '*.py' | LC_ALL=C sort | sed 's|^|lib/vmmshim/python/|; s|$| 644|')
 lib/vmmshim/python/vmmshim_ctl.py 644
-share/man/man1/vmmshim.1 644"
+share/man/man1/vmmshim.1 644
+share/man/man7/vmmshim.7 644"
 got=$(cd "$P" 2>/dev/null && find . -type f -o -type l | sed 's|^\./||' | LC_ALL=C sort | while read -r f; do echo "$f $(stat -c %a "$f")"; done)
 check "the installed files and their modes are exactly: $(echo $want)" test "$got" = "$want"
 [ "$got" = "$want" ] || printf 'got:\n%s\n' "$got"
@@ -98,7 +101,7 @@ if $CC -std=c11 -Wall -Wextra -Werror -I"$P/include" -I"$CUDA_HOME/include" -o "
 
   # the trace, and the report command the launcher prints, run as printed
   (cd "$tmp" && LD_LIBRARY_PATH="$B/emu" "$P/bin/vmmshim" -o "$tmp/t.%p.trace" -- "$tmp/prog" >/dev/null 2>"$tmp/trace.err")
-  next=$(sed -n 's/^vmmshim: done (exit status 0); next: //p' "$tmp/trace.err")
+  next=$(sed -n 's/^vmmshim: done (exit status 0); trace: [^;]*; next: //p' "$tmp/trace.err")
   case $next in
     "$P/bin/vmmshim-report $tmp/t."*.trace) ok "the launcher names the installed vmmshim-report" ;;
     *) ko "the launcher names the installed vmmshim-report: $next" ;;
@@ -135,30 +138,36 @@ if command -v pkg-config >/dev/null 2>&1; then
     test "$(pc --variable=libdir vmmshim) $(pc --variable=includedir vmmshim)" = "/usr/lib /usr/include"
   check "vmmshim.pc: version is VMMSHIM_VERSION" \
     test "$(pc --modversion vmmshim)" = "$(sed -n 's/^#define VMMSHIM_VERSION "\(.*\)"$/\1/p' include/vmmshim.h)"
-  flags=$(pc --define-prefix --cflags --libs vmmshim)
-  check "pkg-config --define-prefix --cflags --libs: -I$P/include -L$P/lib -lvmmshim [$flags]" \
-    test "$(echo $flags)" = "-I$P/include -L$P/lib -lvmmshim"
+  flags=$(pc --define-prefix --cflags vmmshim)
+  check "pkg-config --define-prefix --cflags: -I$P/include [$flags]" test "$(echo $flags)" = "-I$P/include"
+  flags=$(pc --libs vmmshim); rc=$?
+  check "pkg-config --libs: nothing to link, and no error [$rc: $flags]" test "$rc:$(echo $flags)" = "0:"
+  check "vmmshim.pc offers no library to link" sh -c '! grep -q -e "-lvmmshim" -e "^Libs" "$1"' - "$P/lib/pkgconfig/vmmshim.pc"
   flags=$(PKG_CONFIG_SYSROOT_DIR="$D" pc --cflags --libs vmmshim)
   check "PKG_CONFIG_SYSROOT_DIR: the flags point into the staging tree [$flags]" \
-    sh -c 'case " $1 " in *" -I$2/include "*|*" -L$2/lib "*) ;; *) exit 1 ;; esac; case " $1 " in *" -lvmmshim "*) ;; *) exit 1 ;; esac' - "$flags" "$P"
+    sh -c 'case " $1 " in *" -I$2/include "*) ;; *) exit 1 ;; esac' - "$flags" "$P"
   cat > "$tmp/link.c" <<'EOF'
+#include <dlfcn.h>
 #include <stdio.h>
 #include <vmmshim.h>
 int main(void) {
+  int (*get)(vmmshim_stats_t *, size_t) = (int (*)(vmmshim_stats_t *, size_t))dlsym(RTLD_DEFAULT, "vmmshim_get_stats");
   vmmshim_stats_t s;
-  int r = vmmshim_get_stats(&s, sizeof s);
-  printf("get_stats=%d bad_size=%d\n", r, vmmshim_get_stats(&s, 1));
+  if (!get) printf("no shim\n");
+  else printf("get_stats=%d bad_size=%d\n", get(&s, sizeof s), get(&s, 1));
   return 0;
 }
 EOF
   # shellcheck disable=SC2046  # pkg-config's output is a word list
   if $CC -std=c11 -Wall -Werror $(pc --define-prefix --cflags vmmshim) -o "$tmp/link" "$tmp/link.c" \
-       $(pc --define-prefix --libs vmmshim) 2>"$tmp/cc.log"; then
-    ok "a program compiles and links against the shim with pkg-config's flags"
-    out=$(LD_LIBRARY_PATH="$P/lib:$B/emu" "$tmp/link" 2>&1)
-    check "it runs and calls the installed library [$out]" test "$out" = "get_stats=0 bad_size=-1"
+       $(pc --define-prefix --libs vmmshim) -ldl 2>"$tmp/cc.log"; then
+    ok "a program compiles with pkg-config's flags"
+    out=$("$tmp/link" 2>&1)
+    check "alone it runs without the shim [$out]" test "$out" = "no shim"
+    out=$(cd "$tmp" && "$P/bin/vmmshim" -q --no-trace "$tmp/link" 2>&1)
+    check "under the installed launcher it finds the shim's functions [$out]" test "$out" = "get_stats=0 bad_size=-1"
   else
-    ko "a program compiles and links against the shim with pkg-config's flags"; cat "$tmp/cc.log"
+    ko "a program compiles with pkg-config's flags"; cat "$tmp/cc.log"
   fi
 else
   skip_or_fail "pkg-config is needed to check vmmshim.pc"
@@ -194,6 +203,15 @@ if command -v groff >/dev/null 2>&1; then
   fi
 else
   echo "SKIP rendering the man page: no groff; not counted"
+fi
+
+# ---- vmmshim(7) ----
+check "vmmshim(7) is installed as built" cmp -s "$B/vmmshim.7" "$P/share/man/man7/vmmshim.7"
+if command -v man >/dev/null 2>&1; then
+  out=$(MANWIDTH=80 MANPAGER=cat PAGER=cat man -M "$P/share/man" 7 vmmshim 2>/dev/null)
+  check "man -M PREFIX/share/man 7 vmmshim finds it" has "$out" "VMMSHIM_TRACE_MAX"
+  out=$(MANWIDTH=80 MANPAGER=cat PAGER=cat man -M "$P/share/man" 1 vmmshim 2>/dev/null)
+  check "man -M PREFIX/share/man 1 vmmshim finds the launcher's" has "$out" "--trace-max"
 fi
 
 # ---- vmmshim ctl and top, and the vmmshim module, from the install ----

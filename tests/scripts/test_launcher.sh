@@ -1,8 +1,12 @@
 #!/bin/sh
 # Tests of scripts/vmmshim (the launcher): --help, exit status pass-through (plain and
 # death by signal), LD_PRELOAD composition, options -> VMMSHIM_ variables, the trace
-# path printed first with the program's pid, -q. Uses a dummy preload library, so it
-# needs neither CUDA nor a built shim. Ends with "N passed, N failed".
+# path printed first with the program's pid, -q; a malformed value of any option (or of a
+# variable already set) stops it before the program starts, with one line and status 125; a
+# missing program (127), a directory or a file without execute permission (126) get one line
+# each; the last line says the trace's size, and that the cap cut it. Uses a dummy preload
+# library, so it needs neither CUDA nor a built shim (tests/scripts/test_launcher_values.sh
+# checks the launcher's values against the shim's). Ends with "N passed, N failed".
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 L="$ROOT/scripts/vmmshim"
 . "$(dirname "$0")/harness.sh"
@@ -32,6 +36,66 @@ case $out in *Usage:*--trace*--trace-format*--log*--stats*--granularity*--free-m
 "$L" -q sh -c 'kill -TERM $$' 2>/dev/null; check "death by SIGTERM gives 143" test $? = 143
 "$L" -q sh -c 'kill -KILL $$' 2>/dev/null; check "death by SIGKILL gives 137" test $? = 137
 "$L" -q /nonexistent/program 2>/dev/null; check "a missing program gives 127" test $? = 127
+
+# a program that cannot be run: one line, before anything else is printed
+one_line() { # description, status wanted, the line wanted, launcher arguments...
+  d=$1; want_rc=$2; want=$3; shift 3
+  out=$("$L" "$@" 2>&1); rc=$?
+  check "$d: status $want_rc, the one line '$want' [status $rc: $out]" test "$rc:$out" = "$want_rc:$want"
+}
+mkdir adir
+echo 'echo ran' > noexec.sh
+one_line "./nope" 127 "vmmshim: error: ./nope: no such program" ./nope
+one_line "a name not in PATH" 127 "vmmshim: error: no-such-program-xyz: no such program (not found in PATH)" no-such-program-xyz
+one_line "a directory" 126 "vmmshim: error: ./adir: is a directory, not a program" ./adir
+one_line "a file without execute permission" 126 "vmmshim: error: ./noexec.sh: not executable (no execute permission)" ./noexec.sh
+path=$PATH
+PATH="$tmp:$PATH"
+one_line "one in PATH without execute permission" 126 \
+  "vmmshim: error: noexec.sh: $tmp/noexec.sh is not executable (no execute permission)" noexec.sh
+PATH=$path
+one_line "-q: the same" 127 "vmmshim: error: ./nope: no such program" -q ./nope
+
+# values: every option's malformed value stops the launcher before the program runs
+bad_value() { # option value: status 125, one line naming both, and the program did not run
+  rm -f ran
+  out=$("$L" -q --no-trace "$1" "$2" sh -c ': > ran' 2>&1); rc=$?
+  check "$1 '$2': status 125, one line naming it, the program not run [$rc: $out]" \
+    sh -c '[ "$1" = 125 ] && [ ! -e ran ] && [ "$(printf "%s\n" "$2" | wc -l)" = 1 ] &&
+           case $2 in "vmmshim: error: $3: '\''"*) ;; *) exit 1 ;; esac' - "$rc" "$out" "$1"
+}
+bad_value --limit -5
+bad_value --granularity banana
+bad_value --granularity 0
+bad_value --max-handle 1.5G
+bad_value --reserve 12Q
+bad_value --release-threshold lots
+bad_value --trace-max 64X
+bad_value --stacks-min -1
+bad_value --arenas 0
+bad_value --arenas 65
+bad_value --stacks 65
+bad_value --stacks-sample 0
+bad_value --free-mode lazy
+bad_value --trace-format csv
+bad_value --unwind gdb
+bad_value --dump-signal KILL
+bad_value --dump-signal SEGV
+bad_value --log loud
+bad_value --log warn:$tmp/no-such-dir/log
+bad_value --trace $tmp/no-such-dir/t.trace
+out=$("$L" -q --no-trace --limit -5 true 2>&1)
+check "the message for --limit -5 [$out]" test "$out" = "vmmshim: error: --limit: '-5' is not a size (a whole number of bytes, or with K, M, G or T: 512M, 8G)"
+out=$("$L" -q --no-trace --limit=-5 true 2>&1); rc=$?
+check "--limit=-5: the same [$rc: $out]" test "$rc:$out" = "125:vmmshim: error: --limit: '-5' is not a size (a whole number of bytes, or with K, M, G or T: 512M, 8G)"
+rm -f ran
+out=$(VMMSHIM_ARENAS=lots "$L" -q --no-trace sh -c ': > ran' 2>&1); rc=$?
+check "a malformed variable already set: status 125, the variable named, the program not run [$rc: $out]" \
+  test "$rc:$out:$(test -e ran && echo ran)" = "125:vmmshim: error: VMMSHIM_ARENAS='lots' (from the environment) is not a whole number from 1 to 64:"
+out=$("$L" -q --no-trace --limit 5GiB --granularity 2M --max-handle 16777215T --release-threshold Unlimited \
+  --trace-max 64K --stacks 0 --stacks-min 1K --stacks-sample 1000000000 --arenas 64 --free-mode SYNC \
+  --trace-format RMM --unwind libunwind --dump-signal sigusr1 --log 3 -- sh -c 'echo ok' 2>&1)
+check "well-formed values of every option run the program [$out]" test "$out" = ok
 
 # LD_PRELOAD composition: ours first, the user's kept after it
 out=$(LD_PRELOAD= "$L" -q sh -c 'echo "$LD_PRELOAD"')
@@ -63,6 +127,8 @@ check "the stack and dump-signal options set their variables" test "$out" = "16|
 out=$("$L" -q --stacks=8 --stacks-min=2M --stacks-sample=4 --unwind=dwarf --dump-signal=0 -- \
   sh -c 'echo "$VMMSHIM_TRACE_STACKS|$VMMSHIM_TRACE_STACKS_MIN|$VMMSHIM_TRACE_STACKS_SAMPLE|$VMMSHIM_TRACE_UNWIND|$VMMSHIM_DUMP_SIGNAL"')
 check "--OPTION=VALUE forms of the stack options" test "$out" = "8|2M|4|dwarf|0"
+out=$("$L" -q --trace-max 64K --trace-max=1M sh -c 'echo "$VMMSHIM_TRACE_MAX"')
+check "--trace-max sets VMMSHIM_TRACE_MAX (the last one given)" test "$out" = 1M
 out=$("$L" -q --trace=my.%p.trace sh -c 'echo "$VMMSHIM_TRACE"')
 check "--trace=PATH sets VMMSHIM_TRACE" test "$out" = "my.%p.trace"
 out=$(VMMSHIM_TRACE=x "$L" -q --no-trace sh -c 'echo "[${VMMSHIM_TRACE-unset}]"')
@@ -79,5 +145,21 @@ check "first message names the trace with the program's pid" test "$first" = "vm
 case $last in *"vmmshim-report t.$pid.trace") ok "last message is the report command" ;; *) ko "last message is the report command: $last" ;; esac
 "$L" -q -o "t2.%p.trace" true 2> err
 check "-q prints nothing" test ! -s err
+
+# the trace's size at exit, and that the cap cut it (a native trace cut ends "e T MAX")
+"$L" -o "t3.%p.trace" sh -c 'printf "v 2 vmmshim 0.1.0\ne 5\n" > "t3.$$.trace"' 2> err
+last=$(tail -n 1 err)
+case $last in "vmmshim: done (exit status 0); trace: 22 B; next: "*) ok "the last line says the trace's size" ;; *) ko "the last line says the trace's size: $last" ;; esac
+"$L" --trace-max 2K -o "t4.%p.trace" sh -c 'awk "BEGIN { for (i = 0; i < 200; i++) print \"a 1 2 3 4 5\"; print \"e 5 800\" }" > "t4.$$.trace"' 2> err
+last=$(tail -n 1 err)
+case $last in "vmmshim: done (exit status 0); trace: 2.4 KiB, cut at --trace-max; next: "*) ok "a trace the cap cut: said so" ;; *) ko "a trace the cap cut: said so: $last" ;; esac
+
+# --help: what sizes take, the defaults as they are typed, where the rest is
+out=$("$L" --help)
+check "--help: sizes take K, M, G or T, and an i or a B" sh -c 'case $1 in *"K, M, G or T"*"an i, a B"*) ;; *) exit 1 ;; esac' - "$out"
+check "--help: the dump signal's default is USR2" sh -c 'printf "%s\n" "$1" | grep -A1 -e "--dump-signal" | grep -q "USR2, the default"' - "$out"
+check "--help: --trace-max" has "$out" "--trace-max SIZE"
+check "--help points at vmmshim(7), not at a file of the sources" sh -c 'case $1 in *README*) exit 1 ;; *"vmmshim(7)"*) ;; *) exit 1 ;; esac' - "$out"
+check "--help: exit statuses 127, 126, 125" sh -c 'case $1 in *"127 when the program is not"*"126 when it cannot be run"*125*) ;; *) exit 1 ;; esac' - "$out"
 
 summary

@@ -14,7 +14,7 @@ import tempfile
 
 LAYERS = ["hook", "alloc", "share", "pool", "handle", "vmm", "base"]  # top first
 ORDER = {  # within a layer, files that call each other: top first
-    "alloc": ["sleep.c", "alloc.c", "tags.c"],
+    "alloc": ["sleep.c", "mempool.c", "alloc.c", "tags.c"],
     "pool": ["pool.c", "reclaim.c", "asleep.c", "space.c", "pool_streams.c", "pool_blocks.c"],
 }
 HEADERS = {  # vmmshim/<header>: the layer it belongs to
