@@ -85,15 +85,19 @@ def _moved(pid, r):
         return "pid %d: %s: nothing to do (%s)" % (pid, what, r.get("reason") or "asleep or awake already")
     parts = []
     if r.get("cmd") == "wake":
-        labels = (("restored", "restored"), ("to_host", "copied back from the host"),
-                  ("host_mapped", "moved back from host memory"), ("discarded", "of it discarded while asleep"),
-                  ("skipped", "still asleep"))
+        how = [text.size(r[key]) + label for key, label in (("to_host", " copied back from the host"),
+                                                             ("discarded", " had been discarded"))
+               if r.get(key)]
+        if r.get("restored"):
+            parts.append("restored %s%s" % (text.size(r["restored"]), " (%s)" % ", ".join(how) if how else ""))
+        if r.get("skipped"):
+            parts.append("%s still asleep" % text.size(r["skipped"]))
     else:
-        labels = (("released", "released"), ("to_host", "copied to the host"), ("host_mapped", "served from host"),
-                  ("discarded", "discarded"), ("skipped", "skipped"))
-    for key, label in labels:
-        if r.get(key):
-            parts.append("%s %s" % (label, text.size(r[key])))
+        for key, label in (("released", "released"), ("to_host", "copied to the host"),
+                           ("host_mapped", "served from host memory"), ("discarded", "discarded"),
+                           ("skipped", "skipped")):
+            if r.get(key):
+                parts.append("%s %s" % (label, text.size(r[key])))
     line = "pid %d: %s: %s in %.1f ms" % (pid, what, ", ".join(parts) or "nothing moved", r.get("ms", 0.0))
     if r.get("reason"):
         line += "; %s" % r["reason"]
