@@ -259,6 +259,9 @@ fi
 run_prog "static/sleep-mapped" "$BIN/t_sleep.static" SLEEP_MODE=mapped
 run_prog "static/sleep-cycles" "$BIN/t_sleep.static" SLEEP_MODE=cycles
 
+# ---- steered from outside: vmmshim ctl on tests/gpu/t_ctl.cu, vmmshim.control on PyTorch ----
+. tests/gpu/ctl_drive.sh
+
 # ---- robustness (tests/gpu/t_robust.cu, one ROBUST_MODE per run) ----
 # robust_value LOG KEY: KEY=value of the "RESULT pressure" line.
 robust_value() { sed -n "s/^RESULT pressure .*$2=\([^ ]*\).*/\1/p" "$1" | head -n 1; }
