@@ -19,9 +19,10 @@
  *   users    as root: a process of user nobody is refused (one error line, then closed) and its
  *            client exits 5; root controls a program of user nobody. Not root: not counted, or a
  *            failure when CI=true.
- *   gone     a dead pid (exit 3), a process not under the shim (exit 4); the program exits while a
- *            sleep it was asked for waits on a stream capture: the raw connection sees the end at
- *            once, the client exits 7.
+ *   gone     a dead pid (exit 3), a process not under the shim (exit 4); a sleep asked for during a
+ *            stream capture is refused after VMMSHIM_SLEEP_WAIT with EBUSY and the reason (exit 1);
+ *            the program exits while a sleep it was asked for waits on a capture: the raw
+ *            connection sees the end at once, the client exits 7.
  *   serve    not a test: a program for tests/scripts/test_ctl.py (weights and kv tags filled with
  *            patterns; reads commands on standard input: check, alloc [MiB], quit).
  * test_static_control.c builds the verbs scenario with the runtime linked statically. */
@@ -945,7 +946,7 @@ typedef struct exiter_s {
   int to, from; /* its standard input and output */
 } exiter_t;
 
-static bool exiter_start(exiter_t *x) {
+static bool exiter_start(exiter_t *x, const char *sleep_wait) {
   int in[2], out[2];
   if (pipe(in) || pipe(out)) return false;
   x->pid = fork();
@@ -954,7 +955,7 @@ static bool exiter_start(exiter_t *x) {
     dup2(out[1], 1);
     close(in[1]);
     close(out[0]);
-    setenv("VMMSHIM_SLEEP_WAIT", "8000", 1);
+    setenv("VMMSHIM_SLEEP_WAIT", sleep_wait, 1);
     char *args[] = {(char *)"child", (char *)"exiter", NULL};
     execv("/proc/self/exe", args);
     _exit(127);
@@ -997,23 +998,34 @@ static void scenario_gone(void) {
   CHECK(rc == 4 && strstr(g_client_out, "not under vmmshim"), "a process that has not used CUDA: exit 4: %d: %s", rc,
         g_client_out);
 
-  /* the program exits while our request waits in it: the end is seen at once */
+  /* a sleep during a stream capture: refused after VMMSHIM_SLEEP_WAIT, and said why */
   exiter_t x;
-  CHECK(exiter_start(&x), "the program is ready");
+  CHECK(exiter_start(&x, "300"), "the program is ready (a capture in progress)");
+  snprintf(spid, sizeof spid, "%d", (int)x.pid);
+  double t0 = now_s();
+  rc = client(WORDS(spid, "sleep", "weights"));
+  double took = now_s() - t0;
+  CHECK(rc == 1 && strstr(g_client_out, "EBUSY") && strstr(g_client_out, "stream capture is in progress") &&
+            took >= 0.3,
+        "a sleep during a capture: exit 1 after %.2f s, EBUSY and why: %s", took, g_client_out);
+  CHECK(exiter_end(&x) == 0, "the program exits cleanly");
+
+  /* the program exits while our request waits in it: the end is seen at once */
+  CHECK(exiter_start(&x, "8000"), "the program is ready");
   int fd = ctl_connect(x.pid, geteuid());
   const char *req = "{\"v\":1,\"cmd\":\"sleep\",\"tag\":\"weights\"}\n";
   CHECK(fd >= 0 && send_all(fd, req, strlen(req)) == 0, "request sent");
   sleep_ms(300); /* it waits for the capture, up to 8 s */
-  double t0 = now_s();
+  t0 = now_s();
   int st = exiter_end(&x);
   char reply[512];
   int n = fd >= 0 ? read_line(fd, reply, sizeof reply) : 0;
-  double took = now_s() - t0;
+  took = now_s() - t0;
   CHECK(st == 0 && n < 0 && took < 3, "the program exits mid-request (status %d): the connection ends in %.2f s, no "
         "reply (%d)", st, took, n);
   if (fd >= 0) close(fd);
 
-  CHECK(exiter_start(&x), "the program is ready again");
+  CHECK(exiter_start(&x, "8000"), "the program is ready again");
   snprintf(spid, sizeof spid, "%d", (int)x.pid);
   int fds[2];
   CHECK(pipe(fds) == 0, "pipe");

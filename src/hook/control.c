@@ -721,13 +721,15 @@ static void send_and_close(int fd, int e, const char *msg) {
   close(fd);
 }
 
+/* Out of the table and closed under the lock, freed after: a fork meanwhile (its child closes the
+ * table's descriptors) sees the connection whole or not at all. */
 static void conn_close(int i) {
   vs_ctl_conn_t *c = vs_conns[i];
-  close(c->fd);
-  free(c);
   pthread_mutex_lock(&vs_ctl_lock);
   vs_conns[i] = vs_conns[--vs_nconn];
+  close(c->fd);
   pthread_mutex_unlock(&vs_ctl_lock);
+  free(c);
 }
 
 static void accept_one(void) {
