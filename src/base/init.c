@@ -70,16 +70,36 @@ void _vs_set_activate_handler(void (*fn)(void)) { vs_activate_handler = fn; }
 
 VS_API int vmmshim_active(void) { return _vs_active() ? 1 : 0; }
 
+typedef struct vs_thread_boot_s {
+  void *(*fn)(void *);
+  void *arg;
+  atomic_int started;
+} vs_thread_boot_t;
+
+static void *thread_boot(void *p) {
+  vs_thread_boot_t *boot = p;
+  void *(*fn)(void *) = boot->fn;
+  void *arg = boot->arg;
+  atomic_store_explicit(&boot->started, 1, memory_order_release); /* boot is the creator's: not after this */
+  return fn(arg);
+}
+
+/* The creator returns once the thread runs fn: a thread starting up allocates (glibc reads its
+ * attributes), and a program that forks right then can find its child's allocator locked under
+ * AddressSanitizer (glibc's own malloc is safe across fork, the sanitizer's of GCC 12 is not).
+ * Tens of microseconds, once per thread of the shim. */
 int _vs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg) {
+  vs_thread_boot_t boot = {fn, arg, 0};
   pthread_attr_t at;
   pthread_attr_init(&at);
   pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
   sigset_t all, prev;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &prev);
-  int rc = pthread_create(out, &at, fn, arg);
+  int rc = pthread_create(out, &at, thread_boot, &boot);
   pthread_sigmask(SIG_SETMASK, &prev, NULL);
   pthread_attr_destroy(&at);
+  while (rc == 0 && !atomic_load_explicit(&boot.started, memory_order_acquire)) _vs_sleep_us(20);
   return rc;
 }
 

@@ -694,6 +694,7 @@ static void answer(const char *line, size_t len, vs_jout_t *o) {
 /* ------------------------------------------------------------------ the server */
 
 typedef struct vs_ctl_conn_s {
+  bool used; /* a slot of vs_slots taken */
   int fd;
   char in[VS_CTL_LINE_MAX];
   size_t in_n;
@@ -704,6 +705,9 @@ typedef struct vs_ctl_conn_s {
   uint64_t last_ns, partial_ns, send_ns;
 } vs_ctl_conn_t;
 
+/* The connections live in static slots: the thread never allocates to serve one (a fork while a
+ * thread allocates can leave the child's allocator locked under some sanitizers). */
+static vs_ctl_conn_t vs_slots[VS_CTL_MAX_CONNS];
 static vs_ctl_conn_t *vs_conns[VS_CTL_MAX_CONNS];
 static int vs_nconn;
 static int vs_listen_fd = -1;
@@ -721,15 +725,15 @@ static void send_and_close(int fd, int e, const char *msg) {
   close(fd);
 }
 
-/* Out of the table and closed under the lock, freed after: a fork meanwhile (its child closes the
- * table's descriptors) sees the connection whole or not at all. */
+/* Out of the table and closed under the lock: a fork meanwhile (its child closes the table's
+ * descriptors) sees the connection whole or not at all. */
 static void conn_close(int i) {
   vs_ctl_conn_t *c = vs_conns[i];
   pthread_mutex_lock(&vs_ctl_lock);
   vs_conns[i] = vs_conns[--vs_nconn];
   close(c->fd);
+  c->used = false;
   pthread_mutex_unlock(&vs_ctl_lock);
-  free(c);
 }
 
 static void accept_one(void) {
@@ -748,11 +752,10 @@ static void accept_one(void) {
     send_and_close(fd, EBUSY, "too many controllers connected at once (" VS_STR(VS_CTL_MAX_CONNS) "): try again");
     return;
   }
-  vs_ctl_conn_t *c = malloc(sizeof *c);
-  if (!c) {
-    send_and_close(fd, ENOMEM, "no host memory for the connection");
-    return;
-  }
+  vs_ctl_conn_t *c = NULL;
+  for (int i = 0; i < VS_CTL_MAX_CONNS && !c; i++)
+    if (!vs_slots[i].used) c = &vs_slots[i];
+  c->used = true;
   c->fd = fd;
   c->in_n = c->out_n = c->out_off = 0;
   c->close_after = c->eof = false;
@@ -869,10 +872,8 @@ static void at_exit(void) { atomic_store(&vs_ctl_exiting, true); }
 static void atfork_child(void) {
   if (vs_listen_fd >= 0) close(vs_listen_fd);
   vs_listen_fd = -1;
-  for (int i = 0; i < vs_nconn; i++) {
-    close(vs_conns[i]->fd);
-    free(vs_conns[i]);
-  }
+  for (int i = 0; i < vs_nconn; i++) close(vs_conns[i]->fd);
+  memset(vs_slots, 0, sizeof vs_slots);
   vs_nconn = 0;
   pthread_mutex_init(&vs_ctl_lock, NULL);
 }
