@@ -8,8 +8,9 @@
 #   make bench      GPU benchmarks (needs a GPU and nvcc)
 #   make bench-spread  the irregular workloads at seeds 1-5, default and small handles (GPU)
 #   make bench-cpu  the shim's own costs on the host emulation (no GPU)
-#   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc and the man pages
-#                   under $(DESTDIR)$(PREFIX) (PREFIX=/usr/local); make uninstall removes them
+#   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc, the man pages and
+#                   the Python client and module (lib/vmmshim/python) under $(DESTDIR)$(PREFIX)
+#                   (PREFIX=/usr/local); make uninstall removes them
 # Every target that compiles runs scripts/deps.sh first: it checks for uthash.h (installs
 # uthash-dev with apt-get when root) and stops with one line saying what to install when it
 # cannot. UTHASH_INCLUDE=DIR: uthash.h is in DIR (added with -I).
@@ -135,6 +136,9 @@ $(BUILD)/tests/test_shim_%: tests/test_shim_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT) | 
 $(BUILD)/tests/test_static_%: tests/test_static_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT_A) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< $(EMU_RT_A) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
+# test_static_control.c is test_shim_control.c built with the static runtime.
+$(BUILD)/tests/test_static_control: tests/test_shim_control.c
+
 $(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC_ALL) $(EMU_DRV) | $(BUILD)/tests deps
 	$(CC) $(T_CFLAGS) -fvisibility=hidden -o $@ $< $(filter-out src/hook/%.c,$(SRC)) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
@@ -207,14 +211,19 @@ bench-cpu: deps $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag $(BUILD)
 	@BUILD=$(BUILD) sh bench/cpu_run.sh
 
 # ---- install: PREFIX (default /usr/local), DESTDIR for staging ----
-# The launcher finds the library at ../lib/libvmmshim.so next to itself, so the layout under
-# PREFIX is fixed: bin, lib, lib/pkgconfig, include, share/man/man1 and man7, share/vmmshim.
+# The launcher finds the library at ../lib/libvmmshim.so next to itself, and the client of
+# vmmshim ctl / top at ../lib/vmmshim/python/vmmshim_ctl.py, so the layout under PREFIX is fixed:
+# bin, lib, lib/pkgconfig, lib/vmmshim/python (the vmmshim module: PYTHONPATH=$$(vmmshim ctl
+# --python-path)), include, share/man/man1 and man7, share/vmmshim.
 PYDIR     := share/vmmshim/python/vmmshim_report
+PY_DIR    := lib/vmmshim/python
+PY_MOD    := $(wildcard scripts/python/vmmshim/*.py)
 INSTALLED := $(PREFIX)/lib/libvmmshim.so $(PREFIX)/lib/pkgconfig/vmmshim.pc \
              $(PREFIX)/bin/vmmshim $(PREFIX)/bin/vmmshim-report $(PREFIX)/bin/vmmshim-replay \
              $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1 $(PREFIX)/share/man/man7/vmmshim.7 \
              $(MAN_TOOLS:$(BUILD)/%=$(PREFIX)/share/man/man1/%) \
-             $(PYPKG:scripts/vmmshim_report/%=$(PREFIX)/$(PYDIR)/%)
+             $(PYPKG:scripts/vmmshim_report/%=$(PREFIX)/$(PYDIR)/%) \
+             $(PREFIX)/$(PY_DIR)/vmmshim_ctl.py $(PY_MOD:scripts/python/%=$(PREFIX)/$(PY_DIR)/%)
 INSTDIR   := $(DESTDIR)$(PREFIX)
 
 install: $(LIB) $(MAN) $(MAN7) $(MAN_TOOLS) $(PC)
@@ -229,12 +238,15 @@ install: $(LIB) $(MAN) $(MAN7) $(MAN_TOOLS) $(PC)
 	install -m 644 $(MAN) $(INSTDIR)/share/man/man1/vmmshim.1
 	install -m 644 $(MAN7) $(INSTDIR)/share/man/man7/vmmshim.7
 	install -m 644 $(MAN_TOOLS) $(INSTDIR)/share/man/man1/
+	install -d -m 755 $(INSTDIR)/$(PY_DIR)/vmmshim
+	install -m 644 scripts/python/vmmshim_ctl.py $(INSTDIR)/$(PY_DIR)/vmmshim_ctl.py
+	install -m 644 $(PY_MOD) $(INSTDIR)/$(PY_DIR)/vmmshim/
 
 # Removes the files make install puts there; directories are left, but for the report package's
-# own (with the bytecode Python may have cached there).
+# own (with the bytecode Python may have cached there) and the module's byte-code cache.
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
-	rm -rf $(INSTDIR)/$(PYDIR)/__pycache__
+	rm -rf $(INSTDIR)/$(PYDIR)/__pycache__ $(INSTDIR)/$(PY_DIR)/vmmshim/__pycache__
 	rmdir $(INSTDIR)/$(PYDIR) $(INSTDIR)/share/vmmshim/python $(INSTDIR)/share/vmmshim 2>/dev/null || :
 
 clean:

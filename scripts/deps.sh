@@ -3,8 +3,9 @@
 # it returns at once, silently, when everything is there.
 #   always   uthash.h (Debian package uthash-dev), included by src/pool/pool.c;
 #   --test   also chromium (test_report renders the HTML report), pkg-config (test_install
-#            reads the installed vmmshim.pc) and libunwind8 (test_shim_stacks runs the default
-#            unwinder; the shim loads it at run time when present): only `make test` needs them.
+#            reads the installed vmmshim.pc), libunwind8 (test_shim_stacks runs the default
+#            unwinder; the shim loads it at run time when present) and tmux (test_ctl runs
+#            vmmshim top in a terminal): only `make test` needs them.
 # What is missing is installed with apt-get when we are root and apt-get is on PATH. If uthash.h
 # is still missing after that, prints one line naming the package and the command that installs
 # it, and exits 1. A missing test tool only gets a warning line (exit 0).
@@ -37,6 +38,7 @@ have_chromium() {
     command -v google-chrome >/dev/null 2>&1
 }
 have_pkg_config() { command -v pkg-config >/dev/null 2>&1; }
+have_tmux() { command -v tmux >/dev/null 2>&1; }
 have_libunwind() {
   dirs=${VMMSHIM_DEPS_LIBDIRS-/usr/lib/x86_64-linux-gnu:/usr/lib/aarch64-linux-gnu:/usr/lib64:/usr/lib:/usr/local/lib}
   while [ -n "$dirs" ]; do
@@ -53,6 +55,7 @@ if [ "$test_deps" = 1 ]; then
   have_chromium || pkgs="$pkgs chromium"
   have_pkg_config || pkgs="$pkgs pkg-config"
   have_libunwind || pkgs="$pkgs libunwind8"
+  have_tmux || pkgs="$pkgs tmux"
 fi
 if [ -z "$pkgs" ] && have_uthash; then exit 0; fi
 
@@ -91,5 +94,6 @@ if [ "$test_deps" = 1 ]; then
   have_chromium || echo "vmmshim: warning: chromium not found (Debian package chromium$apt_note): run '${sudo:+sudo }apt-get install chromium'; test_report renders its HTML check with it" >&2
   have_pkg_config || echo "vmmshim: warning: pkg-config not found (Debian package pkg-config$apt_note): run '${sudo:+sudo }apt-get install pkg-config'; test_install checks vmmshim.pc with it" >&2
   have_libunwind || echo "vmmshim: warning: libunwind.so.8 not found (Debian package libunwind8$apt_note): run '${sudo:+sudo }apt-get install libunwind8'; test_shim_stacks leaves out the default unwinder without it" >&2
+  have_tmux || echo "vmmshim: warning: tmux not found (Debian package tmux$apt_note): run '${sudo:+sudo }apt-get install tmux'; test_ctl runs vmmshim top in a terminal with it" >&2
 fi
 exit 0

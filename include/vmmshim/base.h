@@ -217,6 +217,9 @@ void _vs_warn_rated(vs_rate_t *rate, const char *fmt, ...) __attribute__((format
  * _vs_open_output_error(errno) says why. */
 int _vs_open_output(const char *path, bool truncate, bool any_type);
 const char *_vs_open_output_error(int err);
+/* Copies every message the calling thread writes from now on to fn (line: n bytes, its newline
+ * included), besides the log; fn NULL: no more. */
+void _vs_log_copy(void (*fn)(void *arg, const char *line, size_t n), void *arg);
 /* "CUDA_ERROR_OUT_OF_MEMORY" for 2; never NULL, works before the driver is loaded. */
 const char *_vs_cu_error_name(CUresult r);
 
@@ -309,6 +312,9 @@ extern atomic_int _vs_captures_active;
 void _vs_init_once(void); /* config, log, trace, atexit, the dump signal; no CUDA */
 /* What the dump signal's thread does (the memory report, registered by report.c). */
 void _vs_set_dump_handler(void (*fn)(void));
+/* Called once, by the thread that activates the shim (the control channel, registered by
+ * src/hook/control.c): nothing runs in a process that never uses CUDA. */
+void _vs_set_activate_handler(void (*fn)(void));
 /* Starts a detached thread of the shim with every signal blocked (the program's signals stay
  * with its own threads); pthread_create's result. */
 int _vs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg);

@@ -33,6 +33,11 @@ typedef struct vs_segs_s {
 } vs_segs_t;
 
 /* ---- bytes mapped by every pool, against VMMSHIM_LIMIT ---- */
+/* The cap on mapped bytes in force (0: none): VMMSHIM_LIMIT, or what _vs_set_limit set since. */
+uint64_t _vs_limit(void);
+/* A new cap while the program runs (0: none); returns the one it replaces. Lowering it below
+ * what is mapped refuses growth from then on and unmaps nothing. */
+uint64_t _vs_set_limit(uint64_t bytes);
 size_t _vs_mapped_total(void);
 /* Would mapping `add` more bytes pass VMMSHIM_LIMIT? */
 bool _vs_over_limit(size_t add);

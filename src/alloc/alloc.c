@@ -396,7 +396,7 @@ void _vs_adjust_mem_info(size_t *free_bytes, size_t *total_bytes) {
   for (int i = 0; i < n; i++)
     if (!_vs_pool_asleep(pools[i], NULL, NULL)) idle += _vs_pool_idle_bytes(pools[i]); /* asleep: not on the device */
   if (free_bytes) *free_bytes += idle;
-  uint64_t limit = _vs_option(VS_OPT_LIMIT);
+  uint64_t limit = _vs_limit();
   if (limit) {
     size_t mapped = _vs_mapped_total();
     size_t left = limit > mapped ? (size_t)(limit - mapped) + idle : idle;

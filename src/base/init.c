@@ -9,7 +9,9 @@
  *
  * The dump signal is installed here, with nothing of CUDA: a pipe, a thread that waits on
  * it, and a handler that writes one byte. What the thread then does (write the memory
- * report) belongs to a layer above: it registers itself with _vs_set_dump_handler. */
+ * report) belongs to a layer above: it registers itself with _vs_set_dump_handler. So does
+ * what starts with the shim (the control channel, src/hook/control.c): the thread that
+ * activates it runs the handler registered with _vs_set_activate_handler, once. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -26,6 +28,7 @@ atomic_int _vs_captures_active;
 
 static pthread_once_t vs_once = PTHREAD_ONCE_INIT;
 static void (*vs_dump_handler)(void);
+static void (*vs_activate_handler)(void);
 static void install_dump_signal(void);
 
 static void vs_at_exit(void) {
@@ -58,22 +61,45 @@ bool _vs_activate_slow(void) {
     want = 2;
   }
   int expected = 0;
-  atomic_compare_exchange_strong(&_vs_state, &expected, want);
+  if (atomic_compare_exchange_strong(&_vs_state, &expected, want) && want == 1 && vs_activate_handler)
+    vs_activate_handler();
   return atomic_load(&_vs_state) == 1;
 }
 
+void _vs_set_activate_handler(void (*fn)(void)) { vs_activate_handler = fn; }
+
 VS_API int vmmshim_active(void) { return _vs_active() ? 1 : 0; }
 
+typedef struct vs_thread_boot_s {
+  void *(*fn)(void *);
+  void *arg;
+  atomic_int started;
+} vs_thread_boot_t;
+
+static void *thread_boot(void *p) {
+  vs_thread_boot_t *boot = p;
+  void *(*fn)(void *) = boot->fn;
+  void *arg = boot->arg;
+  atomic_store_explicit(&boot->started, 1, memory_order_release); /* boot is the creator's: not after this */
+  return fn(arg);
+}
+
+/* The creator returns once the thread runs fn: a thread starting up allocates (glibc reads its
+ * attributes), and a program that forks right then can find its child's allocator locked under
+ * AddressSanitizer (glibc's own malloc is safe across fork, the sanitizer's of GCC 12 is not).
+ * Tens of microseconds, once per thread of the shim. */
 int _vs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg) {
+  vs_thread_boot_t boot = {fn, arg, 0};
   pthread_attr_t at;
   pthread_attr_init(&at);
   pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
   sigset_t all, prev;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &prev);
-  int rc = pthread_create(out, &at, fn, arg);
+  int rc = pthread_create(out, &at, thread_boot, &boot);
   pthread_sigmask(SIG_SETMASK, &prev, NULL);
   pthread_attr_destroy(&at);
+  while (rc == 0 && !atomic_load_explicit(&boot.started, memory_order_acquire)) _vs_sleep_us(20);
   return rc;
 }
 

@@ -21,6 +21,9 @@
 int _vs_log_level = VS_LOG_WARN;
 static int vs_log_fd = 2;
 static _Thread_local int vs_log_recursing;
+/* Where this thread's messages are copied besides the log (the control channel's dump). */
+static _Thread_local void (*vs_log_copy)(void *arg, const char *line, size_t n);
+static _Thread_local void *vs_log_copy_arg;
 static atomic_uint vs_warn_count;
 #define VS_MAX_WARNINGS 100u
 
@@ -34,6 +37,7 @@ static void log_write(const char *prefix, const char *fmt, va_list ap) {
   if (k < 0) k = 0;
   n += (size_t)k < sizeof buf - n - 1 ? (size_t)k : sizeof buf - n - 2;
   buf[n++] = '\n';
+  if (vs_log_copy) vs_log_copy(vs_log_copy_arg, buf, n);
   ssize_t off = 0;
   while ((size_t)off < n) {
     ssize_t w = write(vs_log_fd, buf + off, n - (size_t)off);
@@ -42,6 +46,11 @@ static void log_write(const char *prefix, const char *fmt, va_list ap) {
     off += w;
   }
   vs_log_recursing = 0;
+}
+
+void _vs_log_copy(void (*fn)(void *arg, const char *line, size_t n), void *arg) {
+  vs_log_copy = fn;
+  vs_log_copy_arg = arg;
 }
 
 void _vs_log(vs_log_level_t level, const char *fmt, ...) {

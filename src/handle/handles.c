@@ -19,15 +19,32 @@
 /* Bytes mapped by every pool together, for VMMSHIM_LIMIT. */
 static atomic_size_t vs_mapped_total;
 
+/* The limit in force: VMMSHIM_LIMIT until the program is given another while it runs (vmmshim
+ * ctl PID limit). VS_LIMIT_FROM_OPTION until then, so that nothing has to copy the option at
+ * start. */
+#define VS_LIMIT_FROM_OPTION UINT64_MAX
+static atomic_uint_least64_t vs_limit = VS_LIMIT_FROM_OPTION;
+
+uint64_t _vs_limit(void) {
+  uint64_t l = atomic_load_explicit(&vs_limit, memory_order_relaxed);
+  return l == VS_LIMIT_FROM_OPTION ? _vs_option(VS_OPT_LIMIT) : l;
+}
+
+uint64_t _vs_set_limit(uint64_t bytes) {
+  uint64_t before = _vs_limit();
+  atomic_store_explicit(&vs_limit, bytes == VS_LIMIT_FROM_OPTION ? bytes - 1 : bytes, memory_order_relaxed);
+  return before;
+}
+
 size_t _vs_mapped_total(void) { return atomic_load_explicit(&vs_mapped_total, memory_order_relaxed); }
 
 bool _vs_over_limit(size_t add) {
-  uint64_t limit = _vs_option(VS_OPT_LIMIT);
+  uint64_t limit = _vs_limit();
   return limit && atomic_load_explicit(&vs_mapped_total, memory_order_relaxed) + add > limit;
 }
 
 bool _vs_mapped_admit(int dev, size_t len) {
-  uint64_t limit = _vs_option(VS_OPT_LIMIT);
+  uint64_t limit = _vs_limit();
   size_t cur = atomic_load_explicit(&vs_mapped_total, memory_order_relaxed);
   do {
     if (limit && (cur + len < cur || cur + len > limit)) return false;

@@ -133,7 +133,7 @@ static void report_device(const vs_device_sum_t *d, size_t need, bool after_ladd
   if (!need) return;
 
   /* What may help, from what the figures say. */
-  uint64_t limit = _vs_option(VS_OPT_LIMIT);
+  uint64_t limit = _vs_limit();
   size_t total_mapped = _vs_mapped_total();
   int said = 0;
   if (limit && total_mapped + need > limit) {
@@ -210,7 +210,7 @@ static void report(const char *first_line, int failed_dev, size_t need, bool aft
   if (!sums.n) _vs_note("  no pool: the shim has served no allocation in this process");
   for (int i = 0; i < sums.n; i++)
     report_device(&sums.d[i], sums.d[i].dev == failed_dev ? need : 0, after_ladder, &st);
-  uint64_t limit = _vs_option(VS_OPT_LIMIT);
+  uint64_t limit = _vs_limit();
   if (limit)
     _vs_note("  VMMSHIM_LIMIT=%llu: the process maps %s of it", (unsigned long long)limit, HX(_vs_mapped_total()));
   report_budget(failed_dev);

@@ -266,6 +266,9 @@ run_prog "static/group-four" "$BIN/t_group.static" GROUP_MODE=four GROUP_BUDGET_
 run_prog "shared/group-spill" "$BIN/t_group.shared" GROUP_MODE=spill VMMSHIM_LIMIT_GROUP="gpu-spill-$$" \
   VMMSHIM_LIMIT=2G VMMSHIM_ON_LIMIT=host
 
+# ---- steered from outside: vmmshim ctl on tests/gpu/t_ctl.cu, vmmshim.control on PyTorch ----
+. tests/gpu/ctl_drive.sh
+
 # ---- robustness (tests/gpu/t_robust.cu, one ROBUST_MODE per run) ----
 # robust_value LOG KEY: KEY=value of the "RESULT pressure" line.
 robust_value() { sed -n "s/^RESULT pressure .*$2=\([^ ]*\).*/\1/p" "$1" | head -n 1; }

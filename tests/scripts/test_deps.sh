@@ -117,18 +117,19 @@ check "UTHASH_INCLUDE without uthash.h: one line naming the directory and uthash
   sh -c '[ "$(printf "%s\n" "$1" | wc -l)" = 1 ] && case $1 in *"UTHASH_INCLUDE=$2 "*uthash-dev*) true ;; *) false ;; esac' - "$err" "$tmp/empty"
 check "UTHASH_INCLUDE set: apt-get not run (it would not install there)" test ! -e "$tmp/apt-fail.calls"
 
-# ---- --test: chromium, pkg-config and libunwind wanted, but only warned about ----
+# ---- --test: chromium, pkg-config, libunwind and tmux wanted, but only warned about ----
 run_test -u UTHASH_INCLUDE VMMSHIM_DEPS_INCLUDE="$tmp/inc" VMMSHIM_DEPS_LIBDIRS="$tmp/empty" VMMSHIM_DEPS_APT=none PATH="$tmp/bin"
-check "--test, no chromium/pkg-config/libunwind, nothing to install with: exit 0" test "$rc" = 0
-check "--test: one warning line each for chromium, pkg-config and libunwind8" \
+check "--test, no chromium/pkg-config/libunwind/tmux, nothing to install with: exit 0" test "$rc" = 0
+check "--test: one warning line each for chromium, pkg-config, libunwind8 and tmux" \
   sh -c '[ "$(printf "%s\n" "$1" | grep -c "^vmmshim: warning: chromium not found.*apt-get install chromium")" = 1 ] &&
          [ "$(printf "%s\n" "$1" | grep -c "^vmmshim: warning: pkg-config not found.*apt-get install pkg-config")" = 1 ] &&
          [ "$(printf "%s\n" "$1" | grep -c "^vmmshim: warning: libunwind.so.8 not found.*apt-get install libunwind8")" = 1 ] &&
-         [ "$(printf "%s\n" "$1" | wc -l)" = 3 ]' - "$err"
+         [ "$(printf "%s\n" "$1" | grep -c "^vmmshim: warning: tmux not found.*apt-get install tmux")" = 1 ] &&
+         [ "$(printf "%s\n" "$1" | wc -l)" = 4 ]' - "$err"
 rm -f "$tmp/apt-ok.calls"
 run_test -u UTHASH_INCLUDE VMMSHIM_DEPS_INCLUDE="$tmp/inc" VMMSHIM_DEPS_LIBDIRS="$tmp/empty" VMMSHIM_DEPS_APT="$tmp/apt-ok" PATH="$tmp/bin"
-check "--test: apt-get asked for chromium, pkg-config and libunwind8, not uthash-dev" \
-  sh -c 'c=$(cat "$1"); case $c in *install*chromium*pkg-config*libunwind8*) case $c in *uthash*) false ;; *) true ;; esac ;; *) false ;; esac' - "$tmp/apt-ok.calls"
+check "--test: apt-get asked for chromium, pkg-config, libunwind8 and tmux, not uthash-dev" \
+  sh -c 'c=$(cat "$1"); case $c in *install*chromium*pkg-config*libunwind8*tmux*) case $c in *uthash*) false ;; *) true ;; esac ;; *) false ;; esac' - "$tmp/apt-ok.calls"
 run -u UTHASH_INCLUDE VMMSHIM_DEPS_INCLUDE="$tmp/inc" VMMSHIM_DEPS_APT=none PATH="$tmp/bin"
 check "without --test chromium and pkg-config are not wanted" test "$rc:$out$err" = "0:"
 

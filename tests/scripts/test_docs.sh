@@ -3,8 +3,8 @@
 #   - every VMMSHIM_* variable the code reads has a row in docs/configuration.md's tables, and
 #     every row there names a variable the code reads. The code's variables: the VS_OPTIONS(X)
 #     table of include/vmmshim/base.h (src/base/config.c reads VMMSHIM_<TOKEN> for each X(TOKEN,
-#     ...)), getenv("VMMSHIM_...") in src/, and in scripts/ the shell reads ${VMMSHIM_...} and
-#     Python's os.environ.get("VMMSHIM_...") / os.environ["VMMSHIM_..."];
+#     ...)), getenv("VMMSHIM_...") in src/, and in scripts/ (and its folders) the shell reads
+#     ${VMMSHIM_...} and Python's os.environ.get("VMMSHIM_...") / os.environ["VMMSHIM_..."];
 #   - README.md is at most 300 lines;
 #   - every relative link in README.md and docs/*.md points to a file that exists, and a link's
 #     #anchor into a Markdown file to one of its headings;
@@ -23,9 +23,8 @@ code_vars() {
     sed -n '/^#define VS_OPTIONS(X)/,/^$/p' include/vmmshim/base.h |
       sed -n 's/^[[:space:]]*X(\([A-Z0-9_]*\),.*/VMMSHIM_\1/p'
     grep -ho 'getenv("VMMSHIM_[A-Z0-9_]*"' src/*/*.c | sed 's/.*"\(VMMSHIM_[A-Z0-9_]*\)"/\1/'
-    grep -ho '\${VMMSHIM_[A-Z0-9_]*' scripts/* 2>/dev/null | sed 's/^\${//'
-    grep -hoE "environ(\.get\(|\[)[\"']VMMSHIM_[A-Z0-9_]*" scripts/* scripts/*/*.py 2>/dev/null |
-      sed 's/.*\(VMMSHIM_[A-Z0-9_]*\)$/\1/'
+    grep -rhoI '\${VMMSHIM_[A-Z0-9_]*' scripts | sed 's/^\${//'
+    grep -rhoIE "environ(\.get\(|\[)[\"']VMMSHIM_[A-Z0-9_]*" scripts | sed 's/.*\(VMMSHIM_[A-Z0-9_]*\)$/\1/'
   } | sort -u
 }
 

@@ -8,8 +8,10 @@
 # vmmshim-report loads its package from share/vmmshim/python (also through a symlink); the man
 # pages of the three tools have their sections, render without warnings and list exactly the
 # options --help lists; vmmshim(7) is installed as built and man finds the pages under share/man;
-# uninstall removes those files and nothing else. Needs make test's build (the library and
-# tests/emu).
+# the installed vmmshim ctl and top find their client in lib/vmmshim/python and reach a program
+# run by the installed launcher, and the vmmshim module imports from there (under the shim, and
+# says how to run under it without); uninstall removes those files and nothing else. Needs make
+# test's build (the library, tests/emu and test_shim_control).
 # Ends with "N passed, N failed".
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD:-build}
@@ -37,10 +39,11 @@ check "make install DESTDIR=... PREFIX=/usr exits 0" test "$rc" = 0
 want=$( (printf '%s\n' "bin/vmmshim 755" "bin/vmmshim-replay 755" "bin/vmmshim-report 755" "include/vmmshim.h 644" \
             "lib/libvmmshim.so 644" "lib/pkgconfig/vmmshim.pc 644" "share/man/man1/vmmshim.1 644" \
             "share/man/man1/vmmshim-report.1 644" "share/man/man1/vmmshim-replay.1 644" \
-            "share/man/man7/vmmshim.7 644"
+            "share/man/man7/vmmshim.7 644" "lib/vmmshim/python/vmmshim_ctl.py 644"
           for f in scripts/vmmshim_report/*.py scripts/vmmshim_report/page.js; do
             echo "share/vmmshim/python/vmmshim_report/${f##*/} 644"
-          done) | LC_ALL=C sort)
+          done
+          (cd scripts/python && find vmmshim -name '*.py' | sed 's|^|lib/vmmshim/python/|; s|$| 644|')) | LC_ALL=C sort)
 got=$(cd "$P" 2>/dev/null && find . -type f -o -type l | sed 's|^\./||' | LC_ALL=C sort | while read -r f; do echo "$f $(stat -c %a "$f")"; done)
 check "the installed files and their modes are exactly: $(echo $want)" test "$got" = "$want"
 [ "$got" = "$want" ] || printf 'got:\n%s\n' "$got"
@@ -250,6 +253,45 @@ if command -v man >/dev/null 2>&1; then
   out=$(MANWIDTH=80 MANPAGER=cat PAGER=cat man -M "$P/share/man" 1 vmmshim 2>/dev/null)
   check "man -M PREFIX/share/man 1 vmmshim finds the launcher's" has "$out" "--trace-max"
 fi
+
+# ---- vmmshim ctl and top, and the vmmshim module, from the install ----
+out=$(env -u PYTHONPATH "$P/bin/vmmshim" ctl --python-path 2>&1)
+check "installed vmmshim ctl --python-path: $P/lib/vmmshim/python [$out]" test "$out" = "$P/lib/vmmshim/python"
+check "the installed client is the source's" cmp -s scripts/python/vmmshim/client.py "$P/lib/vmmshim/python/vmmshim/client.py"
+out=$("$tmp/links/abs" ctl 99999999 status 2>&1)
+check "installed vmmshim ctl through a symlink: a pid that does not exist, exit 3 [$out]" \
+  sh -c '[ "$1" = 3 ] && [ "$2" = "vmmshim: error: no process 99999999" ]' - "$?" "$out"
+serve="$B/tests/test_shim_control"
+if [ -x "$serve" ]; then
+  mkfifo "$tmp/serve.in"
+  LD_LIBRARY_PATH="$B/emu" "$P/bin/vmmshim" --no-trace -q -- "$serve" serve <"$tmp/serve.in" >"$tmp/serve.out" 2>&1 &
+  serve_pid=$!
+  exec 3>"$tmp/serve.in" # its input, open until we quit it
+  i=0
+  while [ $i -lt 100 ] && ! grep -q '^ready ' "$tmp/serve.out"; do sleep 0.1; i=$((i + 1)); done
+  pid=$(sed -n 's/^ready //p' "$tmp/serve.out")
+  out=$("$P/bin/vmmshim" ctl "$pid" status --json 2>&1)
+  check "installed vmmshim ctl reaches a program run by the installed launcher [$(echo "$out" | cut -c1-80)]" \
+    has "$out" "\"pid\":$pid,"
+  out=$("$P/bin/vmmshim" ctl "$pid" sleep weights 2>&1)
+  check "installed vmmshim ctl sleeps its tag [$out]" has "$out" "sleep weights (host): released"
+  out=$("$P/bin/vmmshim" top --once 2>&1)
+  check "installed vmmshim top --once shows it" sh -c 'printf "%s\n" "$1" | grep -q "^ *$2 test_shim_cont"' - "$out" "$pid"
+  mod=$(cd "$tmp" && LD_PRELOAD="$P/lib/libvmmshim.so" LD_LIBRARY_PATH="$B/emu" PYTHONPATH="$P/lib/vmmshim/python" \
+    python3 -c 'import vmmshim, sys; print(vmmshim.__file__); print(vmmshim.control(int(sys.argv[1])).wake("weights")["ok"])' "$pid" 2>&1)
+  check "the installed module imports, and its control() wakes the tag [$mod]" \
+    test "$mod" = "$P/lib/vmmshim/python/vmmshim/__init__.py
+True"
+  echo quit >&3
+  exec 3>&-
+  wait "$serve_pid"
+  check "the program exits cleanly" test $? = 0
+else
+  ko "$serve is built (make test builds it)"
+fi
+err=$(cd "$tmp" && env -u LD_PRELOAD PYTHONPATH="$P/lib/vmmshim/python" python3 -c 'import vmmshim; vmmshim.sleep("kv")' 2>&1 | tail -n 1)
+check "the installed module without the shim: the one line [$err]" \
+  test "$err" = 'vmmshim.NotPreloaded: vmmshim: the shim is not preloaded: run under `vmmshim` or LD_PRELOAD=.../libvmmshim.so'
 
 # ---- make uninstall ----
 : > "$P/bin/not-ours"

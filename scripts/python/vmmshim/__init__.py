@@ -1,0 +1,302 @@
+"""vmmshim from Python: tags, sleep and wake in this process, and control of another.
+
+In a process that runs under the shim (`vmmshim python train.py`, or LD_PRELOAD=libvmmshim.so),
+the functions below call the preloaded library through ctypes (no build step). They mirror
+torch_memory_saver, so code written for it can switch:
+
+    import vmmshim
+    with vmmshim.region("weights", enable_cpu_backup=True):
+        model = make_model().cuda()          # its allocations go to tag "weights"
+    with vmmshim.region("kv"):
+        cache = torch.empty(..., device="cuda")
+    vmmshim.pause("kv")        # discard: no CPU backup was asked for
+    vmmshim.pause("weights")   # host: the bytes are copied to host memory
+    ...                        # another program uses the GPU
+    vmmshim.resume()           # every paused tag, at the same addresses
+
+A tag's memory sleeps only if it was allocated while the tag was set: with PyTorch's caching
+allocator, blocks cached before the region was entered keep the tag they were first made under.
+Without the shim, every function raises NotPreloaded (one line saying how to run under it).
+
+vmmshim.control(pid) steers another process under the shim from this one, with the verbs of
+`vmmshim ctl` (vmmshim/client.py); it does not need the shim in this process."""
+import contextlib
+import ctypes
+import errno
+import os
+import threading
+
+from .client import Control, ControlError, reachable  # noqa: F401  (the public API)
+
+__all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
+           "sleep_level", "tag_stats", "host_memory", "release_host", "stats", "trim", "dump", "control",
+           "reachable", "SleepResult", "Error", "NotPreloaded", "ControlError", "Control"]
+
+TAG_MAX = 32
+MAX_TAGS = 16
+MODES = {"discard": 0, "host": 1, "mapped": 2}
+API_VERSION = 2  # the library's VMMSHIM_API_VERSION this module was written for (at least)
+
+
+class NotPreloaded(RuntimeError):
+    """The shim is not in this process."""
+
+
+class Error(RuntimeError):
+    """A call the shim refused: errno (positive), reason, and the result (SleepResult or None)."""
+
+    def __init__(self, what, code, reason, result=None):
+        RuntimeError.__init__(self, "vmmshim: %s: %s: %s" % (what, errno.errorcode.get(code, str(code)), reason))
+        self.errno = code
+        self.reason = reason
+        self.result = result
+
+
+class _SleepResult(ctypes.Structure):
+    _fields_ = [("released", ctypes.c_uint64), ("restored", ctypes.c_uint64), ("to_host", ctypes.c_uint64),
+                ("host_mapped", ctypes.c_uint64), ("discarded", ctypes.c_uint64), ("skipped", ctypes.c_uint64),
+                ("ns", ctypes.c_uint64), ("error", ctypes.c_int), ("reason", ctypes.c_char * 160)]
+
+
+class _TagStats(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * TAG_MAX), ("live", ctypes.c_uint64), ("device", ctypes.c_uint64),
+                ("host_copied", ctypes.c_uint64), ("host_mapped", ctypes.c_uint64), ("discarded", ctypes.c_uint64),
+                ("asleep", ctypes.c_int), ("keep", ctypes.c_int)]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [("allocs", ctypes.c_uint64 * 4), ("frees", ctypes.c_uint64 * 4)] + [
+        (n, ctypes.c_uint64) for n in ("alloc_failures", "passthrough_allocs", "bytes_in_use", "peak_bytes_in_use",
+                                       "bytes_requested_in_use", "bytes_mapped", "peak_bytes_mapped", "vmm_calls",
+                                       "vmm_ns", "syncs", "trims", "pools")]
+
+
+class SleepResult:
+    """What a sleep or wake moved, in bytes; `seconds` it took; `error` (0, or -EALREADY when
+    there was nothing to do) and `reason`."""
+
+    def __init__(self, r):
+        for name in ("released", "restored", "to_host", "host_mapped", "discarded", "skipped"):
+            setattr(self, name, int(getattr(r, name)))
+        self.seconds = r.ns / 1e9
+        self.error = int(r.error)
+        self.reason = r.reason.decode("utf-8", "replace")
+
+    def __repr__(self):
+        return "SleepResult(%s)" % ", ".join("%s=%r" % kv for kv in sorted(vars(self).items()))
+
+
+_lib = None
+_lock = threading.Lock()
+
+
+def _shim():
+    """The preloaded library's functions (found in the process's global symbols)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            lib = ctypes.CDLL(None)
+            try:
+                version = lib.vmmshim_api_version
+            except AttributeError:
+                raise NotPreloaded("vmmshim: the shim is not preloaded: run under `vmmshim` or "
+                                   "LD_PRELOAD=.../libvmmshim.so")
+            version.restype = ctypes.c_int
+            if version() < API_VERSION:
+                raise NotPreloaded("vmmshim: the preloaded shim has API %d; this module needs %d or later"
+                                   % (version(), API_VERSION))
+            sigs = {
+                "vmmshim_set_tag": (ctypes.c_int, [ctypes.c_char_p]),
+                "vmmshim_set_process_tag": (ctypes.c_int, [ctypes.c_char_p]),
+                "vmmshim_get_tag": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t]),
+                "vmmshim_set_tag_keep": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+                "vmmshim_sleep": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(_SleepResult),
+                                                 ctypes.c_size_t]),
+                "vmmshim_wake": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_uint, ctypes.POINTER(_SleepResult),
+                                                ctypes.c_size_t]),
+                "vmmshim_sleep_level": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_SleepResult),
+                                                       ctypes.c_size_t]),
+                "vmmshim_tag_stats": (ctypes.c_int, [ctypes.POINTER(_TagStats), ctypes.c_int, ctypes.c_size_t]),
+                "vmmshim_host_memory": (ctypes.c_int, [ctypes.POINTER(ctypes.c_uint64),
+                                                       ctypes.POINTER(ctypes.c_uint64)]),
+                "vmmshim_release_host": (ctypes.c_size_t, [ctypes.c_size_t]),
+                "vmmshim_get_stats": (ctypes.c_int, [ctypes.POINTER(_Stats), ctypes.c_size_t]),
+                "vmmshim_trim": (ctypes.c_size_t, []),
+                "vmmshim_dump": (ctypes.c_int, []),
+            }
+            for name, (res, args) in sigs.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = res, args
+            _lib = lib
+    return _lib
+
+
+def _name(tag):
+    if tag is None:
+        return None
+    b = tag.encode() if isinstance(tag, str) else bytes(tag)
+    if not b or len(b) >= TAG_MAX:
+        raise ValueError("vmmshim: '%s' is not a tag name (1-31 of A-Z a-z 0-9 _ . -)" % tag)
+    return b
+
+
+def _check(rc, what, result=None):
+    if rc < 0:
+        reason = result.reason if result is not None and result.reason else os.strerror(-rc)
+        raise Error(what, -rc, reason, result)
+    return rc
+
+
+# ---------------------------------------------------------------- tags
+
+_thread = threading.local()  # the tag this module set for the thread (None: none)
+
+
+def set_tag(tag):
+    """The calling thread's allocations go to tag from now on (None: back to the process's)."""
+    _check(_shim().vmmshim_set_tag(_name(tag)), "set_tag %s" % tag)
+    _thread.tag = tag
+
+
+def get_tag():
+    """The tag the calling thread's next allocation goes to."""
+    buf = ctypes.create_string_buffer(TAG_MAX)
+    _check(_shim().vmmshim_get_tag(buf, TAG_MAX), "get_tag")
+    return buf.value.decode()
+
+
+def set_process_tag(tag):
+    """Allocations of threads that set no tag of their own go to tag from now on."""
+    _check(_shim().vmmshim_set_process_tag(_name(tag)), "set_process_tag %s" % tag)
+
+
+def set_tag_keep(tag, keep=True):
+    """A tag marked keep is copied to host memory, not discarded, by a level-2 sleep."""
+    _check(_shim().vmmshim_set_tag_keep(_name(tag), 1 if keep else 0), "set_tag_keep %s" % tag)
+
+
+_backup = {}  # tag -> enable_cpu_backup, for the tags region() has seen (pause/resume without a tag)
+
+
+@contextlib.contextmanager
+def region(tag="default", enable_cpu_backup=False):
+    """Allocations made in the with block by this thread go to tag; the thread's tag before it is
+    back at the end. enable_cpu_backup: pause() keeps the tag's bytes (host mode) rather than
+    discarding them."""
+    _name(tag)
+    _backup[tag] = bool(enable_cpu_backup) or _backup.get(tag, False)
+    before = getattr(_thread, "tag", None)
+    set_tag(tag)
+    try:
+        yield
+    finally:
+        set_tag(before)
+
+
+def pause(tag=None):
+    """Gives the device memory of tag back (every tag region() has seen, when None): its bytes
+    are copied to host memory when the region was made with enable_cpu_backup, else discarded.
+    Pausing a paused tag does nothing."""
+    for t in ([tag] if tag is not None else sorted(_backup)):
+        sleep(t, "host" if _backup.get(t) else "discard")
+
+
+def resume(tag=None):
+    """Maps device memory at the same addresses again (every tag region() has seen, when None)."""
+    for t in ([tag] if tag is not None else sorted(_backup)):
+        wake(t)
+
+
+# ---------------------------------------------------------------- sleep and wake
+
+def sleep(tag=None, mode="host"):
+    """Sleeps tag (None: every tag) in mode "discard", "host" or "mapped" (docs/sleep.md). Returns
+    a SleepResult; raises Error when the shim refused (EBUSY: a stream capture in progress,
+    ENOENT: no such tag, ...). Nothing to do (asleep already) is not an error: result.error is
+    -EALREADY."""
+    if mode not in MODES:
+        raise ValueError("vmmshim: mode '%s': discard, host or mapped" % mode)
+    r = _SleepResult()
+    rc = _shim().vmmshim_sleep(_name(tag), MODES[mode], ctypes.byref(r), ctypes.sizeof(r))
+    res = SleepResult(r)
+    if rc != -errno.EALREADY:
+        _check(rc, "sleep %s" % (tag or "(every tag)"), res)
+    return res
+
+
+def wake(tag=None, zero=False):
+    """Wakes tag (None: every tag); zero: discarded bytes come back as zeros. When the device has
+    no room, Error ENOMEM and nothing is lost (the tag stays asleep; try again later)."""
+    r = _SleepResult()
+    rc = _shim().vmmshim_wake(_name(tag), 1 if zero else 0, ctypes.byref(r), ctypes.sizeof(r))
+    res = SleepResult(r)
+    if rc != -errno.EALREADY:
+        _check(rc, "wake %s" % (tag or "(every tag)"), res)
+    return res
+
+
+def sleep_level(level, mapped=False):
+    """The whole process: 0 gives back idle memory only, 1 every tag to host memory (mapped
+    mode when mapped), 2 discards every tag but those marked keep."""
+    r = _SleepResult()
+    rc = _shim().vmmshim_sleep_level(int(level), 1 if mapped else 0, ctypes.byref(r), ctypes.sizeof(r))
+    res = SleepResult(r)
+    if rc != -errno.EALREADY:
+        _check(rc, "sleep level %d" % level, res)
+    return res
+
+
+# ---------------------------------------------------------------- figures
+
+def tag_stats():
+    """{tag: {"live", "device", "host_copied", "host_mapped", "discarded" (bytes), "asleep",
+    "keep"}} for every tag of the process."""
+    arr = (_TagStats * MAX_TAGS)()
+    n = _check(_shim().vmmshim_tag_stats(arr, MAX_TAGS, ctypes.sizeof(_TagStats)), "tag_stats")
+    out = {}
+    for t in arr[:min(n, MAX_TAGS)]:
+        out[t.name.decode()] = {"live": t.live, "device": t.device, "host_copied": t.host_copied,
+                                "host_mapped": t.host_mapped, "discarded": t.discarded, "asleep": bool(t.asleep),
+                                "keep": bool(t.keep)}
+    return out
+
+
+def host_memory():
+    """(in use, kept for the next sleep): bytes of host memory the shim holds."""
+    in_use, cached = ctypes.c_uint64(), ctypes.c_uint64()
+    _shim().vmmshim_host_memory(ctypes.byref(in_use), ctypes.byref(cached))
+    return in_use.value, cached.value
+
+
+def release_host(keep=0):
+    """Gives kept host memory back down to keep bytes; returns the bytes given back."""
+    return int(_shim().vmmshim_release_host(int(keep)))
+
+
+def stats():
+    """The process's counters (vmmshim_get_stats), as a dict."""
+    st = _Stats()
+    _check(_shim().vmmshim_get_stats(ctypes.byref(st), ctypes.sizeof(st)), "stats")
+    out = {name: getattr(st, name) for name, _ in _Stats._fields_}
+    out["allocs"], out["frees"] = list(st.allocs), list(st.frees)
+    return out
+
+
+def trim():
+    """Gives idle device memory back; returns the bytes."""
+    return int(_shim().vmmshim_trim())
+
+
+def dump():
+    """Writes the memory report to the shim's log."""
+    _check(_shim().vmmshim_dump(), "dump")
+
+
+# ---------------------------------------------------------------- another process
+
+def control(pid, timeout=10.0, move_timeout=300.0):
+    """The process pid under the shim, steered from here: an object with the verbs of `vmmshim
+    ctl` (status, tag, sleep, wake, trim, limit, dump, release_host)."""
+    return Control(pid, timeout, move_timeout)

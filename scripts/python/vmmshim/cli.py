@@ -1,0 +1,293 @@
+"""`vmmshim ctl` and `vmmshim top`: the command lines (scripts/vmmshim hands them here)."""
+import json
+import sys
+
+from . import client, groups, text
+from .client import (EXIT_GONE, EXIT_NOT_SHIM, EXIT_OK, EXIT_OTHER_USER, EXIT_REFUSED, EXIT_TIMEOUT, EXIT_USAGE,
+                      Control, ControlError)
+
+USAGE = """\
+Usage: vmmshim ctl list [--json]
+       vmmshim ctl PID status [--json]
+       vmmshim ctl PID tag NAME
+       vmmshim ctl PID sleep TAG|--all [--mode discard|host|mapped] [--level N]
+       vmmshim ctl PID wake TAG|--all [--zero]
+       vmmshim ctl PID trim
+       vmmshim ctl PID limit SIZE
+       vmmshim ctl PID dump
+       vmmshim ctl PID release-host [--keep SIZE]
+       vmmshim top [--once] [--interval SECONDS]
+See and steer a program running under vmmshim, from outside (docs/control.md).
+
+  list          the processes under vmmshim this user can reach (root: all)
+  status        statistics, per device and per tag
+  tag NAME      new allocations of the program go to tag NAME from now on
+  sleep         give a tag's device memory back, keeping its addresses; --mode
+                host (the default: the bytes are kept in host memory), discard,
+                or mapped (the program runs on, over the link); --all: every tag;
+                --level N: the whole process (0 idle memory, 1 host, 2 discard)
+  wake          bring it back at the same addresses (--zero: discarded bytes
+                wake as zeros)
+  trim          give idle device memory back
+  limit SIZE    cap on mapped bytes from now on (K, M, G suffixes; none: no cap)
+  dump          the memory report (also written to the program's log)
+  release-host  give back host memory kept for the next sleep
+Options: --json (the reply as JSON), --timeout SECONDS (default 10; 300 for sleep,
+wake and trim). SIZE takes K, M, G suffixes.
+Exit status: 0 done (or nothing to do), 1 the process refused (the message says
+why), 2 bad usage, 3 no such process, 4 not under vmmshim (or no CUDA use yet),
+5 another user's process, 6 no answer in time, 7 the process exited or closed
+the connection before answering.
+"""
+
+
+def _err(msg):
+    print("vmmshim: error: %s" % msg, file=sys.stderr)
+
+
+class Usage(Exception):
+    pass
+
+
+def _take(args, flag, has_value):
+    """Removes flag (and its value) from args; returns the value, True, or None when absent."""
+    for i, a in enumerate(args):
+        if a == flag:
+            if not has_value:
+                del args[i]
+                return True
+            if i + 1 >= len(args):
+                raise Usage("%s needs a value" % flag)
+            v = args[i + 1]
+            del args[i:i + 2]
+            return v
+        if has_value and a.startswith(flag + "="):
+            del args[i]
+            return a.split("=", 1)[1]
+    return None
+
+
+def _size_arg(v, what):
+    n = text.parse_size(v)
+    if n is None:
+        raise Usage("%s: '%s' is not a size (bytes, with K, M, G or T; none)" % (what, v))
+    return n
+
+
+def _moved(pid, r):
+    """A sleep or wake reply, for people."""
+    what = "%s %s" % (r.get("cmd", "?"), r.get("tag", "?"))
+    if r.get("level") is not None:
+        what = "sleep level %d" % r["level"]
+    if r.get("mode"):
+        what += " (%s)" % r["mode"]
+    if not r["ok"] and r.get("error") == "EALREADY":
+        return "pid %d: %s: nothing to do (%s)" % (pid, what, r.get("reason") or "asleep or awake already")
+    parts = []
+    if r.get("cmd") == "wake":
+        how = [text.size(r[key]) + label for key, label in (("to_host", " copied back from the host"),
+                                                             ("discarded", " had been discarded"))
+               if r.get(key)]
+        if r.get("restored"):
+            parts.append("restored %s%s" % (text.size(r["restored"]), " (%s)" % ", ".join(how) if how else ""))
+        if r.get("skipped"):
+            parts.append("%s still asleep" % text.size(r["skipped"]))
+    else:
+        for key, label in (("released", "released"), ("to_host", "copied to the host"),
+                           ("host_mapped", "served from host memory"), ("discarded", "discarded"),
+                           ("skipped", "skipped")):
+            if r.get(key):
+                parts.append("%s %s" % (label, text.size(r[key])))
+    line = "pid %d: %s: %s in %.1f ms" % (pid, what, ", ".join(parts) or "nothing moved", r.get("ms", 0.0))
+    if r.get("reason"):
+        line += "; %s" % r["reason"]
+    return line
+
+
+def _status_text(st):
+    lines = []
+    limit = "none" if not st["limit"] else text.size(st["limit"])
+    lines.append("pid %d %s: vmmshim %s (api %d), user %d" % (st["pid"], st["program"], st["version"], st["api"],
+                                                            st["uid"]))
+    lines.append("new allocations go to tag '%s'; limit %s, %s mapped" % (st["process_tag"], limit,
+                                                                         text.size(st["mapped"])))
+    for d in st["devices"]:
+        lines.append("device %d: live %s in %d blocks; mapped %s in %d handles (idle %s, pending %s), %d pools"
+                     % (d["device"], text.size(d["live"]), d["blocks"], text.size(d["mapped"]), d["handles"],
+                        text.size(d["idle"]), text.size(d["pending"]), d["pools"]))
+        asleep = d["host_copied"] + d["host_mapped"] + d["discarded"]
+        if asleep:
+            lines.append("device %d: asleep %s (host copy %s, served from host %s, discarded %s)"
+                         % (d["device"], text.size(asleep), text.size(d["host_copied"]), text.size(d["host_mapped"]),
+                            text.size(d["discarded"])))
+    if not st["devices"]:
+        lines.append("no pool yet: the shim has served no allocation")
+    lines.append("%-16s %10s %10s %10s %10s %10s  %s" % ("TAG", "LIVE", "DEVICE", "HOST-COPY", "HOST-MAP",
+                                                        "DISCARDED", "STATE"))
+    for t in st["tags"]:
+        state = "asleep" if t["asleep"] else "awake"
+        if t["keep"]:
+            state += ", keep"
+        lines.append("%-16s %10s %10s %10s %10s %10s  %s" % (t["name"], text.short(t["live"]), text.short(t["device"]),
+                                                            text.short(t["host_copied"]),
+                                                            text.short(t["host_mapped"]),
+                                                            text.short(t["discarded"]), state))
+    h = st["host"]
+    lines.append("host memory: in use %s, kept %s%s" % (text.size(h["in_use"]), text.size(h["cached"]),
+                                                        ", limit %s" % text.size(h["limit"]) if h["limit"] else ""))
+    s = st["stats"]
+    names = ("cudaMalloc", "cudaMallocAsync", "cuMemAlloc", "cuMemAllocAsync")
+    lines.append("allocations: %d served (%s), %d failed, %d passed to the driver"
+                 % (sum(s["allocs"]), ", ".join("%s %d" % (n, c) for n, c in zip(names, s["allocs"])),
+                    s["alloc_failures"], s["passthrough_allocs"]))
+    lines.append("frees %d; VMM calls %d (%.1f ms); synchronisations %d; idle handles given back %d"
+                 % (sum(s["frees"]), s["vmm_calls"], s["vmm_ns"] / 1e6, s["syncs"], s["trims"]))
+    return "\n".join(lines)
+
+
+def _list(args):
+    as_json = bool(_take(args, "--json", False))
+    timeout = float(_take(args, "--timeout", True) or 2.0)
+    if args:
+        raise Usage("list takes no argument but --json and --timeout (got %s)" % " ".join(args))
+    rows = []
+    for pid in client.reachable():
+        try:
+            rows.append((pid, client.request(pid, "status", timeout), None))
+        except ControlError as e:
+            rows.append((pid, None, str(e)))
+    if as_json:
+        print(json.dumps([r if r else {"pid": pid, "ok": False, "message": why} for pid, r, why in rows],
+                         separators=(",", ":")))
+        return EXIT_OK
+    if not rows:
+        print("no process under vmmshim that this user can reach")
+        return EXIT_OK
+    print("%7s  %-15s %-7s %10s %10s %10s  %s" % ("PID", "PROGRAM", "DEVICES", "LIVE", "MAPPED", "ASLEEP", "TAG"))
+    for pid, st, why in rows:
+        if not st or not st.get("ok"):
+            print("%7d  %-15s %s" % (pid, client.program_of(pid), why or (st or {}).get("message", "no answer")))
+            continue
+        devs = ",".join(str(d["device"]) for d in st["devices"]) or "-"
+        live = sum(d["live"] for d in st["devices"])
+        asleep = sum(t["host_copied"] + t["host_mapped"] + t["discarded"] for t in st["tags"])
+        print("%7d  %-15s %-7s %10s %10s %10s  %s" % (pid, st["program"][:15], devs, text.size(live),
+                                                      text.size(st["mapped"]), text.size(asleep), st["process_tag"]))
+    return EXIT_OK
+
+
+def _pid_command(pid, args):
+    as_json = bool(_take(args, "--json", False))
+    t = _take(args, "--timeout", True)
+    try:
+        timeout = float(t) if t is not None else None
+    except ValueError:
+        raise Usage("--timeout: '%s' is not a number of seconds" % t)
+    if not args:
+        raise Usage("a verb is missing after the pid")
+    verb, rest = args[0], args[1:]
+    ctl = Control(pid, timeout or client.TIMEOUT, timeout or client.MOVE_TIMEOUT)
+    if verb == "status":
+        if rest:
+            raise Usage("status takes no argument")
+        r = ctl.status()
+        out = _status_text(r)
+    elif verb == "tag":
+        if len(rest) != 1:
+            raise Usage("tag takes one NAME")
+        r = ctl.tag(rest[0])
+        out = "pid %d: new allocations go to tag '%s' (was '%s')" % (pid, r["tag"], r["previous"])
+    elif verb in ("sleep", "wake"):
+        everything = bool(_take(rest, "--all", False))
+        mode = _take(rest, "--mode", True) if verb == "sleep" else None
+        level = _take(rest, "--level", True) if verb == "sleep" else None
+        zero = bool(_take(rest, "--zero", False)) if verb == "wake" else False
+        if mode is not None and mode not in ("discard", "host", "mapped"):
+            raise Usage("--mode: discard, host or mapped (got '%s')" % mode)
+        if level is not None:
+            if level not in ("0", "1", "2"):
+                raise Usage("--level: 0, 1 or 2 (got '%s')" % level)
+            level = int(level)
+            if rest:
+                raise Usage("--level applies to every tag: give no TAG")
+            everything = True
+        if len(rest) > 1 or (rest and rest[0].startswith("-")):
+            raise Usage("%s: unexpected %s" % (verb, " ".join(rest)))
+        if everything == bool(rest):
+            raise Usage("%s takes a TAG or --all" % verb)
+        tag = rest[0] if rest else None
+        r = ctl.sleep(tag, mode, level) if verb == "sleep" else ctl.wake(tag, zero)
+        out = _moved(pid, r)
+    elif verb == "trim":
+        if rest:
+            raise Usage("trim takes no argument")
+        r = ctl.trim()
+        out = "pid %d: trim: gave back %s; %s mapped" % (pid, text.size(r["released"]), text.size(r["mapped"]))
+    elif verb == "limit":
+        if len(rest) != 1:
+            raise Usage("limit takes one SIZE (none: no limit)")
+        r = ctl.limit(_size_arg(rest[0], "limit"))
+        show = lambda n: text.size(n) if n else "none"  # noqa: E731
+        out = "pid %d: limit %s (was %s); %s mapped" % (pid, show(r["limit"]), show(r["previous"]),
+                                                        text.size(r["mapped"]))
+        if r.get("note"):
+            out += "\npid %d: %s" % (pid, r["note"])
+    elif verb == "dump":
+        if rest:
+            raise Usage("dump takes no argument")
+        r = ctl.dump()
+        out = r["report"].rstrip("\n") + ("\n(the report was cut short)" if r.get("truncated") else "")
+    elif verb == "release-host":
+        keep = _take(rest, "--keep", True)
+        if rest:
+            raise Usage("release-host takes only --keep SIZE")
+        r = ctl.release_host(_size_arg(keep, "--keep") if keep is not None else 0)
+        out = "pid %d: release-host: gave back %s of host memory; in use %s, kept %s" % (
+            pid, text.size(r["released"]), text.size(r["in_use"]), text.size(r["cached"]))
+    else:
+        raise Usage("unknown verb '%s'" % verb)
+    print(json.dumps(r, separators=(",", ":")) if as_json else out)
+    return EXIT_OK
+
+
+def ctl_main(args):
+    args = list(args)
+    if not args or args[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        for line in groups.usage_lines():
+            print("       " + line)
+        return EXIT_OK if args else EXIT_USAGE
+    if args[0] == "--python-path":
+        import os
+        print(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        return EXIT_OK
+    try:
+        if args[0] == "--group":
+            if len(args) < 3:
+                raise Usage("--group NAME VERB [ARGS...]")
+            return groups.dispatch(args[1], args[2], args[3:])
+        if args[0] == "list":
+            return _list(args[1:])
+        try:
+            pid = int(args[0])
+        except ValueError:
+            raise Usage("'%s' is neither list nor a process id" % args[0])
+        return _pid_command(pid, args[1:])
+    except Usage as e:
+        _err("%s (see vmmshim ctl --help)" % e)
+        return EXIT_USAGE
+    except ControlError as e:
+        _err(str(e))
+        return e.status
+
+
+def main(argv):
+    """argv without the program name: ["top", ...] for vmmshim top, else vmmshim ctl's words."""
+    if argv and argv[0] == "top":
+        from . import top
+        return top.main(argv[1:])
+    return ctl_main(argv)
+
+
+__all__ = ["main", "ctl_main", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "EXIT_NOT_SHIM", "EXIT_OTHER_USER",
+           "EXIT_TIMEOUT", "EXIT_GONE"]

@@ -1,0 +1,147 @@
+"""`vmmshim top`: every process under vmmshim this user can reach, refreshed every second, in a
+terminal of 80 columns (curses, so it works over plain ssh); `q` quits. --once prints one frame
+to standard output and exits, for scripts.
+
+Per process: live, mapped (on the device), asleep and host bytes, allocations per second since
+the last frame, VMM calls and out-of-memory answers so far; below it, one line per tag that holds
+memory."""
+import sys
+import time
+
+from . import client, text
+from .client import EXIT_OK, EXIT_USAGE, ControlError
+
+WIDTH = 79  # of 80 columns: curses cannot write the last column of the last line
+ROW = "%6s %-14s %-3s %7s %7s %7s %7s %7s %7s %4s"
+HEADER = ROW % ("PID", "PROGRAM", "DEV", "LIVE", "MAPPED", "ASLEEP", "HOST", "ALLOC/s", "VMM", "OOM")
+ANSWER_TIMEOUT = 1.0  # a process busy with a sleep or wake shows as such rather than stall the view
+
+
+def sample():
+    """[(pid, status reply or None, why)] for every reachable process."""
+    out = []
+    for pid in client.reachable():
+        try:
+            out.append((pid, client.request(pid, "status", ANSWER_TIMEOUT), None))
+        except ControlError as e:
+            out.append((pid, None, str(e)))
+    return out
+
+
+def _allocs(st):
+    return sum(st["stats"]["allocs"])
+
+
+def frame(samples, previous, now=None, interactive=False):
+    """The lines of one frame (each at most WIDTH characters). previous: {pid: status} of the last
+    frame, for the rates."""
+    now = now if now is not None else time.time()
+    ok = [st for _, st, _ in samples if st and st.get("ok")]
+    live = sum(d["live"] for st in ok for d in st["devices"])
+    mapped = sum(st["mapped"] for st in ok)
+    asleep = sum(t["host_copied"] + t["host_mapped"] + t["discarded"] for st in ok for t in st["tags"])
+    host = sum(st["host"]["in_use"] for st in ok)
+    title = "vmmshim top - %d process%s - %s" % (len(samples), "" if len(samples) == 1 else "es",
+                                                time.strftime("%H:%M:%S", time.localtime(now)))
+    if interactive:
+        title = title + " " * max(1, WIDTH - len(title) - len("q quits")) + "q quits"
+    lines = [title,
+             "live %s, mapped %s, asleep %s, host %s" % (text.size(live), text.size(mapped), text.size(asleep),
+                                                         text.size(host)),
+             "", HEADER]
+    if not samples:
+        lines.append("(no process under vmmshim that this user can reach)")
+    for pid, st, why in samples:
+        if not st or not st.get("ok"):
+            reason = why or (st or {}).get("message", "no answer")
+            lines.append(("%6d %-14s %s" % (pid, client.program_of(pid)[:14], reason))[:WIDTH])
+            continue
+        before = previous.get(pid)
+        rate = "-"
+        if before and st["time_ns"] > before["time_ns"]:
+            rate = text.count((_allocs(st) - _allocs(before)) / ((st["time_ns"] - before["time_ns"]) / 1e9))
+        devs = ",".join(str(d["device"]) for d in st["devices"]) or "-"
+        p_asleep = sum(t["host_copied"] + t["host_mapped"] + t["discarded"] for t in st["tags"])
+        lines.append(ROW % (pid, st["program"][:14], devs[:3], text.short(sum(d["live"] for d in st["devices"])),
+                            text.short(st["mapped"]), text.short(p_asleep), text.short(st["host"]["in_use"]), rate,
+                            text.count(st["stats"]["vmm_calls"]), text.count(st["stats"]["alloc_failures"])))
+        for t in st["tags"]:
+            t_asleep = t["host_copied"] + t["host_mapped"] + t["discarded"]
+            if not (t["live"] or t["device"] or t_asleep) and t["name"] != st["process_tag"]:
+                continue
+            name = ("*" if t["name"] == st["process_tag"] else " ") + t["name"]
+            state = "asleep" if t["asleep"] else ""
+            lines.append((ROW % ("", (" " + name)[:14], "", text.short(t["live"]), text.short(t["device"]),
+                                 text.short(t_asleep), text.short(t["host_copied"] + t["host_mapped"]), state, "",
+                                 "")).rstrip())
+    lines.append("")
+    lines.append("* the tag new allocations go to; sizes in bytes (K, M, G: powers of 1024)")
+    return [line[:WIDTH] for line in lines]
+
+
+def _interactive(interval):
+    import curses
+
+    def loop(scr):
+        try:
+            curses.curs_set(0)
+        except curses.error:
+            pass
+        scr.timeout(int(interval * 1000))
+        previous = {}
+        while True:
+            samples = sample()
+            lines = frame(samples, previous, interactive=True)
+            previous = {pid: st for pid, st, _ in samples if st and st.get("ok")}
+            scr.erase()
+            rows, cols = scr.getmaxyx()
+            for y, line in enumerate(lines[:rows]):
+                try:
+                    scr.addnstr(y, 0, line, max(0, cols - 1), curses.A_REVERSE if y == 3 else curses.A_NORMAL)
+                except curses.error:
+                    pass
+            scr.refresh()
+            start = time.monotonic()
+            while time.monotonic() - start < interval:
+                ch = scr.getch()
+                if ch in (ord("q"), ord("Q")):
+                    return
+                if ch == curses.KEY_RESIZE:
+                    break
+
+    curses.wrapper(loop)
+
+
+def main(args):
+    args = list(args)
+    once = False
+    interval = 1.0
+    while args:
+        a = args.pop(0)
+        if a == "--once":
+            once = True
+        elif a in ("--interval", "-n") and args:
+            try:
+                interval = max(0.2, float(args.pop(0)))
+            except ValueError:
+                print("vmmshim: error: top: --interval takes seconds", file=sys.stderr)
+                return EXIT_USAGE
+        elif a in ("-h", "--help"):
+            print("Usage: vmmshim top [--once] [--interval SECONDS]\n"
+                  "Every process under vmmshim this user can reach, refreshed every second; q quits.\n"
+                  "--once prints one frame and exits.")
+            return EXIT_OK
+        else:
+            print("vmmshim: error: top: unknown argument '%s' (see vmmshim top --help)" % a, file=sys.stderr)
+            return EXIT_USAGE
+    if once:
+        print("\n".join(frame(sample(), {})))
+        return EXIT_OK
+    if not sys.stdout.isatty() or not sys.stdin.isatty():
+        print("vmmshim: error: top needs a terminal; vmmshim top --once prints one frame", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        _interactive(interval)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK

@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+"""`vmmshim ctl`, `vmmshim top` and the vmmshim Python module, on the host emulation.
+
+The target is build/tests/test_shim_control's serve mode under the shim: tags weights (8 MiB) and
+kv (4 MiB) filled with patterns; it checks them, or allocates 1 MiB, when asked on its standard
+input. Through scripts/vmmshim (the launcher's ctl and top dispatch):
+  - every verb's output and exit status; the bytes of weights survive a host sleep made from
+    outside; discarded kv wakes as zeros;
+  - the exit statuses: 2 bad usage, 1 refused, 0 for nothing to do, 3 dead pid, 4 a process not
+    under the shim (and a socket held by another pid), 5 another user's process, 6 no answer in
+    time, 7 connection closed or a reply that is not one (fake servers on this process's name);
+  - the --group hook: unavailable without a provider, dispatched to a registered one;
+  - vmmshim top --once (80 columns, the processes and their tags), top without a terminal, and
+    top in a real terminal (tmux, 80x24): the frame's content, a refresh, q quits;
+  - the module: region/pause/resume (with and without CPU backup), set_tag and the thread's tag
+    restored, sleep/wake/sleep_level, tag_stats, host_memory, release_host, errors, in a python3
+    running under the shim with the emulated runtime; NotPreloaded's one line without the shim;
+    vmmshim.control(pid) from a process without the shim.
+Ends with "N passed, N failed"."""
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from harness import ROOT, check, scratch, summary
+
+sys.path.insert(0, os.path.join(ROOT, "scripts", "python"))
+from vmmshim import text  # noqa: E402
+
+BUILD = os.environ.get("BUILD", "build")
+B = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
+LIB = os.path.join(B, "libvmmshim.so")
+EMU = os.path.join(B, "emu")
+SERVE = os.path.join(B, "tests", "test_shim_control")
+PYDIR = os.path.join(ROOT, "scripts", "python")
+LAUNCHER = os.path.join(ROOT, "scripts", "vmmshim")
+SHIM_ENV = dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU)
+PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
+
+
+def ctl(*args, timeout=60, preexec=None):
+    r = subprocess.run(["sh", LAUNCHER, "ctl"] + [str(a) for a in args], capture_output=True, text=True,
+                       timeout=timeout, env=PLAIN_ENV, preexec_fn=preexec)
+    return r.returncode, r.stdout + r.stderr
+
+
+class Serve:
+    """The target program, under the shim."""
+
+    def __init__(self):
+        self.p = subprocess.Popen([SERVE, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True, env=SHIM_ENV)
+        line = self.p.stdout.readline().split()
+        self.pid = int(line[1]) if len(line) == 2 and line[0] == "ready" else 0
+
+    def ask(self, what):
+        self.p.stdin.write(what + "\n")
+        self.p.stdin.flush()
+        return self.p.stdout.readline().strip()
+
+    def stop(self):
+        try:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+
+
+def status(pid):
+    rc, out = ctl(pid, "status", "--json")
+    try:
+        return json.loads(out)
+    except ValueError:
+        return {"ok": False, "raw": out, "rc": rc}
+
+
+def tag_of(st, name):
+    for t in st.get("tags", []):
+        if t["name"] == name:
+            return t
+    return {}
+
+
+# ---------------------------------------------------------------- the verbs
+
+def verbs(sv):
+    pid = sv.pid
+    rc, out = ctl("list")
+    row = [line for line in out.splitlines() if line.split()[:1] == [str(pid)]]
+    check(rc == 0 and row and "test_shim_contr" in row[0], "ctl list: a row for the program [%s]" % out.strip())
+    rc, out = ctl("list", "--json")
+    try:
+        mine = [p for p in json.loads(out) if p.get("pid") == pid]
+    except ValueError:
+        mine = []
+    check(rc == 0 and mine and mine[0]["ok"] and mine[0]["program"] == "test_shim_control",
+          "ctl list --json: the program, ok")
+    rc, out = ctl(pid, "status")
+    check(rc == 0 and "weights" in out and "kv" in out and "device 0: live 12.0 MiB in 2 blocks" in out,
+          "ctl PID status: tags and device 0 [%s]" % out[:400])
+    st = status(pid)
+    check(st.get("ok") and st["pid"] == pid and tag_of(st, "weights").get("live") == 8 << 20
+          and tag_of(st, "kv").get("device") == 4 << 20 and st["devices"][0]["device"] == 0,
+          "ctl PID status --json: pid, tags' bytes, devices")
+
+    rc, out = ctl(pid, "tag", "phase")
+    check(rc == 0 and out.strip() == "pid %d: new allocations go to tag 'phase' (was 'default')" % pid,
+          "ctl tag: [%s]" % out.strip())
+    check(sv.ask("alloc") == "alloc ok" and tag_of(status(pid), "phase").get("live") == 1 << 20,
+          "the program's next allocation lands in tag phase")
+
+    rc, out = ctl(pid, "sleep", "kv", "--mode", "discard")
+    check(rc == 0 and out.startswith("pid %d: sleep kv (discard): released " % pid) and "discarded 4.00 MiB" in out,
+          "ctl sleep kv --mode discard [%s]" % out.strip())
+    rc, out = ctl(pid, "sleep", "weights")
+    check(rc == 0 and "sleep weights (host)" in out and "copied to the host 8.00 MiB" in out,
+          "ctl sleep weights: host mode by default [%s]" % out.strip())
+    st = status(pid)
+    check(tag_of(st, "weights").get("asleep") and tag_of(st, "weights").get("host_copied") == 8 << 20
+          and tag_of(st, "kv").get("discarded") == 4 << 20 and tag_of(st, "weights").get("device") == 0,
+          "status: weights copied to the host, kv discarded, off the device")
+    rc, out = ctl(pid, "sleep", "weights")
+    check(rc == 0 and "nothing to do" in out, "sleeping it again: nothing to do, exit 0 [%s]" % out.strip())
+    rc, out = ctl(pid, "wake", "--all", "--zero")
+    check(rc == 0 and "wake all: restored 12.0 MiB (8.00 MiB copied back from the host, 4.00 MiB had been "
+          "discarded) in " in out, "ctl wake --all --zero [%s]" % out.strip())
+    check(sv.ask("check") == "weights ok kv bad", "weights kept their bytes; kv woke as zeros")
+    rc, out = ctl(pid, "wake", "kv")
+    check(rc == 0 and "nothing to do" in out, "waking an awake tag: nothing to do [%s]" % out.strip())
+
+    rc, out = ctl(pid, "sleep", "--all", "--level", "1")
+    check(rc == 0 and "sleep level 1" in out, "ctl sleep --all --level 1 [%s]" % out.strip())
+    rc, out = ctl(pid, "wake", "--all")
+    check(rc == 0 and sv.ask("check").startswith("weights ok"), "wake --all: weights intact [%s]" % out.strip())
+    rc, out = ctl(pid, "sleep", "--level", "2")
+    check(rc == 0 and "sleep level 2" in out and "discarded" in out, "ctl sleep --level 2 [%s]" % out.strip())
+    ctl(pid, "wake", "--all")
+
+    rc, out = ctl(pid, "trim")
+    check(rc == 0 and out.startswith("pid %d: trim: gave back " % pid), "ctl trim [%s]" % out.strip())
+    rc, out = ctl(pid, "limit", "64M")
+    check(rc == 0 and "limit 64.0 MiB (was none)" in out and status(pid).get("limit") == 64 << 20,
+          "ctl limit 64M [%s]" % out.strip())
+    rc, out = ctl(pid, "limit", "1M")
+    check(rc == 0 and "nothing was unmapped" in out and sv.ask("alloc 64") == "alloc failed",
+          "ctl limit 1M, below what is mapped: said, and growth is refused [%s]" % out.strip())
+    rc, out = ctl(pid, "limit", "none")
+    check(rc == 0 and "limit none (was 1.00 MiB)" in out and sv.ask("alloc 64") == "alloc ok",
+          "ctl limit none: growth again [%s]" % out.strip())
+    rc, out = ctl(pid, "dump")
+    check(rc == 0 and "memory report" in out and "device 0: live" in out, "ctl dump prints the report")
+    rc, out = ctl(pid, "release-host", "--keep", "0")
+    check(rc == 0 and "release-host: gave back" in out and "kept 0 B" in out, "ctl release-host [%s]" % out.strip())
+    rc, out = ctl(pid, "trim", "--json")
+    check(rc == 0 and json.loads(out).get("ok") is True, "--json prints the reply")
+
+
+# ---------------------------------------------------------------- exit statuses
+
+class FakeServer:
+    """A socket on this process's control name that answers as told: hold (never answer), close,
+    or garbage."""
+
+    def __init__(self, how, pid=None):
+        self.how = how
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.bind("\0vmmshim-ctl-%d-%d" % (os.geteuid(), pid or os.getpid()))
+        self.s.listen(4)
+        self.held = []
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while True:
+            try:
+                c, _ = self.s.accept()
+            except OSError:
+                return
+            if self.how == "close":
+                c.close()
+            elif self.how == "garbage":
+                c.recv(4096)
+                c.sendall(b"hello there\n")
+                c.close()
+            else:
+                self.held.append(c)
+
+    def close(self):
+        try:
+            self.s.shutdown(socket.SHUT_RDWR)  # wakes the accept, so the name is free at once
+        except OSError:
+            pass
+        self.s.close()
+        self.t.join(5)
+        for c in self.held:
+            c.close()
+
+
+def nobody():
+    try:
+        pw = pwd.getpwnam("nobody")
+        return pw.pw_uid, pw.pw_gid
+    except KeyError:
+        return None
+
+
+def as_user(uid, gid):
+    def drop():
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    return drop
+
+
+def statuses(sv):
+    pid = sv.pid
+    for args in ([], [pid], [pid, "bogus"], [pid, "sleep"], [pid, "sleep", "kv", "--mode", "fast"],
+                 [pid, "limit", "lots"], ["abc"], [pid, "sleep", "kv", "--level", "1"], [pid, "wake", "kv", "--all"],
+                 [pid, "tag"], [pid, "status", "extra"], [pid, "sleep", "kv", "--level", "3", "--all"]):
+        rc, out = ctl(*args)
+        check(rc == 2 and "vmmshim: error:" in out or (rc == 2 and not args),
+              "usage error: exit 2 for ctl %s [%s]" % (" ".join(map(str, args)), out.strip()[:120]))
+    rc, out = ctl(pid, "sleep", "nosuch")
+    check(rc == 1 and "ENOENT" in out and out.count("\n") == 1, "refused: exit 1, one line [%s]" % out.strip())
+    rc, out = ctl(pid, "tag", "bad name")
+    check(rc == 1 and "EINVAL" in out, "a bad tag name: exit 1 [%s]" % out.strip())
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    rc, out = ctl(dead.pid, "status")
+    check(rc == 3 and out.strip() == "vmmshim: error: no process %d" % dead.pid, "a dead pid: exit 3 [%s]" % out.strip())
+    rc, out = ctl(os.getpid(), "status")
+    check(rc == 4 and "not under vmmshim" in out, "this test (no shim): exit 4 [%s]" % out.strip())
+    idle = subprocess.Popen(["sleep", "30"], env=SHIM_ENV)
+    try:
+        rc, out = ctl(idle.pid, "status")
+        check(rc == 4 and "(sleep) is not under vmmshim, or has not used CUDA yet" in out,
+              "a program under the shim that never used CUDA: exit 4 [%s]" % out.strip())
+        fake = FakeServer("hold", idle.pid)  # our socket, under that pid's name
+        rc, out = ctl(idle.pid, "status")
+        fake.close()
+        check(rc == 4 and "is held by pid %d" % os.getpid() in out,
+              "a socket under its name held by another process: not trusted, exit 4 [%s]" % out.strip())
+    finally:
+        idle.kill()
+        idle.wait()
+    ids = nobody()
+    if os.geteuid() == 0 and ids:
+        rc, out = ctl(pid, "status", preexec=as_user(*ids))
+        check(rc == 5 and "belongs to user 0" in out, "run by nobody on root's program: exit 5 [%s]" % out.strip())
+    elif os.geteuid() != 0 and (os.stat("/proc/1").st_uid != os.geteuid()):
+        rc, out = ctl(1, "status")
+        check(rc == 5, "another user's process (pid 1): exit 5 [%s]" % out.strip())
+    elif os.environ.get("CI") == "true":
+        check(False, "exit 5 needs root and a user nobody, or a pid 1 of another user")
+    else:
+        print("SKIP exit 5: needs root and a user nobody, or a pid 1 of another user; not counted")
+    for how, status_want, words in (("hold", 6, "did not answer within 1 s"),
+                                    ("close", 7, "closed the connection without answering"),
+                                    ("garbage", 7, "sent something that is not a reply")):
+        fake = FakeServer(how)
+        t0 = time.monotonic()
+        rc, out = ctl(os.getpid(), "status", "--timeout", "1")
+        took = time.monotonic() - t0
+        fake.close()
+        check(rc == status_want and words in out and took < 10,
+              "a server that does '%s': exit %d in %.1f s [%s]" % (how, status_want, took, out.strip()))
+
+
+def group_hook():
+    rc, out = ctl("--group", "g", "status")
+    check(rc == 2 and "group commands are not available" in out, "--group without a provider: exit 2 [%s]"
+          % out.strip())
+    sys.path.insert(0, PYDIR)
+    from vmmshim import cli, groups
+    seen = []
+    groups.register("status", lambda group, args: seen.append((group, args)) or 0, "status")
+    groups.register("limit", lambda group, args: 42, "limit SIZE")
+    rc1 = cli.main(["--group", "train", "status", "--json"])
+    rc2 = cli.main(["--group", "train", "limit", "8G"])
+    rc3 = cli.main(["--group", "train", "nope"])
+    check(seen == [("train", ["--json"])] and rc1 == 0 and rc2 == 42 and rc3 == 2,
+          "--group NAME VERB: dispatched to the registered handler (%r, %d, %d, %d)" % (seen, rc1, rc2, rc3))
+    groups.COMMANDS.clear()
+    rc, out = ctl("--python-path")
+    check(rc == 0 and os.path.isfile(os.path.join(out.strip(), "vmmshim", "__init__.py")),
+          "ctl --python-path: the module's directory [%s]" % out.strip())
+
+
+# ---------------------------------------------------------------- top
+
+def top(sv):
+    r = subprocess.run(["sh", LAUNCHER, "top", "--once"], capture_output=True, text=True, timeout=60, env=PLAIN_ENV)
+    lines = r.stdout.splitlines()
+    rows = [line for line in lines if line.split()[:1] == [str(sv.pid)]]
+    check(r.returncode == 0 and len(lines) > 4 and lines[0].startswith("vmmshim top - ") and
+          lines[3].split() == ["PID", "PROGRAM", "DEV", "LIVE", "MAPPED", "ASLEEP", "HOST", "ALLOC/s", "VMM", "OOM"],
+          "top --once: title and columns [%s]" % "|".join(lines[:4]))
+    live = text.short(sum(d["live"] for d in status(sv.pid)["devices"]))
+    check(rows and rows[0].split()[1:4] == ["test_shim_cont", "0", live],
+          "top --once: the program's row, live %s [%s]" % (live, rows[0] if rows else r.stdout))
+    check(any(line.split()[:1] == ["weights"] for line in lines) and any(line.split()[:2] == ["kv", "4.00M"]
+                                                                        for line in lines),
+          "top --once: a line per tag")
+    check(max(len(line) for line in lines) <= 79, "top --once fits 80 columns, 79 characters a line (curses leaves "
+          "the last column of the last line alone) (%d)" % max(len(x) for x in lines))
+    r = subprocess.run(["sh", LAUNCHER, "top"], capture_output=True, text=True, timeout=60, env=PLAIN_ENV,
+                       stdin=subprocess.DEVNULL)
+    check(r.returncode == 2 and "needs a terminal" in r.stderr, "top without a terminal: exit 2, says --once")
+
+    tmux = shutil.which("tmux")
+    if not tmux:
+        if os.environ.get("CI") == "true":
+            check(False, "tmux is needed to test vmmshim top in a terminal (scripts/deps.sh --test installs it)")
+        else:
+            print("SKIP top in a terminal: no tmux; not counted")
+        return
+    sock = "vmmshim-test-%d" % os.getpid()
+    tm = lambda *a: subprocess.run([tmux, "-L", sock] + list(a), capture_output=True, text=True,  # noqa: E731
+                                   timeout=30, env=PLAIN_ENV)
+    try:
+        tm("new-session", "-d", "-x", "80", "-y", "24", "sh %s top; echo top-exited; sleep 30" % LAUNCHER)
+        screen = ""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 15 and str(sv.pid) not in screen:
+            time.sleep(0.2)
+            screen = tm("capture-pane", "-p").stdout
+        first = screen.splitlines()
+        check(str(sv.pid) in screen and "q quits" in first[0] and "PID PROGRAM" in screen and "weights" in screen,
+              "top in tmux (80x24): title, columns, the program and its tags\n" + screen)
+        check(all(len(line.rstrip()) <= 79 for line in first) and first[0].endswith("q quits"),
+              "every line fits, whole")
+        clock = first[0].split(" - ")[2][:8] if first and first[0].count(" - ") >= 2 else ""
+        time.sleep(2.2)
+        again = tm("capture-pane", "-p").stdout.splitlines()
+        check(again and clock and clock not in again[0], "it refreshes (%s, then %s)" % (clock, again[0] if again
+                                                                                        else ""))
+        before = sum(d["live"] for d in status(sv.pid)["devices"])
+        sv.ask("alloc")
+        want = text.short(before + (1 << 20))
+        t0 = time.monotonic()
+        after = ""
+        while time.monotonic() - t0 < 5 and want not in after:
+            time.sleep(0.2)
+            after = tm("capture-pane", "-p").stdout
+        check(want in after, "it shows the new allocation (%s -> %s)" % (text.short(before), want))
+        tm("send-keys", "q")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5 and "top-exited" not in tm("capture-pane", "-p").stdout:
+            time.sleep(0.2)
+        check("top-exited" in tm("capture-pane", "-p").stdout, "q quits")
+    finally:
+        tm("kill-server")
+
+
+# ---------------------------------------------------------------- the module
+
+MODULE_SCRIPT = r"""
+import ctypes, errno, json, os, sys, threading
+sys.path.insert(0, sys.argv[1])
+import vmmshim
+ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
+rt = ctypes.CDLL(None)   # the global scope: the shim's cudaMalloc comes first
+rt.cudaSetDevice(0)
+MiB = 1 << 20
+def malloc(n):
+    p = ctypes.c_void_p()
+    rc = rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(n))
+    assert rc == 0, rc
+    return p.value
+def fill(p, n, c): ctypes.memset(p, c, n)
+def same(p, n, c): return ctypes.string_at(p, n) == bytes([c]) * n
+out = {}
+with vmmshim.region("weights", enable_cpu_backup=True):
+    w = malloc(8 * MiB)
+    out["in_region"] = vmmshim.get_tag()
+out["after_region"] = vmmshim.get_tag()
+with vmmshim.region("kv"):
+    k = malloc(4 * MiB)
+fill(w, 8 * MiB, 0x5a); fill(k, 4 * MiB, 0x33)
+with vmmshim.region("a"):
+    with vmmshim.region("b"):
+        out["nested"] = vmmshim.get_tag()
+    out["nested_back"] = vmmshim.get_tag()
+out["nested_end"] = vmmshim.get_tag()
+seen = []
+def in_thread():
+    vmmshim.set_tag("threadtag")
+    seen.append(vmmshim.get_tag())
+t = threading.Thread(target=in_thread); t.start(); t.join()
+out["thread"] = seen[0]
+out["main_after_thread"] = vmmshim.get_tag()
+st = vmmshim.tag_stats()
+out["live"] = [st["weights"]["live"], st["kv"]["live"]]
+vmmshim.pause("kv")
+vmmshim.pause("weights")
+st = vmmshim.tag_stats()
+out["paused"] = [st["weights"]["host_copied"], st["kv"]["discarded"], st["weights"]["asleep"], st["kv"]["asleep"]]
+vmmshim.pause("weights")   # again: nothing to do, no error
+vmmshim.resume()
+out["resumed_bytes"] = same(w, 8 * MiB, 0x5a)
+st = vmmshim.tag_stats()
+out["resumed"] = [st["weights"]["asleep"], st["kv"]["asleep"], st["kv"]["device"] >= 4 * MiB]
+fill(k, 4 * MiB, 0x33)   # discarded by its pause: undefined until written
+r = vmmshim.sleep("weights", "mapped")
+out["mapped"] = [r.host_mapped >= 8 * MiB, same(w, 8 * MiB, 0x5a)]
+fill(w, 8 * MiB, 0x77)
+r = vmmshim.wake("weights")
+out["mapped_wake"] = [r.restored >= 8 * MiB, same(w, 8 * MiB, 0x77), r.error]
+r = vmmshim.wake("weights")
+out["wake_awake"] = r.error == -errno.EALREADY
+r = vmmshim.sleep_level(1)
+out["level1"] = r.to_host >= 12 * MiB
+vmmshim.wake(None)
+out["level1_bytes"] = same(w, 8 * MiB, 0x77) and same(k, 4 * MiB, 0x33)
+r = vmmshim.sleep("kv", "discard"); vmmshim.wake("kv", zero=True)
+out["zero"] = same(k, 4 * MiB, 0)
+in_use, cached = vmmshim.host_memory()
+out["host"] = [in_use, cached >= 8 * MiB]
+out["released"] = vmmshim.release_host() >= 8 * MiB and vmmshim.host_memory() == (0, 0)
+try:
+    vmmshim.sleep("nosuch")
+    out["enoent"] = "no error"
+except vmmshim.Error as e:
+    out["enoent"] = [e.errno == errno.ENOENT, str(e)]
+try:
+    vmmshim.sleep("kv", "sideways")
+    out["badmode"] = "no error"
+except ValueError as e:
+    out["badmode"] = str(e)
+s = vmmshim.stats()
+out["stats"] = s["allocs"][0] >= 2
+out["control_self"] = vmmshim.control(os.getpid()).status()["pid"] == os.getpid()
+print(json.dumps(out))
+"""
+
+
+def module(sv):
+    with scratch("vmmshim-module-") as tmp:
+        script = os.path.join(tmp, "use.py")
+        with open(script, "w") as f:
+            f.write(MODULE_SCRIPT)
+        r = subprocess.run([sys.executable, script, PYDIR], capture_output=True, text=True, timeout=120,
+                           env=SHIM_ENV)
+        try:
+            o = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            o = {}
+        check(r.returncode == 0 and o, "the module under the shim runs [%s]" % (r.stdout + r.stderr)[-600:])
+        if not o:
+            return
+        check(o["in_region"] == "weights" and o["after_region"] == "default", "region sets the tag, and restores it")
+        check(o["nested"] == "b" and o["nested_back"] == "a" and o["nested_end"] == "default", "nested regions")
+        check(o["thread"] == "threadtag" and o["main_after_thread"] == "default", "a thread's tag is its own")
+        check(o["live"] == [8 << 20, 4 << 20], "tag_stats: the regions' allocations in their tags %r" % o["live"])
+        check(o["paused"] == [8 << 20, 4 << 20, True, True],
+              "pause: CPU backup copies to the host, without it discards %r" % o["paused"])
+        check(o["resumed_bytes"] and o["resumed"] == [False, False, True], "resume: every paused tag, bytes back")
+        check(o["mapped"] == [True, True] and o["mapped_wake"] == [True, True, 0],
+              "sleep mapped: readable while asleep, writes kept by the wake")
+        check(o["wake_awake"], "waking an awake tag: error -EALREADY, no exception")
+        check(o["level1"] and o["level1_bytes"], "sleep_level(1) and wake(): bytes kept")
+        check(o["zero"], "wake(zero=True) after a discard: zeros")
+        check(o["host"] == [0, True] and o["released"], "host_memory and release_host %r" % o["host"])
+        check(isinstance(o["enoent"], list) and o["enoent"][0] and "ENOENT" in o["enoent"][1],
+              "an unknown tag raises vmmshim.Error ENOENT %r" % o["enoent"])
+        check("discard, host or mapped" in o["badmode"], "a bad mode raises ValueError")
+        check(o["stats"], "stats(): the allocations went through the shim")
+        check(o["control_self"], "vmmshim.control(own pid) answers from the shim's thread")
+
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import vmmshim; "
+                        "vmmshim.set_tag('x')", PYDIR], capture_output=True, text=True, timeout=60, env=PLAIN_ENV)
+    last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+    check(r.returncode == 1 and last == "vmmshim.NotPreloaded: vmmshim: the shim is not preloaded: run under "
+          "`vmmshim` or LD_PRELOAD=.../libvmmshim.so", "without the shim: one clear line [%s]" % last)
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import vmmshim; "
+                        "c = vmmshim.control(int(sys.argv[2])); print(c.status()['tags'][1]['name']); "
+                        "print(c.sleep('kv', 'discard')['discarded']); print(c.wake('kv', zero=True)['restored']); "
+                        "print(c.wake('kv').get('error'))", PYDIR, str(sv.pid)],
+                       capture_output=True, text=True, timeout=60, env=PLAIN_ENV)
+    check(r.returncode == 0 and r.stdout.split() == ["weights", str(4 << 20), str(4 << 20), "EALREADY"],
+          "vmmshim.control(pid) from a process without the shim [%s]" % (r.stdout + r.stderr).strip())
+
+
+def main():
+    for f in (SERVE, LIB):
+        if not os.path.exists(f):
+            check(False, "%s is built (make test builds it)" % f)
+            return summary()
+    sv = Serve()
+    check(sv.pid > 0, "the target program runs under the shim")
+    if sv.pid <= 0:
+        sv.stop()
+        return summary()
+    try:
+        verbs(sv)
+        statuses(sv)
+        group_hook()
+        top(sv)
+        module(sv)
+    finally:
+        sv.stop()
+    check(sv.p.returncode == 0, "the target program exits cleanly (%s)" % sv.p.returncode)
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
