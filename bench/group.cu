@@ -10,7 +10,7 @@
  *   group spill           VMMSHIM_LIMIT_GROUP and VMMSHIM_LIMIT=1G, VMMSHIM_ON_LIMIT=host (set by
  *                         bench/run.sh): two 1 GiB blocks, the second past the limit on host
  *                         memory; a kernel reading and writing each; then the group's limit
- *                         raised (scripts/vmmshim_group.py) and vmmshim_promote. Prints
+ *                         raised (vmmshim ctl --group, scripts/python/vmmshim/group_shm.py) and vmmshim_promote. Prints
  *                         "R group cfg=spill kernel=device|host gbps=.." and
  *                         "R group cfg=spill promote_ms=.. promote_gibps=.. bad=..". */
 #include <cuda_runtime.h>
@@ -182,7 +182,7 @@ static int spill(void) {
   k_touch<<<264, 256>>>(h, gib / 4);
   CK(cudaDeviceSynchronize());
   char cmd[256];
-  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD python3 scripts/vmmshim_group.py %s limit 4G >/dev/null", group);
+  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD sh scripts/vmmshim ctl --group %s limit 4G >/dev/null", group);
   if (system(cmd) != 0) fprintf(stderr, "group spill: %s failed\n", cmd);
   vmmshim_sleep_result_t r;
   memset(&r, 0, sizeof r);

@@ -1,5 +1,5 @@
 /* test_shim_group: one memory budget for a group of processes (src/handle/group.c), what an
- * allocation does at the limit (src/alloc/limit.c) and the client (scripts/vmmshim_group.py), on the
+ * allocation does at the limit (src/alloc/limit.c) and the client (vmmshim ctl --group), on the
  * emulation, with several processes.
  *
  * Each scenario runs in a process of its own; the members are "agents": this program executed
@@ -469,12 +469,11 @@ static int agent_main(void) {
   return 0;
 }
 
-/* python3 scripts/vmmshim_group.py ARGS > out; returns the exit status. */
+/* scripts/vmmshim ctl --group ARGS > out (ARGS: NAME VERB ...); returns the exit status. */
 static int group_tool(const char *args, char *out, size_t n) {
   char cmd[512];
-  const char *py = getenv("PYTHON") ? getenv("PYTHON") : "python3";
   /* The client is no CUDA program: it runs without the shim (and without a sanitizer's runtime). */
-  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD %s scripts/vmmshim_group.py %s 2>&1", py, args);
+  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD sh scripts/vmmshim ctl --group %s 2>&1", args);
   FILE *f = popen(cmd, "r");
   if (!f) return -1;
   size_t used = fread(out, 1, n - 1, f);

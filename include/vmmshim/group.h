@@ -2,7 +2,7 @@
  *
  * /dev/shm/vmmshim-<uid>-<name>, mode 0600, owned by its user: a header of VS_GROUP_HEADER
  * bytes, then VS_GROUP_MEMBERS member slots of VS_GROUP_MEMBER bytes. Native byte order (the
- * members run on one host). scripts/vmmshim_group.py reads and writes the same layout with
+ * members run on one host). scripts/python/vmmshim/group_shm.py (vmmshim ctl --group) reads and writes the same layout with
  * struct: a change here is a new VS_GROUP_VERSION, and a change there.
  *
  * Locking: every change is made under flock(LOCK_EX) on the segment's descriptor (the kernel

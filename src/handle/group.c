@@ -14,7 +14,7 @@
  * every change is made under it with `busy` naming the writer, so a change cut short by a death
  * is seen by the next holder, which counts the totals again from the member slots (an atomic
  * add whose process died before its undo would stay counted with nobody to return it); the
- * Python client (scripts/vmmshim_group.py) takes the same lock with fcntl.flock, where a robust
+ * Python client (vmmshim ctl --group, scripts/python/vmmshim/group_shm.py) takes the same lock with fcntl.flock, where a robust
  * pthread mutex would put glibc's mutex layout into the file format. Its cost, two system calls,
  * is paid at a growth (which makes driver calls of tens of microseconds), never per allocation.
  * A flock does not exclude the threads of one process (they share the descriptor): a mutex of

@@ -478,6 +478,15 @@ static void do_limit(const vs_jobject_t *req, vs_jout_t *o) {
                       "maps less (trim gives back idle memory)");
 }
 
+/* Memory that ran on host memory past a limit (VMMSHIM_ON_LIMIT=host) back to the device, as far
+ * as the limit allows now (after `limit` raised it, say). */
+static void do_promote(const vs_jobject_t *req, vs_jout_t *o) {
+  vmmshim_sleep_result_t r;
+  memset(&r, 0, sizeof r);
+  int rc = vmmshim_promote(&r, sizeof r);
+  reply_moved(o, req, rc, &r, "promote", NULL, NULL, -1);
+}
+
 static void do_trim(const vs_jobject_t *req, vs_jout_t *o) {
   size_t got = vmmshim_trim();
   reply_begin(o, true, req);
@@ -652,6 +661,7 @@ typedef struct vs_verb_s {
 static const vs_verb_t vs_verbs[] = {
     {"status", do_status}, {"tag", do_tag},   {"sleep", do_sleep}, {"wake", do_wake},
     {"trim", do_trim},     {"limit", do_limit}, {"dump", do_dump}, {"release-host", do_release_host},
+    {"promote", do_promote},
 };
 
 static atomic_bool vs_ctl_exiting; /* set at exit: what arrives then is refused */
@@ -680,7 +690,8 @@ static void answer(const char *line, size_t len, vs_jout_t *o) {
       for (size_t i = 0; i < sizeof vs_verbs / sizeof vs_verbs[0]; i++)
         if (!strcmp(cmd->str, vs_verbs[i].name)) verb = &vs_verbs[i];
       if (verb) verb->fn(&req, o);
-      else reply_error(o, &req, EINVAL, "unknown verb '%.40s': status, tag, sleep, wake, trim, limit, dump, release-host",
+      else reply_error(o, &req, EINVAL, "unknown verb '%.40s': status, tag, sleep, wake, trim, limit, dump, release-host, "
+                       "promote",
                        cmd->str);
     }
   }

@@ -13,7 +13,7 @@
  * GROUP_MODE=spill: run with VMMSHIM_LIMIT_GROUP, VMMSHIM_LIMIT=2G and VMMSHIM_ON_LIMIT=host: five
  *   1 GiB blocks are served, 3 GiB of them from host memory; kernels over all 5 GiB give the right
  *   results; the tag reports 3 GiB host_mapped; promote without room moves nothing; the group's
- *   limit raised (scripts/vmmshim_group.py), promote moves the 3 GiB to the device at the same
+ *   limit raised (vmmshim ctl --group, scripts/python/vmmshim/group_shm.py), promote moves the 3 GiB to the device at the same
  *   addresses, data intact, and kernels run on them at device speed. */
 #include <errno.h>
 #include <fcntl.h>
@@ -337,8 +337,7 @@ static int mode_spill(void) {
   check(rc == -ENOMEM && r.restored == 0, "promote-no-room", "rc %d, %llu MiB moved (%s)", rc,
         (unsigned long long)r.restored >> 20, r.reason);
   char cmd[256];
-  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD %s scripts/vmmshim_group.py %s limit 8G >/dev/null", getenv("PYTHON") ? getenv("PYTHON") : "python3",
-           group);
+  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD sh scripts/vmmshim ctl --group %s limit 8G >/dev/null", group);
   check(system(cmd) == 0, "raise-limit", "%s", cmd);
   memset(&r, 0, sizeof r);
   rc = promote(&r, sizeof r);

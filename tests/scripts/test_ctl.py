@@ -9,7 +9,7 @@ input. Through scripts/vmmshim (the launcher's ctl and top dispatch):
   - the exit statuses: 2 bad usage, 1 refused, 0 for nothing to do, 3 dead pid, 4 a process not
     under the shim (and a socket held by another pid), 5 another user's process, 6 no answer in
     time, 7 connection closed or a reply that is not one (fake servers on this process's name);
-  - the --group hook: unavailable without a provider, dispatched to a registered one;
+  - the --group hook: the group verbs' errors, dispatch to a registered handler;
   - vmmshim top --once (80 columns, the processes and their tags), top without a terminal, and
     top in a real terminal (tmux, 80x24): the frame's content, a refresh, q quits;
   - the module: region/pause/resume (with and without CPU backup), set_tag and the thread's tag
@@ -161,6 +161,11 @@ def verbs(sv):
     check(rc == 0 and "memory report" in out and "device 0: live" in out, "ctl dump prints the report")
     rc, out = ctl(pid, "release-host", "--keep", "0")
     check(rc == 0 and "release-host: gave back" in out and "kept 0 B" in out, "ctl release-host [%s]" % out.strip())
+    rc, out = ctl(pid, "promote")
+    check(rc == 0 and "promote: nothing to do" in out and "past the limit" in out,
+          "ctl promote with nothing on host memory: nothing to do, and why [%s]" % out.strip())
+    rc, out = ctl(pid, "promote", "extra")
+    check(rc == 2, "ctl promote with an argument: usage error [%s]" % out.strip())
     rc, out = ctl(pid, "trim", "--json")
     check(rc == 0 and json.loads(out).get("ok") is True, "--json prints the reply")
 
@@ -277,11 +282,16 @@ def statuses(sv):
 
 
 def group_hook():
-    rc, out = ctl("--group", "g", "status")
-    check(rc == 2 and "group commands are not available" in out, "--group without a provider: exit 2 [%s]"
-          % out.strip())
+    rc, out = ctl("--group", "vs-test-ctl-nogroup-%d" % os.getpid(), "status")
+    check(rc == 1 and "no group" in out and "no member has started" in out,
+          "--group NAME status of a group no member started: exit 1 and why [%s]" % out.strip())
+    rc, out = ctl("--group", "g", "nope")
+    check(rc == 2 and "unknown verb 'nope'" in out and "limit" in out and "status" in out,
+          "--group NAME with an unknown verb: exit 2, the verbs listed [%s]" % out.strip())
     sys.path.insert(0, PYDIR)
     from vmmshim import cli, groups
+    groups._load()  # the real providers first: the handlers below replace theirs
+    real = dict(groups.COMMANDS)
     seen = []
     groups.register("status", lambda group, args: seen.append((group, args)) or 0, "status")
     groups.register("limit", lambda group, args: 42, "limit SIZE")
@@ -291,6 +301,7 @@ def group_hook():
     check(seen == [("train", ["--json"])] and rc1 == 0 and rc2 == 42 and rc3 == 2,
           "--group NAME VERB: dispatched to the registered handler (%r, %d, %d, %d)" % (seen, rc1, rc2, rc3))
     groups.COMMANDS.clear()
+    groups.COMMANDS.update(real)
     rc, out = ctl("--python-path")
     check(rc == 0 and os.path.isfile(os.path.join(out.strip(), "vmmshim", "__init__.py")),
           "ctl --python-path: the module's directory [%s]" % out.strip())

@@ -29,7 +29,7 @@ import threading
 from .client import Control, ControlError, reachable  # noqa: F401  (the public API)
 
 __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
-           "sleep_level", "tag_stats", "host_memory", "release_host", "stats", "trim", "dump", "control",
+           "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "stats", "trim", "dump", "control",
            "reachable", "SleepResult", "Error", "NotPreloaded", "ControlError", "Control"]
 
 TAG_MAX = 32
@@ -116,6 +116,7 @@ def _shim():
                                                  ctypes.c_size_t]),
                 "vmmshim_wake": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_uint, ctypes.POINTER(_SleepResult),
                                                 ctypes.c_size_t]),
+                "vmmshim_promote": (ctypes.c_int, [ctypes.POINTER(_SleepResult), ctypes.c_size_t]),
                 "vmmshim_sleep_level": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_SleepResult),
                                                        ctypes.c_size_t]),
                 "vmmshim_tag_stats": (ctypes.c_int, [ctypes.POINTER(_TagStats), ctypes.c_int, ctypes.c_size_t]),
@@ -234,6 +235,17 @@ def wake(tag=None, zero=False):
     res = SleepResult(r)
     if rc != -errno.EALREADY:
         _check(rc, "wake %s" % (tag or "(every tag)"), res)
+    return res
+
+
+def promote():
+    """Moves memory that runs on host memory past a limit (VMMSHIM_ON_LIMIT=host) back to the
+    device, as far as the limit allows now. Error ENOMEM when none fits."""
+    r = _SleepResult()
+    rc = _shim().vmmshim_promote(ctypes.byref(r), ctypes.sizeof(r))
+    res = SleepResult(r)
+    if rc != -errno.EALREADY:
+        _check(rc, "promote", res)
     return res
 
 

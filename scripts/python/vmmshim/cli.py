@@ -16,6 +16,7 @@ Usage: vmmshim ctl list [--json]
        vmmshim ctl PID limit SIZE
        vmmshim ctl PID dump
        vmmshim ctl PID release-host [--keep SIZE]
+       vmmshim ctl PID promote
        vmmshim top [--once] [--interval SECONDS]
 See and steer a program running under vmmshim, from outside (docs/control.md).
 
@@ -32,6 +33,8 @@ See and steer a program running under vmmshim, from outside (docs/control.md).
   limit SIZE    cap on mapped bytes from now on (K, M, G suffixes; none: no cap)
   dump          the memory report (also written to the program's log)
   release-host  give back host memory kept for the next sleep
+  promote       memory served from host memory past a limit (VMMSHIM_ON_LIMIT=
+                host) back to the device, as far as the limit allows now
 Options: --json (the reply as JSON), --timeout SECONDS (default 10; 300 for sleep,
 wake and trim). SIZE takes K, M, G suffixes.
 Exit status: 0 done (or nothing to do), 1 the process refused (the message says
@@ -77,6 +80,8 @@ def _size_arg(v, what):
 def _moved(pid, r):
     """A sleep or wake reply, for people."""
     what = "%s %s" % (r.get("cmd", "?"), r.get("tag", "?"))
+    if r.get("cmd") == "promote":
+        what = "promote"
     if r.get("level") is not None:
         what = "sleep level %d" % r["level"]
     if r.get("mode"):
@@ -84,7 +89,7 @@ def _moved(pid, r):
     if not r["ok"] and r.get("error") == "EALREADY":
         return "pid %d: %s: nothing to do (%s)" % (pid, what, r.get("reason") or "asleep or awake already")
     parts = []
-    if r.get("cmd") == "wake":
+    if r.get("cmd") in ("wake", "promote"):
         how = [text.size(r[key]) + label for key, label in (("to_host", " copied back from the host"),
                                                              ("discarded", " had been discarded"))
                if r.get(key)]
@@ -244,6 +249,11 @@ def _pid_command(pid, args):
         r = ctl.release_host(_size_arg(keep, "--keep") if keep is not None else 0)
         out = "pid %d: release-host: gave back %s of host memory; in use %s, kept %s" % (
             pid, text.size(r["released"]), text.size(r["in_use"]), text.size(r["cached"]))
+    elif verb == "promote":
+        if rest:
+            raise Usage("promote takes no argument")
+        r = ctl.promote()
+        out = _moved(pid, r)
     else:
         raise Usage("unknown verb '%s'" % verb)
     print(json.dumps(r, separators=(",", ":")) if as_json else out)

@@ -227,3 +227,8 @@ class Control:
 
     def release_host(self, keep=0):
         return self.call("release-host", keep=keep)
+
+    def promote(self):
+        """Memory served from host memory past a limit (VMMSHIM_ON_LIMIT=host) back to the device,
+        as far as the limit allows now; EALREADY when there is none."""
+        return self.call("promote", self.move_timeout, ("EALREADY",))

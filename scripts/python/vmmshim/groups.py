@@ -10,7 +10,7 @@ import sys
 
 from .client import EXIT_USAGE
 
-PROVIDERS = []   # modules of this package that register group verbs, e.g. "groups_shm"
+PROVIDERS = ["group_shm"]   # modules of this package that register group verbs
 COMMANDS = {}    # verb -> (handler, usage)
 
 

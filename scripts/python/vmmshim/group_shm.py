@@ -1,9 +1,9 @@
-#!/usr/bin/env python3
-"""vmmshim_group: a group's memory budget, read and changed while its members run.
+"""A group's memory budget, read and changed while its members run: the verbs of
+`vmmshim ctl --group NAME ...` (registered with groups.py when this module is imported).
 
-    python3 vmmshim_group.py NAME limit SIZE     set the group's limit (creates the group when
-                                                 no member made it yet)
-    python3 vmmshim_group.py NAME status [--json]  the limit, the totals, the members and their shares
+    vmmshim ctl --group NAME limit SIZE     set the group's limit (creates the group when no
+                                            member made it yet)
+    vmmshim ctl --group NAME status [--json]  the limit, the totals, the members and their shares
 
 SIZE is what VMMSHIM_LIMIT takes: 8G (every device together), 0:8G,1:4G (per device), both
 (12G,0:8G), or 0 / none (no limit). It replaces the whole limit. Lowering the limit below what the
@@ -15,8 +15,7 @@ struct). Changes are made as the shim makes them: under flock(LOCK_EX) on the se
 set to this pid for the time of the change; the members' waiters are woken through the futex the
 shim sleeps on (best effort: they look again within half a second anyway).
 
-`vmmshim ctl --group NAME ...` runs main([NAME, ...]). Exit status 0, 1 on an error (one line
-"vmmshim-group: error: ..." on stderr), 2 on a usage error.
+Exit status 0, 1 on an error (one line "vmmshim: error: ..." on stderr), 2 on a usage error.
 """
 import ctypes
 import errno
@@ -362,7 +361,7 @@ def print_status(s):
 
 
 def usage(out):
-    out.write("usage: vmmshim_group.py NAME limit SIZE | NAME status [--json]\n"
+    out.write("usage: vmmshim ctl --group NAME limit SIZE | vmmshim ctl --group NAME status [--json]\n"
               "  SIZE: 8G (every device together), 0:8G,1:4G (per device), 12G,0:8G, or 0/none\n")
 
 
@@ -382,7 +381,7 @@ def main(argv):
             try:
                 every, per = parse_limit(argv[2])
             except ValueError:
-                sys.stderr.write("vmmshim-group: error: '%s' is not a limit (8G, 0:8G,1:4G, 12G,0:8G or none)\n" % argv[2])
+                sys.stderr.write("vmmshim: error: '%s' is not a limit (8G, 0:8G,1:4G, 12G,0:8G or none)\n" % argv[2])
                 return 2
             g = Group(name, create=True)
             try:
@@ -406,12 +405,14 @@ def main(argv):
             print_status(s)
         return 0
     except GroupError as e:
-        sys.stderr.write("vmmshim-group: error: %s\n" % e)
+        sys.stderr.write("vmmshim: error: %s\n" % e)
         return 1
     except OSError as e:
-        sys.stderr.write("vmmshim-group: error: %s\n" % (e.strerror or errno.errorcode.get(e.errno, str(e))))
+        sys.stderr.write("vmmshim: error: %s\n" % (e.strerror or errno.errorcode.get(e.errno, str(e))))
         return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+from . import groups  # noqa: E402  (registers the verbs below)
+
+groups.register("limit", lambda group, args: main([group, "limit"] + list(args)), "limit SIZE")
+groups.register("status", lambda group, args: main([group, "status"] + list(args)), "status [--json]")
