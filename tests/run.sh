@@ -51,6 +51,8 @@ for t in tests/scripts/test_*.py; do
   [ -f "$t" ] || continue
   run_one "$(basename "$t" .py)" env BUILD="$BUILD" "$PYTHON" "$t"
 done
+# The GPU runner's counting (tests/gpu/runner.sh) on fake programs: no GPU needed.
+run_one test_gpu_runner sh tests/gpu/test_runner.sh
 fi
 
 if [ "$SANITIZE" != 0 ]; then
