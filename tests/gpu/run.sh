@@ -248,7 +248,7 @@ else
   for who in a b; do
     other=b
     [ "$who" = b ] && other=a
-    timeout "$left" env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY ROBUST_MODE=limit ROBUST_CAP_MB=4096 VMMSHIM_LIMIT=4G \
+    timeout "$left" env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY ROBUST_MODE=limit ROBUST_CAP_MB=4096 VMMSHIM_LIMIT=4G GPU_TEST_SHIM=1 \
       ROBUST_PEER_ME="$LOGDIR/robust-peer-$who.ready" ROBUST_PEER_OTHER="$LOGDIR/robust-peer-$other.ready" \
       LD_PRELOAD="$LIB" "$BIN/t_robust.shared" >"$LOGDIR/robust-two-procs-$who.log" 2>&1 &
   done
@@ -287,7 +287,7 @@ else
       continue
     fi
     [ "$left" -gt 90 ] && left=90
-    timeout "$left" env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY ROBUST_MODE="sanitize-$what" LD_PRELOAD="$LIB" \
+    timeout "$left" env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY ROBUST_MODE="sanitize-$what" GPU_TEST_SHIM=1 LD_PRELOAD="$LIB" \
       "$CSAN" --tool memcheck --error-exitcode 99 "$BIN/t_robust.shared" >"$log" 2>&1
     rc=$?
     nerr=$(sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$log" | tail -n 1)
