@@ -6,11 +6,11 @@ touched: the copy lives in a scratch directory (MUTATION_DIR, else a new one und
 with BUILD=build there.
 
 Each mutation names a snippet of code and its replacement. The snippet is looked for in every
-file of src/ and include/vmmshim/ (code moves between files; the snippet must not): it must be
-found exactly once, or the mutation is reported as "snippet not found" / "snippet found N times"
-and counts as a failure of this script, as a mutation that does not compile does (when code
-changes, change the snippet here with it). First the copy is built and the tests of every
-mutation run on it unchanged: they must pass.
+.c and .h file under src/ and include/vmmshim/ (code moves between files; the snippet must not):
+it must be found exactly once, or the mutation is reported as "snippet not found" / "snippet
+found N times" and counts as a failure of this script, as a mutation that does not compile does
+(when code changes, change the snippet here with it). First the copy is built and the tests of
+every mutation run on it unchanged: they must pass.
 
   python3 tests/mutation.py [NAME...]   only those mutations
   MUTATION_TESTS=all                    every CPU test (no sanitizers) for each mutation
@@ -96,8 +96,9 @@ MUTATIONS = [
     M("wrong-address-range", "cuMemGetAddressRange gives the served size, not the requested one",
       [("    *base_out = b->addr;\n    *size_out = b->requested;", "    *base_out = b->addr;\n    *size_out = b->size;")],
       ["test_shim_api"]),
-    M("peak-mapped-never-updated", "peak_bytes_mapped is never updated",
-      [("_vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);", "(void)m;")],
+    M("peak-mapped-never-updated", "peak_bytes_mapped is not updated when the pool grows",
+      [("    uint64_t m = VS_STAT_ADD(bytes_mapped, len) + len;\n    _vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);",
+        "    uint64_t m = VS_STAT_ADD(bytes_mapped, len) + len;\n    (void)m;")],
       ["test_shim_stats"]),
     M("vmm-calls-never-counted", "vmm_calls is never counted",
       [("  VS_STAT_ADD(vmm_calls, 1);\n", "")],
@@ -113,8 +114,8 @@ MUTATIONS = [
       [("  VS_STAT_ADD(syncs, 1);\n", "")],
       ["test_shim_stats"]),
     M("trims-never-counted", "a handle released when idle is not counted in trims",
-      [("        _vs_vmm_release(&p->caps, victims[i].handle, victims[i].size);\n        VS_STAT_ADD(trims, 1);\n",
-        "        _vs_vmm_release(&p->caps, victims[i].handle, victims[i].size);\n")],
+      [("      _vs_vmm_release(caps, segs[i].handle, segs[i].size);\n      VS_STAT_ADD(trims, 1);\n",
+        "      _vs_vmm_release(caps, segs[i].handle, segs[i].size);\n")],
       ["test_shim_stats"]),
     M("failures-never-counted", "alloc_failures is never counted",
       [("  VS_STAT_ADD(alloc_failures, 1);\n", "")],
@@ -174,11 +175,12 @@ def copy_tree(dst):
 
 
 def code_files(tree):
+    """Every .c and .h file under src/ and include/vmmshim/, in subfolders too."""
     out = []
-    for sub, exts in (("src", (".c", ".h")), (os.path.join("include", "vmmshim"), (".h",))):
-        d = os.path.join(tree, sub)
-        if os.path.isdir(d):
-            out += sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(exts))
+    for sub in ("src", os.path.join("include", "vmmshim")):
+        for d, dirs, names in os.walk(os.path.join(tree, sub)):
+            dirs.sort()
+            out += sorted(os.path.join(d, n) for n in names if n.endswith((".c", ".h")))
     return out
 
 
