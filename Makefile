@@ -8,6 +8,8 @@
 #   make bench      GPU benchmarks (needs a GPU and nvcc)
 #   make bench-spread  the irregular workloads at seeds 1-5, default and small handles (GPU)
 #   make bench-cpu  the shim's own costs on the host emulation (no GPU)
+#   make mutation   plants known bugs one at a time in a copy of the tree and reports which the
+#                   tests catch (tests/mutation.py; MUTATIONS="name ..." for some of them)
 #   make install    libvmmshim.so, the launcher and tools, vmmshim.h, vmmshim.pc, the man pages and
 #                   the Python client and module (lib/vmmshim/python) under $(DESTDIR)$(PREFIX)
 #                   (PREFIX=/usr/local); make uninstall removes them
@@ -47,7 +49,7 @@ MAN_TOOLS := $(BUILD)/vmmshim-report.1 $(BUILD)/vmmshim-replay.1
 PYPKG     := $(wildcard scripts/vmmshim_report/*.py) scripts/vmmshim_report/page.js
 PC        := $(BUILD)/vmmshim.pc
 
-.PHONY: all demo test test-sanitize gpu-test bench bench-spread bench-cpu clean deps install uninstall FORCE
+.PHONY: all demo test test-sanitize gpu-test bench bench-spread bench-cpu mutation clean deps install uninstall FORCE
 all: $(LIB) $(MAN) $(MAN7) $(MAN_TOOLS)
 
 # The dependency check: a prerequisite of every target, order-only for each object, so that
@@ -181,6 +183,11 @@ test: $(TEST_DEPS) $(SAN_DEPS)
 # The sanitizer pass alone.
 test-sanitize: $(TEST_DEPS) $(SAN_DEPS)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) SANITIZE=only sh tests/run.sh
+
+# Each planted bug of tests/mutation.py alone in a copy of the tree (the working tree is not
+# touched), its tests run there: which survive. Not part of make test: it takes a while.
+mutation: deps
+	@PYTHON=$(PYTHON) $(PYTHON) tests/mutation.py $(MUTATIONS)
 
 # ---- GPU (run on a machine with an NVIDIA GPU) ----
 demo: deps $(LIB)

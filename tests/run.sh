@@ -8,9 +8,15 @@
 # the invariant checks (build/asan/tests), every shim test's program with the instrumented
 # library (build/asan/libvmmshim.so) preloaded after the ASan runtime, and the threaded tests
 # under ThreadSanitizer (build/tsan). A sanitizer finding fails the test (non-zero exit).
+#
+# ONLY="name ..." runs only the tests of those names (as the "ok"/"FAIL" lines name them, e.g.
+# test_shim_api test_trace_shim), and TEST_TIMEOUT (seconds, default 600) bounds each: what
+# tests/mutation.py uses to run the tests of one planted bug.
 BUILD=${BUILD:-build}
 SANITIZE=${SANITIZE:-0}
 PYTHON=${PYTHON:-python3}
+ONLY=${ONLY:-}
+TEST_TIMEOUT=${TEST_TIMEOUT:-600}
 EMU="$PWD/$BUILD/emu"
 LIB="$PWD/$BUILD/libvmmshim.so"
 total_pass=0
@@ -20,8 +26,11 @@ mkdir -p "$logdir"
 
 run_one() { # name, command...
   name=$1; shift
+  if [ -n "$ONLY" ]; then
+    case " $ONLY " in *" $name "*) ;; *) return 0 ;; esac
+  fi
   log="$logdir/$name.log"
-  timeout 600 "$@" >"$log" 2>&1
+  timeout "$TEST_TIMEOUT" "$@" >"$log" 2>&1
   rc=$?
   line=$(grep -E '^([A-Za-z_-]+: )?[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
   p=$(echo "$line" | sed -nE 's/^([A-Za-z_-]+: )?([0-9]+) passed, ([0-9]+) failed.*/\2/p')
@@ -51,6 +60,8 @@ for t in tests/scripts/test_*.py; do
   [ -f "$t" ] || continue
   run_one "$(basename "$t" .py)" env BUILD="$BUILD" "$PYTHON" "$t"
 done
+# The GPU runner's counting (tests/gpu/runner.sh) on fake programs: no GPU needed.
+run_one test_gpu_runner sh tests/gpu/test_runner.sh
 fi
 
 if [ "$SANITIZE" != 0 ]; then

@@ -269,23 +269,42 @@ static void test_memory(void) {
     if (b[i].p) CHECK(blk_free(&b[i]) == 0, "final free %d", i);
 }
 
-/* A block that begins in the free tail of one handle and ends in the next one. */
+/* The handle mapped under address p (the driver's answer), 0 when none. */
+static CUmemGenericAllocationHandle handle_at(const void *p) {
+  CUmemGenericAllocationHandle h = 0;
+  if (cuMemRetainAllocationHandle(&h, (void *)p) != CUDA_SUCCESS) return 0;
+  cuMemRelease(h); /* the retain's reference; the mapping keeps its own */
+  return h;
+}
+
+/* A block that begins in the free tail of one handle and ends in the next one: the heap grows by
+ * 40 MiB for a block of 40 MiB; once it is freed, 30 MiB of it serve the next request and leave a
+ * free tail of 10 MiB; a request of 20 MiB makes the heap grow right after that tail (the two
+ * join) and takes the tail and the start of the new handle. */
 static void test_straddle(void) {
   shim_trim();
   vmmshim_stats_t s0 = shim_stats();
-  void *a = NULL, *c = NULL;
-  CHECK(cudaMalloc(&a, 40 * MiB) == cudaSuccess, "40 MiB");
-  CHECK(cudaMalloc(&c, 60 * MiB) == cudaSuccess, "60 MiB");
+  void *a = NULL, *b = NULL, *c = NULL;
+  CHECK(cudaMalloc(&a, 40 * MiB) == cudaSuccess && cudaFree(a) == cudaSuccess, "40 MiB");
+  CHECK(cudaMalloc(&b, 30 * MiB) == cudaSuccess, "30 MiB");
+  CHECK(cudaMalloc(&c, 20 * MiB) == cudaSuccess, "20 MiB");
   vmmshim_stats_t s1 = shim_stats();
-  printf("straddle: a=%p c=%p mapped %llu -> %llu MiB\n", a, c, (unsigned long long)(s0.bytes_mapped >> 20),
-         (unsigned long long)(s1.bytes_mapped >> 20));
-  blk_t bc = {(uintptr_t)c, 60 * MiB, 99, 0};
-  CHECK(c && blk_mapped(&bc), "60 MiB block not mapped");
+  CUmemGenericAllocationHandle hb = handle_at(b), h_first = handle_at(c), h_last = handle_at((char *)c + 20 * MiB - 1);
+  printf("straddle: a=%p b=%p c=%p mapped %llu -> %llu MiB; handles: b 0x%llx, c's first byte 0x%llx, its last 0x%llx\n",
+         a, b, c, (unsigned long long)(s0.bytes_mapped >> 20), (unsigned long long)(s1.bytes_mapped >> 20),
+         (unsigned long long)hb, (unsigned long long)h_first, (unsigned long long)h_last);
+  CHECK(c == (char *)b + 30 * MiB, "the 20 MiB block at %p, not in the tail right after the 30 MiB one (%p)", c, b);
+  CHECK(hb && h_first == hb, "the 20 MiB block begins on handle 0x%llx, not on the 30 MiB block's 0x%llx",
+        (unsigned long long)h_first, (unsigned long long)hb);
+  CHECK(h_last && h_last != h_first, "the 20 MiB block ends on handle 0x%llx: the same it begins on",
+        (unsigned long long)h_last);
+  blk_t bc = {(uintptr_t)c, 20 * MiB, 99, 0};
+  CHECK(c && blk_mapped(&bc), "20 MiB block not mapped");
   if (c && blk_mapped(&bc)) {
-    pat_fill(c, 60 * MiB, 99);
-    CHECK(pat_check(c, 60 * MiB, 99) == (size_t)-1, "straddling block data");
+    pat_fill(c, 20 * MiB, 99);
+    CHECK(pat_check(c, 20 * MiB, 99) == (size_t)-1, "straddling block data");
   }
-  CHECK(cudaFree(a) == cudaSuccess && cudaFree(c) == cudaSuccess, "free");
+  CHECK(cudaFree(b) == cudaSuccess && cudaFree(c) == cudaSuccess, "free");
 }
 
 /* ------------------------------------------------------------------ steady state */

@@ -495,7 +495,7 @@ static void *reader_main(void *arg) {
   reader_t *r = arg;
   while (!r->stop) {
     uint64_t t = ld64(&r->h->total_all);
-    r->reads++;
+    __atomic_store_n(&r->reads, r->reads + 1, __ATOMIC_RELAXED); /* the main thread waits for the first */
     if (t > 8 * GiB) r->over++;
     if (t > r->max_seen) r->max_seen = t;
   }
@@ -563,6 +563,9 @@ static void scenario_four(void) {
   reader_t rd = {0, s.h, 0, 0, 0};
   pthread_t th;
   pthread_create(&th, NULL, reader_main, &rd);
+  /* The race starts once the reader reads: on a busy machine the thread may otherwise not run
+   * before the race is over, and a reader that never read checks nothing. */
+  for (int i = 0; i < 5000 && __atomic_load_n(&rd.reads, __ATOMIC_RELAXED) == 0; i++) sleep_ms(1);
   for (int i = 0; i < 4; i++) ask_send(&ag[i], A_RACE, 1000 + (uint64_t)i, 512 * MiB, 0);
   msg_t race[4];
   for (int i = 0; i < 4; i++) race[i] = ask_reply(&ag[i], A_RACE);

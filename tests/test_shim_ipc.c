@@ -26,9 +26,12 @@
  *             importer is stale (CUDA_ERROR_MAP_FAILED) even when the address is reused by a
  *             newer block, whose own handle opens.
  *   stale     the exporter exited: cudaErrorMapBufferObjectFailed / CUDA_ERROR_MAP_FAILED.
- *   uid       (as root only) an importer running as another user is refused, by its own shim
- *             and by the exporter's server (a request sent straight to the socket gets no
- *             descriptor); the exporter still serves its own user afterwards.
+ *   uid       an importer of another user is refused by the exporter's server (an open, and a
+ *             request sent straight to the socket, get no descriptor), and an exporter of another
+ *             user by the importer's own shim; the exporter still serves its own user afterwards.
+ *             Run by any user: the other user is faked where the shim asks the kernel who is at the
+ *             other end of the socket (this program's getsockopt, below); as root, also with an
+ *             importer that really runs as another user (setuid).
  *   passthrough  handles that are not the shim's reach the driver: a pointer outside the pools,
  *             bytes that are no handle, and a handle of plain memory from an exporter running
  *             with VMMSHIM_DISABLE=1 (the driver's own answers: INVALID_VALUE, NOT_SUPPORTED,
@@ -67,11 +70,13 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -153,6 +158,41 @@ static int msg_recv(int fd, msg_t *m) {
     off += (size_t)n;
   }
   return 0;
+}
+
+/* ------------------------------------------------------------------ another user, faked */
+/* The exporter's server and the importer's shim each ask the kernel who is at the other end of
+ * the socket (getsockopt SO_PEERCRED) and refuse another user. Only root can start a process of
+ * another user; so this program defines getsockopt itself (the program comes first in symbol
+ * lookup, and exports its symbols: -rdynamic), and reports another user (the real uid + 1) for
+ *   g_fake_peer_pid      in the scenario: the peer with this pid;
+ *   AGENT_FAKE_PEERS=1   in an agent: every peer.
+ * Every other answer is the kernel's. */
+static atomic_int g_fake_peer_pid;
+static int g_fake_all_peers;
+static atomic_int g_fakes; /* answers changed */
+
+int getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
+  static int (*_Atomic real)(int, int, int, void *, socklen_t *);
+  int (*fn)(int, int, int, void *, socklen_t *) = atomic_load(&real);
+  if (!fn) {
+    *(void **)&fn = dlsym(RTLD_NEXT, "getsockopt");
+    if (!fn) {
+      errno = ENOSYS;
+      return -1;
+    }
+    atomic_store(&real, fn);
+  }
+  int r = fn(fd, level, name, val, len);
+  if (r == 0 && level == SOL_SOCKET && name == SO_PEERCRED && val && len && *len >= sizeof(struct ucred)) {
+    struct ucred *c = val;
+    int pid = atomic_load(&g_fake_peer_pid);
+    if (g_fake_all_peers || (pid && c->pid == pid)) {
+      c->uid += 1;
+      atomic_fetch_add(&g_fakes, 1);
+    }
+  }
+  return r;
 }
 
 /* ------------------------------------------------------------------ the agent */
@@ -347,6 +387,7 @@ static int agent_main(void) {
   const char *fds = getenv("AGENT_FDS");
   int in = -1, out = -1;
   if (!fds || sscanf(fds, "%d,%d", &in, &out) != 2) return 2;
+  g_fake_all_peers = getenv("AGENT_FAKE_PEERS") != NULL;
   const char *uid = getenv("AGENT_SETUID");
   if (uid && setuid((uid_t)atoi(uid)) != 0) {
     printf("agent: setuid(%s): %s\n", uid, strerror(errno));
@@ -746,19 +787,48 @@ static bool can_be_another_user(void) {
   return false;
 }
 
+/* A raw request (A_RAW) the exporter refused: its refusal, or the connection closed when it was
+ * accepted, before the request was sent; no descriptor either way. */
+static bool raw_refused(msg_t r) {
+  return (r.res == 1 || r.res == -EPIPE || r.res == -ECONNRESET || r.res == -EPROTO) && r.a == 0;
+}
+
 static void scenario_uid(void) {
-  if (!can_be_another_user()) return;
   CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
   void *p = must_malloc(MiB);
   pat_fill(p, MiB, 9);
   cudaIpcMemHandle_t h = must_handle(p);
-  agent_t other = agent_start("AGENT_SETUID=65534", NULL);
-  CHECK(ask(&other, A_OPEN, 0, 0, 0, &h).res == cudaErrorMapBufferObjectFailed, "another user's open is refused");
+  /* The exporter's server, told that this agent is another user. */
+  agent_t other = agent_start(NULL);
+  atomic_store(&g_fake_peer_pid, (int)other.pid);
+  CHECK(ask(&other, A_OPEN, 0, 0, 0, &h).res == cudaErrorMapBufferObjectFailed,
+        "the exporter refuses an open by another user (faked)");
   msg_t r = ask(&other, A_RAW, 0, 0, 0, &h);
-  /* Refused when it connects: a refusal, or the connection closed before the request was sent. */
-  CHECK((r.res == 1 || r.res == -EPIPE || r.res == -ECONNRESET || r.res == -EPROTO) && r.a == 0,
-        "the exporter refuses another user's request: status %d, %llu descriptors", r.res, (unsigned long long)r.a);
+  CHECK(raw_refused(r), "the exporter refuses another user's request (faked): status %d, %llu descriptors", r.res,
+        (unsigned long long)r.a);
   agent_end(&other);
+  atomic_store(&g_fake_peer_pid, 0);
+  CHECK(atomic_load(&g_fakes) >= 2, "the exporter asked getsockopt for its peers %d times, want 2 or more",
+        atomic_load(&g_fakes));
+  /* An importer told that the exporter is another user: its own shim refuses; the same request
+   * sent straight to the socket is answered (so the refusal was the importer's). */
+  agent_t wary = agent_start("AGENT_FAKE_PEERS=1", NULL);
+  CHECK(ask(&wary, A_OPEN, 0, 0, 0, &h).res == cudaErrorMapBufferObjectFailed,
+        "the importer's shim refuses an exporter of another user (faked)");
+  r = ask(&wary, A_RAW, 0, 0, 0, &h);
+  CHECK(r.res == 0 && r.a >= 1, "the exporter answers that importer's own request: status %d, %llu descriptors", r.res,
+        (unsigned long long)r.a);
+  agent_end(&wary);
+  if (geteuid() == 0) { /* the same with an importer that really runs as another user */
+    agent_t real = agent_start("AGENT_SETUID=65534", NULL);
+    CHECK(ask(&real, A_OPEN, 0, 0, 0, &h).res == cudaErrorMapBufferObjectFailed, "another user's open is refused");
+    r = ask(&real, A_RAW, 0, 0, 0, &h);
+    CHECK(raw_refused(r), "the exporter refuses another user's request: status %d, %llu descriptors", r.res,
+          (unsigned long long)r.a);
+    agent_end(&real);
+  } else {
+    printf("note: not root: no importer of a real other user (the faked ones above stand for it)\n");
+  }
   agent_t same = agent_start(NULL);
   r = ask(&same, A_RAW, 0, 0, 0, &h);
   CHECK(r.res == 0 && r.a >= 1, "the same user's request gets descriptors: status %d, %llu", r.res,
@@ -1356,7 +1426,7 @@ int main(int argc, char **argv) {
   check_run_child("fork", NULL);
   check_run_child("stall", NULL);
   check_run_child("hostile", NULL);
-  hostile_output();
+  if (geteuid() == 0) hostile_output(); /* the scenario runs only as root (can_be_another_user) */
   check_run_child("fdlimit", NULL);
   check_run_child("slow", "VMMSHIM_IPC_TIMEOUT=1", NULL);
   check_run_child("stopped", "VMMSHIM_IPC_TIMEOUT=2", NULL);

@@ -236,12 +236,46 @@ static inline void shuffle(int *a, int n) {
   }
 }
 
-/* The shim must be loaded for the checks to mean anything: say so once and count it. */
+/* Whether the shim is loaded and serves allocations (vmmshim_active() == 1); *loaded: whether its
+ * symbols are there at all. */
+static inline bool shim_on(bool *loaded) {
+  typedef int (*active_fn)(void);
+  active_fn active = (active_fn)dlsym(RTLD_DEFAULT, "vmmshim_active");
+  if (loaded) *loaded = active != NULL;
+  return active && active() == 1;
+}
+
+/* The one "shim-loaded" (or "shim-absent") check of a program; later calls return its answer. */
+static int g_shim_checked = -1;
+
+/* The shim must be loaded and active for the checks to mean anything: checked once and counted.
+ * For the programs that only make sense under it. */
 static inline bool require_shim(void) {
-  vmmshim_stats_t s;
-  bool ok = shim_stats(&s);
-  check(ok, "shim-loaded", "vmmshim_get_stats not found: run under LD_PRELOAD=build/libvmmshim.so");
-  return ok;
+  if (g_shim_checked >= 0) return g_shim_checked == 1;
+  bool loaded;
+  bool on = shim_on(&loaded);
+  check(on, "shim-loaded", loaded ? "vmmshim_active() is not 1: the shim passes every allocation through"
+                                   : "vmmshim_active not found: run under LD_PRELOAD=build/libvmmshim.so");
+  g_shim_checked = on;
+  return on;
+}
+
+/* For the programs run both with and without the shim: tests/gpu/run.sh says which a run is with
+ * GPU_TEST_SHIM (1: under the shim, which must then be loaded and active, or a preload that failed
+ * would turn every shim check off and the runner would compare a plain run with a plain run; 0:
+ * a reference run, where it must be absent). Checked once and counted; unset (a program started
+ * by hand), nothing is checked. Returns whether the shim is active. */
+static inline bool shim_as_expected(void) {
+  const char *want = getenv("GPU_TEST_SHIM");
+  if (want && !strcmp(want, "1")) return require_shim();
+  bool loaded;
+  bool on = shim_on(&loaded);
+  if (want && !strcmp(want, "0") && g_shim_checked < 0) {
+    check(!loaded, "shim-absent", "the shim is loaded in a run meant to be without it (LD_PRELOAD=%s)",
+          getenv("LD_PRELOAD") ? getenv("LD_PRELOAD") : "");
+    g_shim_checked = on;
+  }
+  return on;
 }
 
 #endif

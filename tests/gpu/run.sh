@@ -19,14 +19,8 @@ mkdir -p "$LOGDIR" "$BIN" || exit 1
 MAIN_LOG="$LOGDIR/gpu-test.log"
 : >"$MAIN_LOG"
 
-say() { echo "$*" | tee -a "$MAIN_LOG"; }
-
-npass=0
-nfail=0
-nskip=0
-pass() { npass=$((npass + 1)); say "PASS $*"; }
-fail() { nfail=$((nfail + 1)); say "FAIL $*"; }
-skip() { nskip=$((nskip + 1)); say "SKIP $*"; }
+# say, pass, fail, skip, run_prog, run_plain, compare_values (tests/gpu/test_runner.sh checks them)
+. tests/gpu/runner.sh
 
 finish() {
   say "logs in $LOGDIR"
@@ -78,49 +72,6 @@ fi
 wait
 say "built in $(($(date +%s) - t0)) s with $ARCH"
 
-# run_prog RUN_NAME BINARY [ENV=VALUE...]: runs BINARY under the shim, relays its PASS/FAIL lines
-# prefixed with RUN_NAME; a crash or a non-zero exit without a FAIL line counts as one failure.
-run_prog() {
-  run=$1
-  bin=$2
-  shift 2
-  log="$LOGDIR/$(echo "$run" | tr / -).log"
-  if [ ! -x "$bin" ]; then
-    fail "$run: not built (see $LOGDIR/build-$(basename "$bin").log)"
-    sed -n '1,15p' "$LOGDIR/build-$(basename "$bin").log" | tee -a "$MAIN_LOG"
-    return
-  fi
-  left=$((TEST_BUDGET - ($(date +%s) - t0)))
-  if [ "$left" -le 5 ]; then
-    fail "$run: not run, the time budget of $TEST_BUDGET s is spent"
-    return
-  fi
-  limit=90
-  [ "$limit" -gt "$left" ] && limit=$left
-  timeout "$limit" env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY "$@" LD_PRELOAD="$LIB" "$bin" >"$log" 2>&1
-  rc=$?
-  p=$(grep -c '^PASS ' "$log")
-  f=$(grep -c '^FAIL ' "$log")
-  sed -n 's#^\(PASS\|FAIL\) #\1 '"$run"'/#p' "$log" | tee -a "$MAIN_LOG"
-  npass=$((npass + p))
-  nfail=$((nfail + f))
-  if [ "$rc" != 0 ] && [ "$f" = 0 ]; then
-    if [ "$rc" = 124 ]; then why="timed out after $limit s"; else why="exit status $rc"; fi
-    fail "$run: $why without a FAIL line; last lines of $log:"
-    tail -n 8 "$log" | tee -a "$MAIN_LOG"
-  elif [ "$f" != 0 ]; then
-    grep -E '^(INFO|vmmshim: (error|warning))' "$log" | head -n 10 | tee -a "$MAIN_LOG"
-  fi
-}
-
-# run_plain: run_prog without the shim (LD_PRELOAD empty), for reference runs.
-run_plain() {
-  _saved_lib=$LIB
-  LIB=
-  run_prog "$@"
-  LIB=$_saved_lib
-}
-
 for rt in static shared; do
   run_prog "$rt/integrity" "$BIN/t_integrity.$rt"
   run_prog "$rt/free-sync" "$BIN/t_free.$rt" VMMSHIM_FREE_MODE=sync
@@ -137,23 +88,6 @@ run_prog "static/streams-deferred" "$BIN/t_streams.static" VMMSHIM_FREE_MODE=def
 run_prog "static/integrity-gran2M" "$BIN/t_integrity.static" VMMSHIM_GRANULARITY=2M
 
 # ---- Python: each framework without and with the shim, numbers compared ----
-# compare_values BASE_LOG SHIM_LOG: equal "VALUE name x" lines, relative 1e-6; prints the differences.
-compare_values() {
-  awk '
-    function abs(v) { return v < 0 ? -v : v }
-    NR == FNR { if ($1 == "VALUE") base[$2] = $3; next }
-    $1 == "VALUE" {
-      n++
-      if (!($2 in base)) { bad++; print "  " $2 ": missing in the run without the shim"; next }
-      if (base[$2] == $3) next
-      x = base[$2] + 0; y = $3 + 0
-      if (abs(x - y) > 1e-6 * abs(x) + 1e-30) {
-        bad++; printf "  %s: %s without the shim, %s with it\n", $2, base[$2], $3
-      }
-    }
-    END { if (n == 0) { print "  no VALUE lines"; exit 1 } exit bad ? 1 : 0 }' "$1" "$2"
-}
-
 py_case() { # KIND TAG [ENV=VALUE...]: one framework; TAG names the shim run
   kind=$1
   tag=$2
@@ -317,7 +251,7 @@ else
   for who in a b; do
     other=b
     [ "$who" = b ] && other=a
-    timeout "$left" env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY ROBUST_MODE=limit ROBUST_CAP_MB=4096 VMMSHIM_LIMIT=4G \
+    timeout "$left" env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY ROBUST_MODE=limit ROBUST_CAP_MB=4096 VMMSHIM_LIMIT=4G GPU_TEST_SHIM=1 \
       ROBUST_PEER_ME="$LOGDIR/robust-peer-$who.ready" ROBUST_PEER_OTHER="$LOGDIR/robust-peer-$other.ready" \
       LD_PRELOAD="$LIB" "$BIN/t_robust.shared" >"$LOGDIR/robust-two-procs-$who.log" 2>&1 &
   done
@@ -356,7 +290,7 @@ else
       continue
     fi
     [ "$left" -gt 90 ] && left=90
-    timeout "$left" env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY ROBUST_MODE="sanitize-$what" LD_PRELOAD="$LIB" \
+    timeout "$left" env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY ROBUST_MODE="sanitize-$what" GPU_TEST_SHIM=1 LD_PRELOAD="$LIB" \
       "$CSAN" --tool memcheck --error-exitcode 99 "$BIN/t_robust.shared" >"$log" 2>&1
     rc=$?
     nerr=$(sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$log" | tail -n 1)
