@@ -305,7 +305,7 @@ else
   for c in caching nocache shim-sync shim-deferred; do echo "R skip step=step-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/step.log"; done
   say "SKIP PyTorch training step: no PyTorch with CUDA for $PYTHON"
 fi
-# The serving shape, about 10-20 s a configuration on an H100: PyTorch's three allocator
+# The serving shape, about 10 s a configuration on an H100 (0.3 s a batch): PyTorch's three allocator
 # settings as they are, then each under the shim (expandable segments map their memory through
 # the VMM API themselves: the shim serves only what goes through cudaMalloc), then no caching
 # under the shim in both free modes.

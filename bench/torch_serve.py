@@ -5,7 +5,7 @@ token of each layer allocates a key and a value tensor one position longer than 
 frees the old ones, at sizes that change with every batch: the pattern that fragments a caching
 allocator.
 
-    python3 bench/torch_serve.py <label> [--batches 128] [--batch 8] [--min-prompt 32]
+    python3 bench/torch_serve.py <label> [--batches 32] [--batch 8] [--min-prompt 32]
         [--max-prompt 512] [--new-tokens 64] [--d-model 512] [--layers 4] [--heads 8]
         [--vocab 8192] [--warmup 2] [--seed 11] [--device cuda]
 
@@ -109,7 +109,7 @@ def generate(torch, model, heads, tok, pad, new_tokens, on_last=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("label")
-    ap.add_argument("--batches", type=int, default=128)
+    ap.add_argument("--batches", type=int, default=32)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--min-prompt", type=int, default=32)
     ap.add_argument("--max-prompt", type=int, default=512)
