@@ -36,7 +36,8 @@ typedef struct vmmshim_stats_s {
   uint64_t bytes_requested_in_use;     /* bytes the program asked for, live */
   uint64_t bytes_mapped;               /* physical bytes mapped by all pools */
   uint64_t peak_bytes_mapped;
-  uint64_t vmm_calls;                  /* cuMem{AddressReserve,Create,Map,SetAccess,Unmap,Release,AddressFree} */
+  uint64_t vmm_calls;                  /* cuMem{AddressReserve,Create,Map,SetAccess,Unmap,Release,AddressFree}, and for
+                                          IPC cuMem{Export,Import}{To,From}ShareableHandle */
   uint64_t vmm_ns;                     /* time spent inside those calls */
   uint64_t syncs;                      /* context synchronisations made for frees */
   uint64_t trims;                      /* handles released because they were idle */
