@@ -178,6 +178,8 @@ static int spill(void) {
   kernel_gbps(d, gib), kernel_gbps(h, gib); /* warm, and back to the pattern after two */
   printf("R group cfg=spill kernel=device gbps=%.1f\n", kernel_gbps(d, gib));
   printf("R group cfg=spill kernel=host gbps=%.1f\n", kernel_gbps(h, gib));
+  /* Written by a kernel just before the promote: the pattern with every bit 0 flipped, which
+   * is what the check below expects. */
   k_touch<<<264, 256>>>(d, gib / 4);
   k_touch<<<264, 256>>>(h, gib / 4);
   CK(cudaDeviceSynchronize());
@@ -190,7 +192,7 @@ static int spill(void) {
   int rc = promote(&r, sizeof r);
   double ms = (now_us() - t0) / 1e3;
   *bad = 0;
-  k_bad<<<264, 256>>>(h, gib / 4, 2, bad);
+  k_bad<<<264, 256>>>(h, gib / 4, 2u ^ 1u, bad);
   CK(cudaDeviceSynchronize());
   printf("R group cfg=spill promote_ms=%.2f promote_gibps=%.1f moved=%llu bad=%llu rc=%d\n", ms,
          (double)r.restored / gib / (ms / 1e3), (unsigned long long)r.restored, *bad, rc);

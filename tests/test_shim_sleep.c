@@ -39,13 +39,21 @@
  *   ipc      a block another process holds open through CUDA IPC stays on the device (the answer
  *            says why), the rest of the tag sleeps; once the importer closed it, it sleeps too.
  *   big      a block on one 150 MiB handle (three host buffers of 64 MiB and one of the rest):
- *            mapped and host cycles keep every byte. */
+ *            mapped and host cycles keep every byte.
+ *   copyfail three blocks on handles of their own; a copy to the host that cannot be queued, or
+ *            a wait for copies that fails, part-way through a mapped sleep: the blocks before it
+ *            sleep, it and the later ones stay on the device, every byte intact, the answer
+ *            says why (and the sleep returns 0, as any sleep that moved what it could); events that cannot be made: the sleep waits for whole streams and
+ *            completes. At the wake, a copy back that fails or a device mapping that fails
+ *            leaves the blocks asleep, served from host memory, intact; the next wake brings
+ *            every byte back. */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sys/wait.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -520,6 +528,72 @@ static void scenario_big(void) {
   CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
 }
 
+/* Three blocks of their own handles; returns how many are mapped as kind (0 device, 1 host). */
+enum { COPYFAIL_N = 3 };
+static int count_as(char *const *b, size_t n, int kind) {
+  int k = 0;
+  for (int i = 0; i < COPYFAIL_N; i++) k += mapped_as(b[i], n) == kind;
+  return k;
+}
+static bool all_intact(char *const *b, size_t n, unsigned long long seed) {
+  for (int i = 0; i < COPYFAIL_N; i++)
+    if (pat_check_sparse(b[i], n, seed + (unsigned)i) != (size_t)-1) return false;
+  return true;
+}
+
+static void scenario_copyfail(void) {
+  size_t n = 96 * MiB; /* two host buffers each: 64 MiB and 32 MiB, so two copies a block */
+  char *b[COPYFAIL_N];
+  for (int i = 0; i < COPYFAIL_N; i++) {
+    b[i] = tagged_malloc("parts", n);
+    if (!b[i]) return;
+    pat_fill_sparse(b[i], n, 70 + (unsigned)i);
+  }
+  /* The third copy (the first of a second block) cannot be queued. */
+  emu_fail_after("cuMemcpyDtoDAsync", 2, CUDA_ERROR_LAUNCH_FAILED, 1);
+  int rc = do_sleep("parts", VMMSHIM_SLEEP_MAPPED);
+  /* A sleep moves what it can: 0, and the answer says what stayed and why. */
+  CHECK(rc == 0 && strstr(g_res.reason, "copying to host memory failed"), "a copy not queued: rc %d, %s", rc, g_res.reason);
+  CHECK(g_res.released == n && g_res.skipped == 2 * n, "one block slept, two stayed (released %llu, skipped %llu MiB)",
+        (unsigned long long)g_res.released >> 20, (unsigned long long)g_res.skipped >> 20);
+  CHECK(count_as(b, n, 1) == 1 && count_as(b, n, 0) == 2, "one on host memory, two on the device");
+  CHECK(all_intact(b, n, 70), "every byte intact");
+  CHECK(do_wake("parts", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 70), "woken, intact");
+
+  /* The wait for the second block's copies fails (a wait is one event per copy stream: two). */
+  emu_fail_after("cuEventSynchronize", 2, CUDA_ERROR_LAUNCH_FAILED, 1);
+  rc = do_sleep("parts", VMMSHIM_SLEEP_MAPPED);
+  CHECK(rc == 0 && strstr(g_res.reason, "copying to host memory failed") && g_res.released == n && g_res.skipped == 2 * n, "a failed wait: rc %d, released %llu MiB, %s", rc,
+        (unsigned long long)g_res.released >> 20, g_res.reason);
+  CHECK(count_as(b, n, 1) == 1 && all_intact(b, n, 70), "the block before it slept, every byte intact");
+  CHECK(do_wake("parts", 0) == 0 && all_intact(b, n, 70), "woken, intact");
+
+  /* No events: whole streams are waited for, everything sleeps. */
+  emu_fail_next("cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY, 100);
+  rc = do_sleep("parts", VMMSHIM_SLEEP_MAPPED);
+  emu_fail_next("cuEventCreate", CUDA_SUCCESS, 0);
+  CHECK(rc == 0 && g_res.host_mapped == 3 * n && count_as(b, n, 1) == COPYFAIL_N && all_intact(b, n, 70),
+        "without events: rc %d, %llu MiB mapped from the host, intact", rc, (unsigned long long)g_res.host_mapped >> 20);
+  for (int i = 0; i < COPYFAIL_N; i++) pat_fill_sparse(b[i], n, 80 + (unsigned)i); /* written while asleep */
+
+  /* At the wake, the second copy back fails: every block stays on host memory. */
+  emu_fail_after("cuMemcpyDtoDAsync", 1, CUDA_ERROR_LAUNCH_FAILED, 1);
+  rc = do_wake("parts", 0);
+  CHECK(rc != 0 && strstr(g_res.reason, "copying back") && g_res.restored == 0, "a copy back fails: rc %d, restored %llu, %s",
+        rc, (unsigned long long)g_res.restored, g_res.reason);
+  CHECK(count_as(b, n, 1) == COPYFAIL_N && all_intact(b, n, 80) && tag_stats("parts").asleep,
+        "still asleep, served from host memory, intact");
+  /* A device mapping fails: that block stays on host memory, the others wake. */
+  emu_fail_next("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY, 1);
+  rc = do_wake("parts", 0);
+  CHECK(rc != 0 && g_res.restored == 2 * n && count_as(b, n, 1) == 1 && count_as(b, n, 0) == 2,
+        "a mapping fails: rc %d, restored %llu MiB, %s", rc, (unsigned long long)g_res.restored >> 20, g_res.reason);
+  CHECK(all_intact(b, n, 80), "every byte intact");
+  CHECK(do_wake("parts", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 80), "the next wake: all back, intact");
+  for (int i = 0; i < COPYFAIL_N; i++) cudaFree(b[i]);
+  CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
+}
+
 /* The importer of scenario ipc: opens the handle given in SLEEP_IPC_HANDLE (hex), says "open" on
  * stdout, then closes it when a line arrives on stdin. */
 static void scenario_importer(void) {
@@ -614,6 +688,7 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "peers")) scenario_peers();
   else if (!strcmp(name, "nohost")) scenario_nohost();
   else if (!strcmp(name, "big")) scenario_big();
+  else if (!strcmp(name, "copyfail")) scenario_copyfail();
   else if (!strcmp(name, "ipc")) scenario_ipc(g_self);
   else if (!strcmp(name, "importer")) scenario_importer();
   else CHECK(0, "unknown scenario %s", name);
@@ -642,6 +717,7 @@ int main(int argc, char **argv) {
   check_run_child("peers", NULL);
   check_run_child("nohost", NULL);
   check_run_child("big", NULL);
+  check_run_child("copyfail", NULL);
   check_run_child("ipc", NULL);
   return check_summary();
 }

@@ -275,7 +275,8 @@ const char *_vs_cu_error_name(CUresult r);
   X(cuStreamCreate, 2000, CUresult, (CUstream *, unsigned int))                                       \
   X(cuStreamDestroy, 4000, CUresult, (CUstream))                                                      \
   X(cuMemcpyDtoDAsync, 3020, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                 \
-  X(cuMemsetD8Async, 3020, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))
+  X(cuMemsetD8Async, 3020, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))                \
+  X(cuEventSynchronize, 2000, CUresult, (CUevent))
 
 typedef struct vs_real_driver_s {
 #define VS_REAL_FIELD(name, ver, ret, args) ret(*name) args;

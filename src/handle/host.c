@@ -5,7 +5,8 @@
  * that the device copies into it and out of it at the link's speed (about 50 GiB/s on an H100,
  * where pinning new host memory runs at 3-5 GiB/s). A sleeping segment of S bytes is backed by
  * S / VS_HOST_CHUNK buffers of VS_HOST_CHUNK bytes and one of the rest. In the `mapped` mode the
- * buffers leave home and map at the segment's own address, and come home at the wake.
+ * buffers are mapped at the segment's own address as well, and leave it at the wake; the copies
+ * always go through home.
  *
  * Obtaining host memory costs ten times more than filling it, so buffers are kept across cycles
  * in a cache (given back by _vs_host_trim, on request) and can be made ahead

@@ -65,6 +65,49 @@ static void copier_zero(vs_copier_t *c, CUdeviceptr dst, size_t n) {
     c->err = _vs_cu.cuMemsetD8Async ? _vs_cu.cuMemsetD8Async(dst, 0, n, s) : CUDA_ERROR_NOT_SUPPORTED;
 }
 
+/* A point in the copier's streams, reached when every copy queued before it has completed: a
+ * segment's copies are waited for alone, so its mappings change while later ones still copy. */
+typedef struct vs_copy_mark_s {
+  CUevent ev[2];
+  int n;        /* events recorded; -1: none could be, the whole streams are waited for */
+  CUresult err; /* a copy up to this point could not be queued */
+} vs_copy_mark_t;
+
+static vs_copy_mark_t copier_mark(vs_copier_t *c) {
+  vs_copy_mark_t m = {{NULL, NULL}, 0, c->err};
+  bool whole = !c->n || !_vs_cu.cuEventSynchronize;
+  for (int i = 0; i < c->n && !whole && m.err == CUDA_SUCCESS; i++) {
+    if (_vs_cu.cuEventCreate(&m.ev[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) break;
+    m.n = i + 1;
+    whole = _vs_cu.cuEventRecord(m.ev[i], c->s[i]) != CUDA_SUCCESS;
+  }
+  if (m.err == CUDA_SUCCESS && m.n < c->n) whole = true;
+  if (whole) {
+    for (int i = 0; i < m.n; i++) _vs_cu.cuEventDestroy(m.ev[i]);
+    m.n = -1;
+  }
+  return m;
+}
+
+/* Waits for a mark (and forgets it); returns the first error of the copies before it. */
+static CUresult copier_wait(vs_copier_t *c, vs_copy_mark_t *m) {
+  CUresult r = m->err;
+  if (m->n < 0) {
+    for (int i = 0; i < c->n; i++) {
+      CUresult w = _vs_cu.cuStreamSynchronize(c->s[i]);
+      if (r == CUDA_SUCCESS) r = w;
+    }
+    if (!c->n && r == CUDA_SUCCESS) r = _vs_cu.cuStreamSynchronize(NULL);
+  }
+  for (int i = 0; i < m->n; i++) {
+    CUresult w = _vs_cu.cuEventSynchronize(m->ev[i]);
+    if (r == CUDA_SUCCESS) r = w;
+    _vs_cu.cuEventDestroy(m->ev[i]);
+  }
+  m->n = 0;
+  return r;
+}
+
 /* Waits for every copy; returns the first error. */
 static CUresult copier_close(vs_copier_t *c) {
   CUresult r = c->err;
@@ -205,10 +248,11 @@ void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const si
   pool_unlock(p);
   if (out->skipped) out->why_skipped = "an importer of another process still maps an exported block";
 
-  /* Host and mapped modes: the bytes to host buffers first, all copies in flight at once. A
-   * segment whose buffers cannot be had stays on the device. */
+  /* Host and mapped modes: the bytes to host buffers first, all copies in flight at once, a
+   * mark after each segment's. A segment whose buffers cannot be had stays on the device. */
   vs_copier_t cp;
   bool copying = mode != VMMSHIM_SLEEP_DISCARD;
+  vs_copy_mark_t *marks = copying && nm ? calloc((size_t)nm, sizeof *marks) : NULL;
   if (copying) copier_open(&cp);
   int live = 0; /* segments to release from here: moved[0 .. live) */
   for (int i = 0; i < nm; i++) {
@@ -227,28 +271,32 @@ void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const si
       }
       size_t off = 0;
       for (int b = 0; b < a.nbufs; off += a.bufs[b++].size) copier_copy(&cp, a.bufs[b].home, a.va + off, a.bufs[b].size);
+      if (marks) marks[live] = copier_mark(&cp);
     }
     segs[live] = segs[i];
     moved[live++] = a;
   }
-  if (copying) {
-    CUresult r = copier_close(&cp);
-    if (r != CUDA_SUCCESS) {
-      /* The copies did not all complete: nothing is released, every segment stays. */
-      note(out, r, "copying to host memory failed");
-      for (int i = 0; i < live; i++) {
-        give_bufs(&p->caps, &moved[i]);
-        stay[ns++] = segs[i];
-        out->skipped += segs[i].size;
-      }
-      out->why_skipped = out->why;
-      live = 0;
-    }
-  }
+  /* No memory for the marks: one wait for every copy. */
+  CUresult copied = copying && !marks ? copier_close(&cp) : CUDA_SUCCESS;
 
-  /* The device handles go. */
+  /* The device handles go, each once its bytes are on the host: unmapping and (mapped mode)
+   * mapping the host buffers overlap the copies of the segments after it. */
   for (int i = 0; i < live; i++) {
     vs_asleep_seg_t *a = &moved[i];
+    if (marks) {
+      CUresult w = copier_wait(&cp, &marks[i]);
+      if (copied == CUDA_SUCCESS) copied = w;
+    }
+    if (copied != CUDA_SUCCESS) {
+      /* Its copies (or earlier ones) did not complete: it stays, as every later one does. */
+      note(out, copied, "copying to host memory failed");
+      out->why_skipped = out->why;
+      give_bufs(&p->caps, a);
+      stay[ns++] = segs[i];
+      out->skipped += segs[i].size;
+      moved[i].size = 0;
+      continue;
+    }
     CUresult r = _vs_vmm_unmap(&p->caps, segs[i].va, segs[i].size);
     if (r != CUDA_SUCCESS) {
       /* Still mapped: it stays, as it was. */
@@ -277,6 +325,8 @@ void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const si
     else out->to_host += a->size;
     if (a->mode == VMMSHIM_SLEEP_MAPPED) out->host_mapped += a->size;
   }
+  if (marks) copier_close(&cp); /* every copy was before the last mark: nothing new to learn */
+  free(marks);
   /* Unmap failures left holes in moved[]: close them. */
   int nmoved = 0;
   for (int i = 0; i < live; i++)
@@ -331,6 +381,16 @@ static void asleep_put_back(vs_pool_t *p, const vs_asleep_seg_t *v, size_t n) {
  * from host memory past the limit (spilled true, a promote). A wake is all or nothing: when one
  * device handle cannot be had, nothing moves. A promote takes the segments that fit under the
  * limit and leaves the others on the host (counted as skipped). */
+/* A wake of a mapped segment failed after its host buffers left its address: they go back
+ * there, so the program runs on them as before; failing that, its bytes are kept on the host
+ * (touching the address then faults, as in host mode) and the log says so. */
+static void serve_from_host_again(vs_pool_t *p, vs_asleep_seg_t *s) {
+  if (s->mode != VMMSHIM_SLEEP_MAPPED || map_bufs_at(p, s) == CUDA_SUCCESS) return;
+  _vs_warn("device %d: host memory could not be mapped back at 0x%llx after a failed wake; its bytes are kept on the host",
+           (int)p->caps.device, (unsigned long long)s->va);
+  s->mode = VMMSHIM_SLEEP_HOST;
+}
+
 static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *out) {
   *out = (vs_move_t){0};
   int dev = (int)p->caps.device;
@@ -419,72 +479,43 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
     note(out, CUDA_ERROR_OUT_OF_MEMORY, "no host memory for the shim's records");
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  /* Step 1, every segment: a discarded or host one is mapped at its address and its bytes queued
-   * back; a mapped one (its address holds the host memory the program runs on) gets its device
-   * handle at a staging address and the copy from its address queued. One wait for all copies. */
-  CUdeviceptr *stage = calloc(n, sizeof *stage);
-  bool *staged_own = calloc(n, sizeof *staged_own); /* stage was reserved (to be freed) */
+  /* Every segment: its device handle is mapped at its address and its bytes queued back, from
+   * the host buffers' home mappings (a mapped one's buffers leave its address first: nothing
+   * runs on it now, the caller waited for the GPU and holds launches). One wait for all copies. */
   CUresult *st = calloc(n, sizeof *st);
-  if (!stage || !staged_own || !st) {
-    free(stage), free(staged_own), free(st);
-    stage = NULL;
-  }
-  for (size_t i = 0; i < n && stage; i++) {
+  for (size_t i = 0; i < n && st; i++) {
     vs_asleep_seg_t *s = &a[i];
-    CUresult m;
-    if (s->mode == VMMSHIM_SLEEP_MAPPED) {
-      m = _vs_vmm_reserve(&p->caps, s->size, 0, &stage[i]);
-      staged_own[i] = m == CUDA_SUCCESS;
-      if (m == CUDA_SUCCESS) {
-        m = _vs_vmm_map(&p->caps, stage[i], s->size, h[i]);
-        if (m == CUDA_SUCCESS) {
-          m = _vs_vmm_set_access(&p->caps, stage[i], s->size);
-          if (m != CUDA_SUCCESS) _vs_vmm_unmap(&p->caps, stage[i], s->size);
-        }
-        if (m == CUDA_SUCCESS) copier_copy(&cp, stage[i], s->va, s->size);
-        else if (staged_own[i]) _vs_vmm_address_free(&p->caps, stage[i], s->size);
-      }
-    } else {
-      m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
-      if (m == CUDA_SUCCESS) {
-        m = _vs_vmm_set_access_devices(&p->caps, s->va, s->size, rw, ro, 0);
-        if (m != CUDA_SUCCESS) _vs_vmm_unmap(&p->caps, s->va, s->size);
-      }
-      if (m == CUDA_SUCCESS && s->mode == VMMSHIM_SLEEP_HOST) {
-        size_t off = 0;
-        for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) copier_copy(&cp, s->va + off, s->bufs[b].home, s->bufs[b].size);
-      } else if (m == CUDA_SUCCESS && zero) {
-        copier_zero(&cp, s->va, s->size);
-      }
+    size_t off = 0;
+    if (s->mode == VMMSHIM_SLEEP_MAPPED)
+      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap_host(&p->caps, s->va + off, s->bufs[b].size);
+    CUresult m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
+    if (m == CUDA_SUCCESS) {
+      m = _vs_vmm_set_access_devices(&p->caps, s->va, s->size, rw, ro, 0);
+      if (m != CUDA_SUCCESS) _vs_vmm_unmap(&p->caps, s->va, s->size);
+    }
+    if (m != CUDA_SUCCESS) serve_from_host_again(p, s);
+    if (m == CUDA_SUCCESS && s->mode != VMMSHIM_SLEEP_DISCARD) {
+      off = 0;
+      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) copier_copy(&cp, s->va + off, s->bufs[b].home, s->bufs[b].size);
+    } else if (m == CUDA_SUCCESS && zero) {
+      copier_zero(&cp, s->va, s->size);
     }
     st[i] = m;
   }
   CUresult c = copier_close(&cp);
   note(out, c, "copying back to the device failed");
-  /* Step 2, the mapped segments: the device handle takes the host memory's place at the
-   * segment's address, and the host buffers go home. A failed copy or mapping leaves the host
-   * memory where it is: the program's view does not change, the segment stays asleep. */
-  for (size_t i = 0; i < n && stage; i++) {
+  /* Copies that did not complete: the segments whose bytes were coming back stay asleep with
+   * them (a mapped one serves from its host buffers again); the device handles go. */
+  for (size_t i = 0; i < n && st && c != CUDA_SUCCESS; i++) {
     vs_asleep_seg_t *s = &a[i];
-    if (s->mode != VMMSHIM_SLEEP_MAPPED || st[i] != CUDA_SUCCESS) continue;
-    _vs_vmm_unmap(&p->caps, stage[i], s->size);
-    if (staged_own[i]) _vs_vmm_address_free(&p->caps, stage[i], s->size);
-    CUresult m = c;
-    if (m == CUDA_SUCCESS) {
-      size_t off = 0;
-      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap_host(&p->caps, s->va + off, s->bufs[b].size);
-      m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
-      if (m == CUDA_SUCCESS) m = _vs_vmm_set_access_devices(&p->caps, s->va, s->size, rw, ro, 0);
-      if (m != CUDA_SUCCESS) {
-        _vs_vmm_unmap(&p->caps, s->va, s->size);
-        map_bufs_at(p, s);
-      }
-    }
-    st[i] = m;
+    if (s->mode == VMMSHIM_SLEEP_DISCARD || st[i] != CUDA_SUCCESS) continue;
+    _vs_vmm_unmap(&p->caps, s->va, s->size);
+    serve_from_host_again(p, s);
+    st[i] = c;
   }
   for (size_t i = 0; i < n; i++) {
     vs_asleep_seg_t *s = &a[i];
-    CUresult m = stage ? st[i] : CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult m = st ? st[i] : CUDA_ERROR_OUT_OF_MEMORY;
     if (m != CUDA_SUCCESS) {
       note(out, m, spilled ? "mapping device memory in place of host memory failed; it stays on the host"
                            : "mapping device memory at the sleeping address failed; it stays asleep");
@@ -500,7 +531,7 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
     give_bufs(&p->caps, s);
     out->restored += s->size;
   }
-  free(stage), free(staged_own), free(st);
+  free(st);
   pool_lock(p);
   if (_vs_segs_add(&p->segs, woke, (int)nw) != 0) {
     /* No host memory for the table: the segments stay mapped and counted, unlisted. */

@@ -13,6 +13,7 @@
 #   torch-sleep/*  tests/gpu/torch_sleep.py: a PyTorch training run (caching allocator on) put to
 #                  sleep and woken by a driver through vmmshim.control(pid) while it waits between
 #                  steps; losses bit-identical to the same run under the shim without sleeps.
+#   torch-sleep-nocache/*  the same with PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor a shim block).
 #                  PyTorch missing: SKIP; anything else missing fails.
 
 cd_ctl() { VMMSHIM_LIB="$LIB" sh scripts/vmmshim ctl "$@"; }
@@ -129,31 +130,34 @@ tag['weights']['host_copied'] >= 2 * G and tag['weights']['device'] == 0 and tag
   fi
 }
 
-cd_torch() {
+cd_torch() { # NAME [--no-cache]
+  name=$1
+  shift
   left=$((TEST_BUDGET - ($(date +%s) - t0)))
   if [ "$left" -le 30 ]; then
-    fail "torch-sleep: not run, the time budget of $TEST_BUDGET s is spent"
+    fail "$name: not run, the time budget of $TEST_BUDGET s is spent"
     return
   fi
   [ "$left" -gt 240 ] && left=240
-  log="$LOGDIR/torch-sleep.log"
+  log="$LOGDIR/$name.log"
   timeout "$left" env -u LD_PRELOAD -u VMMSHIM_FREE_MODE "$PYTHON" tests/gpu/torch_sleep.py --lib "$LIB" \
-    --dir "$LOGDIR/torch-sleep.dir" >"$log" 2>&1
+    --dir "$LOGDIR/$name.dir" "$@" >"$log" 2>&1
   rc=$?
   if [ "$rc" = 77 ]; then
-    skip "torch-sleep: $(sed -n 's/^SKIP //p' "$log" | head -n 1)"
+    skip "$name: $(sed -n 's/^SKIP //p' "$log" | head -n 1)"
     return
   fi
-  sed -n 's#^\(PASS\|FAIL\) #\1 torch-sleep/#p' "$log" | tee -a "$MAIN_LOG"
+  sed -n "s#^\\(PASS\\|FAIL\\) #\\1 $name/#p" "$log" | tee -a "$MAIN_LOG"
   npass=$((npass + $(grep -c '^PASS ' "$log")))
   f=$(grep -c '^FAIL ' "$log")
   nfail=$((nfail + f))
   if [ "$rc" != 0 ] && [ "$f" = 0 ]; then
-    fail "torch-sleep: exit $rc without a FAIL line; last lines of $log:"
+    fail "$name: exit $rc without a FAIL line; last lines of $log:"
     tail -n 8 "$log" | tee -a "$MAIN_LOG"
   fi
 }
 
 cd_program static
 cd_program shared
-cd_torch
+cd_torch torch-sleep
+cd_torch torch-sleep-nocache --no-cache

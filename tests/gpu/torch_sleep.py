@@ -1,7 +1,8 @@
 """PyTorch training put to sleep and woken from outside: python3 tests/gpu/torch_sleep.py --lib LIB
 
 A small model (an MLP with Adam) trains STEPS steps with a fixed seed, PyTorch's caching allocator
-on, twice under the shim (LD_PRELOAD=LIB): once straight through, once waiting between steps while
+on (with --no-cache: off, PYTORCH_NO_CUDA_MEMORY_CACHING=1, so every tensor is a block of the
+shim's), twice under the shim (LD_PRELOAD=LIB): once straight through, once waiting between steps while
 a driver (this script) steers it through vmmshim.control(pid): after step 2 every tag sleeps in
 host mode, after step 4 the whole process at level 1 in mapped mode, after step 6 in host mode
 again; each time the driver checks the reply (device memory given back) and the status (nothing
@@ -76,16 +77,18 @@ def train(out, wait_dir):
                    "allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}, f)
 
 
-def run_train(lib, out, wait_dir=None):
+def run_train(lib, out, wait_dir=None, no_cache=False):
     env = dict(os.environ, LD_PRELOAD=lib)
-    env.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)  # the caching allocator stays on
+    env.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
+    if no_cache:
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     args = [sys.executable, os.path.abspath(__file__), "--train", out]
     if wait_dir:
         args += ["--wait-dir", wait_dir]
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def drive(lib, work):
+def drive(lib, work, no_cache):
     try:
         import torch
     except Exception as e:  # noqa: BLE001
@@ -108,14 +111,14 @@ def drive(lib, work):
         os.unlink(os.path.join(work, f))
 
     ref_out = os.path.join(work, "reference.json")
-    p = run_train(lib, ref_out)
+    p = run_train(lib, ref_out, no_cache=no_cache)
     log, _ = p.communicate(timeout=300)
     check(p.returncode == 0 and os.path.exists(ref_out), "reference-run", "exit %s: %s" % (p.returncode, log[-800:]))
     if failed:
         return
 
     out = os.path.join(work, "driven.json")
-    p = run_train(lib, out, work)
+    p = run_train(lib, out, work, no_cache)
     try:
         for step, (mode, level) in sorted(PAUSES.items()):
             flag = os.path.join(work, "step.%d" % step)
@@ -168,11 +171,12 @@ def main():
     ap.add_argument("--dir", default=os.path.join(ROOT, "build", "torch-sleep"))
     ap.add_argument("--train")
     ap.add_argument("--wait-dir")
+    ap.add_argument("--no-cache", action="store_true", help="PyTorch's caching allocator off in both runs")
     a = ap.parse_args()
     if a.train:
         train(a.train, a.wait_dir)
         return 0
-    drive(a.lib, a.dir)
+    drive(a.lib, a.dir, a.no_cache)
     print("torch-sleep: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
