@@ -23,6 +23,8 @@
  *            stream capture is refused after VMMSHIM_SLEEP_WAIT with EBUSY and the reason (exit 1);
  *            the program exits while a sleep it was asked for waits on a capture: the raw
  *            connection sees the end at once, the client exits 7.
+ *   off      VMMSHIM_CONTROL=0: the process uses CUDA, yet no socket listens (none in
+ *            /proc/net/unix either), and the client exits 4 naming the variable.
  *   serve    not a test: a program for tests/scripts/test_ctl.py (weights and kv tags filled with
  *            patterns; reads commands on standard input: check, alloc [MiB], quit).
  * test_static_control.c builds the verbs scenario with the runtime linked statically. */
@@ -1045,6 +1047,33 @@ static void scenario_gone(void) {
         "the client's program exits mid-request: exit 7 in %.2f s: %d: %s", took, rc, g_client_out);
 }
 
+/* VMMSHIM_CONTROL=0: CUDA in use, yet nothing listens and the client says so; the API works. */
+static void scenario_off(void) {
+  void *p = NULL;
+  CHECK(cudaSetDevice(0) == cudaSuccess && cudaMalloc(&p, MiB) == cudaSuccess, "the shim serves an allocation");
+  sleep_ms(100); /* a channel would be listening by now */
+  CHECK(ctl_connect(getpid(), geteuid()) < 0, "no control socket");
+  if (g_client[0]) {
+    char spid[16];
+    snprintf(spid, sizeof spid, "%d", (int)getpid());
+    int rc = client(WORDS(spid, "status"));
+    CHECK(rc == 4 && strstr(g_client_out, "VMMSHIM_CONTROL=0"), "the client: exit 4, and why: %d: %s", rc, g_client_out);
+  }
+  /* Where `vmmshim ctl list` looks: no name of this process there. */
+  char name[64], line[512];
+  snprintf(name, sizeof name, "@vmmshim-ctl-%u-%d\n", (unsigned)geteuid(), (int)getpid());
+  FILE *f = fopen("/proc/net/unix", "r");
+  bool listed = false, read_any = false;
+  while (f && fgets(line, sizeof line, f)) {
+    read_any = true;
+    size_t n = strlen(line), m = strlen(name);
+    listed |= n >= m && !strcmp(line + n - m, name);
+  }
+  if (f) fclose(f);
+  CHECK(read_any && !listed, "not in /proc/net/unix (read %d)", read_any);
+  cudaFree(p);
+}
+
 /* ------------------------------------------------------------------ serve */
 
 static int run_serve(void) {
@@ -1085,6 +1114,7 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "fuzz")) scenario_fuzz();
   else if (!strcmp(name, "users")) scenario_users();
   else if (!strcmp(name, "gone")) scenario_gone();
+  else if (!strcmp(name, "off")) scenario_off();
   else CHECK(0, "unknown scenario %s", name);
 }
 
@@ -1110,6 +1140,7 @@ int main(int argc, char **argv) {
   check_run_child("fuzz", NULL);
   check_run_child("users", NULL);
   check_run_child("gone", NULL);
+  check_run_child("off", "VMMSHIM_CONTROL=0", NULL);
 #endif
   return check_summary();
 }

@@ -12,7 +12,8 @@
  * then goes without a channel, and says so.
  *
  * When: started once, by the thread that activates the shim (the first CUDA call that needs the
- * driver), so a process that never uses CUDA has neither thread nor socket. A forked child does
+ * driver), so a process that never uses CUDA has neither thread nor socket; VMMSHIM_CONTROL=0
+ * keeps both away for good. A forked child does
  * not inherit it (CUDA does not work across fork): it closes its copies of the descriptors.
  *
  * How: one thread of the shim polls the socket and its connections (at most VS_CTL_MAX_CONNS;
@@ -917,6 +918,11 @@ static void control_start(void) {
     return;
   }
   vs_ctl_pid = getpid();
+  if (!_vs_option(VS_OPT_CONTROL)) { /* asked for: no socket, no thread */
+    _vs_info("control: off (VMMSHIM_CONTROL=0); vmmshim ctl cannot reach this process");
+    pthread_mutex_unlock(&vs_ctl_lock);
+    return;
+  }
   read_program_name();
   struct sockaddr_un a;
   memset(&a, 0, sizeof a);

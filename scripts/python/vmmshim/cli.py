@@ -38,9 +38,9 @@ See and steer a program running under vmmshim, from outside (docs/control.md).
 Options: --json (the reply as JSON), --timeout SECONDS (default 10; 300 for sleep,
 wake and trim). SIZE takes K, M, G suffixes.
 Exit status: 0 done (or nothing to do), 1 the process refused (the message says
-why), 2 bad usage, 3 no such process, 4 not under vmmshim (or no CUDA use yet),
-5 another user's process, 6 no answer in time, 7 the process exited or closed
-the connection before answering.
+why), 2 bad usage, 3 no such process, 4 not under vmmshim (or no CUDA use yet,
+or VMMSHIM_CONTROL=0), 5 another user's process, 6 no answer in time, 7 the
+process exited or closed the connection before answering.
 """
 
 

@@ -20,7 +20,7 @@ EXIT_OK = 0
 EXIT_REFUSED = 1      # the process answered, and refused the command (the message says why)
 EXIT_USAGE = 2        # bad command line
 EXIT_NO_PROCESS = 3   # no such process
-EXIT_NOT_SHIM = 4     # the process exists, but is not under vmmshim (or has not used CUDA yet)
+EXIT_NOT_SHIM = 4     # the process exists, but is not under vmmshim (or has not used CUDA yet, or its channel is off)
 EXIT_OTHER_USER = 5   # the process belongs to another user
 EXIT_TIMEOUT = 6      # no answer in time
 EXIT_GONE = 7         # the process exited, or closed the connection, before answering
@@ -115,8 +115,8 @@ def _connect(pid, timeout):
         s.close()
         if process_uid(pid) is None:
             raise ControlError(EXIT_NO_PROCESS, "no process %d" % pid)
-        raise ControlError(EXIT_NOT_SHIM, "pid %d (%s) is not under vmmshim, or has not used CUDA yet"
-                           % (pid, program_of(pid)))
+        raise ControlError(EXIT_NOT_SHIM, "pid %d (%s) is not under vmmshim, has not used CUDA yet, or runs with "
+                           "VMMSHIM_CONTROL=0" % (pid, program_of(pid)))
     # Anyone may bind an abstract name: the server must be the process asked for.
     peer_pid, peer_uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                              struct.calcsize("3i")))
