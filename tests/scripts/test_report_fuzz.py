@@ -8,7 +8,8 @@ length), an inf or nan time in an RMM log, numbers of 10,000 digits, negative si
 line, exit 2.
 
 Then a fuzz, deterministic (seed 26): real traces (tests/data/small.trace and small.csv, a
-synthetic version-2 trace with every record type, and, when the build is there, native and rmm
+synthetic version-2 trace with every record type, a version-3 one that adds tag names, sleeps,
+wakes and host memory mapped at device addresses, and, when the build is there, native and rmm
 traces that the shim writes of test_shim_stacks with stacks) are mutated line by line (a field
 replaced by a huge, negative, nan, inf, 10,000-digit, non-hex or empty value, a line truncated,
 joined to the next, emptied, duplicated or replaced by binary garbage) and each mutant goes
@@ -156,6 +157,29 @@ def synthetic_v2():
     return "\n".join(out) + "\n"
 
 
+def synthetic_v3():
+    """Version 3 adds tags and sleeps: the version-2 records, plus tag names, sleeps and wakes in
+    every mode and of every tag, a failed wake, and host memory mapped at device addresses
+    (map and unmap records with FLAGS 80)."""
+    v2 = synthetic_v2().splitlines()
+    body = [ln for ln in v2[1:] if not ln.startswith("e ")]
+    end = int(v2[-1].split()[1], 16)
+    t = end
+    for i, (kind, tag, name, mode) in enumerate([(0, "1", "weights", 1), (0, "2", "kv", 0), (1, "2", "kv", 0),
+                                                 (0, "1", "weights", 2), (1, "ffffffffffffffff", None, 0),
+                                                 (1, "1", "weights", 1)]):
+        t += 5000
+        if name:
+            body.append("g %x 4d2 0 - %s %s" % (t, tag, name))
+        result = 2 if i == 4 else 0
+        body.append("w %x 4d2 %x - %s %x %x %x %x %x" % (t + 10, kind, tag, mode, 0x4000000 * (i + 1),
+                                                         0x2000000 if mode else 0, result, 123456))
+        if mode == 2:
+            body.append("m %x 4d2 2 0 7e0000000000 4000000 77 80 0 400" % (t + 20))
+            body.append("m %x 4d2 4 0 7e0000000000 4000000 0 80 0 300" % (t + 30))
+    return "\n".join(["v 3 vmmshim 0.1.0"] + body + ["e %x" % (t + 10000)]) + "\n"
+
+
 def shim_traces(tmp):
     """Native (version 2, stacks) and rmm traces the shim writes of test_shim_stacks; [] without the build."""
     prog = os.path.join(ROOT, BUILD, "tests", "test_shim_stacks")
@@ -287,6 +311,10 @@ def test_fuzz(tmp):
     with open(synth, "w") as f:
         f.write(synthetic_v2())
     bases.append(synth)
+    synth3 = os.path.join(tmp, "synthetic-v3.trace")
+    with open(synth3, "w") as f:
+        f.write(synthetic_v3())
+    bases.append(synth3)
     bases += shim_traces(tmp)
     rnd = random.Random(SEED)
     cases = []
