@@ -377,10 +377,6 @@ static void asleep_put_back(vs_pool_t *p, const vs_asleep_seg_t *v, size_t n) {
     _vs_warn("device %d: no host memory to record %zu sleeping ranges; their bytes are lost", (int)p->caps.device, n);
 }
 
-/* Wakes the asleep segments of one kind: those asleep (spilled false), or the growths served
- * from host memory past the limit (spilled true, a promote). A wake is all or nothing: when one
- * device handle cannot be had, nothing moves. A promote takes the segments that fit under the
- * limit and leaves the others on the host (counted as skipped). */
 /* A wake of a mapped segment failed after its host buffers left its address: they go back
  * there, so the program runs on them as before; failing that, its bytes are kept on the host
  * (touching the address then faults, as in host mode) and the log says so. */
@@ -391,6 +387,10 @@ static void serve_from_host_again(vs_pool_t *p, vs_asleep_seg_t *s) {
   s->mode = VMMSHIM_SLEEP_HOST;
 }
 
+/* Wakes the asleep segments of one kind: those asleep (spilled false), or the growths served
+ * from host memory past the limit (spilled true, a promote). A wake is all or nothing: when one
+ * device handle cannot be had, nothing moves. A promote takes the segments that fit under the
+ * limit and leaves the others on the host (counted as skipped). */
 static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *out) {
   *out = (vs_move_t){0};
   int dev = (int)p->caps.device;
