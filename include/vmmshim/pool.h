@@ -105,6 +105,14 @@ typedef struct vs_pool_figures_s {
   size_t handles;
 } vs_pool_figures_t;
 void _vs_pool_figures(vs_pool_t *pool, vs_pool_figures_t *out);
+/* *sum += f, field by field: figures of several pools (a device's) added up. */
+void _vs_pool_figures_add(vs_pool_figures_t *sum, const vs_pool_figures_t *f);
+/* A figure's heaps added up. */
+static inline size_t vs_heaps_sum(const size_t v[VS_NHEAPS]) {
+  size_t n = 0;
+  for (int h = 0; h < VS_NHEAPS; h++) n += v[h];
+  return n;
+}
 
 /* ---------------------------------------------------------------- "asleep.c" */
 /* What a sleep or a wake moved (bytes). */

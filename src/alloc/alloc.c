@@ -262,13 +262,18 @@ static int slot_pools(vs_pool_slot_t *slot, vs_pool_t **out, int *parked_from) {
 }
 
 /* Calls fn for every pool of every live context (rare paths). */
-static void visit_all(void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
+/* Every pool of the process, or those of one tag and/or one device (-1: any). */
+static void visit(int tag, int dev, void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
   vs_pool_t *pools[VS_SLOT_POOLS];
   for (int s_ = 0, n_ = atomic_load_explicit(&vs_nslots, memory_order_acquire); s_ < n_; s_++) {
     int n = slot_pools(&vs_slots[s_], pools, NULL);
-    for (int i = 0; i < n; i++) fn(pools[i], arg);
+    for (int i = 0; i < n; i++)
+      if ((tag < 0 || _vs_pool_tag(pools[i]) == tag) && (dev < 0 || _vs_pool_device(pools[i]) == dev))
+        fn(pools[i], arg);
   }
 }
+
+static void visit_all(void (*fn)(vs_pool_t *pool, void *arg), void *arg) { visit(-1, -1, fn, arg); }
 
 /* Out of memory in one arena: the process's other pools give back what they hold idle (after
  * their pending frees complete), and the allocation is tried once more. Which pools: the
@@ -552,23 +557,10 @@ bool _vs_unpark(vs_pool_t *pool) {
   return back;
 }
 
-void _vs_visit_tag(int tag, void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
-  vs_pool_t *pools[VS_SLOT_POOLS];
-  for (int s_ = 0, n_ = atomic_load_explicit(&vs_nslots, memory_order_acquire); s_ < n_; s_++) {
-    int n = slot_pools(&vs_slots[s_], pools, NULL);
-    for (int i = 0; i < n; i++)
-      if (tag < 0 || _vs_pool_tag(pools[i]) == tag) fn(pools[i], arg);
-  }
-}
+void _vs_visit_tag(int tag, void (*fn)(vs_pool_t *pool, void *arg), void *arg) { visit(tag, -1, fn, arg); }
 
 VS_API size_t vmmshim_trim(void) { return _vs_trim_all(); }
 
 void _vs_visit_device_arenas(int dev, void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
-  if (!_vs_active()) return;
-  vs_pool_t *pools[VS_SLOT_POOLS];
-  for (int s_ = 0, n_ = atomic_load_explicit(&vs_nslots, memory_order_acquire); s_ < n_; s_++) {
-    int n = slot_pools(&vs_slots[s_], pools, NULL);
-    for (int i = 0; i < n; i++)
-      if (_vs_pool_device(pools[i]) == dev) fn(pools[i], arg);
-  }
+  if (_vs_active() && dev >= 0) visit(-1, dev, fn, arg);
 }

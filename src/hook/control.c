@@ -544,7 +544,7 @@ static void do_dump(const vs_jobject_t *req, vs_jout_t *o) {
 /* Per device: what its pools hold. */
 typedef struct vs_dev_sum_s {
   int dev, pools;
-  uint64_t live, mapped, idle, pending, handles, blocks;
+  vs_pool_figures_t f;
   uint64_t device, host_copied, host_mapped, discarded;
 } vs_dev_sum_t;
 
@@ -566,14 +566,7 @@ static void add_pool(vs_pool_t *pool, void *arg) {
   vs_dev_sum_t *d = &s->d[i];
   vs_pool_figures_t f;
   _vs_pool_figures(pool, &f);
-  for (int h = 0; h < VS_NHEAPS; h++) {
-    d->live += f.live[h];
-    d->mapped += f.mapped[h];
-    d->idle += f.idle[h];
-    d->pending += f.pending[h];
-  }
-  d->handles += f.handles;
-  d->blocks += f.live_blocks;
+  _vs_pool_figures_add(&d->f, &f);
   vs_sleep_figures_t sf;
   _vs_pool_sleep_figures(pool, &sf);
   d->device += sf.device;
@@ -624,12 +617,12 @@ static void do_status(const vs_jobject_t *req, vs_jout_t *o) {
   for (int i = 0; i < sums.n; i++) {
     const vs_dev_sum_t *d = &sums.d[i];
     out_fmt(o, "%s{\"device\":%d", i ? "," : "", d->dev);
-    kv_u64(o, "live", d->live);
-    kv_u64(o, "mapped", d->mapped);
-    kv_u64(o, "idle", d->idle);
-    kv_u64(o, "pending", d->pending);
-    kv_u64(o, "handles", d->handles);
-    kv_u64(o, "blocks", d->blocks);
+    kv_u64(o, "live", vs_heaps_sum(d->f.live));
+    kv_u64(o, "mapped", vs_heaps_sum(d->f.mapped));
+    kv_u64(o, "idle", vs_heaps_sum(d->f.idle));
+    kv_u64(o, "pending", vs_heaps_sum(d->f.pending));
+    kv_u64(o, "handles", d->f.handles);
+    kv_u64(o, "blocks", d->f.live_blocks);
     kv_int(o, "pools", d->pools);
     kv_u64(o, "on_device", d->device);
     kv_u64(o, "host_copied", d->host_copied);

@@ -592,6 +592,19 @@ void _vs_pool_figures(vs_pool_t *p, vs_pool_figures_t *f) {
   pool_unlock(p);
 }
 
+void _vs_pool_figures_add(vs_pool_figures_t *sum, const vs_pool_figures_t *f) {
+  for (int h = 0; h < VS_NHEAPS; h++) {
+    sum->mapped[h] += f->mapped[h];
+    sum->live[h] += f->live[h];
+    sum->idle[h] += f->idle[h];
+    sum->pending[h] += f->pending[h];
+  }
+  sum->idle_whole += f->idle_whole;
+  sum->live_blocks += f->live_blocks;
+  sum->requested += f->requested;
+  sum->handles += f->handles;
+}
+
 /* ------------------------------------------------------------------ invariants */
 
 /* The number of blocks of a list, and whether each is in the expected state. */

@@ -68,24 +68,8 @@ static void add_pool(vs_pool_t *pool, void *arg) {
   }
   vs_pool_figures_t f;
   _vs_pool_figures(pool, &f);
-  vs_pool_figures_t *t = &s->d[i].f;
-  for (int h = 0; h < VS_NHEAPS; h++) {
-    t->mapped[h] += f.mapped[h];
-    t->live[h] += f.live[h];
-    t->idle[h] += f.idle[h];
-    t->pending[h] += f.pending[h];
-  }
-  t->idle_whole += f.idle_whole;
-  t->live_blocks += f.live_blocks;
-  t->requested += f.requested;
-  t->handles += f.handles;
+  _vs_pool_figures_add(&s->d[i].f, &f);
   s->d[i].pools++;
-}
-
-static size_t sum_heaps(const size_t v[VS_NHEAPS]) {
-  size_t n = 0;
-  for (int h = 0; h < VS_NHEAPS; h++) n += v[h];
-  return n;
 }
 
 /* The driver's free and total memory of a device, asked in one of its contexts. */
@@ -105,7 +89,7 @@ static bool device_free(const vs_device_sum_t *d, size_t *free_b, size_t *total_
 /* The report's lines for one device; `need` > 0 on the device that failed a request. */
 static void report_device(const vs_device_sum_t *d, size_t need, bool after_ladder, vmmshim_stats_t *st) {
   const vs_pool_figures_t *f = &d->f;
-  size_t mapped = sum_heaps(f->mapped), live = sum_heaps(f->live), idle = sum_heaps(f->idle), pending = sum_heaps(f->pending);
+  size_t mapped = vs_heaps_sum(f->mapped), live = vs_heaps_sum(f->live), idle = vs_heaps_sum(f->idle), pending = vs_heaps_sum(f->pending);
   size_t dfree = 0, dtotal = 0;
   bool have_free = device_free(d, &dfree, &dtotal);
   if (have_free) _vs_note("  device %d: the driver reports %s free of %s", d->dev, HX(dfree), HX(dtotal));

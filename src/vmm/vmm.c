@@ -179,45 +179,42 @@ CUresult _vs_vmm_release(const vs_device_caps_t *caps, CUmemGenericAllocationHan
   return finish(VS_VMM_RELEASE, "cuMemRelease", r, t0, 0, size, (uint64_t)handle, 0, caps->device);
 }
 
-CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle) {
+/* flags: VS_TRACE_HOST_MEMORY for a host-location handle, so a trace reader does not count it as
+ * device memory. */
+static CUresult map_as(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle,
+                       unsigned flags, const char *what) {
   CUresult r = check_range("cuMemMap", caps, va, size, true);
   if (r != CUDA_SUCCESS) return r;
   if (!handle) return bad_arg("cuMemMap", "null handle", va, size);
   VS_DRIVER_CALL_START();
   uint64_t t0 = _vs_now_ns();
   r = _vs_cu.cuMemMap(va, size, 0, handle, 0);
-  return finish(VS_VMM_MAP, "cuMemMap", r, t0, va, size, (uint64_t)handle, 0, caps->device);
+  return finish(VS_VMM_MAP, what, r, t0, va, size, (uint64_t)handle, flags, caps->device);
 }
 
-/* Host memory at a device address: traced with VS_TRACE_HOST_MEMORY, so a reader does not count
- * it as device memory. */
-CUresult _vs_vmm_map_host(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle) {
-  CUresult r = check_range("cuMemMap", caps, va, size, true);
+static CUresult unmap_as(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, unsigned flags, const char *what) {
+  CUresult r = check_range("cuMemUnmap", caps, va, size, true);
   if (r != CUDA_SUCCESS) return r;
-  if (!handle) return bad_arg("cuMemMap", "null handle", va, size);
   VS_DRIVER_CALL_START();
   uint64_t t0 = _vs_now_ns();
-  r = _vs_cu.cuMemMap(va, size, 0, handle, 0);
-  return finish(VS_VMM_MAP, "cuMemMap (host memory)", r, t0, va, size, (uint64_t)handle, VS_TRACE_HOST_MEMORY,
-                caps->device);
+  r = _vs_cu.cuMemUnmap(va, size);
+  return finish(VS_VMM_UNMAP, what, r, t0, va, size, 0, flags, caps->device);
+}
+
+CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle) {
+  return map_as(caps, va, size, handle, 0, "cuMemMap");
+}
+
+CUresult _vs_vmm_map_host(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle) {
+  return map_as(caps, va, size, handle, VS_TRACE_HOST_MEMORY, "cuMemMap (host memory)");
 }
 
 CUresult _vs_vmm_unmap_host(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
-  CUresult r = check_range("cuMemUnmap", caps, va, size, true);
-  if (r != CUDA_SUCCESS) return r;
-  VS_DRIVER_CALL_START();
-  uint64_t t0 = _vs_now_ns();
-  r = _vs_cu.cuMemUnmap(va, size);
-  return finish(VS_VMM_UNMAP, "cuMemUnmap (host memory)", r, t0, va, size, 0, VS_TRACE_HOST_MEMORY, caps->device);
+  return unmap_as(caps, va, size, VS_TRACE_HOST_MEMORY, "cuMemUnmap (host memory)");
 }
 
 CUresult _vs_vmm_unmap(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
-  CUresult r = check_range("cuMemUnmap", caps, va, size, true);
-  if (r != CUDA_SUCCESS) return r;
-  VS_DRIVER_CALL_START();
-  uint64_t t0 = _vs_now_ns();
-  r = _vs_cu.cuMemUnmap(va, size);
-  return finish(VS_VMM_UNMAP, "cuMemUnmap", r, t0, va, size, 0, 0, caps->device);
+  return unmap_as(caps, va, size, 0, "cuMemUnmap");
 }
 
 CUresult _vs_vmm_set_access(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
