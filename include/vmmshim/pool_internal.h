@@ -233,6 +233,12 @@ static inline size_t round_up_checked(size_t x, size_t a) { return x > SIZE_MAX 
 
 static inline vs_heap_t *heap_of(vs_pool_t *p, const vs_block_t *b) { return &p->heaps[p->resv_heap[b->resv]]; }
 static inline int heap_id_of(const vs_pool_t *p, const vs_block_t *b) { return p->resv_heap[b->resv]; }
+/* The reservation that holds address va, or -1. */
+static inline int resv_of(const vs_pool_t *p, CUdeviceptr va) {
+  for (int i = 0; i < p->n_resv; i++)
+    if (va >= p->resv[i].va && va < p->resv[i].va + p->resv[i].size) return i;
+  return -1;
+}
 
 /* ---- pool_blocks.c (in pool.c's unit; called from space.c and reclaim.c too) ---- */
 vs_block_t *_vs_block_new(vs_pool_t *p);

@@ -621,31 +621,29 @@ bool _vs_group_wait(uint64_t deadline_ns) {
   return _vs_now_ns() < deadline_ns;
 }
 
+/* This member's host bytes in the segment (what the group's status shows). */
+static void share_host(int dev, size_t len, bool add) {
+  if (!budget_on()) return;
+  budget_lock();
+  begin_change(vs_b.h);
+  count_host(vs_b.h, vs_b.me, dev, len, add);
+  end_change(vs_b.h);
+  budget_unlock();
+}
+
 bool _vs_group_spill_admit(int dev, size_t len) {
   uint64_t cap = _vs_option(VS_OPT_ON_LIMIT) == VS_ON_LIMIT_HOST ? _vs_option_arg(VS_OPT_ON_LIMIT) : 0;
   size_t cur = atomic_load(&vs_spilled);
   do {
     if (cap && (cur > cap || len > cap - cur)) return false;
   } while (!atomic_compare_exchange_weak(&vs_spilled, &cur, cur + len));
-  if (budget_on()) {
-    budget_lock();
-    begin_change(vs_b.h);
-    count_host(vs_b.h, vs_b.me, dev, len, true);
-    end_change(vs_b.h);
-    budget_unlock();
-  }
+  share_host(dev, len, true);
   return true;
 }
 
 void _vs_group_spill_return(int dev, size_t len) {
   atomic_fetch_sub(&vs_spilled, len);
-  if (budget_on()) {
-    budget_lock();
-    begin_change(vs_b.h);
-    count_host(vs_b.h, vs_b.me, dev, len, false);
-    end_change(vs_b.h);
-    budget_unlock();
-  }
+  share_host(dev, len, false);
 }
 
 bool _vs_group_view(int dev, vs_group_view_t *v) {

@@ -25,9 +25,8 @@
 
 /* The heap whose reservation holds va. Lock held. */
 static vs_heap_t *heap_at(vs_pool_t *p, CUdeviceptr va) {
-  for (int i = 0; i < p->n_resv; i++)
-    if (va >= p->resv[i].va && va < p->resv[i].va + p->resv[i].size) return &p->heaps[p->resv_heap[i]];
-  return &p->heaps[0];
+  int i = resv_of(p, va);
+  return &p->heaps[i >= 0 ? p->resv_heap[i] : 0];
 }
 
 static bool overlaps(CUdeviceptr va, size_t size, const CUdeviceptr *skip_va, const size_t *skip_len, int nskip) {
@@ -158,6 +157,12 @@ static void note(vs_move_t *out, CUresult r, const char *why) {
   }
 }
 
+/* Unmaps a segment's first n host buffers from its own address (they stay at home). */
+static void unmap_bufs_at(vs_pool_t *p, const vs_asleep_seg_t *a, int n) {
+  size_t off = 0;
+  for (int k = 0; k < n; off += a->bufs[k++].size) _vs_vmm_unmap_host(&p->caps, a->va + off, a->bufs[k].size);
+}
+
 /* Maps a segment's host buffers at its own address, back to back, with the access of the
  * pool's owner and peers. On failure whatever was mapped there is unmapped again. */
 static CUresult map_bufs_at(vs_pool_t *p, const vs_asleep_seg_t *a) {
@@ -171,10 +176,7 @@ static CUresult map_bufs_at(vs_pool_t *p, const vs_asleep_seg_t *a) {
   } else {
     i--; /* the one that failed is not mapped */
   }
-  if (r != CUDA_SUCCESS) {
-    off = 0;
-    for (int k = 0; k < i; off += a->bufs[k++].size) _vs_vmm_unmap_host(&p->caps, a->va + off, a->bufs[k].size);
-  }
+  if (r != CUDA_SUCCESS) unmap_bufs_at(p, a, i);
   return r;
 }
 
@@ -485,9 +487,7 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
   CUresult *st = calloc(n, sizeof *st);
   for (size_t i = 0; i < n && st; i++) {
     vs_asleep_seg_t *s = &a[i];
-    size_t off = 0;
-    if (s->mode == VMMSHIM_SLEEP_MAPPED)
-      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap_host(&p->caps, s->va + off, s->bufs[b].size);
+    if (s->mode == VMMSHIM_SLEEP_MAPPED) unmap_bufs_at(p, s, s->nbufs);
     CUresult m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
     if (m == CUDA_SUCCESS) {
       m = _vs_vmm_set_access_devices(&p->caps, s->va, s->size, rw, ro, 0);
@@ -495,7 +495,7 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
     }
     if (m != CUDA_SUCCESS) serve_from_host_again(p, s);
     if (m == CUDA_SUCCESS && s->mode != VMMSHIM_SLEEP_DISCARD) {
-      off = 0;
+      size_t off = 0;
       for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) copier_copy(&cp, s->va + off, s->bufs[b].home, s->bufs[b].size);
     } else if (m == CUDA_SUCCESS && zero) {
       copier_zero(&cp, s->va, s->size);
@@ -598,8 +598,7 @@ CUresult _vs_pool_grow_host(vs_pool_t *p, int heap_id, size_t size, size_t align
     return CUDA_SUCCESS;
   }
   if (mapped) { /* no host memory for the record: undone */
-    size_t off = 0;
-    for (int k = 0; k < a.nbufs; off += a.bufs[k++].size) _vs_vmm_unmap_host(&p->caps, a.va + off, a.bufs[k].size);
+    unmap_bufs_at(p, &a, a.nbufs);
     give_bufs(&p->caps, &a);
   }
   if (admitted) _vs_group_spill_return(dev, len);
@@ -612,12 +611,9 @@ CUresult _vs_pool_grow_host(vs_pool_t *p, int heap_id, size_t size, size_t align
 
 /* The FREE block holding [va, va + size) whole, or NULL. Lock held. */
 static vs_block_t *free_block_over(vs_pool_t *p, CUdeviceptr va, size_t size) {
-  for (int i = 0; i < p->n_resv; i++) {
-    if (va < p->resv[i].va || va >= p->resv[i].va + p->resv[i].size) continue;
-    for (vs_block_t *b = p->resv[i].first; b; b = b->next)
-      if (va >= b->addr && va < b->addr + b->size)
-        return b->state == B_FREE && va + size <= b->addr + b->size ? b : NULL;
-  }
+  int i = resv_of(p, va);
+  for (vs_block_t *b = i >= 0 ? p->resv[i].first : NULL; b; b = b->next)
+    if (va >= b->addr && va < b->addr + b->size) return b->state == B_FREE && va + size <= b->addr + b->size ? b : NULL;
   return NULL;
 }
 
@@ -662,9 +658,7 @@ size_t _vs_pool_drop_idle_spilled(vs_pool_t *p) {
     }
     pool_unlock(p);
     if (!mid) return dropped;
-    size_t off = 0;
-    for (int k = 0; k < victim.nbufs; off += victim.bufs[k++].size)
-      _vs_vmm_unmap_host(&p->caps, victim.va + off, victim.bufs[k].size);
+    unmap_bufs_at(p, &victim, victim.nbufs);
     give_bufs(&p->caps, &victim);
     _vs_group_spill_return((int)p->caps.device, victim.size);
     pool_lock(p);
@@ -721,10 +715,7 @@ void _vs_pool_forget_asleep(vs_pool_t *p) {
   for (size_t i = 0; i < p->asleep.n; i++) {
     vs_asleep_seg_t *s = &p->asleep.v[i];
     if (s->spilled) _vs_group_spill_return((int)p->caps.device, s->size);
-    if (s->mode == VMMSHIM_SLEEP_MAPPED) {
-      size_t off = 0;
-      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) _vs_vmm_unmap_host(&p->caps, s->va + off, s->bufs[b].size);
-    }
+    if (s->mode == VMMSHIM_SLEEP_MAPPED) unmap_bufs_at(p, s, s->nbufs);
     for (int b = 0; b < s->nbufs; b++) _vs_host_drop(&p->caps, &s->bufs[b], true);
     free(s->bufs);
   }

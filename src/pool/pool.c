@@ -291,6 +291,16 @@ static vs_block_t *alloc_slow(vs_pool_t *p, vs_request_t *rq, vs_pool_status_t *
   return NULL;
 }
 
+/* A request of req bytes on stream: its block size, alignment and heap (policy.h), its stream. */
+static inline vs_request_t request(const vs_pool_t *p, size_t req, CUstream stream, bool *contended) {
+  vs_request_t rq = {.req = req, .stream = stream, .contended = contended};
+  rq.size = vs_policy_block_size(req, p->gran, p->caps.min_granularity);
+  rq.align = vs_policy_align(rq.size);
+  rq.heap_id = vs_policy_heap_for(rq.size);
+  rq.key = stream == VS_NO_STREAM ? NULL : _vs_stream_key(stream, &rq.owner);
+  return rq;
+}
+
 vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmshim_api_t api, CUdeviceptr *ptr_out,
                                 size_t *served_out, CUresult *cu_err, bool *contended) {
   (void)api;
@@ -299,11 +309,7 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
     *cu_err = CUDA_ERROR_OUT_OF_MEMORY;
     return VS_POOL_OOM;
   }
-  vs_request_t rq = {.req = req, .stream = stream, .contended = contended};
-  rq.size = vs_policy_block_size(req, p->gran, p->caps.min_granularity);
-  rq.align = vs_policy_align(rq.size);
-  rq.heap_id = vs_policy_heap_for(rq.size);
-  rq.key = stream == VS_NO_STREAM ? NULL : _vs_stream_key(stream, &rq.owner);
+  vs_request_t rq = request(p, req, stream, contended);
   vs_block_t *b = take_block(p, &rq);
   vs_pool_status_t st = VS_POOL_OK;
   if (vs_unlikely(!b)) b = alloc_slow(p, &rq, &st, cu_err);
@@ -316,11 +322,7 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *p, size_t req, CUstream stream, vmmsh
 vs_pool_status_t _vs_pool_alloc_host(vs_pool_t *p, size_t req, CUstream stream, CUdeviceptr *ptr_out,
                                      size_t *served_out, CUresult *cu_err, size_t *grown_out) {
   bool contended = false;
-  vs_request_t rq = {.req = req, .stream = stream, .contended = &contended};
-  rq.size = vs_policy_block_size(req, p->gran, p->caps.min_granularity);
-  rq.align = vs_policy_align(rq.size);
-  rq.heap_id = vs_policy_heap_for(rq.size);
-  rq.key = stream == VS_NO_STREAM ? NULL : _vs_stream_key(stream, &rq.owner);
+  vs_request_t rq = request(p, req, stream, &contended);
   *cu_err = CUDA_SUCCESS;
   *grown_out = 0;
   /* Grown, then taken: another thread may take what was grown, so a few times. */

@@ -410,8 +410,8 @@ void _vs_pool_unmap_all(vs_pool_t *p) {
   for (size_t i = 0; i < p->segs.n; i++) {
     vs_seg_t sg = p->segs.v[i];
     if (_vs_handles_unmap(&p->caps, &sg, 1)) {
-      for (int k = 0; k < p->n_resv; k++)
-        if (sg.va >= p->resv[k].va && sg.va < p->resv[k].va + p->resv[k].size) keep_resv[k] = true;
+      int k = resv_of(p, sg.va);
+      if (k >= 0) keep_resv[k] = true;
       stuck_bytes += sg.size;
       stuck_n++;
       continue; /* still mapped: still counted */
