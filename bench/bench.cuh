@@ -32,6 +32,22 @@ static inline double now_us(void) {
   return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
+/* A pattern in 32-bit words that a kernel writes (k_fill), flips (k_touch: twice is the pattern
+ * again) and checks (k_bad: words that differ, added to *bad). */
+__global__ void k_fill(uint32_t *p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    p[i] = (uint32_t)(i * 2654435761u) ^ seed;
+}
+__global__ void k_touch(uint32_t *p, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] ^= 1u;
+}
+__global__ void k_bad(const uint32_t *p, size_t n, uint32_t seed, unsigned long long *bad) {
+  unsigned long long b = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    b += p[i] != ((uint32_t)(i * 2654435761u) ^ seed);
+  if (b) atomicAdd(bad, b);
+}
+
 /* The shim's counters; false when it is not loaded. */
 static inline bool shim_stats(vmmshim_stats_t *s) {
   typedef int (*get_fn)(vmmshim_stats_t *, size_t);

@@ -26,38 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "vmmshim.h"
+#include "bench.cuh"
 
 typedef int (*promote_fn)(vmmshim_sleep_result_t *, size_t);
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      fprintf(stderr, "%s: %s at %s:%d\n", #x, cudaGetErrorName(e_), __FILE__, __LINE__);   \
-      exit(1);                                                                               \
-    }                                                                                        \
-  } while (0)
-
-__global__ void k_fill(uint32_t *p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    p[i] = (uint32_t)(i * 2654435761u) ^ seed;
-}
-__global__ void k_touch(uint32_t *p, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] ^= 1u;
-}
-__global__ void k_bad(const uint32_t *p, size_t n, uint32_t seed, unsigned long long *bad) {
-  unsigned long long b = 0;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    b += p[i] != ((uint32_t)(i * 2654435761u) ^ seed);
-  if (b) atomicAdd(bad, b);
-}
 
 /* One member: says it is ready (a byte to fd 4), waits for the start (a byte on fd 3), then K
  * growths and K pairs. */

@@ -42,6 +42,12 @@ def parse_logs(logdir):
     return recs
 
 
+def median_or_none(values):
+    """The median of the values that are not None; None when there is none."""
+    v = [x for x in values if x is not None]
+    return statistics.median(v) if v else None
+
+
 def num(d, k):
     try:
         return float(d[k])
@@ -727,9 +733,7 @@ def sec_group(recs, out):
     out.append("| --- | --- | --- | --- | --- | --- |")
 
     def med(cfg, n, key):
-        vs = [num(r, key) for r in find(recs, "group", cfg=cfg, members=n)]
-        vs = [v for v in vs if v is not None]
-        return statistics.median(vs) if vs else None
+        return median_or_none([num(r, key) for r in find(recs, "group", cfg=cfg, members=n)])
 
     for n in (1, 4, 16):
         ga, gg = med("alone", n, "growth_us"), med("group", n, "growth_us")
@@ -932,9 +936,7 @@ def figs_spread(recs, F):
             seeds = " ".join(str(x) for x in sorted(by_seed))
             what = "seeds %s, %s, %s" % (seeds, work, cfg)
 
-            def med(v):
-                v = [x for x in v if x is not None]
-                return statistics.median(v) if v else None
+            med = median_or_none
             # One figure per allocator: the median over the seeds (the spread over seeds is the
             # workload's, not the run's: it is no tolerance).
             F.add(what + ": held / live, median of seeds", med(held), "lower", "memory", shim)

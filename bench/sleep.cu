@@ -17,40 +17,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "vmmshim.h"
+#include "bench.cuh"
 
 typedef int (*sleep_fn)(const char *, vmmshim_sleep_mode_t, vmmshim_sleep_result_t *, size_t);
 typedef int (*wake_fn)(const char *, unsigned, vmmshim_sleep_result_t *, size_t);
 typedef int (*tag_fn)(const char *);
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-#define CK(x)                                                                      \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      fprintf(stderr, "%s: %s at %s:%d\n", #x, cudaGetErrorName(e_), __FILE__, __LINE__); \
-      exit(1);                                                                     \
-    }                                                                              \
-  } while (0)
-
-__global__ void k_fill(uint32_t *p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    p[i] = (uint32_t)(i * 2654435761u) ^ seed;
-}
-__global__ void k_bad(const uint32_t *p, size_t n, uint32_t seed, unsigned long long *bad) {
-  unsigned long long b = 0;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    b += p[i] != ((uint32_t)(i * 2654435761u) ^ seed);
-  if (b) atomicAdd(bad, b);
-}
-__global__ void k_touch(uint32_t *p, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] ^= 1u;
-}
 
 int main(int argc, char **argv) {
   if (argc < 3) {
@@ -81,9 +52,9 @@ int main(int argc, char **argv) {
   for (int m = 0; m < 3; m++) {
     for (int cycle = 1; cycle <= 3; cycle++) {
       vmmshim_sleep_result_t r;
-      double t0 = now_ms();
+      double t0 = now_us() / 1e3;
       int rc = p_sleep("bench", (vmmshim_sleep_mode_t)m, &r, sizeof r);
-      double ts = now_ms() - t0;
+      double ts = now_us() / 1e3 - t0;
       if (rc) fprintf(stderr, "sleep %s: %d %s\n", modes[m], rc, r.reason);
       if (m == 2 && cycle == 1) {
         /* A kernel on the memory while it sleeps in mapped mode, and on device memory after. */
@@ -100,9 +71,9 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < nblk; i++) k_touch<<<264, 256>>>(b[i], block / 4); /* back to the pattern */
         CK(cudaDeviceSynchronize());
       }
-      t0 = now_ms();
+      t0 = now_us() / 1e3;
       rc = p_wake("bench", m == 0 ? VMMSHIM_WAKE_ZERO : 0, &r, sizeof r);
-      double tw = now_ms() - t0;
+      double tw = now_us() / 1e3 - t0;
       if (rc) fprintf(stderr, "wake %s: %d %s\n", modes[m], rc, r.reason);
       unsigned long long nbad = 0;
       if (m > 0) {

@@ -212,6 +212,17 @@ def resume(tag=None):
 
 # ---------------------------------------------------------------- sleep and wake
 
+def _moved(what, call, *args):
+    """Calls the shim's call(*args, result, size); returns the SleepResult, raises Error when it
+    refused (nothing to do, -EALREADY, is not an error)."""
+    r = _SleepResult()
+    rc = call(*args, ctypes.byref(r), ctypes.sizeof(r))
+    res = SleepResult(r)
+    if rc != -errno.EALREADY:
+        _check(rc, what, res)
+    return res
+
+
 def sleep(tag=None, mode="host"):
     """Sleeps tag (None: every tag) in mode "discard", "host" or "mapped" (docs/sleep.md). Returns
     a SleepResult; raises Error when the shim refused (EBUSY: a stream capture in progress,
@@ -219,45 +230,25 @@ def sleep(tag=None, mode="host"):
     -EALREADY."""
     if mode not in MODES:
         raise ValueError("vmmshim: mode '%s': discard, host or mapped" % mode)
-    r = _SleepResult()
-    rc = _shim().vmmshim_sleep(_name(tag), MODES[mode], ctypes.byref(r), ctypes.sizeof(r))
-    res = SleepResult(r)
-    if rc != -errno.EALREADY:
-        _check(rc, "sleep %s" % (tag or "(every tag)"), res)
-    return res
+    return _moved("sleep %s" % (tag or "(every tag)"), _shim().vmmshim_sleep, _name(tag), MODES[mode])
 
 
 def wake(tag=None, zero=False):
     """Wakes tag (None: every tag); zero: discarded bytes come back as zeros. When the device has
     no room, Error ENOMEM and nothing is lost (the tag stays asleep; try again later)."""
-    r = _SleepResult()
-    rc = _shim().vmmshim_wake(_name(tag), 1 if zero else 0, ctypes.byref(r), ctypes.sizeof(r))
-    res = SleepResult(r)
-    if rc != -errno.EALREADY:
-        _check(rc, "wake %s" % (tag or "(every tag)"), res)
-    return res
+    return _moved("wake %s" % (tag or "(every tag)"), _shim().vmmshim_wake, _name(tag), 1 if zero else 0)
 
 
 def promote():
     """Moves memory that runs on host memory past a limit (VMMSHIM_ON_LIMIT=host) back to the
     device, as far as the limit allows now. Error ENOMEM when none fits."""
-    r = _SleepResult()
-    rc = _shim().vmmshim_promote(ctypes.byref(r), ctypes.sizeof(r))
-    res = SleepResult(r)
-    if rc != -errno.EALREADY:
-        _check(rc, "promote", res)
-    return res
+    return _moved("promote", _shim().vmmshim_promote)
 
 
 def sleep_level(level, mapped=False):
     """The whole process: 0 gives back idle memory only, 1 every tag to host memory (mapped
     mode when mapped), 2 discards every tag but those marked keep."""
-    r = _SleepResult()
-    rc = _shim().vmmshim_sleep_level(int(level), 1 if mapped else 0, ctypes.byref(r), ctypes.sizeof(r))
-    res = SleepResult(r)
-    if rc != -errno.EALREADY:
-        _check(rc, "sleep level %d" % level, res)
-    return res
+    return _moved("sleep level %d" % level, _shim().vmmshim_sleep_level, int(level), 1 if mapped else 0)
 
 
 # ---------------------------------------------------------------- figures

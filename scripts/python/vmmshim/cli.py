@@ -120,7 +120,7 @@ def _status_text(st):
         lines.append("device %d: live %s in %d blocks; mapped %s in %d handles (idle %s, pending %s), %d pools"
                      % (d["device"], text.size(d["live"]), d["blocks"], text.size(d["mapped"]), d["handles"],
                         text.size(d["idle"]), text.size(d["pending"]), d["pools"]))
-        asleep = d["host_copied"] + d["host_mapped"] + d["discarded"]
+        asleep = client.asleep(d)
         if asleep:
             lines.append("device %d: asleep %s (host copy %s, served from host %s, discarded %s)"
                          % (d["device"], text.size(asleep), text.size(d["host_copied"]), text.size(d["host_mapped"]),
@@ -155,12 +155,7 @@ def _list(args):
     timeout = float(_take(args, "--timeout", True) or 2.0)
     if args:
         raise Usage("list takes no argument but --json and --timeout (got %s)" % " ".join(args))
-    rows = []
-    for pid in client.reachable():
-        try:
-            rows.append((pid, client.request(pid, "status", timeout), None))
-        except ControlError as e:
-            rows.append((pid, None, str(e)))
+    rows = client.statuses(timeout)
     if as_json:
         print(json.dumps([r if r else {"pid": pid, "ok": False, "message": why} for pid, r, why in rows],
                          separators=(",", ":")))
@@ -175,7 +170,7 @@ def _list(args):
             continue
         devs = ",".join(str(d["device"]) for d in st["devices"]) or "-"
         live = sum(d["live"] for d in st["devices"])
-        asleep = sum(t["host_copied"] + t["host_mapped"] + t["discarded"] for t in st["tags"])
+        asleep = sum(client.asleep(t) for t in st["tags"])
         print("%7d  %-15s %-7s %10s %10s %10s  %s" % (pid, st["program"][:15], devs, text.size(live),
                                                       text.size(st["mapped"]), text.size(asleep), st["process_tag"]))
     return EXIT_OK

@@ -232,3 +232,19 @@ class Control:
         """Memory served from host memory past a limit (VMMSHIM_ON_LIMIT=host) back to the device,
         as far as the limit allows now; EALREADY when there is none."""
         return self.call("promote", self.move_timeout, ("EALREADY",))
+
+
+def statuses(timeout):
+    """[(pid, status reply or None, why)] for every reachable process."""
+    out = []
+    for pid in reachable():
+        try:
+            out.append((pid, request(pid, "status", timeout), None))
+        except ControlError as e:
+            out.append((pid, None, str(e)))
+    return out
+
+
+def asleep(figures):
+    """Bytes of a tag's (or a device's) status figures that are not on the device."""
+    return figures["host_copied"] + figures["host_mapped"] + figures["discarded"]

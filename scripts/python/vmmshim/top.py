@@ -9,7 +9,7 @@ import sys
 import time
 
 from . import client, text
-from .client import EXIT_OK, EXIT_USAGE, ControlError
+from .client import EXIT_OK, EXIT_USAGE
 
 WIDTH = 79  # of 80 columns: curses cannot write the last column of the last line
 ROW = "%6s %-14s %-3s %7s %7s %7s %7s %7s %7s %4s"
@@ -19,13 +19,7 @@ ANSWER_TIMEOUT = 1.0  # a process busy with a sleep or wake shows as such rather
 
 def sample():
     """[(pid, status reply or None, why)] for every reachable process."""
-    out = []
-    for pid in client.reachable():
-        try:
-            out.append((pid, client.request(pid, "status", ANSWER_TIMEOUT), None))
-        except ControlError as e:
-            out.append((pid, None, str(e)))
-    return out
+    return client.statuses(ANSWER_TIMEOUT)
 
 
 def _allocs(st):
@@ -39,7 +33,7 @@ def frame(samples, previous, now=None, interactive=False):
     ok = [st for _, st, _ in samples if st and st.get("ok")]
     live = sum(d["live"] for st in ok for d in st["devices"])
     mapped = sum(st["mapped"] for st in ok)
-    asleep = sum(t["host_copied"] + t["host_mapped"] + t["discarded"] for st in ok for t in st["tags"])
+    asleep = sum(client.asleep(t) for st in ok for t in st["tags"])
     host = sum(st["host"]["in_use"] for st in ok)
     title = "vmmshim top - %d process%s - %s" % (len(samples), "" if len(samples) == 1 else "es",
                                                 time.strftime("%H:%M:%S", time.localtime(now)))
@@ -61,12 +55,12 @@ def frame(samples, previous, now=None, interactive=False):
         if before and st["time_ns"] > before["time_ns"]:
             rate = text.count((_allocs(st) - _allocs(before)) / ((st["time_ns"] - before["time_ns"]) / 1e9))
         devs = ",".join(str(d["device"]) for d in st["devices"]) or "-"
-        p_asleep = sum(t["host_copied"] + t["host_mapped"] + t["discarded"] for t in st["tags"])
+        p_asleep = sum(client.asleep(t) for t in st["tags"])
         lines.append(ROW % (pid, st["program"][:14], devs[:3], text.short(sum(d["live"] for d in st["devices"])),
                             text.short(st["mapped"]), text.short(p_asleep), text.short(st["host"]["in_use"]), rate,
                             text.count(st["stats"]["vmm_calls"]), text.count(st["stats"]["alloc_failures"])))
         for t in st["tags"]:
-            t_asleep = t["host_copied"] + t["host_mapped"] + t["discarded"]
+            t_asleep = client.asleep(t)
             if not (t["live"] or t["device"] or t_asleep) and t["name"] != st["process_tag"]:
                 continue
             name = ("*" if t["name"] == st["process_tag"] else " ") + t["name"]
