@@ -45,6 +45,13 @@ static char check_child_output[1 << 16];
 /* A check whose condition says it all: the failure line shows the condition alone. */
 #define CHECK_COND(cond) CHECK(cond, "%s", "")
 
+/* How many times needle occurs in hay, without overlaps. */
+static inline int check_count(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
+  return n;
+}
+
 static inline int check_summary(void) {
   printf("%d passed, %d failed\n", check_passed, check_failed);
   fflush(stdout);

@@ -38,12 +38,6 @@ static const char *read_log(void) {
   return buf;
 }
 
-static int count(const char *hay, const char *needle) {
-  int n = 0;
-  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
-  return n;
-}
-
 /* The exact byte count of the first figure after `key` at or after `from`: "12.00 MiB
  * (12582912 B)" or "512 B". -1 when there is none. */
 static long long exact_after(const char *from, const char *key) {
@@ -71,7 +65,7 @@ static long long int_after(const char *from, const char *key) {
 /* Waits up to 2 s for the log to hold `n` copies of `needle`. */
 static int wait_for(const char *needle, int n) {
   for (int i = 0; i < 200; i++) {
-    if (count(read_log(), needle) >= n) return 1;
+    if (check_count(read_log(), needle) >= n) return 1;
     sleep_ms(10);
   }
   return 0;
@@ -130,13 +124,13 @@ static void scenario_oom(void) {
   CHECK(strstr(r, "process: ") && int_after(strstr(r, "allocations served"), ", ") >= 1, "the process line");
 
   /* A second answer at once is the same burst: nothing more is written. */
-  int reports = count(read_log(), "warning: out of memory:");
+  int reports = check_count(read_log(), "warning: out of memory:");
   CHECK(cuMemAlloc(&(CUdeviceptr){0}, 64 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc on a full device");
-  CHECK(count(read_log(), "warning: out of memory:") == reports, "a second report within the burst");
+  CHECK(check_count(read_log(), "warning: out of memory:") == reports, "a second report within the burst");
   sleep_ms(1100);
   CHECK(cuMemAlloc(&(CUdeviceptr){0}, 64 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc after a pause");
   log = read_log();
-  CHECK(count(log, "warning: out of memory:") == reports + 1, "a new burst reports again");
+  CHECK(check_count(log, "warning: out of memory:") == reports + 1, "a new burst reports again");
   CHECK(strstr(log, "warning: out of memory: cuMemAlloc of 64.00 MiB") && strstr(log, "(1 earlier out-of-memory"),
         "the new report counts the answer left out");
 

@@ -111,12 +111,6 @@ static int read_trace(trace_t *t, const char *path) {
   return 0;
 }
 
-static int count(const char *hay, const char *needle) {
-  int n = 0;
-  for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
-  return n;
-}
-
 /* vmmshim-report on the file: its exit status, and what it printed on standard error. */
 static int report(const char *trace, char *err, size_t cap) {
   const char *tool = "scripts/vmmshim-report";
@@ -157,7 +151,7 @@ static void check_cut(const char *label, const char *name, unsigned long long ca
   CHECK(t.whole, "%s: the file ends with a whole line", label);
   snprintf(want, sizeof want, " %llx", cap);
   size_t wl = strlen(want), ll = strlen(t.last);
-  CHECK(t.last[0] == 'e' && ll > wl && !strcmp(t.last + ll - wl, want) && count(t.last, " ") == 2,
+  CHECK(t.last[0] == 'e' && ll > wl && !strcmp(t.last + ll - wl, want) && check_count(t.last, " ") == 2,
         "%s: the last line is the end record with the cap: '%s'", label, t.last);
   CHECK(t.ends == 1, "%s: %d end records", label, t.ends);
   CHECK(t.allocs + t.frees < 2 * PAIRS, "%s: %d of %d events kept", label, t.allocs + t.frees, 2 * PAIRS);
@@ -165,8 +159,8 @@ static void check_cut(const char *label, const char *name, unsigned long long ca
   char want_warn[700];
   snprintf(want_warn, sizeof want_warn,
            "vmmshim: warning: trace %s reached VMMSHIM_TRACE_MAX (%llu bytes); later events are not recorded", path, cap);
-  CHECK(count(check_child_output, want_warn) == 1 && count(check_child_output, WARNING) == 1,
-        "%s: one warning '%s' (%d)", label, want_warn, count(check_child_output, WARNING));
+  CHECK(check_count(check_child_output, want_warn) == 1 && check_count(check_child_output, WARNING) == 1,
+        "%s: one warning '%s' (%d)", label, want_warn, check_count(check_child_output, WARNING));
   char err[4096];
   int rc = report(path, err, sizeof err);
   CHECK(rc == 0 && !err[0], "%s: vmmshim-report reads the cut trace: exit %d, '%s'", label, rc, err);
@@ -192,7 +186,7 @@ int main(int argc, char **argv) {
   snprintf(env, sizeof env, "VMMSHIM_TRACE=%s", path_of("nocap.trace"));
   check_run_child("pairs", env, NULL);
   CHECK(read_trace(&t, path_of("nocap.trace")) == 0 && t.size > 4 * 65536 && t.allocs == PAIRS && t.ends == 1 &&
-            t.last[0] == 'e' && count(t.last, " ") == 1,
+            t.last[0] == 'e' && check_count(t.last, " ") == 1,
         "no cap: %zu bytes, %d allocations, %d end records, last line '%s'", t.size, t.allocs, t.ends, t.last);
   CHECK(!strstr(check_child_output, WARNING), "no cap: no warning");
   free(t.text);
@@ -226,7 +220,7 @@ int main(int argc, char **argv) {
     CHECK(t.allocs == 0 && t.frees == 0 && t.ends == 1 && !strncmp(t.text, "v 3 ", 4) && t.whole &&
               t.last[0] == 'e' && strlen(t.last) > 3 && !strcmp(t.last + strlen(t.last) - 3, " 64"),
           "cap 100: header and end record only: %d allocations, last line '%s'", t.allocs, t.last);
-    CHECK(count(check_child_output, WARNING) == 1, "cap 100: one warning");
+    CHECK(check_count(check_child_output, WARNING) == 1, "cap 100: one warning");
     free(t.text);
   } else {
     CHECK(0, "cap 100: no trace");
@@ -236,9 +230,9 @@ int main(int argc, char **argv) {
   snprintf(env, sizeof env, "VMMSHIM_TRACE=%s", path_of("rmm.trace"));
   check_run_child("pairs", env, "VMMSHIM_TRACE_MAX=16K", "VMMSHIM_TRACE_FORMAT=rmm", NULL);
   if (read_trace(&t, path_of("rmm.trace")) == 0) {
-    CHECK(t.size <= 16384 && t.size + 256 > 16384 && t.whole && count(t.last, ",") == 5 && t.last[0] != 'e',
+    CHECK(t.size <= 16384 && t.size + 256 > 16384 && t.whole && check_count(t.last, ",") == 5 && t.last[0] != 'e',
           "rmm, 16K: %zu bytes, whole lines, the last one an event: '%s'", t.size, t.last);
-    CHECK(count(check_child_output, WARNING) == 1, "rmm, 16K: one warning");
+    CHECK(check_count(check_child_output, WARNING) == 1, "rmm, 16K: one warning");
     char err[4096];
     int rc = report(path_of("rmm.trace"), err, sizeof err);
     CHECK(rc == 0 && !err[0], "rmm, 16K: vmmshim-report reads it: exit %d, '%s'", rc, err);
@@ -251,7 +245,7 @@ int main(int argc, char **argv) {
   snprintf(env, sizeof env, "VMMSHIM_TRACE=%s", path_of("under.trace"));
   check_run_child("pairs", env, "VMMSHIM_TRACE_MAX=10M", "VMMSHIM_STATS=1", NULL);
   if (read_trace(&t, path_of("under.trace")) == 0) {
-    CHECK(t.allocs == PAIRS && t.frees == PAIRS && t.ends == 1 && count(t.last, " ") == 1,
+    CHECK(t.allocs == PAIRS && t.frees == PAIRS && t.ends == 1 && check_count(t.last, " ") == 1,
           "10M: every event, the usual end record: %d allocations, last line '%s'", t.allocs, t.last);
     CHECK(!strstr(check_child_output, WARNING), "10M: no warning");
     char want[700];

@@ -7,10 +7,13 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
+REPLAY = os.path.join(ROOT, "scripts", "vmmshim-replay")
 _tally = {"passed": 0, "failed": 0}
 
 
@@ -27,6 +30,11 @@ def summary():
     """Prints the closing line; returns the exit status."""
     print("%d passed, %d failed" % (_tally["passed"], _tally["failed"]))
     return 1 if _tally["failed"] else 0
+
+
+def report(*args, **kw):
+    """vmmshim-report run from the checkout's root: its CompletedProcess, output as text."""
+    return subprocess.run([sys.executable, REPORT] + list(args), cwd=ROOT, capture_output=True, text=True, **kw)
 
 
 @contextlib.contextmanager

@@ -15,10 +15,8 @@ import select
 import subprocess
 import sys
 
-from harness import ROOT, check, scratch, summary
+from harness import REPLAY, REPORT, ROOT, check, scratch, summary
 
-REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
-REPLAY = os.path.join(ROOT, "scripts", "vmmshim-replay")
 ERASE = "\r\x1b[K"
 
 

@@ -9,9 +9,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import ROOT, check, summary
-
-REPLAY = os.path.join(ROOT, "scripts", "vmmshim-replay")
+from harness import REPLAY, ROOT, check, summary
 
 
 def run(*args, env=None):

@@ -9,18 +9,12 @@ import pickle
 import pickletools
 import random
 import re
-import subprocess
 import sys
 import time
 
-from harness import ROOT, browser, check, colored_pixels, scratch, screenshot, summary
+from harness import REPORT, ROOT, browser, check, colored_pixels, report, scratch, screenshot, summary
 
-REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
 DATA = os.path.join("tests", "data")
-
-
-def report(*args, **kw):
-    return subprocess.run([sys.executable, REPORT] + list(args), cwd=ROOT, capture_output=True, text=True, **kw)
 
 
 def golden(trace, expected):

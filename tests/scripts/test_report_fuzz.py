@@ -34,10 +34,8 @@ import sys
 import time
 import traceback
 
-from harness import ROOT, check, scratch, summary
+from harness import REPLAY, REPORT, ROOT, check, scratch, summary
 
-REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
-REPLAY = os.path.join(ROOT, "scripts", "vmmshim-replay")
 BUILD = os.environ.get("BUILD", "build")
 MEMORY = 1 << 30  # RLIMIT_AS of the child: the readers must not need more
 SEED = 26

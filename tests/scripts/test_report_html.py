@@ -11,19 +11,13 @@ site or stack is counted in the singular. Ends with "N passed, N failed"."""
 import glob
 import os
 import re
-import subprocess
 import sys
 
-from harness import ROOT, browser, check, colour_mask, dump_dom, scratch, screenshot, summary
+from harness import REPORT, ROOT, browser, check, colour_mask, dump_dom, report, scratch, screenshot, summary
 
-REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
 TiB, MiB = 1 << 40, 1 << 20
 HUGE = 21734369280000  # 19.77 TiB
 TRAIN = "/home/user/project/train.py"
-
-
-def report(*args):
-    return subprocess.run([sys.executable, REPORT] + list(args), cwd=ROOT, capture_output=True, text=True)
 
 
 def write_trace(path):

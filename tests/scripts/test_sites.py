@@ -27,9 +27,8 @@ import shutil
 import subprocess
 import sys
 
-from harness import ROOT, browser, check, colour_mask, colored_pixels, dump_dom, scratch, screenshot, summary
+from harness import REPORT, ROOT, browser, check, colored_pixels, colour_mask, dump_dom, report, scratch, screenshot, summary
 
-REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
 MiB = 1 << 20
 
 LIB_SRC = r"""/* A stand-in for libcudart.so: its cudaMalloc calls the hook the program set, as the shim's
@@ -122,10 +121,6 @@ def load_report():
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
     return mod
-
-
-def report(*args, **kw):
-    return subprocess.run([sys.executable, REPORT] + list(args), cwd=ROOT, capture_output=True, text=True, **kw)
 
 
 def build_id(path):

@@ -13,10 +13,8 @@ import os
 import subprocess
 import sys
 
-from harness import ROOT, check, scratch, summary
+from harness import REPLAY, REPORT, ROOT, check, scratch, summary
 
-REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
-REPLAY = os.path.join(ROOT, "scripts", "vmmshim-replay")
 SMALL = os.path.join(ROOT, "tests", "data", "small.trace")
 LIMIT = 15  # seconds: a tool that waits for the trace before refusing runs into it
 

@@ -17,12 +17,11 @@ import subprocess
 import sys
 import tempfile
 
-from harness import ROOT, check, summary
+from harness import REPORT, ROOT, check, summary
 
 BUILD = os.environ.get("BUILD", "build")
 EMU = os.path.join(ROOT, BUILD, "emu")
 LIB = os.path.join(ROOT, BUILD, "libvmmshim.so")
-REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
 
 
 def shim_env(trace, **extra):
