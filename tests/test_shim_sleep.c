@@ -40,7 +40,12 @@
  *            says why), the rest of the tag sleeps; once the importer closed it, it sleeps too.
  *   big      a block on one 150 MiB handle (three host buffers of 64 MiB and one of the rest):
  *            mapped and host cycles keep every byte.
- *   copyfail three blocks on handles of their own; a copy to the host that cannot be queued, or
+ *   merge    four neighbouring blocks on handles of their own: a wake in each mode maps them with
+ *            handles of at most VMMSHIM_WAKE_MERGE (default 1 GiB, no more than
+ *            VMMSHIM_MAX_HANDLE): 1, 2 or 4 handles as set, bytes intact (zeros in discard
+ *            mode); a failed device mapping leaves that handle's blocks asleep on host memory,
+ *            intact, and the next wake brings them back; freed and trimmed, nothing stays.
+ *   copyfail (VMMSHIM_WAKE_MERGE=0) three blocks on handles of their own; a copy to the host that cannot be queued, or
  *            a wait for copies that fails, part-way through a mapped sleep: the blocks before it
  *            sleep, it and the later ones stay on the device, every byte intact, the answer
  *            says why (and the sleep returns 0, as any sleep that moved what it could); events that cannot be made: the sleep waits for whole streams and
@@ -78,6 +83,7 @@
 #pragma weak vmmshim_host_memory
 #pragma weak vmmshim_release_host
 #pragma weak vmmshim_api_version
+#pragma weak vmmshim_trim
 
 static vmmshim_sleep_result_t g_res;
 static const char *g_self;
@@ -594,6 +600,79 @@ static void scenario_copyfail(void) {
   CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
 }
 
+/* Four neighbouring blocks of 96 MiB, each on a handle of its own, woken by handles of at most
+ * VMMSHIM_WAKE_MERGE bytes (the test's environment sets it; MERGE_EXPECT says how many handles a
+ * wake makes for them). */
+enum { MERGE_N = 4 };
+static unsigned long long creates(void) { return emu_now().n_cuMemCreate; }
+static unsigned long long releases(void) { return emu_now().n_cuMemRelease; }
+
+static void scenario_merge(void) {
+  size_t n = 96 * MiB;
+  const char *e = getenv("MERGE_EXPECT"), *f = getenv("MERGE_FIRST");
+  long expect = e ? atol(e) : -1, first = f ? atol(f) : -1; /* handles a wake makes; segments of the first */
+  size_t dev0 = emu_device_used(0);
+  char *b[MERGE_N];
+  for (int i = 0; i < MERGE_N; i++) {
+    b[i] = tagged_malloc("m", n);
+    if (!b[i]) return;
+    pat_fill_sparse(b[i], n, 90 + (unsigned)i);
+  }
+  for (int i = 1; i < MERGE_N; i++)
+    CHECK(b[i] == b[i - 1] + n, "block %d follows block %d (the large heap grows in place)", i, i - 1);
+  const vmmshim_sleep_mode_t modes[3] = {VMMSHIM_SLEEP_HOST, VMMSHIM_SLEEP_MAPPED, VMMSHIM_SLEEP_DISCARD};
+  for (int m = 0; m < 3; m++) {
+    unsigned long long r0 = releases();
+    CHECK(do_sleep("m", modes[m]) == 0 && g_res.released == MERGE_N * n, "sleep mode %d: released %llu MiB, %s", m,
+          (unsigned long long)g_res.released >> 20, g_res.reason);
+    /* The first sleep releases the allocation's four handles, the later ones what a wake made. */
+    unsigned long long released = releases() - r0, c0 = creates();
+    CHECK(released == (unsigned long long)(m == 0 ? MERGE_N : expect), "mode %d: the sleep released %llu device handles",
+          m, released);
+    CHECK(do_wake("m", VMMSHIM_WAKE_ZERO) == 0 && g_res.restored == MERGE_N * n, "wake mode %d: restored %llu MiB, %s", m,
+          (unsigned long long)g_res.restored >> 20, g_res.reason);
+    long made = (long)(creates() - c0);
+    CHECK(made == expect, "mode %d: the wake made %ld device handles for %d segments, expected %ld", m, made, MERGE_N,
+          expect);
+    bool intact = true;
+    for (int i = 0; i < MERGE_N; i++) {
+      if (modes[m] == VMMSHIM_SLEEP_DISCARD) intact &= b[i][0] == 0 && b[i][n - 1] == 0 && b[i][n / 2] == 0;
+      else intact &= pat_check_sparse(b[i], n, 90 + (unsigned)i) == (size_t)-1;
+      intact &= mapped_as(b[i], n) == 0;
+    }
+    CHECK(intact, "mode %d: every block on device memory at its address, %s", m,
+          modes[m] == VMMSHIM_SLEEP_DISCARD ? "zeros" : "its bytes intact");
+    if (modes[m] == VMMSHIM_SLEEP_DISCARD) break;
+  }
+  for (int i = 0; i < MERGE_N; i++) pat_fill_sparse(b[i], n, 100 + (unsigned)i);
+
+  /* A device mapping fails at the wake: the segments of that handle (the first) stay asleep,
+   * served from host memory (mapped), intact; the next wake brings them back. */
+  CHECK(do_sleep("m", VMMSHIM_SLEEP_MAPPED) == 0, "mapped sleep: %s", g_res.reason);
+  emu_fail_next("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY, 1);
+  int rc = do_wake("m", 0);
+  int on_host = 0;
+  for (int i = 0; i < MERGE_N; i++) on_host += mapped_as(b[i], n) == 1;
+  CHECK(rc != 0 && on_host == first && g_res.restored == (MERGE_N - first) * n,
+        "a mapping fails: rc %d, %d blocks left on host memory (expected %ld), restored %llu MiB", rc, on_host, first,
+        (unsigned long long)g_res.restored >> 20);
+  bool intact = true;
+  for (int i = 0; i < MERGE_N; i++) intact &= pat_check_sparse(b[i], n, 100 + (unsigned)i) == (size_t)-1;
+  CHECK(intact, "every byte intact");
+  CHECK(do_wake("m", 0) == 0 && g_res.restored == (size_t)first * n, "the next wake: %s", g_res.reason);
+  for (int i = 0; i < MERGE_N; i++)
+    intact &= pat_check_sparse(b[i], n, 100 + (unsigned)i) == (size_t)-1 && mapped_as(b[i], n) == 0;
+  CHECK(intact, "all back on the device, intact");
+
+  /* Memory woken together goes back together: with every block freed, a trim gives back all. */
+  for (int i = 0; i < MERGE_N; i++) cudaFree(b[i]);
+  vmmshim_trim();
+  vmmshim_release_host(0);
+  CHECK(emu_device_used(0) <= dev0 && emu_host_used() == 0, "all given back: device %zu -> %zu MiB, host %zu MiB",
+        dev0 >> 20, emu_device_used(0) >> 20, emu_host_used() >> 20);
+  CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
+}
+
 /* The importer of scenario ipc: opens the handle given in SLEEP_IPC_HANDLE (hex), says "open" on
  * stdout, then closes it when a line arrives on stdin. */
 static void scenario_importer(void) {
@@ -689,6 +768,7 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "nohost")) scenario_nohost();
   else if (!strcmp(name, "big")) scenario_big();
   else if (!strcmp(name, "copyfail")) scenario_copyfail();
+  else if (!strcmp(name, "merge")) scenario_merge();
   else if (!strcmp(name, "ipc")) scenario_ipc(g_self);
   else if (!strcmp(name, "importer")) scenario_importer();
   else CHECK(0, "unknown scenario %s", name);
@@ -717,7 +797,11 @@ int main(int argc, char **argv) {
   check_run_child("peers", NULL);
   check_run_child("nohost", NULL);
   check_run_child("big", NULL);
-  check_run_child("copyfail", NULL);
+  check_run_child("copyfail", "VMMSHIM_WAKE_MERGE=0", NULL);
+  check_run_child("merge", "MERGE_EXPECT=1", "MERGE_FIRST=4", NULL);                           /* the default: 1 GiB */
+  check_run_child("merge", "VMMSHIM_WAKE_MERGE=200M", "MERGE_EXPECT=2", "MERGE_FIRST=2", NULL); /* 2 + 2 segments */
+  check_run_child("merge", "VMMSHIM_WAKE_MERGE=0", "MERGE_EXPECT=4", "MERGE_FIRST=1", NULL); /* one per segment */
+  check_run_child("merge", "VMMSHIM_MAX_HANDLE=300M", "MERGE_EXPECT=2", "MERGE_FIRST=3", NULL); /* 3 + 1: the cap */
   check_run_child("ipc", NULL);
   return check_summary();
 }

@@ -118,6 +118,7 @@ typedef enum vs_on_limit_e { VS_ON_LIMIT_FAIL = 0, VS_ON_LIMIT_WAIT = 1, VS_ON_L
   X(TAG, VS_KIND_TAG, 0)                         /* tag of new allocations at start ("default") */ \
   X(HOST_LIMIT, VS_KIND_SIZE, 0)                 /* cap on host memory of sleeping tags, 0 = none */ \
   X(HOST_RESERVE, VS_KIND_SIZE, 0)               /* host memory made ahead for sleeps */ \
+  X(WAKE_MERGE, VS_KIND_SIZE, 1ull << 30)         /* largest handle a wake makes of neighbouring segments */ \
   X(SLEEP_WAIT, VS_KIND_SAMPLE, 10000)           /* ms a sleep waits for a capture to end */ \
   X(IPC_TIMEOUT, VS_KIND_SECONDS, 10)            /* longest wait of an IPC open, and of a request */ \
   X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */

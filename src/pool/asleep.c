@@ -389,6 +389,42 @@ static void serve_from_host_again(vs_pool_t *p, vs_asleep_seg_t *s) {
   s->mode = VMMSHIM_SLEEP_HOST;
 }
 
+/* Segments woken by one device handle: neighbours in one reservation, of one mode. */
+typedef struct vs_run_s {
+  size_t first, count; /* a[first .. first + count) */
+  size_t size;
+} vs_run_t;
+
+static int by_va(const void *x, const void *y) {
+  CUdeviceptr a = ((const vs_asleep_seg_t *)x)->va, b = ((const vs_asleep_seg_t *)y)->va;
+  return a < b ? -1 : a > b;
+}
+
+/* Sorts a[] by address and cuts it into runs of at most `merge` bytes (VMMSHIM_WAKE_MERGE, no
+ * more than the largest handle): a handle's creation, mapping and access cost about as much at
+ * 1 GiB as at 64 MiB, so a wake of many segments costs a handful of driver calls, not a few
+ * hundred, and so does the next sleep's release. A segment larger than `merge` is a run alone.
+ * Returns the count of runs. */
+static size_t wake_runs(vs_pool_t *p, vs_asleep_seg_t *a, size_t n, size_t merge, vs_run_t *run) {
+  if (merge > p->chunk) merge = p->chunk;
+  qsort(a, n, sizeof *a, by_va);
+  size_t nr = 0;
+  pool_lock(p);
+  for (size_t i = 0; i < n; i++) {
+    vs_run_t *u = nr ? &run[nr - 1] : NULL;
+    const vs_asleep_seg_t *last = u ? &a[u->first + u->count - 1] : NULL;
+    if (last && last->va + last->size == a[i].va && last->mode == a[i].mode && u->size + a[i].size <= merge &&
+        resv_of(p, a[i].va) == resv_of(p, last->va)) {
+      u->count++;
+      u->size += a[i].size;
+    } else {
+      run[nr++] = (vs_run_t){i, 1, a[i].size};
+    }
+  }
+  pool_unlock(p);
+  return nr;
+}
+
 /* Wakes the asleep segments of one kind: those asleep (spilled false), or the growths served
  * from host memory past the limit (spilled true, a promote). A wake is all or nothing: when one
  * device handle cannot be had, nothing moves. A promote takes the segments that fit under the
@@ -421,22 +457,28 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
     return CUDA_SUCCESS;
   }
 
-  /* Every device handle first, admitted under VMMSHIM_LIMIT and the budget. */
+  /* Runs of neighbours (wake_runs) each get one device handle, admitted under VMMSHIM_LIMIT and
+   * the budget, before anything changes. */
+  vs_run_t *run = malloc(n * sizeof *run);
+  size_t nr = run ? wake_runs(p, a, n, spilled ? 0 : _vs_option(VS_OPT_WAKE_MERGE), run) : 0;
   CUmemGenericAllocationHandle *h = calloc(n, sizeof *h);
   vs_asleep_seg_t *later = spilled ? malloc(n * sizeof *later) : NULL;
-  CUresult r = h && (!spilled || later) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-  size_t ng = 0, nl = 0;
-  for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
-    CUresult c = _vs_mapped_admit(dev, a[i].size) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult r = run && h && (!spilled || later) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  size_t ng = 0, nkept = 0, nl = 0; /* runs with a handle; their segments, gathered at the front */
+  for (size_t k = 0; k < nr && r == CUDA_SUCCESS; k++) {
+    vs_run_t u = run[k];
+    CUresult c = _vs_mapped_admit(dev, u.size) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
     if (c == CUDA_SUCCESS) {
-      c = _vs_vmm_create(&p->caps, a[i].size, &h[ng]);
-      if (c != CUDA_SUCCESS) _vs_mapped_return(dev, a[i].size);
+      c = _vs_vmm_create(&p->caps, u.size, &h[ng]);
+      if (c != CUDA_SUCCESS) _vs_mapped_return(dev, u.size);
     }
     if (c == CUDA_SUCCESS) {
-      a[ng++] = a[i]; /* ng <= i: the admitted ones gather at the front */
+      for (size_t j = 0; j < u.count; j++) a[nkept + j] = a[u.first + j]; /* nkept <= u.first */
+      run[ng++] = (vs_run_t){nkept, u.count, u.size};
+      nkept += u.count;
     } else if (spilled) {
-      later[nl++] = a[i]; /* stays on the host */
-      out->skipped += a[i].size;
+      for (size_t j = 0; j < u.count; j++) later[nl++] = a[u.first + j]; /* stays on the host */
+      out->skipped += u.size;
       if (!out->why_skipped)
         out->why_skipped = c == CUDA_ERROR_OUT_OF_MEMORY ? "no room under the limit (VMMSHIM_LIMIT, the group's) or on the device"
                                                          : "cuMemCreate failed";
@@ -445,10 +487,11 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
     }
   }
   if (r != CUDA_SUCCESS || !ng) {
-    /* A wake that could not have every handle, or a promote that could have none: nothing moved. */
+    /* A wake that could not have every handle, or a promote that could have none: nothing moved
+     * (a wake stops at its first failure, so a[] is as it was). */
     while (ng-- > 0) {
-      _vs_vmm_release(&p->caps, h[ng], a[ng].size);
-      _vs_mapped_return(dev, a[ng].size);
+      _vs_vmm_release(&p->caps, h[ng], run[ng].size);
+      _vs_mapped_return(dev, run[ng].size);
     }
     if (r == CUDA_SUCCESS) r = CUDA_ERROR_OUT_OF_MEMORY;
     if (nl) asleep_put_back(p, later, nl); /* a promote: every one of them went there */
@@ -456,24 +499,24 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
     note(out, r, spilled ? "no room under the limit (VMMSHIM_LIMIT, the group's) or on the device"
                  : r == CUDA_ERROR_OUT_OF_MEMORY ? "the device has no room for the sleeping memory (or VMMSHIM_LIMIT)"
                                                  : "cuMemCreate failed");
-    free(h), free(later), free(a);
+    free(run), free(h), free(later), free(a);
     return r;
   }
-  n = ng;
+  n = nkept;
 
   uint64_t rw = p->access ? atomic_load(&p->access->rw) : 0, ro = p->access ? atomic_load(&p->access->ro) : 0;
   vs_copier_t cp;
   copier_open(&cp);
-  vs_seg_t *woke = malloc(n * sizeof *woke);
+  vs_seg_t *woke = malloc(ng * sizeof *woke);
   vs_asleep_seg_t *still = malloc(n * sizeof *still);
   size_t nw = 0, nstill = 0;
   if (!woke || !still) {
     /* No host memory for the shim's records: undo, as for a device without room. */
-    for (size_t i = 0; i < n; i++) {
-      _vs_vmm_release(&p->caps, h[i], a[i].size);
-      _vs_mapped_return(dev, a[i].size);
+    for (size_t k = 0; k < ng; k++) {
+      _vs_vmm_release(&p->caps, h[k], run[k].size);
+      _vs_mapped_return(dev, run[k].size);
     }
-    free(h), free(woke), free(still);
+    free(run), free(h), free(woke), free(still);
     copier_close(&cp);
     asleep_put_back(p, a, n);
     asleep_put_back(p, later, nl);
@@ -481,55 +524,66 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
     note(out, CUDA_ERROR_OUT_OF_MEMORY, "no host memory for the shim's records");
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  /* Every segment: its device handle is mapped at its address and its bytes queued back, from
-   * the host buffers' home mappings (a mapped one's buffers leave its address first: nothing
-   * runs on it now, the caller waited for the GPU and holds launches). One wait for all copies. */
-  CUresult *st = calloc(n, sizeof *st);
-  for (size_t i = 0; i < n && st; i++) {
-    vs_asleep_seg_t *s = &a[i];
-    if (s->mode == VMMSHIM_SLEEP_MAPPED) unmap_bufs_at(p, s, s->nbufs);
-    CUresult m = _vs_vmm_map(&p->caps, s->va, s->size, h[i]);
+  /* Every run: its device handle is mapped at its address and its segments' bytes queued back,
+   * from the host buffers' home mappings (a mapped segment's buffers leave its address first:
+   * nothing runs on it now, the caller waited for the GPU and holds launches). One wait for all
+   * copies. */
+  CUresult *st = calloc(ng, sizeof *st);
+  for (size_t k = 0; k < ng && st; k++) {
+    vs_run_t u = run[k];
+    vs_asleep_seg_t *s = &a[u.first];
+    for (size_t j = 0; j < u.count; j++)
+      if (s[j].mode == VMMSHIM_SLEEP_MAPPED) unmap_bufs_at(p, &s[j], s[j].nbufs);
+    CUresult m = _vs_vmm_map(&p->caps, s->va, u.size, h[k]);
     if (m == CUDA_SUCCESS) {
-      m = _vs_vmm_set_access_devices(&p->caps, s->va, s->size, rw, ro, 0);
-      if (m != CUDA_SUCCESS) _vs_vmm_unmap(&p->caps, s->va, s->size);
+      m = _vs_vmm_set_access_devices(&p->caps, s->va, u.size, rw, ro, 0);
+      if (m != CUDA_SUCCESS) _vs_vmm_unmap(&p->caps, s->va, u.size);
     }
-    if (m != CUDA_SUCCESS) serve_from_host_again(p, s);
-    if (m == CUDA_SUCCESS && s->mode != VMMSHIM_SLEEP_DISCARD) {
-      size_t off = 0;
-      for (int b = 0; b < s->nbufs; off += s->bufs[b++].size) copier_copy(&cp, s->va + off, s->bufs[b].home, s->bufs[b].size);
-    } else if (m == CUDA_SUCCESS && zero) {
-      copier_zero(&cp, s->va, s->size);
+    for (size_t j = 0; j < u.count; j++) {
+      if (m != CUDA_SUCCESS) {
+        serve_from_host_again(p, &s[j]);
+      } else if (s[j].mode != VMMSHIM_SLEEP_DISCARD) {
+        size_t off = 0;
+        for (int b = 0; b < s[j].nbufs; off += s[j].bufs[b++].size)
+          copier_copy(&cp, s[j].va + off, s[j].bufs[b].home, s[j].bufs[b].size);
+      } else if (zero) {
+        copier_zero(&cp, s[j].va, s[j].size);
+      }
     }
-    st[i] = m;
+    st[k] = m;
   }
   CUresult c = copier_close(&cp);
   note(out, c, "copying back to the device failed");
-  /* Copies that did not complete: the segments whose bytes were coming back stay asleep with
-   * them (a mapped one serves from its host buffers again); the device handles go. */
-  for (size_t i = 0; i < n && st && c != CUDA_SUCCESS; i++) {
-    vs_asleep_seg_t *s = &a[i];
-    if (s->mode == VMMSHIM_SLEEP_DISCARD || st[i] != CUDA_SUCCESS) continue;
-    _vs_vmm_unmap(&p->caps, s->va, s->size);
-    serve_from_host_again(p, s);
-    st[i] = c;
+  /* Copies that did not complete: the runs whose bytes were coming back stay asleep with them
+   * (a mapped segment serves from its host buffers again); the device handles go. A run holds
+   * segments of one mode. */
+  for (size_t k = 0; k < ng && st && c != CUDA_SUCCESS; k++) {
+    vs_asleep_seg_t *s = &a[run[k].first];
+    if (s->mode == VMMSHIM_SLEEP_DISCARD || st[k] != CUDA_SUCCESS) continue;
+    _vs_vmm_unmap(&p->caps, s->va, run[k].size);
+    for (size_t j = 0; j < run[k].count; j++) serve_from_host_again(p, &s[j]);
+    st[k] = c;
   }
-  for (size_t i = 0; i < n; i++) {
-    vs_asleep_seg_t *s = &a[i];
-    CUresult m = st ? st[i] : CUDA_ERROR_OUT_OF_MEMORY;
+  for (size_t k = 0; k < ng; k++) {
+    vs_run_t u = run[k];
+    vs_asleep_seg_t *s = &a[u.first];
+    CUresult m = st ? st[k] : CUDA_ERROR_OUT_OF_MEMORY;
     if (m != CUDA_SUCCESS) {
       note(out, m, spilled ? "mapping device memory in place of host memory failed; it stays on the host"
                            : "mapping device memory at the sleeping address failed; it stays asleep");
-      _vs_vmm_release(&p->caps, h[i], s->size);
-      _vs_mapped_return(dev, s->size);
-      still[nstill++] = *s;
+      _vs_vmm_release(&p->caps, h[k], u.size);
+      _vs_mapped_return(dev, u.size);
+      for (size_t j = 0; j < u.count; j++) still[nstill++] = s[j];
       continue;
     }
-    woke[nw++] = (vs_seg_t){s->va, s->size, h[i]};
-    if (s->mode == VMMSHIM_SLEEP_DISCARD) out->discarded += s->size;
-    else out->to_host += s->size;
-    if (s->spilled) _vs_group_spill_return(dev, s->size);
-    give_bufs(&p->caps, s);
-    out->restored += s->size;
+    woke[nw++] = (vs_seg_t){s->va, u.size, h[k]};
+    for (size_t j = 0; j < u.count; j++) {
+      if (s[j].mode == VMMSHIM_SLEEP_DISCARD) out->discarded += s[j].size;
+      else out->to_host += s[j].size;
+      if (s[j].spilled) _vs_group_spill_return(dev, s[j].size);
+      give_bufs(&p->caps, &s[j]);
+      out->restored += s[j].size;
+    }
   }
   free(st);
   pool_lock(p);
@@ -549,7 +603,7 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
     uint64_t m = VS_STAT_ADD(bytes_mapped, out->restored) + out->restored;
     _vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);
   }
-  free(h), free(woke), free(still), free(later), free(a);
+  free(run), free(h), free(woke), free(still), free(later), free(a);
   return out->err;
 }
 

@@ -18,6 +18,10 @@
 
 #include "vmmshim/pool_internal.h"
 
+#ifndef VS_RECLAIM_GATHER_US
+#define VS_RECLAIM_GATHER_US 100 /* the reclaimer's pause between synchronisations */
+#endif
+
 /* Moves blocks of a FIFO whose free came before sync number `done` into the bins. */
 static void release_before(vs_pool_t *p, vs_list_t *l, uint64_t done) {
   while (l->head && l->head->freed_seq < done) {
@@ -280,7 +284,7 @@ static void *reclaimer_main(void *arg) {
         break;
       }
     }
-    struct timespec ts = {0, 100 * 1000}; /* let frees gather: one sync serves many */
+    struct timespec ts = {0, VS_RECLAIM_GATHER_US * 1000}; /* let frees gather: one sync serves many */
     nanosleep(&ts, NULL);
     pool_lock(p);
   }
