@@ -51,7 +51,12 @@
  *            says why (and the sleep returns 0, as any sleep that moved what it could); events that cannot be made: the sleep waits for whole streams and
  *            completes. At the wake, a copy back that fails or a device mapping that fails
  *            leaves the blocks asleep, served from host memory, intact; the next wake brings
- *            every byte back. */
+ *            every byte back.
+ *   alias    (VMMSHIM_WAKE_MERGE=0) mapped mode copies from an alias of the segments, reserved
+ *            and given back by each sleep; without one (reserve or map fails) everything still
+ *            sleeps; an unmap that fails keeps its block on the device, a host mapping that
+ *            fails keeps its bytes on the host, a failed wait maps the device memory back, and
+ *            when that fails too the block is discarded (said, wakes to zeros). */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dirent.h>
@@ -600,6 +605,99 @@ static void scenario_copyfail(void) {
   CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
 }
 
+/* Mapped mode copies each segment from a second mapping of its device handle (an alias), so
+ * that the host buffers take the addresses while the copies run. Three blocks of 64 MiB, one
+ * segment and one host buffer each (VMMSHIM_WAKE_MERGE=0 keeps them apart after a wake): the
+ * alias is reserved and given back by every sleep (host mode has none); when it cannot be had the sleep still moves
+ * everything; each later failure keeps the segment's bytes, on the device or on the host, or,
+ * when even mapping its device memory back fails, discards it and says so. */
+static long reservations(void) { return emu_now().live_reservations; }
+
+static void scenario_alias(void) {
+  size_t n = 64 * MiB;
+  char *b[COPYFAIL_N];
+  for (int i = 0; i < COPYFAIL_N; i++) {
+    b[i] = tagged_malloc("al", n);
+    if (!b[i]) return;
+    pat_fill_sparse(b[i], n, 90 + (unsigned)i);
+  }
+  /* A first cycle in host mode makes the host buffers (a reservation each), kept for the next. */
+  CHECK(do_sleep("al", VMMSHIM_SLEEP_HOST) == 0 && do_wake("al", 0) == 0 && all_intact(b, n, 90), "host mode: %s", g_res.reason);
+  long resv = reservations();
+  unsigned long long reserves = emu_now().n_cuMemAddressReserve;
+  int rc = do_sleep("al", VMMSHIM_SLEEP_MAPPED);
+  CHECK(rc == 0 && g_res.host_mapped == 3 * n && count_as(b, n, 1) == COPYFAIL_N && all_intact(b, n, 90),
+        "slept through the alias: rc %d, %llu MiB mapped from the host", rc, (unsigned long long)g_res.host_mapped >> 20);
+  CHECK(emu_now().n_cuMemAddressReserve == reserves + 1 && reservations() == resv,
+        "one alias reserved and given back (%llu reserves, %ld live, %ld before)",
+        emu_now().n_cuMemAddressReserve - reserves, reservations(), resv);
+  CHECK(do_wake("al", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 90), "woken, intact");
+
+  /* No alias: the reservation, or the second alias mapping, fails; the segments move after
+   * their copies instead. */
+  const char *no_alias[2] = {"cuMemAddressReserve", "cuMemMap"};
+  for (int k = 0; k < 2; k++) {
+    emu_fail_after(no_alias[k], k, CUDA_ERROR_OUT_OF_MEMORY, 1);
+    rc = do_sleep("al", VMMSHIM_SLEEP_MAPPED);
+    CHECK(rc == 0 && g_res.host_mapped == 3 * n && count_as(b, n, 1) == COPYFAIL_N && all_intact(b, n, 90) &&
+              reservations() == resv,
+          "%s fails: rc %d, %llu MiB mapped from the host, %ld reservations", no_alias[k], rc,
+          (unsigned long long)g_res.host_mapped >> 20, reservations());
+    CHECK(do_wake("al", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 90), "woken, intact");
+  }
+
+  /* The second block's address cannot be unmapped: it stays on the device, the others sleep. */
+  emu_fail_after("cuMemUnmap", 1, CUDA_ERROR_INVALID_VALUE, 1);
+  rc = do_sleep("al", VMMSHIM_SLEEP_MAPPED);
+  CHECK(rc == 0 && strstr(g_res.reason, "cuMemUnmap failed") && g_res.released == 2 * n && g_res.skipped == n,
+        "an unmap fails: rc %d, released %llu MiB, skipped %llu MiB, %s", rc, (unsigned long long)g_res.released >> 20,
+        (unsigned long long)g_res.skipped >> 20, g_res.reason);
+  CHECK(mapped_as(b[1], n) == 0 && count_as(b, n, 1) == 2 && all_intact(b, n, 90) && reservations() == resv,
+        "the second on the device, the others on host memory, intact");
+  CHECK(do_wake("al", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 90), "woken, intact");
+
+  /* The second block's host buffer cannot be mapped at its address (three alias mappings, then
+   * one host mapping each): its bytes are kept on the host, unmapped there, and come back. */
+  emu_fail_after("cuMemMap", 4, CUDA_ERROR_OUT_OF_MEMORY, 1);
+  rc = do_sleep("al", VMMSHIM_SLEEP_MAPPED);
+  CHECK(rc == 0 && strstr(g_res.reason, "kept on the host") && g_res.released == 3 * n && g_res.host_mapped == 2 * n,
+        "a host mapping fails: rc %d, released %llu MiB, %llu MiB mapped from the host, %s", rc,
+        (unsigned long long)g_res.released >> 20, (unsigned long long)g_res.host_mapped >> 20, g_res.reason);
+  CHECK(mapped_as(b[1], n) == -1 && count_as(b, n, 1) == 2 && reservations() == resv, "the second is unmapped, the others on host memory");
+  CHECK(do_wake("al", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 90), "woken, intact");
+
+  /* The wait for the second block's copy fails (one event per copy stream: two a block): the
+   * first sleeps, the others get their device memory back at their addresses. */
+  emu_fail_after("cuEventSynchronize", 2, CUDA_ERROR_LAUNCH_FAILED, 1);
+  rc = do_sleep("al", VMMSHIM_SLEEP_MAPPED);
+  CHECK(rc == 0 && strstr(g_res.reason, "copying to host memory failed") && g_res.released == n && g_res.skipped == 2 * n,
+        "a wait fails: rc %d, released %llu MiB, skipped %llu MiB, %s", rc, (unsigned long long)g_res.released >> 20,
+        (unsigned long long)g_res.skipped >> 20, g_res.reason);
+  CHECK(mapped_as(b[0], n) == 1 && count_as(b, n, 0) == 2 && all_intact(b, n, 90) && reservations() == resv,
+        "the first on host memory, the others back on the device, intact");
+  CHECK(do_wake("al", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 90), "woken, intact");
+
+  /* The same, and mapping the second block's device memory back fails too (three alias and
+   * three host mappings came first): its bytes are lost, it sleeps as discarded and wakes to
+   * zeros; the third is back on the device. */
+  emu_fail_after("cuEventSynchronize", 2, CUDA_ERROR_LAUNCH_FAILED, 1);
+  emu_fail_after("cuMemMap", 6, CUDA_ERROR_OUT_OF_MEMORY, 1);
+  rc = do_sleep("al", VMMSHIM_SLEEP_MAPPED);
+  CHECK(rc == 0 && g_res.discarded == n && g_res.released == 2 * n && g_res.skipped == n,
+        "a wait and a mapping back fail: rc %d, discarded %llu MiB, released %llu MiB, skipped %llu MiB", rc,
+        (unsigned long long)g_res.discarded >> 20, (unsigned long long)g_res.released >> 20,
+        (unsigned long long)g_res.skipped >> 20);
+  CHECK(mapped_as(b[0], n) == 1 && mapped_as(b[1], n) == -1 && mapped_as(b[2], n) == 0 && reservations() == resv,
+        "the first on host memory, the second unmapped, the third on the device");
+  CHECK(do_wake("al", VMMSHIM_WAKE_ZERO) == 0 && count_as(b, n, 0) == COPYFAIL_N, "woken: %s", g_res.reason);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < n; i += 4096) nonzero += b[1][i] != 0;
+  CHECK(nonzero == 0 && pat_check_sparse(b[0], n, 90) == (size_t)-1 && pat_check_sparse(b[2], n, 92) == (size_t)-1,
+        "the lost block wakes as zeros (%zu pages not), the others intact", nonzero);
+  for (int i = 0; i < COPYFAIL_N; i++) cudaFree(b[i]);
+  CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
+}
+
 /* Four neighbouring blocks of 96 MiB, each on a handle of its own, woken by handles of at most
  * VMMSHIM_WAKE_MERGE bytes (the test's environment sets it; MERGE_EXPECT says how many handles a
  * wake makes for them). */
@@ -769,6 +867,7 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "big")) scenario_big();
   else if (!strcmp(name, "copyfail")) scenario_copyfail();
   else if (!strcmp(name, "merge")) scenario_merge();
+  else if (!strcmp(name, "alias")) scenario_alias();
   else if (!strcmp(name, "ipc")) scenario_ipc(g_self);
   else if (!strcmp(name, "importer")) scenario_importer();
   else CHECK(0, "unknown scenario %s", name);
@@ -798,6 +897,7 @@ int main(int argc, char **argv) {
   check_run_child("nohost", NULL);
   check_run_child("big", NULL);
   check_run_child("copyfail", "VMMSHIM_WAKE_MERGE=0", NULL);
+  check_run_child("alias", "VMMSHIM_WAKE_MERGE=0", NULL);
   check_run_child("merge", "MERGE_EXPECT=1", "MERGE_FIRST=4", NULL);                           /* the default: 1 GiB */
   check_run_child("merge", "VMMSHIM_WAKE_MERGE=200M", "MERGE_EXPECT=2", "MERGE_FIRST=2", NULL); /* 2 + 2 segments */
   check_run_child("merge", "VMMSHIM_WAKE_MERGE=0", "MERGE_EXPECT=4", "MERGE_FIRST=1", NULL); /* one per segment */

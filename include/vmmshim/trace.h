@@ -20,12 +20,14 @@
  *   'f' free:  a ptr, c served, d stream, sub api
  *   'o' failed allocation: b requested, d stream, e CUresult, sub api
  *   'm' pool event: a va, b size, c handle, d duration ns, e CUresult, sub op, flags
- *       (VS_TRACE_HOST_MEMORY in flags: a host buffer's mapping, not device memory)
+ *       (VS_TRACE_HOST_MEMORY in flags: a host buffer's mapping, not device memory;
+ *       VS_TRACE_ALIAS: a second mapping of a device handle, not more device memory)
  *   'g' tag name: a-d the name (up to 31 bytes, zero-padded), e the tag's index
  *   'w' sleep or wake: sub 0 sleep, 1 wake, a device bytes given back or mapped again, b bytes
  *       copied to or from host memory, c the tag's index (~0: every tag), d duration ns,
  *       e the result (0, or a negative errno value), flags the mode */
 #define VS_TRACE_HOST_MEMORY 0x80
+#define VS_TRACE_ALIAS 0x40
 typedef struct vs_trace_rec_s {
   _Alignas(64) atomic_uint_least64_t seq;
   uint64_t t; /* raw clock reading (clock.h); made ns when drained */

@@ -38,6 +38,10 @@ CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, 
 /* The same for a host-location handle (traced as host memory, not device memory). */
 CUresult _vs_vmm_map_host(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle);
 CUresult _vs_vmm_unmap_host(const vs_device_caps_t *caps, CUdeviceptr va, size_t size);
+/* A second mapping of a device handle already mapped elsewhere (traced as an alias, so that a
+ * trace reader does not count its memory twice). */
+CUresult _vs_vmm_map_alias(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle);
+CUresult _vs_vmm_unmap_alias(const vs_device_caps_t *caps, CUdeviceptr va, size_t size);
 /* va and size cover whole mappings. */
 CUresult _vs_vmm_unmap(const vs_device_caps_t *caps, CUdeviceptr va, size_t size);
 /* Read-write access for caps->device. */

@@ -13,6 +13,7 @@ from .progress import _CountingReader
 
 FORMAT_VERSION = 3  # the newest native format version this reader understands
 HOST_MEMORY = 0x80  # an m record's flag: host memory mapped at a device address (a sleeping tag's)
+ALIAS = 0x40  # an m record's flag: a second mapping of a device handle (a sleep's copy source)
 RMM_HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 READ_BUFFER = 1 << 20  # bytes per read of the trace
 MAX_DEVICE = 4095  # the largest device ordinal a line may name: a bigger one is out of range

@@ -5,7 +5,7 @@ import collections
 import heapq
 
 from .common import fmt_bytes, fmt_pow2, plural
-from .reading import HOST_MEMORY
+from .reading import ALIAS, HOST_MEMORY
 
 SLEEP_MODES = ["discard", "host", "mapped"]
 from .sites import NO_STACKS, Stacks
@@ -218,7 +218,7 @@ class Analysis:
                     self.vmm_events.append((t, op, size, va, dur, res))
                 if res != 0:
                     self.vmm_fail += 1
-                elif flags & HOST_MEMORY:  # a sleeping tag's host memory: not device memory
+                elif flags & (HOST_MEMORY | ALIAS):  # host memory, or device memory mapped twice
                     pass
                 elif op == 2:  # map
                     self.mapped_bytes += size

@@ -179,8 +179,8 @@ CUresult _vs_vmm_release(const vs_device_caps_t *caps, CUmemGenericAllocationHan
   return finish(VS_VMM_RELEASE, "cuMemRelease", r, t0, 0, size, (uint64_t)handle, 0, caps->device);
 }
 
-/* flags: VS_TRACE_HOST_MEMORY for a host-location handle, so a trace reader does not count it as
- * device memory. */
+/* flags: VS_TRACE_HOST_MEMORY for a host-location handle, VS_TRACE_ALIAS for a second mapping of a
+ * device handle, so that a trace reader does not count either as device memory. */
 static CUresult map_as(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle,
                        unsigned flags, const char *what) {
   CUresult r = check_range("cuMemMap", caps, va, size, true);
@@ -211,6 +211,14 @@ CUresult _vs_vmm_map_host(const vs_device_caps_t *caps, CUdeviceptr va, size_t s
 
 CUresult _vs_vmm_unmap_host(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
   return unmap_as(caps, va, size, VS_TRACE_HOST_MEMORY, "cuMemUnmap (host memory)");
+}
+
+CUresult _vs_vmm_map_alias(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle) {
+  return map_as(caps, va, size, handle, VS_TRACE_ALIAS, "cuMemMap (alias)");
+}
+
+CUresult _vs_vmm_unmap_alias(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
+  return unmap_as(caps, va, size, VS_TRACE_ALIAS, "cuMemUnmap (alias)");
 }
 
 CUresult _vs_vmm_unmap(const vs_device_caps_t *caps, CUdeviceptr va, size_t size) {
