@@ -140,6 +140,23 @@ def test_synthetic(tmp):
     check(dt < 30, "100k events read in %.2f s" % dt)
 
 
+def test_not_device_memory(tmp):
+    """A second mapping of a device handle (flag 40: a mapped sleep's copy source) and host memory
+    mapped at a device address (flag 80) are not device memory: the peak mapped counts neither."""
+    path = os.path.join(tmp, "alias.trace")
+    with open(path, "w") as f:
+        f.write("v 1 vmmshim 0.1.0\nx /synthetic\nc synthetic\np 1 0 0\ns 0 0\n")
+        f.write("m 10 1 2 0 7e0000000000 4000000 1 0 0 1000\n")   # the device handle, 64 MiB
+        f.write("m 20 1 2 0 7f0000000000 4000000 1 40 0 1000\n")  # its alias
+        f.write("m 30 1 2 0 7e0004000000 4000000 2 80 0 1000\n")  # host memory at a device address
+        f.write("m 40 1 4 0 7f0000000000 4000000 0 40 0 1000\n")
+        f.write("m 50 1 4 0 7e0004000000 4000000 0 80 0 1000\n")
+    r = report(path)
+    m = re.search(r"peak mapped: .*\((\d+) B\)", r.stdout)
+    check(r.returncode == 0 and m and int(m.group(1)) == 64 << 20,
+          "alias and host mappings not counted as device memory (peak mapped %s)" % (m and m.group(1)))
+
+
 def test_html_render(page, tmp):
     """Each chart of the page on its own (the page's only=SECTION parameter hides the rest),
     screenshotted by headless chromium: the timeline is drawn by the page's script."""
@@ -165,6 +182,7 @@ def main():
         test_refusals(tmp)
         page = test_exports(tmp)
         test_synthetic(tmp)
+        test_not_device_memory(tmp)
         test_html_render(page, tmp)
     return summary()
 
