@@ -348,13 +348,15 @@ static void scenario_capture(void) {
 }
 
 static volatile double g_launch_done;
+/* Submits work once the move has begun: a kernel launch (arg NULL), or a 2D memset of four rows
+ * of 1 KiB at a pitch of 4 KiB into arg. */
 static void *launcher(void *arg) {
-  (void)arg;
   cudaSetDevice(0);
   sleep_ms(100); /* the move has begun */
-  CUresult r = cuLaunchKernel((CUfunction)(uintptr_t)0x1234, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+  CUresult r = arg ? cuMemsetD2D8Async((CUdeviceptr)(uintptr_t)arg, 4096, 0x7f, 1024, 4, NULL)
+                   : cuLaunchKernel((CUfunction)(uintptr_t)0x1234, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
   g_launch_done = now_s();
-  CHECK(r == CUDA_SUCCESS, "launch: %d", (int)r);
+  CHECK(r == CUDA_SUCCESS, "%s: %d", arg ? "2D memset" : "launch", (int)r);
   return NULL;
 }
 
@@ -374,6 +376,22 @@ static void scenario_gate(void) {
             now_s() - t0 < 0.05,
         "an open gate does not hold");
   CHECK(do_wake("weights", 0) == 0, "wake");
+
+  /* A 2D memset (cudaMemset2D's entry point) is held the same way. */
+  char *o = tagged_malloc("other", 64 * 1024);
+  if (!o) return;
+  memset(o, 0, 64 * 1024);
+  CHECK(in_shim((void *)cuMemsetD2D8Async) && in_shim((void *)cuMemsetD2D8), "the 2D memsets are the shim's");
+  emu_delay_next("cuMemUnmap", 400000, 1);
+  pthread_create(&t, NULL, launcher, o);
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_DISCARD) == 0, "sleep: %s", g_res.reason);
+  sleep_done = now_s();
+  pthread_join(t, NULL);
+  CHECK(g_launch_done >= sleep_done - 0.001, "the 2D memset waited for the move (%.3f s after it)", g_launch_done - sleep_done);
+  cudaDeviceSynchronize();
+  CHECK(o[0] == 0x7f && o[3 * 4096 + 1023] == 0x7f && o[1024] == 0 && o[4 * 4096] == 0, "four rows set, the pitch's gaps not");
+  CHECK(do_wake("weights", 0) == 0, "wake");
+  cudaFree(o);
   cudaFree(w);
 }
 

@@ -137,7 +137,39 @@
   X(MEMSET32_ASYNC, "cuMemsetD32Async", 3020, 0, cuMemsetD32Async,                                            \
     (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))                                      \
   X(MEMSET32_ASYNC_PTSZ, "cuMemsetD32Async", 3020, 1, cuMemsetD32Async_ptsz,                                  \
-    (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))
+    (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))                                      \
+  VS_GATED_2D(X)
+
+/* 2D memsets and 3D peer copies (the same gate; a separate list only to keep lines short). */
+#define VS_FN_SET2D(T) (CUdeviceptr d, size_t pitch, T v, size_t w, size_t rows)
+#define VS_FN_SET2D_ASYNC(T) (CUdeviceptr d, size_t pitch, T v, size_t w, size_t rows, CUstream h)
+#define VS_AR_SET2D (d, pitch, v, w, rows)
+#define VS_AR_SET2D_ASYNC (d, pitch, v, w, rows, h)
+#define VS_GATED_2D(X)                                                                                          \
+  X(SET2D8, "cuMemsetD2D8", 3020, 0, cuMemsetD2D8_v2, VS_FN_SET2D(unsigned char), VS_AR_SET2D)                \
+  X(SET2D8_PTDS, "cuMemsetD2D8", 3020, 1, cuMemsetD2D8_v2_ptds, VS_FN_SET2D(unsigned char), VS_AR_SET2D)      \
+  X(SET2D16, "cuMemsetD2D16", 3020, 0, cuMemsetD2D16_v2, VS_FN_SET2D(unsigned short), VS_AR_SET2D)            \
+  X(SET2D16_PTDS, "cuMemsetD2D16", 3020, 1, cuMemsetD2D16_v2_ptds, VS_FN_SET2D(unsigned short), VS_AR_SET2D)  \
+  X(SET2D32, "cuMemsetD2D32", 3020, 0, cuMemsetD2D32_v2, VS_FN_SET2D(unsigned int), VS_AR_SET2D)              \
+  X(SET2D32_PTDS, "cuMemsetD2D32", 3020, 1, cuMemsetD2D32_v2_ptds, VS_FN_SET2D(unsigned int), VS_AR_SET2D)    \
+  X(SET2D8_ASYNC, "cuMemsetD2D8Async", 3020, 0, cuMemsetD2D8Async, VS_FN_SET2D_ASYNC(unsigned char),          \
+    VS_AR_SET2D_ASYNC)                                                                                         \
+  X(SET2D8_ASYNC_PTSZ, "cuMemsetD2D8Async", 3020, 1, cuMemsetD2D8Async_ptsz, VS_FN_SET2D_ASYNC(unsigned char), \
+    VS_AR_SET2D_ASYNC)                                                                                         \
+  X(SET2D16_ASYNC, "cuMemsetD2D16Async", 3020, 0, cuMemsetD2D16Async, VS_FN_SET2D_ASYNC(unsigned short),      \
+    VS_AR_SET2D_ASYNC)                                                                                         \
+  X(SET2D16_ASYNC_PTSZ, "cuMemsetD2D16Async", 3020, 1, cuMemsetD2D16Async_ptsz,                               \
+    VS_FN_SET2D_ASYNC(unsigned short), VS_AR_SET2D_ASYNC)                                                      \
+  X(SET2D32_ASYNC, "cuMemsetD2D32Async", 3020, 0, cuMemsetD2D32Async, VS_FN_SET2D_ASYNC(unsigned int),        \
+    VS_AR_SET2D_ASYNC)                                                                                         \
+  X(SET2D32_ASYNC_PTSZ, "cuMemsetD2D32Async", 3020, 1, cuMemsetD2D32Async_ptsz, VS_FN_SET2D_ASYNC(unsigned int), \
+    VS_AR_SET2D_ASYNC)                                                                                         \
+  X(MEMCPY3D_PEER, "cuMemcpy3DPeer", 4000, 0, cuMemcpy3DPeer, (const CUDA_MEMCPY3D_PEER *c), (c))             \
+  X(MEMCPY3D_PEER_PTDS, "cuMemcpy3DPeer", 4000, 1, cuMemcpy3DPeer_ptds, (const CUDA_MEMCPY3D_PEER *c), (c))   \
+  X(MEMCPY3D_PEER_ASYNC, "cuMemcpy3DPeerAsync", 4000, 0, cuMemcpy3DPeerAsync,                                 \
+    (const CUDA_MEMCPY3D_PEER *c, CUstream h), (c, h))                                                         \
+  X(MEMCPY3D_PEER_ASYNC_PTSZ, "cuMemcpy3DPeerAsync", 4000, 1, cuMemcpy3DPeerAsync_ptsz,                       \
+    (const CUDA_MEMCPY3D_PEER *c, CUstream h), (c, h))
 
 /* The gated entries as hook-list entries (the list's users take five fields). */
 #define VS_GATED_AS_HOOK(id, base, ver, ptsz, sym, params, args) VS_HOOK_ENTRY(id, base, ver, ptsz, sym)

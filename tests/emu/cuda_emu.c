@@ -1722,6 +1722,41 @@ static CUresult e_cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char uc, size_t
   return enqueue_copy(h, 1, K_SET, dst, 0, n, uc);
 }
 
+/* 2D memsets: one stream-ordered memset per row. */
+static CUresult memset_2d(CUstream h, int ptsz, CUdeviceptr dst, size_t pitch, unsigned char uc, size_t w, size_t rows) {
+  if (rows > 1 && pitch < w) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t y = 0; y < rows; y++) {
+    CUresult r = enqueue_copy(h, ptsz, K_SET, dst + y * pitch, 0, w, uc);
+    if (r) return r;
+  }
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMemsetD2D8_v2(CUdeviceptr dst, size_t pitch, unsigned char uc, size_t w, size_t rows) {
+  ENTER(cuMemsetD2D8);
+  NEED_INIT();
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if ((r = check_unsafe("cuMemsetD2D8"))) return r;
+  if ((r = memset_2d(CU_STREAM_LEGACY, 0, dst, pitch, uc, w, rows))) return r;
+  force(c->legacy, c->legacy->enq);
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char uc, size_t w, size_t rows, CUstream h) {
+  ENTER(cuMemsetD2D8Async);
+  NEED_INIT();
+  LOCKED();
+  return memset_2d(h, 0, dst, pitch, uc, w, rows);
+}
+static CUresult e_cuMemsetD2D8Async_ptsz(CUdeviceptr dst, size_t pitch, unsigned char uc, size_t w, size_t rows,
+                                         CUstream h) {
+  ENTER(cuMemsetD2D8Async);
+  NEED_INIT();
+  LOCKED();
+  return memset_2d(h, 1, dst, pitch, uc, w, rows);
+}
+
 /* A kernel launch that runs nothing (the tests' kernels are emu_launch callbacks): it is
  * there for what the driver does around a launch (ordering, capture, the shim's hooks). */
 static CUresult launch(CUfunction f, CUstream h, int ptsz) {
@@ -2665,6 +2700,8 @@ static const sym_t g_syms[] = {
     SYMP("cuMemcpyDtoDAsync", 3020, e_cuMemcpyDtoDAsync_v2, e_cuMemcpyDtoDAsync_v2_ptsz),
     SYM("cuMemsetD8", 3020, e_cuMemsetD8_v2),
     SYMP("cuMemsetD8Async", 3020, e_cuMemsetD8Async, e_cuMemsetD8Async_ptsz),
+    SYM("cuMemsetD2D8", 3020, e_cuMemsetD2D8_v2),
+    SYMP("cuMemsetD2D8Async", 3020, e_cuMemsetD2D8Async, e_cuMemsetD2D8Async_ptsz),
     SYMP("cuLaunchKernel", 4000, e_cuLaunchKernel, e_cuLaunchKernel_ptsz),
     SYM("cuGetErrorName", 6000, e_cuGetErrorName),
     SYM("cuGetErrorString", 6000, e_cuGetErrorString),
@@ -2723,6 +2760,9 @@ EXPORT(cuMemcpyDtoDAsync_v2_ptsz, e_cuMemcpyDtoDAsync_v2_ptsz)
 EXPORT(cuMemsetD8_v2, e_cuMemsetD8_v2)
 EXPORT(cuMemsetD8Async, e_cuMemsetD8Async)
 EXPORT(cuMemsetD8Async_ptsz, e_cuMemsetD8Async_ptsz)
+EXPORT(cuMemsetD2D8_v2, e_cuMemsetD2D8_v2)
+EXPORT(cuMemsetD2D8Async, e_cuMemsetD2D8Async)
+EXPORT(cuMemsetD2D8Async_ptsz, e_cuMemsetD2D8Async_ptsz)
 EXPORT(cuLaunchKernel, e_cuLaunchKernel)
 EXPORT(cuLaunchKernel_ptsz, e_cuLaunchKernel_ptsz)
 EXPORT(cuDriverGetVersion, e_cuDriverGetVersion)

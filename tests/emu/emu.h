@@ -112,7 +112,7 @@ extern "C" {
   X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuMemPoolSetAccess)                   \
   X(cuMemPoolGetAccess) X(cuMemPoolGetAttribute) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo)      \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)                                \
-  X(cuMemcpyDtoD) X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD8Async) X(cuLaunchKernel)
+  X(cuMemcpyDtoD) X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD8Async) X(cuMemsetD2D8) X(cuMemsetD2D8Async) X(cuLaunchKernel)
 
 typedef struct emu_counters_s {
   /* ---- call counts (reset by emu_reset_counters) ---- */

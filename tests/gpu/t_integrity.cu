@@ -137,6 +137,36 @@ int main(void) {
   for (int k = 0; k < N; k++) CK(cudaFree(v[order[k]].p));
   CK(cudaFree(d_errs));
   CK(cudaDeviceSynchronize());
+  /* 2D memsets and a 3D peer copy: the runtime reaches the driver through the shim's gated
+   * entry points (cuMemsetD2D8*, cuMemcpy3DPeer*), which must take and pass every argument. */
+  {
+    const size_t pitch = 1024, width = 1000, rows = 8;
+    unsigned char *a = NULL, *b = NULL;
+    CK(cudaMalloc(&a, pitch * rows));
+    CK(cudaMalloc(&b, pitch * rows));
+    CK(cudaMemset2DAsync(a, pitch, 0, pitch, rows, 0));
+    CK(cudaMemset2D(a, pitch, 0x5a, width, rows));
+    CK(cudaMemset2DAsync(b, pitch, 0x11, pitch, rows, 0));
+    cudaMemcpy3DPeerParms pp;
+    memset(&pp, 0, sizeof pp);
+    pp.srcPtr = make_cudaPitchedPtr(a, pitch, width, rows);
+    pp.dstPtr = make_cudaPitchedPtr(b, pitch, width, rows);
+    pp.extent = make_cudaExtent(width, rows, 1);
+    CK(cudaMemcpy3DPeerAsync(&pp, 0));
+    CK(cudaDeviceSynchronize());
+    unsigned char h[2][1024 * 8];
+    CK(cudaMemcpy(h[0], a, pitch * rows, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h[1], b, pitch * rows, cudaMemcpyDeviceToHost));
+    size_t wrong = 0;
+    for (size_t y = 0; y < rows; y++)
+      for (size_t x = 0; x < pitch; x++) {
+        wrong += h[0][y * pitch + x] != (x < width ? 0x5a : 0);
+        wrong += h[1][y * pitch + x] != (x < width ? 0x5a : 0x11);
+      }
+    check(wrong == 0, "memset2d-copy3dpeer", "%zu bytes wrong after 2D memsets and a 3D peer copy", wrong);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+  }
   shim_stats(&s2);
   uint64_t frees = stats_frees(&s2) - stats_frees(&s0);
   check(frees >= (uint64_t)(N + N / 2 + 1), "stats-count-frees", "shim counted %llu frees, expected %d",
