@@ -27,6 +27,8 @@ import struct
 import sys
 import zlib
 
+from . import text
+
 MAGIC = b"VMMSHGRP"
 VERSION = 1
 DEVICES = 16
@@ -51,29 +53,11 @@ class GroupError(Exception):
     pass
 
 
-def parse_size(text):
-    """'64M', '2GiB', '1048576' -> bytes (as the shim's _vs_parse_size)."""
-    t = text.strip()
-    units = {"k": 10, "m": 20, "g": 30, "t": 40}
-    i = 0
-    while i < len(t) and t[i].isdigit():
-        i += 1
-    if i == 0:
-        raise ValueError(text)
-    n, rest = int(t[:i]), t[i:].strip()
-    shift = 0
-    if rest[:1].lower() in units:
-        shift = units[rest[0].lower()]
-        rest = rest[1:]
-        if rest[:1] in ("i", "I"):
-            rest = rest[1:]
-    if rest[:1] in ("b", "B"):
-        rest = rest[1:]
-    if rest.strip():
-        raise ValueError(text)
-    v = n << shift
-    if v >= 1 << 64:
-        raise ValueError(text)
+def parse_size(spec):
+    """'64M', '2GiB', '1048576' -> bytes (as the shim's _vs_parse_size); ValueError otherwise."""
+    v = None if spec.strip().lower() == "none" else text.parse_size(spec)
+    if v is None or v >= 1 << 64:
+        raise ValueError(spec)
     return v
 
 
