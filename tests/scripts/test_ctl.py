@@ -302,6 +302,17 @@ def group_hook():
           "--group NAME VERB: dispatched to the registered handler (%r, %d, %d, %d)" % (seen, rc1, rc2, rc3))
     groups.COMMANDS.clear()
     groups.COMMANDS.update(real)
+    from vmmshim import group_shm
+    good = {"64M": 64 << 20, "2GiB": 2 << 30, " 8 G ": 8 << 30, "1048576": 1 << 20}
+    bad = ["none", "", "x", "2iB", "16E", "99999999999T"]
+    got = {k: group_shm.parse_size(k) for k in good}
+    refused = []
+    for k in bad:
+        try:
+            group_shm.parse_size(k)
+        except ValueError:
+            refused.append(k)
+    check(got == good and refused == bad, "group sizes: the shim's grammar (%r), malformed refused (%r)" % (got, refused))
     rc, out = ctl("--python-path")
     check(rc == 0 and os.path.isfile(os.path.join(out.strip(), "vmmshim", "__init__.py")),
           "ctl --python-path: the module's directory [%s]" % out.strip())
