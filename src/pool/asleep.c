@@ -4,17 +4,19 @@
  * segment table into its asleep list, by mode:
  *   discard  the device handle is unmapped and released; the bytes are lost;
  *   host     the bytes are copied into host buffers (host.c), then the device handle goes;
- *   mapped   as host, then the host buffers are mapped at the segment's own address too (they
- *            stay at home as well), so the program keeps running on that memory, over the link.
+ *   mapped   as host, but the bytes are copied from a second mapping of the device handles
+ *            (an alias) while the host buffers take the segments' own addresses (they stay at
+ *            home as well), so the program keeps running on that memory, over the link.
  * The blocks do not move: live blocks stay live at their addresses, free ones stay free (the
  * pool is taken off allocation while it sleeps, alloc.c). Idle whole handles are given back
  * first, as a trim does; segments the caller names (exported blocks that importers still map)
  * stay on the device.
  *
- * Waking makes a device handle for every asleep segment before it changes anything: when the
- * device has no room, nothing moved and the pool stays asleep with its bytes. Then each handle
- * is mapped at its segment's address with the access the pool's owner and peers have now, and
- * the bytes come back per mode (discard: zeros when asked, else undefined).
+ * Waking makes a device handle for every run of neighbouring asleep segments (up to
+ * VMMSHIM_WAKE_MERGE) before it changes anything: when the device has no room, nothing moved
+ * and the pool stays asleep with its bytes. Then each handle is mapped at its run's address with
+ * the access the pool's owner and peers have now, and the bytes come back per mode (discard:
+ * zeros when asked, else undefined).
  *
  * The caller has made the pool's context current and waited for the GPU work that may touch the
  * pool (alloc layer). Copies run on two streams of the shim's own, in large pieces. The pool
