@@ -631,6 +631,19 @@ static void scenario_copyfail(void) {
  * when even mapping its device memory back fails, discards it and says so. */
 static long reservations(void) { return emu_now().live_reservations; }
 
+/* A mapped sleep of tag "al" with one injected failure: it returns 0, says why, and moves what it can. */
+static void alias_sleep_failing(const char *fn, int skip, CUresult err, const char *why, size_t released, size_t skipped) {
+  emu_fail_after(fn, skip, err, 1);
+  int rc = do_sleep("al", VMMSHIM_SLEEP_MAPPED);
+  CHECK(rc == 0 && strstr(g_res.reason, why) && g_res.released == released && g_res.skipped == skipped,
+        "%s fails: rc %d, released %llu MiB, skipped %llu MiB, %s", fn, rc, (unsigned long long)g_res.released >> 20,
+        (unsigned long long)g_res.skipped >> 20, g_res.reason);
+}
+
+static void alias_wake_intact(char *const *b, size_t n) {
+  CHECK(do_wake("al", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 90), "woken, intact");
+}
+
 static void scenario_alias(void) {
   size_t n = 64 * MiB;
   char *b[COPYFAIL_N];
@@ -649,7 +662,7 @@ static void scenario_alias(void) {
   CHECK(emu_now().n_cuMemAddressReserve == reserves + 1 && reservations() == resv,
         "one alias reserved and given back (%llu reserves, %ld live, %ld before)",
         emu_now().n_cuMemAddressReserve - reserves, reservations(), resv);
-  CHECK(do_wake("al", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 90), "woken, intact");
+  alias_wake_intact(b, n);
 
   /* No alias: the reservation, or the second alias mapping, fails; the segments move after
    * their copies instead. */
@@ -661,39 +674,28 @@ static void scenario_alias(void) {
               reservations() == resv,
           "%s fails: rc %d, %llu MiB mapped from the host, %ld reservations", no_alias[k], rc,
           (unsigned long long)g_res.host_mapped >> 20, reservations());
-    CHECK(do_wake("al", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 90), "woken, intact");
+    alias_wake_intact(b, n);
   }
 
   /* The second block's address cannot be unmapped: it stays on the device, the others sleep. */
-  emu_fail_after("cuMemUnmap", 1, CUDA_ERROR_INVALID_VALUE, 1);
-  rc = do_sleep("al", VMMSHIM_SLEEP_MAPPED);
-  CHECK(rc == 0 && strstr(g_res.reason, "cuMemUnmap failed") && g_res.released == 2 * n && g_res.skipped == n,
-        "an unmap fails: rc %d, released %llu MiB, skipped %llu MiB, %s", rc, (unsigned long long)g_res.released >> 20,
-        (unsigned long long)g_res.skipped >> 20, g_res.reason);
+  alias_sleep_failing("cuMemUnmap", 1, CUDA_ERROR_INVALID_VALUE, "cuMemUnmap failed", 2 * n, n);
   CHECK(mapped_as(b[1], n) == 0 && count_as(b, n, 1) == 2 && all_intact(b, n, 90) && reservations() == resv,
         "the second on the device, the others on host memory, intact");
-  CHECK(do_wake("al", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 90), "woken, intact");
+  alias_wake_intact(b, n);
 
   /* The second block's host buffer cannot be mapped at its address (three alias mappings, then
    * one host mapping each): its bytes are kept on the host, unmapped there, and come back. */
-  emu_fail_after("cuMemMap", 4, CUDA_ERROR_OUT_OF_MEMORY, 1);
-  rc = do_sleep("al", VMMSHIM_SLEEP_MAPPED);
-  CHECK(rc == 0 && strstr(g_res.reason, "kept on the host") && g_res.released == 3 * n && g_res.host_mapped == 2 * n,
-        "a host mapping fails: rc %d, released %llu MiB, %llu MiB mapped from the host, %s", rc,
-        (unsigned long long)g_res.released >> 20, (unsigned long long)g_res.host_mapped >> 20, g_res.reason);
-  CHECK(mapped_as(b[1], n) == -1 && count_as(b, n, 1) == 2 && reservations() == resv, "the second is unmapped, the others on host memory");
-  CHECK(do_wake("al", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 90), "woken, intact");
+  alias_sleep_failing("cuMemMap", 4, CUDA_ERROR_OUT_OF_MEMORY, "kept on the host", 3 * n, 0);
+  CHECK(g_res.host_mapped == 2 * n && mapped_as(b[1], n) == -1 && count_as(b, n, 1) == 2 && reservations() == resv,
+        "the second is unmapped, the others on host memory (%llu MiB)", (unsigned long long)g_res.host_mapped >> 20);
+  alias_wake_intact(b, n);
 
   /* The wait for the second block's copy fails (one event per copy stream: two a block): the
    * first sleeps, the others get their device memory back at their addresses. */
-  emu_fail_after("cuEventSynchronize", 2, CUDA_ERROR_LAUNCH_FAILED, 1);
-  rc = do_sleep("al", VMMSHIM_SLEEP_MAPPED);
-  CHECK(rc == 0 && strstr(g_res.reason, "copying to host memory failed") && g_res.released == n && g_res.skipped == 2 * n,
-        "a wait fails: rc %d, released %llu MiB, skipped %llu MiB, %s", rc, (unsigned long long)g_res.released >> 20,
-        (unsigned long long)g_res.skipped >> 20, g_res.reason);
+  alias_sleep_failing("cuEventSynchronize", 2, CUDA_ERROR_LAUNCH_FAILED, "copying to host memory failed", n, 2 * n);
   CHECK(mapped_as(b[0], n) == 1 && count_as(b, n, 0) == 2 && all_intact(b, n, 90) && reservations() == resv,
         "the first on host memory, the others back on the device, intact");
-  CHECK(do_wake("al", 0) == 0 && count_as(b, n, 0) == COPYFAIL_N && all_intact(b, n, 90), "woken, intact");
+  alias_wake_intact(b, n);
 
   /* The same, and mapping the second block's device memory back fails too (three alias and
    * three host mappings came first): its bytes are lost, it sleeps as discarded and wakes to
