@@ -233,6 +233,12 @@ static inline size_t round_up_checked(size_t x, size_t a) { return x > SIZE_MAX 
 
 static inline vs_heap_t *heap_of(vs_pool_t *p, const vs_block_t *b) { return &p->heaps[p->resv_heap[b->resv]]; }
 static inline int heap_id_of(const vs_pool_t *p, const vs_block_t *b) { return p->resv_heap[b->resv]; }
+/* The devices that have read-write and read-only access to the pool's memory now. */
+static inline void access_now(const vs_pool_t *p, uint64_t *rw, uint64_t *ro) {
+  *rw = p->access ? atomic_load(&p->access->rw) : 0;
+  *ro = p->access ? atomic_load(&p->access->ro) : 0;
+}
+
 /* The reservation that holds address va, or -1. */
 static inline int resv_of(const vs_pool_t *p, CUdeviceptr va) {
   for (int i = 0; i < p->n_resv; i++)

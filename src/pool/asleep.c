@@ -173,12 +173,26 @@ static CUresult map_bufs_at(vs_pool_t *p, const vs_asleep_seg_t *a) {
   size_t off = 0;
   for (; i < a->nbufs && r == CUDA_SUCCESS; off += a->bufs[i++].size) r = _vs_vmm_map_host(&p->caps, a->va + off, a->bufs[i].size, a->bufs[i].handle);
   if (r == CUDA_SUCCESS) {
-    uint64_t rw = p->access ? atomic_load(&p->access->rw) : 0, ro = p->access ? atomic_load(&p->access->ro) : 0;
+    uint64_t rw, ro;
+    access_now(p, &rw, &ro);
     r = _vs_vmm_set_access_devices(&p->caps, a->va, a->size, rw, ro, 0);
   } else {
     i--; /* the one that failed is not mapped */
   }
   if (r != CUDA_SUCCESS) unmap_bufs_at(p, a, i);
+  return r;
+}
+
+/* Maps a device handle at va with the access of the pool's owner and peers now; on failure
+ * nothing stays mapped there. */
+static CUresult map_device_at(vs_pool_t *p, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h) {
+  uint64_t rw, ro;
+  access_now(p, &rw, &ro);
+  CUresult r = _vs_vmm_map(&p->caps, va, size, h);
+  if (r == CUDA_SUCCESS) {
+    r = _vs_vmm_set_access_devices(&p->caps, va, size, rw, ro, 0);
+    if (r != CUDA_SUCCESS) _vs_vmm_unmap(&p->caps, va, size);
+  }
   return r;
 }
 
@@ -238,6 +252,18 @@ static void count_moved(const vs_asleep_seg_t *a, vs_move_t *out) {
   if (a->mode == VMMSHIM_SLEEP_MAPPED) out->host_mapped += a->size;
 }
 
+/* Mapped mode: the segment's host buffers take its address too (they stay mapped at home:
+ * mapping them home again at the wake would cost as much as this), so the program keeps running
+ * on them. When they cannot, the bytes are kept on the host (host mode) and the answer says so. */
+static bool bufs_take_address(vs_pool_t *p, vs_asleep_seg_t *a, vs_move_t *out) {
+  CUresult m = map_bufs_at(p, a);
+  if (m != CUDA_SUCCESS) {
+    note(out, m, "mapping host memory at the segment's address failed; its bytes are kept on the host");
+    a->mode = VMMSHIM_SLEEP_HOST;
+  }
+  return m == CUDA_SUCCESS;
+}
+
 /* The device handles go, each once its bytes are on the host: unmapping and (mapped mode)
  * mapping the host buffers overlap the copies of the segments after it. cp NULL: no copies. */
 static void release_in_order(vs_pool_t *p, vs_copier_t *cp, vs_copy_mark_t *marks, const vs_seg_t *segs,
@@ -264,16 +290,7 @@ static void release_in_order(vs_pool_t *p, vs_copier_t *cp, vs_copy_mark_t *mark
       continue;
     }
     handle_gone(p, &segs[i], out);
-    if (a->mode == VMMSHIM_SLEEP_MAPPED) {
-      /* The host buffers take the segment's address too (they stay mapped at home: mapping
-       * them home again at the wake would cost as much as this): the program keeps running on
-       * them. */
-      CUresult m = map_bufs_at(p, a);
-      if (m != CUDA_SUCCESS) {
-        note(out, m, "mapping host memory at the segment's address failed; its bytes are kept on the host");
-        a->mode = VMMSHIM_SLEEP_HOST;
-      }
-    }
+    if (a->mode == VMMSHIM_SLEEP_MAPPED) bufs_take_address(p, a, out);
     count_moved(a, out);
   }
 }
@@ -308,13 +325,7 @@ static CUdeviceptr alias_open(vs_pool_t *p, const vs_seg_t *segs, int n, size_t 
  * address in place of whatever release_aliased mapped there. */
 static bool put_back(vs_pool_t *p, vs_asleep_seg_t *a, const vs_seg_t *sg, bool host_at_va) {
   if (host_at_va) unmap_bufs_at(p, a, a->nbufs);
-  uint64_t rw = p->access ? atomic_load(&p->access->rw) : 0, ro = p->access ? atomic_load(&p->access->ro) : 0;
-  CUresult r = _vs_vmm_map(&p->caps, sg->va, sg->size, sg->handle);
-  if (r == CUDA_SUCCESS) {
-    r = _vs_vmm_set_access_devices(&p->caps, sg->va, sg->size, rw, ro, 0);
-    if (r != CUDA_SUCCESS) _vs_vmm_unmap(&p->caps, sg->va, sg->size);
-  }
-  return r == CUDA_SUCCESS;
+  return map_device_at(p, sg->va, sg->size, sg->handle) == CUDA_SUCCESS;
 }
 
 /* A segment of a sleep through an alias: its place in the alias, and what its address maps. */
@@ -342,12 +353,7 @@ static void release_aliased(vs_pool_t *p, vs_copier_t *cp, vs_copy_mark_t *marks
       note(out, r, "cuMemUnmap failed"); /* still mapped: it stays, as it was */
       continue;
     }
-    CUresult m = map_bufs_at(p, a);
-    al[i].where = m == CUDA_SUCCESS ? AT_HOST : UNMAPPED;
-    if (m != CUDA_SUCCESS) {
-      note(out, m, "mapping host memory at the segment's address failed; its bytes are kept on the host");
-      a->mode = VMMSHIM_SLEEP_HOST;
-    }
+    al[i].where = bufs_take_address(p, a, out) ? AT_HOST : UNMAPPED;
   }
   CUresult copied = CUDA_SUCCESS;
   for (int i = 0; i < live; i++) {
@@ -636,7 +642,6 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
   }
   n = nkept;
 
-  uint64_t rw = p->access ? atomic_load(&p->access->rw) : 0, ro = p->access ? atomic_load(&p->access->ro) : 0;
   vs_copier_t cp;
   copier_open(&cp);
   vs_seg_t *woke = malloc(ng * sizeof *woke);
@@ -666,11 +671,7 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
     vs_asleep_seg_t *s = &a[u.first];
     for (size_t j = 0; j < u.count; j++)
       if (s[j].mode == VMMSHIM_SLEEP_MAPPED) unmap_bufs_at(p, &s[j], s[j].nbufs);
-    CUresult m = _vs_vmm_map(&p->caps, s->va, u.size, h[k]);
-    if (m == CUDA_SUCCESS) {
-      m = _vs_vmm_set_access_devices(&p->caps, s->va, u.size, rw, ro, 0);
-      if (m != CUDA_SUCCESS) _vs_vmm_unmap(&p->caps, s->va, u.size);
-    }
+    CUresult m = map_device_at(p, s->va, u.size, h[k]);
     for (size_t j = 0; j < u.count; j++) {
       if (m != CUDA_SUCCESS) {
         serve_from_host_again(p, &s[j]);

@@ -248,7 +248,8 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   if (!admitted) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
-    uint64_t rw = p->access ? atomic_load(&p->access->rw) : 0, ro = p->access ? atomic_load(&p->access->ro) : 0;
+    uint64_t rw, ro;
+    access_now(p, &rw, &ro);
     r = _vs_handles_map(&p->caps, b->addr, len, chunk, rw, ro, &spares, pieces, VS_GROW_PIECES, &np);
   }
   _vs_handles_release_spares(&p->caps, &spares);
