@@ -19,7 +19,7 @@ step() { # label env...
   label=$1
   shift
   env -u LD_PRELOAD -u PYTORCH_NO_CUDA_MEMORY_CACHING "$@" VMMSHIM_STATS=1 timeout 120 "$PYTHON" bench/torch_step.py "$label" 2>&1 |
-    grep -E '^R step|sync|waits' | tee -a "$out"
+    grep -E '^R step|sync|waits|stream order|peak' | tee -a "$out"
 }
 for r in $(seq 1 "$ROUNDS"); do
   step caching

@@ -69,6 +69,9 @@ extern _Thread_local int _vs_slow_locks_held;
 typedef struct vs_pool_s vs_pool_t;
 /* The stream of a synchronous allocation or free (cudaMalloc, cudaFree): none. */
 #define VS_NO_STREAM ((CUstream)(uintptr_t)UINTPTR_MAX)
+/* The stream of a deferred free while all of the program's work goes to one stream (order.c):
+ * the block is free at once, ordered after that work. */
+#define VS_ORDERED_FREE ((CUstream)(uintptr_t)(UINTPTR_MAX - 2))
 
 /* ---------------------------------------------------------------- "config.c" */
 
@@ -121,7 +124,8 @@ typedef enum vs_on_limit_e { VS_ON_LIMIT_FAIL = 0, VS_ON_LIMIT_WAIT = 1, VS_ON_L
   X(WAKE_MERGE, VS_KIND_SIZE, 1ull << 30)         /* largest handle a wake makes of neighbouring segments */ \
   X(SLEEP_WAIT, VS_KIND_SAMPLE, 10000)           /* ms a sleep waits for a capture to end */ \
   X(IPC_TIMEOUT, VS_KIND_SECONDS, 10)            /* longest wait of an IPC open, and of a request */ \
-  X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */
+  X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */ \
+  X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -278,7 +282,8 @@ const char *_vs_cu_error_name(CUresult r);
   X(cuStreamDestroy, 4000, CUresult, (CUstream))                                                      \
   X(cuMemcpyDtoDAsync, 3020, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                 \
   X(cuMemsetD8Async, 3020, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))                \
-  X(cuEventSynchronize, 2000, CUresult, (CUevent))
+  X(cuEventSynchronize, 2000, CUresult, (CUevent))                                                   \
+  X(cuStreamWaitEvent, 3020, CUresult, (CUstream, CUevent, unsigned int))
 
 typedef struct vs_real_driver_s {
 #define VS_REAL_FIELD(name, ver, ret, args) ret(*name) args;
@@ -404,6 +409,31 @@ static inline void _vs_gate_leave(vs_gate_line_t *l) { atomic_fetch_sub_explicit
 /* Closes the gate and waits until no submission is in progress; _vs_gate_open lets them go. */
 void _vs_gate_close(void);
 void _vs_gate_open(void);
+
+/* ---------------------------------------------------------------- "order.c" */
+/* Whether all of the process's GPU work has gone to one stream (deferred mode reuses cudaFree'd
+ * blocks at once while it has). Every submission hook names its stream before the driver call:
+ * its handle (NULL for the legacy stream, or the thread's own in a _ptsz/_ptds call), or
+ * VS_ORDER_ELSEWHERE for work that spans contexts or waits for another stream's. */
+typedef enum vs_order_state_e { VS_ORDER_UNSEEN = 0, VS_ORDER_ONE = 1, VS_ORDER_LEAVING = 2, VS_ORDER_OFF = 3 } vs_order_state_t;
+#define VS_ORDER_ELSEWHERE ((CUstream)(uintptr_t)(UINTPTR_MAX - 1))
+extern atomic_int _vs_order_state;
+extern CUstream _vs_order_stream; /* the one stream when the program named it by handle, else VS_NO_STREAM */
+void _vs_order_see_slow(CUstream s, int ptsz);
+static inline void _vs_order_see(CUstream s, int ptsz) {
+  int st = atomic_load_explicit(&_vs_order_state, memory_order_acquire);
+  if (__builtin_expect(st == VS_ORDER_OFF, 1)) return;
+  if (st == VS_ORDER_ONE && s == _vs_order_stream) return;
+  _vs_order_see_slow(s, ptsz);
+}
+/* Ends the one-stream order (why: for the log and stats); host: the caller's use cannot wait on
+ * a stream, so it returns once the one stream's earlier work is done. */
+void _vs_order_leave(const char *why, bool host);
+bool _vs_order_one(CUcontext ctx);         /* deferred frees of ctx's pools are reused at once */
+void _vs_order_stream_destroyed(CUstream s);
+void _vs_order_context_gone(CUcontext ctx);
+void _vs_order_configure(bool on);         /* at start: off unless deferred mode and VMMSHIM_ONE_STREAM */
+const char *_vs_order_describe(void);      /* for the stats */
 
 /* ---------------------------------------------------------------- "clock.c" */
 uint64_t _vs_now_ns(void); /* CLOCK_MONOTONIC ns; the trace's raw clock is in vmmshim/clock.h */

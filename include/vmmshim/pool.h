@@ -33,7 +33,9 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *pool, size_t size, CUstream stream, v
 vs_pool_status_t _vs_pool_alloc_host(vs_pool_t *pool, size_t size, CUstream stream, CUdeviceptr *ptr_out,
                                      size_t *served_out, CUresult *cu_err, size_t *grown_out);
 /* Frees a block. For VS_NO_STREAM, the free mode decides (sync: the context is synchronised
- * first; deferred: the block is reused after a later synchronisation). A block marked exported
+ * first; deferred: the block is reused after a later synchronisation). For VS_ORDERED_FREE the
+ * block is free at once (all GPU work is on one stream: order.c); its handle is unmapped only
+ * after a synchronisation that began after the free. A block marked exported
  * is not freed: VS_POOL_EXPORTED (the caller asks IPC, which unmarks it or keeps it). */
 vs_pool_status_t _vs_pool_free(vs_pool_t *pool, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api,
                                size_t *size_out, size_t *requested_out, CUresult *err_out);

@@ -168,6 +168,9 @@ struct vs_pool_s {
   bool lost_stuck;    /* one such range is not even in the table (no host memory) */
   size_t trim_retry_at; /* idle bytes at which the release threshold is tried again */
   uint64_t sync_seq;    /* synchronisations started */
+  uint64_t sync_done;   /* the latest context synchronisation that completed (its number) */
+  uint64_t ordered_need; /* a context sync numbered this or later must complete before FREE memory is
+                            unmapped: blocks freed in stream order (VS_ORDERED_FREE) may still be in use */
   unsigned syncs_running;  /* context synchronisations in flight */
   uint64_t sync_since_ns;  /* when the oldest of them started (0: none) */
   uint64_t last_sync_ns;   /* how long the last one that completed took: how far the GPU lags */
@@ -284,6 +287,11 @@ void _vs_pool_free_blocks(vs_pool_t *p);
 /* Synchronises the pool's context (which must be current) and frees what was pending
  * before. Lock not held. */
 CUresult _vs_pool_sync_and_reclaim(vs_pool_t *p);
+/* Blocks freed in stream order (VS_ORDERED_FREE) and maybe still in use: unmapping FREE memory
+ * waits for a synchronisation first (lock held for the question, not for the settling, which
+ * synchronises the pool's context). */
+bool _vs_pool_ordered_unsettled(const vs_pool_t *p);
+CUresult _vs_pool_settle_ordered(vs_pool_t *p);
 /* Synchronises one stream, then frees every block freed on it before (its pending list and the
  * batches sealed on it). The stream is given by its key (pool_streams.c) and handle. */
 CUresult _vs_pool_sync_stream_and_reclaim(vs_pool_t *p, CUstream key, CUstream handle);

@@ -356,6 +356,8 @@ bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err
   if (vs_unlikely(_vs_guard) || !ptr || !_vs_active()) return false;
   vs_pool_t *pool = _vs_dir_lookup(ptr);
   if (!pool) return false;
+  /* Deferred mode, all work so far on one stream: free at once, in that stream's order. */
+  if (stream == VS_NO_STREAM && _vs_order_one(_vs_pool_context(pool))) stream = VS_ORDERED_FREE;
   bool switch_ctx = false;
   if (stream == VS_NO_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC) {
     CUcontext cur = NULL;

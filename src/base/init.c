@@ -41,6 +41,7 @@ static void init_once(void) {
   vs_log_level_t level = (vs_log_level_t)_vs_option(VS_OPT_LOG);
   _vs_log_open(_vs_option_string(VS_OPT_LOG), &level);
   _vs_config_report();
+  _vs_order_configure(_vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED && _vs_option(VS_OPT_ONE_STREAM));
   if (_vs_option(VS_OPT_VERBOSE)) _vs_config_print();
   _vs_trace_open();
   install_dump_signal();

@@ -151,6 +151,8 @@ void _vs_stats_print(void) {
            (unsigned long long)s.vmm_calls, (double)s.vmm_ns / 1e6, (unsigned long long)s.syncs,
            (unsigned long long)s.trims);
   _vs_note("stats: pools %llu (one per context and arena in use)", (unsigned long long)s.pools);
+  if (_vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED)
+    _vs_note("stats: deferred frees in stream order: %s", _vs_order_describe());
 }
 
 /* Live blocks that died with their context: no longer in use, yet never freed. */

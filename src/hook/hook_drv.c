@@ -18,6 +18,15 @@
 #undef cuGetProcAddress
 /* ... and cuIpcOpenMemHandle to _v2 (CUDA 11.0, same arguments); both are exported. */
 #undef cuIpcOpenMemHandle
+/* ... and these to their newest ABI; the older ones are exported too (VS_GATED_MORE). */
+#undef cuMemcpyBatchAsync
+#undef cuStreamBeginCapture
+#undef cuMemcpy3DBatchAsync
+#undef cuStreamWriteValue32
+#undef cuStreamWaitValue32
+#undef cuStreamWriteValue64
+#undef cuStreamWaitValue64
+#undef cuStreamBatchMemOp
 
 #define PTDS CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
 
@@ -38,6 +47,8 @@
   X(PTR_GET_ATTRS, "cuPointerGetAttributes", 7000, 0, cuPointerGetAttributes) \
   X(BEGIN_CAPTURE, "cuStreamBeginCapture", 10010, 0, cuStreamBeginCapture_v2) \
   X(BEGIN_CAPTURE_PTSZ, "cuStreamBeginCapture", 10010, 1, cuStreamBeginCapture_v2_ptsz) \
+  X(BEGIN_CAPTURE_V1, "cuStreamBeginCapture", 10000, 0, cuStreamBeginCapture) \
+  X(BEGIN_CAPTURE_V1_PTSZ, "cuStreamBeginCapture", 10000, 1, cuStreamBeginCapture_ptsz) \
   X(BEGIN_CAPTURE_GRAPH, "cuStreamBeginCaptureToGraph", 12030, 0, cuStreamBeginCaptureToGraph) \
   X(BEGIN_CAPTURE_GRAPH_PTSZ, "cuStreamBeginCaptureToGraph", 12030, 1, cuStreamBeginCaptureToGraph_ptsz) \
   X(END_CAPTURE, "cuStreamEndCapture", 10000, 0, cuStreamEndCapture)       \
@@ -57,88 +68,93 @@
   X(IPC_CLOSE, "cuIpcCloseMemHandle", 4010, 0, cuIpcCloseMemHandle)
 
 /* The entry points that submit GPU work, which wait at the gate while the shim moves memory
- * (gate.c): id, base name, version, per-thread variant, exported symbol, parameters, arguments.
- * Versions are those at which each function took the arguments written here. */
+ * (gate.c) and name their stream to order.c: id, base name, version, per-thread variant,
+ * exported symbol, the stream (NULL: the legacy stream, or the thread's own in a per-thread
+ * variant; VS_ORDER_ELSEWHERE: work across contexts, or waiting for another stream's),
+ * parameters, arguments. Versions are those at which each function took the arguments written
+ * here; where a function has several, the newest comes first (a lookup takes the first whose
+ * version it reaches). */
 #define VS_FN_LAUNCH (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
                       unsigned shmem, CUstream s, void **params, void **extra)
 #define VS_AR_LAUNCH (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra)
 #define VS_GATED(X)                                                                                             \
-  X(LAUNCH, "cuLaunchKernel", 4000, 0, cuLaunchKernel, VS_FN_LAUNCH, VS_AR_LAUNCH)                             \
-  X(LAUNCH_PTSZ, "cuLaunchKernel", 4000, 1, cuLaunchKernel_ptsz, VS_FN_LAUNCH, VS_AR_LAUNCH)                   \
-  X(LAUNCH_EX, "cuLaunchKernelEx", 11060, 0, cuLaunchKernelEx,                                               \
+  X(LAUNCH, "cuLaunchKernel", 4000, 0, cuLaunchKernel, s, VS_FN_LAUNCH, VS_AR_LAUNCH)                             \
+  X(LAUNCH_PTSZ, "cuLaunchKernel", 4000, 1, cuLaunchKernel_ptsz, s, VS_FN_LAUNCH, VS_AR_LAUNCH)                   \
+  X(LAUNCH_EX, "cuLaunchKernelEx", 11060, 0, cuLaunchKernelEx, (c ? c->hStream : NULL),                                               \
     (const CUlaunchConfig *c, CUfunction f, void **params, void **extra), (c, f, params, extra))              \
-  X(LAUNCH_EX_PTSZ, "cuLaunchKernelEx", 11060, 1, cuLaunchKernelEx_ptsz,                                     \
+  X(LAUNCH_EX_PTSZ, "cuLaunchKernelEx", 11060, 1, cuLaunchKernelEx_ptsz, (c ? c->hStream : NULL),                                     \
     (const CUlaunchConfig *c, CUfunction f, void **params, void **extra), (c, f, params, extra))              \
-  X(LAUNCH_COOP, "cuLaunchCooperativeKernel", 9000, 0, cuLaunchCooperativeKernel,                            \
+  X(LAUNCH_COOP, "cuLaunchCooperativeKernel", 9000, 0, cuLaunchCooperativeKernel, s,                            \
     (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem, \
      CUstream s, void **params), (f, gx, gy, gz, bx, by, bz, shmem, s, params))                              \
-  X(LAUNCH_COOP_PTSZ, "cuLaunchCooperativeKernel", 9000, 1, cuLaunchCooperativeKernel_ptsz,                  \
+  X(LAUNCH_COOP_PTSZ, "cuLaunchCooperativeKernel", 9000, 1, cuLaunchCooperativeKernel_ptsz, s,                  \
     (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shmem, \
      CUstream s, void **params), (f, gx, gy, gz, bx, by, bz, shmem, s, params))                              \
-  X(GRAPH_LAUNCH, "cuGraphLaunch", 10000, 0, cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s))             \
-  X(GRAPH_LAUNCH_PTSZ, "cuGraphLaunch", 10000, 1, cuGraphLaunch_ptsz, (CUgraphExec g, CUstream s), (g, s))   \
-  X(MEMCPY, "cuMemcpy", 4000, 0, cuMemcpy, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))              \
-  X(MEMCPY_PTDS, "cuMemcpy", 4000, 1, cuMemcpy_ptds, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))    \
-  X(MEMCPY_ASYNC, "cuMemcpyAsync", 4000, 0, cuMemcpyAsync, (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), \
+  X(GRAPH_LAUNCH, "cuGraphLaunch", 10000, 0, cuGraphLaunch, s, (CUgraphExec g, CUstream s), (g, s))             \
+  X(GRAPH_LAUNCH_PTSZ, "cuGraphLaunch", 10000, 1, cuGraphLaunch_ptsz, s, (CUgraphExec g, CUstream s), (g, s))   \
+  X(MEMCPY, "cuMemcpy", 4000, 0, cuMemcpy, NULL, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))              \
+  X(MEMCPY_PTDS, "cuMemcpy", 4000, 1, cuMemcpy_ptds, NULL, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))    \
+  X(MEMCPY_ASYNC, "cuMemcpyAsync", 4000, 0, cuMemcpyAsync, h, (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), \
     (d, s, n, h))                                                                                              \
-  X(MEMCPY_ASYNC_PTSZ, "cuMemcpyAsync", 4000, 1, cuMemcpyAsync_ptsz,                                          \
+  X(MEMCPY_ASYNC_PTSZ, "cuMemcpyAsync", 4000, 1, cuMemcpyAsync_ptsz, h,                                          \
     (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                                       \
-  X(HTOD, "cuMemcpyHtoD", 3020, 0, cuMemcpyHtoD_v2, (CUdeviceptr d, const void *s, size_t n), (d, s, n))     \
-  X(HTOD_PTDS, "cuMemcpyHtoD", 3020, 1, cuMemcpyHtoD_v2_ptds, (CUdeviceptr d, const void *s, size_t n), (d, s, n)) \
-  X(DTOH, "cuMemcpyDtoH", 3020, 0, cuMemcpyDtoH_v2, (void *d, CUdeviceptr s, size_t n), (d, s, n))           \
-  X(DTOH_PTDS, "cuMemcpyDtoH", 3020, 1, cuMemcpyDtoH_v2_ptds, (void *d, CUdeviceptr s, size_t n), (d, s, n)) \
-  X(DTOD, "cuMemcpyDtoD", 3020, 0, cuMemcpyDtoD_v2, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))     \
-  X(DTOD_PTDS, "cuMemcpyDtoD", 3020, 1, cuMemcpyDtoD_v2_ptds, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n)) \
-  X(HTOD_ASYNC, "cuMemcpyHtoDAsync", 3020, 0, cuMemcpyHtoDAsync_v2,                                           \
+  X(HTOD, "cuMemcpyHtoD", 3020, 0, cuMemcpyHtoD_v2, NULL, (CUdeviceptr d, const void *s, size_t n), (d, s, n))     \
+  X(HTOD_PTDS, "cuMemcpyHtoD", 3020, 1, cuMemcpyHtoD_v2_ptds, NULL, (CUdeviceptr d, const void *s, size_t n), (d, s, n)) \
+  X(DTOH, "cuMemcpyDtoH", 3020, 0, cuMemcpyDtoH_v2, NULL, (void *d, CUdeviceptr s, size_t n), (d, s, n))           \
+  X(DTOH_PTDS, "cuMemcpyDtoH", 3020, 1, cuMemcpyDtoH_v2_ptds, NULL, (void *d, CUdeviceptr s, size_t n), (d, s, n)) \
+  X(DTOD, "cuMemcpyDtoD", 3020, 0, cuMemcpyDtoD_v2, NULL, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))     \
+  X(DTOD_PTDS, "cuMemcpyDtoD", 3020, 1, cuMemcpyDtoD_v2_ptds, NULL, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n)) \
+  X(HTOD_ASYNC, "cuMemcpyHtoDAsync", 3020, 0, cuMemcpyHtoDAsync_v2, h,                                           \
     (CUdeviceptr d, const void *s, size_t n, CUstream h), (d, s, n, h))                                       \
-  X(HTOD_ASYNC_PTSZ, "cuMemcpyHtoDAsync", 3020, 1, cuMemcpyHtoDAsync_v2_ptsz,                                 \
+  X(HTOD_ASYNC_PTSZ, "cuMemcpyHtoDAsync", 3020, 1, cuMemcpyHtoDAsync_v2_ptsz, h,                                 \
     (CUdeviceptr d, const void *s, size_t n, CUstream h), (d, s, n, h))                                       \
-  X(DTOH_ASYNC, "cuMemcpyDtoHAsync", 3020, 0, cuMemcpyDtoHAsync_v2, (void *d, CUdeviceptr s, size_t n, CUstream h), \
+  X(DTOH_ASYNC, "cuMemcpyDtoHAsync", 3020, 0, cuMemcpyDtoHAsync_v2, h, (void *d, CUdeviceptr s, size_t n, CUstream h), \
     (d, s, n, h))                                                                                              \
-  X(DTOH_ASYNC_PTSZ, "cuMemcpyDtoHAsync", 3020, 1, cuMemcpyDtoHAsync_v2_ptsz,                                 \
+  X(DTOH_ASYNC_PTSZ, "cuMemcpyDtoHAsync", 3020, 1, cuMemcpyDtoHAsync_v2_ptsz, h,                                 \
     (void *d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                                             \
-  X(DTOD_ASYNC, "cuMemcpyDtoDAsync", 3020, 0, cuMemcpyDtoDAsync_v2,                                           \
+  X(DTOD_ASYNC, "cuMemcpyDtoDAsync", 3020, 0, cuMemcpyDtoDAsync_v2, h,                                           \
     (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                                       \
-  X(DTOD_ASYNC_PTSZ, "cuMemcpyDtoDAsync", 3020, 1, cuMemcpyDtoDAsync_v2_ptsz,                                 \
+  X(DTOD_ASYNC_PTSZ, "cuMemcpyDtoDAsync", 3020, 1, cuMemcpyDtoDAsync_v2_ptsz, h,                                 \
     (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h), (d, s, n, h))                                       \
-  X(MEMCPY2D, "cuMemcpy2D", 3020, 0, cuMemcpy2D_v2, (const CUDA_MEMCPY2D *c), (c))                           \
-  X(MEMCPY2D_PTDS, "cuMemcpy2D", 3020, 1, cuMemcpy2D_v2_ptds, (const CUDA_MEMCPY2D *c), (c))                 \
-  X(MEMCPY2D_ASYNC, "cuMemcpy2DAsync", 3020, 0, cuMemcpy2DAsync_v2, (const CUDA_MEMCPY2D *c, CUstream h), (c, h)) \
-  X(MEMCPY2D_ASYNC_PTSZ, "cuMemcpy2DAsync", 3020, 1, cuMemcpy2DAsync_v2_ptsz, (const CUDA_MEMCPY2D *c, CUstream h), \
+  X(MEMCPY2D, "cuMemcpy2D", 3020, 0, cuMemcpy2D_v2, NULL, (const CUDA_MEMCPY2D *c), (c))                           \
+  X(MEMCPY2D_PTDS, "cuMemcpy2D", 3020, 1, cuMemcpy2D_v2_ptds, NULL, (const CUDA_MEMCPY2D *c), (c))                 \
+  X(MEMCPY2D_ASYNC, "cuMemcpy2DAsync", 3020, 0, cuMemcpy2DAsync_v2, h, (const CUDA_MEMCPY2D *c, CUstream h), (c, h)) \
+  X(MEMCPY2D_ASYNC_PTSZ, "cuMemcpy2DAsync", 3020, 1, cuMemcpy2DAsync_v2_ptsz, h, (const CUDA_MEMCPY2D *c, CUstream h), \
     (c, h))                                                                                                    \
-  X(MEMCPY3D, "cuMemcpy3D", 3020, 0, cuMemcpy3D_v2, (const CUDA_MEMCPY3D *c), (c))                           \
-  X(MEMCPY3D_PTDS, "cuMemcpy3D", 3020, 1, cuMemcpy3D_v2_ptds, (const CUDA_MEMCPY3D *c), (c))                 \
-  X(MEMCPY3D_ASYNC, "cuMemcpy3DAsync", 3020, 0, cuMemcpy3DAsync_v2, (const CUDA_MEMCPY3D *c, CUstream h), (c, h)) \
-  X(MEMCPY3D_ASYNC_PTSZ, "cuMemcpy3DAsync", 3020, 1, cuMemcpy3DAsync_v2_ptsz, (const CUDA_MEMCPY3D *c, CUstream h), \
+  X(MEMCPY3D, "cuMemcpy3D", 3020, 0, cuMemcpy3D_v2, NULL, (const CUDA_MEMCPY3D *c), (c))                           \
+  X(MEMCPY3D_PTDS, "cuMemcpy3D", 3020, 1, cuMemcpy3D_v2_ptds, NULL, (const CUDA_MEMCPY3D *c), (c))                 \
+  X(MEMCPY3D_ASYNC, "cuMemcpy3DAsync", 3020, 0, cuMemcpy3DAsync_v2, h, (const CUDA_MEMCPY3D *c, CUstream h), (c, h)) \
+  X(MEMCPY3D_ASYNC_PTSZ, "cuMemcpy3DAsync", 3020, 1, cuMemcpy3DAsync_v2_ptsz, h, (const CUDA_MEMCPY3D *c, CUstream h), \
     (c, h))                                                                                                    \
-  X(MEMCPY_PEER, "cuMemcpyPeer", 4000, 0, cuMemcpyPeer,                                                      \
+  X(MEMCPY_PEER, "cuMemcpyPeer", 4000, 0, cuMemcpyPeer, VS_ORDER_ELSEWHERE,                                                      \
     (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n), (d, dc, s, sc, n))                  \
-  X(MEMCPY_PEER_PTDS, "cuMemcpyPeer", 4000, 1, cuMemcpyPeer_ptds,                                            \
+  X(MEMCPY_PEER_PTDS, "cuMemcpyPeer", 4000, 1, cuMemcpyPeer_ptds, VS_ORDER_ELSEWHERE,                                            \
     (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n), (d, dc, s, sc, n))                  \
-  X(MEMCPY_PEER_ASYNC, "cuMemcpyPeerAsync", 4000, 0, cuMemcpyPeerAsync,                                      \
+  X(MEMCPY_PEER_ASYNC, "cuMemcpyPeerAsync", 4000, 0, cuMemcpyPeerAsync, VS_ORDER_ELSEWHERE,                                      \
     (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream h), (d, dc, s, sc, n, h))   \
-  X(MEMCPY_PEER_ASYNC_PTSZ, "cuMemcpyPeerAsync", 4000, 1, cuMemcpyPeerAsync_ptsz,                            \
+  X(MEMCPY_PEER_ASYNC_PTSZ, "cuMemcpyPeerAsync", 4000, 1, cuMemcpyPeerAsync_ptsz, VS_ORDER_ELSEWHERE,                            \
     (CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream h), (d, dc, s, sc, n, h))   \
-  X(MEMSET8, "cuMemsetD8", 3020, 0, cuMemsetD8_v2, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n))    \
-  X(MEMSET8_PTDS, "cuMemsetD8", 3020, 1, cuMemsetD8_v2_ptds, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n)) \
-  X(MEMSET16, "cuMemsetD16", 3020, 0, cuMemsetD16_v2, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n)) \
-  X(MEMSET16_PTDS, "cuMemsetD16", 3020, 1, cuMemsetD16_v2_ptds, (CUdeviceptr d, unsigned short v, size_t n),  \
+  X(MEMSET8, "cuMemsetD8", 3020, 0, cuMemsetD8_v2, NULL, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n))    \
+  X(MEMSET8_PTDS, "cuMemsetD8", 3020, 1, cuMemsetD8_v2_ptds, NULL, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n)) \
+  X(MEMSET16, "cuMemsetD16", 3020, 0, cuMemsetD16_v2, NULL, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n)) \
+  X(MEMSET16_PTDS, "cuMemsetD16", 3020, 1, cuMemsetD16_v2_ptds, NULL, (CUdeviceptr d, unsigned short v, size_t n),  \
     (d, v, n))                                                                                                 \
-  X(MEMSET32, "cuMemsetD32", 3020, 0, cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n))   \
-  X(MEMSET32_PTDS, "cuMemsetD32", 3020, 1, cuMemsetD32_v2_ptds, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n)) \
-  X(MEMSET8_ASYNC, "cuMemsetD8Async", 3020, 0, cuMemsetD8Async,                                               \
+  X(MEMSET32, "cuMemsetD32", 3020, 0, cuMemsetD32_v2, NULL, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n))   \
+  X(MEMSET32_PTDS, "cuMemsetD32", 3020, 1, cuMemsetD32_v2_ptds, NULL, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n)) \
+  X(MEMSET8_ASYNC, "cuMemsetD8Async", 3020, 0, cuMemsetD8Async, h,                                               \
     (CUdeviceptr d, unsigned char v, size_t n, CUstream h), (d, v, n, h))                                     \
-  X(MEMSET8_ASYNC_PTSZ, "cuMemsetD8Async", 3020, 1, cuMemsetD8Async_ptsz,                                     \
+  X(MEMSET8_ASYNC_PTSZ, "cuMemsetD8Async", 3020, 1, cuMemsetD8Async_ptsz, h,                                     \
     (CUdeviceptr d, unsigned char v, size_t n, CUstream h), (d, v, n, h))                                     \
-  X(MEMSET16_ASYNC, "cuMemsetD16Async", 3020, 0, cuMemsetD16Async,                                            \
+  X(MEMSET16_ASYNC, "cuMemsetD16Async", 3020, 0, cuMemsetD16Async, h,                                            \
     (CUdeviceptr d, unsigned short v, size_t n, CUstream h), (d, v, n, h))                                    \
-  X(MEMSET16_ASYNC_PTSZ, "cuMemsetD16Async", 3020, 1, cuMemsetD16Async_ptsz,                                  \
+  X(MEMSET16_ASYNC_PTSZ, "cuMemsetD16Async", 3020, 1, cuMemsetD16Async_ptsz, h,                                  \
     (CUdeviceptr d, unsigned short v, size_t n, CUstream h), (d, v, n, h))                                    \
-  X(MEMSET32_ASYNC, "cuMemsetD32Async", 3020, 0, cuMemsetD32Async,                                            \
+  X(MEMSET32_ASYNC, "cuMemsetD32Async", 3020, 0, cuMemsetD32Async, h,                                            \
     (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))                                      \
-  X(MEMSET32_ASYNC_PTSZ, "cuMemsetD32Async", 3020, 1, cuMemsetD32Async_ptsz,                                  \
+  X(MEMSET32_ASYNC_PTSZ, "cuMemsetD32Async", 3020, 1, cuMemsetD32Async_ptsz, h,                                  \
     (CUdeviceptr d, unsigned int v, size_t n, CUstream h), (d, v, n, h))                                      \
-  VS_GATED_2D(X)
+  VS_GATED_2D(X)                                                                                                \
+  VS_GATED_MORE(X)
 
 /* 2D memsets and 3D peer copies (the same gate; a separate list only to keep lines short). */
 #define VS_FN_SET2D(T) (CUdeviceptr d, size_t pitch, T v, size_t w, size_t rows)
@@ -146,33 +162,117 @@
 #define VS_AR_SET2D (d, pitch, v, w, rows)
 #define VS_AR_SET2D_ASYNC (d, pitch, v, w, rows, h)
 #define VS_GATED_2D(X)                                                                                          \
-  X(SET2D8, "cuMemsetD2D8", 3020, 0, cuMemsetD2D8_v2, VS_FN_SET2D(unsigned char), VS_AR_SET2D)                \
-  X(SET2D8_PTDS, "cuMemsetD2D8", 3020, 1, cuMemsetD2D8_v2_ptds, VS_FN_SET2D(unsigned char), VS_AR_SET2D)      \
-  X(SET2D16, "cuMemsetD2D16", 3020, 0, cuMemsetD2D16_v2, VS_FN_SET2D(unsigned short), VS_AR_SET2D)            \
-  X(SET2D16_PTDS, "cuMemsetD2D16", 3020, 1, cuMemsetD2D16_v2_ptds, VS_FN_SET2D(unsigned short), VS_AR_SET2D)  \
-  X(SET2D32, "cuMemsetD2D32", 3020, 0, cuMemsetD2D32_v2, VS_FN_SET2D(unsigned int), VS_AR_SET2D)              \
-  X(SET2D32_PTDS, "cuMemsetD2D32", 3020, 1, cuMemsetD2D32_v2_ptds, VS_FN_SET2D(unsigned int), VS_AR_SET2D)    \
-  X(SET2D8_ASYNC, "cuMemsetD2D8Async", 3020, 0, cuMemsetD2D8Async, VS_FN_SET2D_ASYNC(unsigned char),          \
+  X(SET2D8, "cuMemsetD2D8", 3020, 0, cuMemsetD2D8_v2, NULL, VS_FN_SET2D(unsigned char), VS_AR_SET2D)                \
+  X(SET2D8_PTDS, "cuMemsetD2D8", 3020, 1, cuMemsetD2D8_v2_ptds, NULL, VS_FN_SET2D(unsigned char), VS_AR_SET2D)      \
+  X(SET2D16, "cuMemsetD2D16", 3020, 0, cuMemsetD2D16_v2, NULL, VS_FN_SET2D(unsigned short), VS_AR_SET2D)            \
+  X(SET2D16_PTDS, "cuMemsetD2D16", 3020, 1, cuMemsetD2D16_v2_ptds, NULL, VS_FN_SET2D(unsigned short), VS_AR_SET2D)  \
+  X(SET2D32, "cuMemsetD2D32", 3020, 0, cuMemsetD2D32_v2, NULL, VS_FN_SET2D(unsigned int), VS_AR_SET2D)              \
+  X(SET2D32_PTDS, "cuMemsetD2D32", 3020, 1, cuMemsetD2D32_v2_ptds, NULL, VS_FN_SET2D(unsigned int), VS_AR_SET2D)    \
+  X(SET2D8_ASYNC, "cuMemsetD2D8Async", 3020, 0, cuMemsetD2D8Async, h, VS_FN_SET2D_ASYNC(unsigned char),          \
     VS_AR_SET2D_ASYNC)                                                                                         \
-  X(SET2D8_ASYNC_PTSZ, "cuMemsetD2D8Async", 3020, 1, cuMemsetD2D8Async_ptsz, VS_FN_SET2D_ASYNC(unsigned char), \
+  X(SET2D8_ASYNC_PTSZ, "cuMemsetD2D8Async", 3020, 1, cuMemsetD2D8Async_ptsz, h, VS_FN_SET2D_ASYNC(unsigned char), \
     VS_AR_SET2D_ASYNC)                                                                                         \
-  X(SET2D16_ASYNC, "cuMemsetD2D16Async", 3020, 0, cuMemsetD2D16Async, VS_FN_SET2D_ASYNC(unsigned short),      \
+  X(SET2D16_ASYNC, "cuMemsetD2D16Async", 3020, 0, cuMemsetD2D16Async, h, VS_FN_SET2D_ASYNC(unsigned short),      \
     VS_AR_SET2D_ASYNC)                                                                                         \
-  X(SET2D16_ASYNC_PTSZ, "cuMemsetD2D16Async", 3020, 1, cuMemsetD2D16Async_ptsz,                               \
+  X(SET2D16_ASYNC_PTSZ, "cuMemsetD2D16Async", 3020, 1, cuMemsetD2D16Async_ptsz, h,                               \
     VS_FN_SET2D_ASYNC(unsigned short), VS_AR_SET2D_ASYNC)                                                      \
-  X(SET2D32_ASYNC, "cuMemsetD2D32Async", 3020, 0, cuMemsetD2D32Async, VS_FN_SET2D_ASYNC(unsigned int),        \
+  X(SET2D32_ASYNC, "cuMemsetD2D32Async", 3020, 0, cuMemsetD2D32Async, h, VS_FN_SET2D_ASYNC(unsigned int),        \
     VS_AR_SET2D_ASYNC)                                                                                         \
-  X(SET2D32_ASYNC_PTSZ, "cuMemsetD2D32Async", 3020, 1, cuMemsetD2D32Async_ptsz, VS_FN_SET2D_ASYNC(unsigned int), \
+  X(SET2D32_ASYNC_PTSZ, "cuMemsetD2D32Async", 3020, 1, cuMemsetD2D32Async_ptsz, h, VS_FN_SET2D_ASYNC(unsigned int), \
     VS_AR_SET2D_ASYNC)                                                                                         \
-  X(MEMCPY3D_PEER, "cuMemcpy3DPeer", 4000, 0, cuMemcpy3DPeer, (const CUDA_MEMCPY3D_PEER *c), (c))             \
-  X(MEMCPY3D_PEER_PTDS, "cuMemcpy3DPeer", 4000, 1, cuMemcpy3DPeer_ptds, (const CUDA_MEMCPY3D_PEER *c), (c))   \
-  X(MEMCPY3D_PEER_ASYNC, "cuMemcpy3DPeerAsync", 4000, 0, cuMemcpy3DPeerAsync,                                 \
+  X(MEMCPY3D_PEER, "cuMemcpy3DPeer", 4000, 0, cuMemcpy3DPeer, VS_ORDER_ELSEWHERE, (const CUDA_MEMCPY3D_PEER *c), (c))             \
+  X(MEMCPY3D_PEER_PTDS, "cuMemcpy3DPeer", 4000, 1, cuMemcpy3DPeer_ptds, VS_ORDER_ELSEWHERE, (const CUDA_MEMCPY3D_PEER *c), (c))   \
+  X(MEMCPY3D_PEER_ASYNC, "cuMemcpy3DPeerAsync", 4000, 0, cuMemcpy3DPeerAsync, VS_ORDER_ELSEWHERE,                                 \
     (const CUDA_MEMCPY3D_PEER *c, CUstream h), (c, h))                                                         \
-  X(MEMCPY3D_PEER_ASYNC_PTSZ, "cuMemcpy3DPeerAsync", 4000, 1, cuMemcpy3DPeerAsync_ptsz,                       \
+  X(MEMCPY3D_PEER_ASYNC_PTSZ, "cuMemcpy3DPeerAsync", 4000, 1, cuMemcpy3DPeerAsync_ptsz, VS_ORDER_ELSEWHERE,                       \
     (const CUDA_MEMCPY3D_PEER *c, CUstream h), (c, h))
 
+/* Stream memory operations, copies to and from arrays, batched copies, decompression and the
+ * old launches: each touches device memory too. A wait for a value (or a batch that may hold
+ * one) waits for another stream's work. */
+#define VS_FN_VALUE(T) (CUstream h, CUdeviceptr a, T v, unsigned int fl)
+#define VS_AR_VALUE (h, a, v, fl)
+#define VS_FN_MEMOP (CUstream h, unsigned int n, CUstreamBatchMemOpParams *ops, unsigned int fl)
+#define VS_AR_MEMOP (h, n, ops, fl)
+#define VS_FN_BATCH_COPY (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs, \
+                          size_t *attr_idxs, size_t n_attrs, CUstream h)
+#define VS_AR_BATCH_COPY (dsts, srcs, sizes, count, attrs, attr_idxs, n_attrs, h)
+#define VS_FN_BATCH_COPY1 (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs, \
+                           size_t *attr_idxs, size_t n_attrs, size_t *fail_idx, CUstream h)
+#define VS_AR_BATCH_COPY1 (dsts, srcs, sizes, count, attrs, attr_idxs, n_attrs, fail_idx, h)
+#define VS_FN_BATCH_3D (size_t n, CUDA_MEMCPY3D_BATCH_OP *ops, unsigned long long fl, CUstream h)
+#define VS_FN_BATCH_3D1 (size_t n, CUDA_MEMCPY3D_BATCH_OP *ops, size_t *fail_idx, unsigned long long fl, CUstream h)
+#define VS_FN_DECOMPRESS (CUmemDecompressParams *ps, size_t n, unsigned int fl, size_t *err_idx, CUstream h)
+#define VS_GATED_MORE(X)                                                                                        \
+  X(WRITE32, "cuStreamWriteValue32", 11070, 0, cuStreamWriteValue32_v2, h, VS_FN_VALUE(cuuint32_t), VS_AR_VALUE) \
+  X(WRITE32_PTSZ, "cuStreamWriteValue32", 11070, 1, cuStreamWriteValue32_v2_ptsz, h, VS_FN_VALUE(cuuint32_t),    \
+    VS_AR_VALUE)                                                                                               \
+  X(WRITE32_V1, "cuStreamWriteValue32", 8000, 0, cuStreamWriteValue32, h, VS_FN_VALUE(cuuint32_t), VS_AR_VALUE) \
+  X(WRITE32_V1_PTSZ, "cuStreamWriteValue32", 8000, 1, cuStreamWriteValue32_ptsz, h, VS_FN_VALUE(cuuint32_t),     \
+    VS_AR_VALUE)                                                                                               \
+  X(WRITE64, "cuStreamWriteValue64", 11070, 0, cuStreamWriteValue64_v2, h, VS_FN_VALUE(cuuint64_t), VS_AR_VALUE) \
+  X(WRITE64_PTSZ, "cuStreamWriteValue64", 11070, 1, cuStreamWriteValue64_v2_ptsz, h, VS_FN_VALUE(cuuint64_t),    \
+    VS_AR_VALUE)                                                                                               \
+  X(WRITE64_V1, "cuStreamWriteValue64", 9000, 0, cuStreamWriteValue64, h, VS_FN_VALUE(cuuint64_t), VS_AR_VALUE) \
+  X(WRITE64_V1_PTSZ, "cuStreamWriteValue64", 9000, 1, cuStreamWriteValue64_ptsz, h, VS_FN_VALUE(cuuint64_t),     \
+    VS_AR_VALUE)                                                                                               \
+  X(WAIT32, "cuStreamWaitValue32", 11070, 0, cuStreamWaitValue32_v2, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint32_t), \
+    VS_AR_VALUE)                                                                                               \
+  X(WAIT32_PTSZ, "cuStreamWaitValue32", 11070, 1, cuStreamWaitValue32_v2_ptsz, VS_ORDER_ELSEWHERE,              \
+    VS_FN_VALUE(cuuint32_t), VS_AR_VALUE)                                                                      \
+  X(WAIT32_V1, "cuStreamWaitValue32", 8000, 0, cuStreamWaitValue32, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint32_t), \
+    VS_AR_VALUE)                                                                                               \
+  X(WAIT32_V1_PTSZ, "cuStreamWaitValue32", 8000, 1, cuStreamWaitValue32_ptsz, VS_ORDER_ELSEWHERE,               \
+    VS_FN_VALUE(cuuint32_t), VS_AR_VALUE)                                                                      \
+  X(WAIT64, "cuStreamWaitValue64", 11070, 0, cuStreamWaitValue64_v2, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint64_t), \
+    VS_AR_VALUE)                                                                                               \
+  X(WAIT64_PTSZ, "cuStreamWaitValue64", 11070, 1, cuStreamWaitValue64_v2_ptsz, VS_ORDER_ELSEWHERE,              \
+    VS_FN_VALUE(cuuint64_t), VS_AR_VALUE)                                                                      \
+  X(WAIT64_V1, "cuStreamWaitValue64", 9000, 0, cuStreamWaitValue64, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint64_t), \
+    VS_AR_VALUE)                                                                                               \
+  X(WAIT64_V1_PTSZ, "cuStreamWaitValue64", 9000, 1, cuStreamWaitValue64_ptsz, VS_ORDER_ELSEWHERE,               \
+    VS_FN_VALUE(cuuint64_t), VS_AR_VALUE)                                                                      \
+  X(MEMOP, "cuStreamBatchMemOp", 11070, 0, cuStreamBatchMemOp_v2, VS_ORDER_ELSEWHERE, VS_FN_MEMOP, VS_AR_MEMOP) \
+  X(MEMOP_PTSZ, "cuStreamBatchMemOp", 11070, 1, cuStreamBatchMemOp_v2_ptsz, VS_ORDER_ELSEWHERE, VS_FN_MEMOP,    \
+    VS_AR_MEMOP)                                                                                               \
+  X(MEMOP_V1, "cuStreamBatchMemOp", 8000, 0, cuStreamBatchMemOp, VS_ORDER_ELSEWHERE, VS_FN_MEMOP, VS_AR_MEMOP)  \
+  X(MEMOP_V1_PTSZ, "cuStreamBatchMemOp", 8000, 1, cuStreamBatchMemOp_ptsz, VS_ORDER_ELSEWHERE, VS_FN_MEMOP,     \
+    VS_AR_MEMOP)                                                                                               \
+  X(DTOA, "cuMemcpyDtoA", 3020, 0, cuMemcpyDtoA_v2, NULL, (CUarray a, size_t off, CUdeviceptr d, size_t n),      \
+    (a, off, d, n))                                                                                            \
+  X(DTOA_PTDS, "cuMemcpyDtoA", 3020, 1, cuMemcpyDtoA_v2_ptds, NULL, (CUarray a, size_t off, CUdeviceptr d, size_t n), \
+    (a, off, d, n))                                                                                            \
+  X(ATOD, "cuMemcpyAtoD", 3020, 0, cuMemcpyAtoD_v2, NULL, (CUdeviceptr d, CUarray a, size_t off, size_t n),      \
+    (d, a, off, n))                                                                                            \
+  X(ATOD_PTDS, "cuMemcpyAtoD", 3020, 1, cuMemcpyAtoD_v2_ptds, NULL, (CUdeviceptr d, CUarray a, size_t off, size_t n), \
+    (d, a, off, n))                                                                                            \
+  X(COPY2D_UNALIGNED, "cuMemcpy2DUnaligned", 3020, 0, cuMemcpy2DUnaligned_v2, NULL, (const CUDA_MEMCPY2D *c), (c)) \
+  X(COPY2D_UNALIGNED_PTDS, "cuMemcpy2DUnaligned", 3020, 1, cuMemcpy2DUnaligned_v2_ptds, NULL,                  \
+    (const CUDA_MEMCPY2D *c), (c))                                                                             \
+  X(BATCH_COPY, "cuMemcpyBatchAsync", 13000, 0, cuMemcpyBatchAsync_v2, h, VS_FN_BATCH_COPY, VS_AR_BATCH_COPY)   \
+  X(BATCH_COPY_PTSZ, "cuMemcpyBatchAsync", 13000, 1, cuMemcpyBatchAsync_v2_ptsz, h, VS_FN_BATCH_COPY,           \
+    VS_AR_BATCH_COPY)                                                                                          \
+  X(BATCH_COPY1, "cuMemcpyBatchAsync", 12080, 0, cuMemcpyBatchAsync, h, VS_FN_BATCH_COPY1, VS_AR_BATCH_COPY1)   \
+  X(BATCH_COPY1_PTSZ, "cuMemcpyBatchAsync", 12080, 1, cuMemcpyBatchAsync_ptsz, h, VS_FN_BATCH_COPY1,            \
+    VS_AR_BATCH_COPY1)                                                                                         \
+  X(BATCH_3D, "cuMemcpy3DBatchAsync", 13000, 0, cuMemcpy3DBatchAsync_v2, h, VS_FN_BATCH_3D, (n, ops, fl, h))    \
+  X(BATCH_3D_PTSZ, "cuMemcpy3DBatchAsync", 13000, 1, cuMemcpy3DBatchAsync_v2_ptsz, h, VS_FN_BATCH_3D,           \
+    (n, ops, fl, h))                                                                                           \
+  X(BATCH_3D1, "cuMemcpy3DBatchAsync", 12080, 0, cuMemcpy3DBatchAsync, h, VS_FN_BATCH_3D1,                      \
+    (n, ops, fail_idx, fl, h))                                                                                 \
+  X(BATCH_3D1_PTSZ, "cuMemcpy3DBatchAsync", 12080, 1, cuMemcpy3DBatchAsync_ptsz, h, VS_FN_BATCH_3D1,            \
+    (n, ops, fail_idx, fl, h))                                                                                 \
+  X(DECOMPRESS, "cuMemBatchDecompressAsync", 12060, 0, cuMemBatchDecompressAsync, h, VS_FN_DECOMPRESS,          \
+    (ps, n, fl, err_idx, h))                                                                                   \
+  X(DECOMPRESS_PTSZ, "cuMemBatchDecompressAsync", 12060, 1, cuMemBatchDecompressAsync_ptsz, h, VS_FN_DECOMPRESS, \
+    (ps, n, fl, err_idx, h))                                                                                   \
+  X(LAUNCH_OLD, "cuLaunch", 2000, 0, cuLaunch, NULL, (CUfunction f), (f))                                       \
+  X(LAUNCH_GRID, "cuLaunchGrid", 2000, 0, cuLaunchGrid, NULL, (CUfunction f, int w, int ht), (f, w, ht))          \
+  X(LAUNCH_GRID_ASYNC, "cuLaunchGridAsync", 2000, 0, cuLaunchGridAsync, h, (CUfunction f, int w, int ht, CUstream h), \
+    (f, w, ht, h))
+
 /* The gated entries as hook-list entries (the list's users take five fields). */
-#define VS_GATED_AS_HOOK(id, base, ver, ptsz, sym, params, args) VS_HOOK_ENTRY(id, base, ver, ptsz, sym)
+#define VS_GATED_AS_HOOK(id, base, ver, ptsz, sym, on, params, args) VS_HOOK_ENTRY(id, base, ver, ptsz, sym)
 
 typedef enum vs_hook_e {
 #define VS_HOOK_ENUM(id, base, ver, ptsz, sym) VS_HOOK_##id,
@@ -199,8 +299,12 @@ typedef struct vs_hook_desc_s {
   void *(*hook)(void);
 } vs_hook_desc_t;
 
+/* The per-thread-stream variants exist from CUDA 7.0: a lookup of one at an earlier version
+ * gets the legacy-stream function. */
+#define VS_PTSZ_VERSION(ver, ptsz) ((ptsz) && (ver) < 7000 ? 7000 : (ver))
+
 static const vs_hook_desc_t vs_hooks[VS_HOOK_COUNT] = {
-#define VS_HOOK_DESC(id, base, ver, ptsz, sym) {base, #sym, ver, ptsz, vs_hook_addr_##id},
+#define VS_HOOK_DESC(id, base, ver, ptsz, sym) {base, #sym, VS_PTSZ_VERSION(ver, ptsz), ptsz, vs_hook_addr_##id},
     VS_HOOKS(VS_HOOK_DESC)
 #define VS_HOOK_ENTRY VS_HOOK_DESC
     VS_GATED(VS_GATED_AS_HOOK)
@@ -260,12 +364,43 @@ static int hook_for_lookup(const char *symbol, int version, cuuint64_t flags) {
   return fallback;
 }
 
+/* Whether a hook submits work (or begins a capture): order.c must see every such call. */
+static bool submits(int id) {
+  return id >= VS_HOOK_LAUNCH || (id >= VS_HOOK_BEGIN_CAPTURE && id <= VS_HOOK_BEGIN_CAPTURE_GRAPH_PTSZ);
+}
+
+/* Whether a driver symbol is a variant of a function that submits work: its base name,
+ * maybe with a suffix (_v2, _ptsz ...). */
+static bool submission_symbol(const char *symbol) {
+  for (int i = 0; i < VS_HOOK_COUNT; i++) {
+    if (!submits(i)) continue;
+    size_t n = strlen(vs_hooks[i].base);
+    if (!strncmp(symbol, vs_hooks[i].base, n) && (symbol[n] == '\0' || symbol[n] == '_')) return true;
+  }
+  return false;
+}
+
+/* A submission path handed out without a hook (an ABI the shim was not written for): the
+ * shim no longer sees all of the program's work. */
+static void unseen_path(const char *symbol, int version, cuuint64_t flags) {
+  if (atomic_load(&_vs_order_state) == VS_ORDER_OFF)
+    _vs_debug("%s (version %d, flags %llu) is handed out without the shim's hook", symbol, version,
+              (unsigned long long)flags);
+  else
+    _vs_info("%s (version %d, flags %llu) is handed out without the shim's hook", symbol, version,
+             (unsigned long long)flags);
+  _vs_order_leave("a submission entry point the shim does not wrap", true);
+}
+
 /* Called with the driver's answer to a lookup: swap in the hook when the answer is the
  * function the hook was written for. */
 static void answer_lookup(const char *symbol, void **pfn, int version, cuuint64_t flags) {
   if (!pfn || !*pfn) return;
   int id = hook_for_lookup(symbol, version, flags);
-  if (id < 0) return;
+  if (id < 0) {
+    if (symbol && submission_symbol(symbol)) unseen_path(symbol, version, flags);
+    return;
+  }
   void *hook = vs_hooks[id].hook();
   if (*pfn == hook) return;
   if (id != VS_HOOK_GET_PROC_V2 && id != VS_HOOK_GET_PROC_V1 && version != vs_hooks[id].min_version &&
@@ -273,8 +408,10 @@ static void answer_lookup(const char *symbol, void **pfn, int version, cuuint64_
     /* Wrap only the ABI the hook was written for: a newer version may have other arguments. */
     void *known = NULL;
     CUdriverProcAddressQueryResult st;
-    if (_vs_real_get_proc_v2(symbol, &known, vs_hooks[id].min_version, flags, &st) != CUDA_SUCCESS || known != *pfn)
+    if (_vs_real_get_proc_v2(symbol, &known, vs_hooks[id].min_version, flags, &st) != CUDA_SUCCESS || known != *pfn) {
+      if (submits(id)) unseen_path(symbol, version, flags);
       return;
+    }
   }
   void *prev = NULL;
   __atomic_compare_exchange_n(&vs_real[id], &prev, *pfn, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
@@ -318,6 +455,7 @@ VS_API VS_NO_SANITIZE void *dlsym(void *handle, const char *symbol) {
     }
     return hook;
   }
+  if (submission_symbol(symbol)) unseen_path(symbol, 0, 0);
   return r;
 }
 
@@ -477,6 +615,7 @@ typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
 static CUresult begin_capture(vs_hook_t id, CUstream s, CUstreamCaptureMode mode) {
   begin_fn real = (begin_fn)real_fn(id);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  _vs_order_leave("a stream capture", true);
   vs_gate_line_t *line = _vs_gate_enter();
   CUresult r = real(s, mode);
   capture_began(r);
@@ -490,12 +629,30 @@ VS_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mod
   return begin_capture(VS_HOOK_BEGIN_CAPTURE_PTSZ, s, mode);
 }
 
+/* The first ABI (CUDA 10.0): no capture mode. */
+typedef CUresult (*begin_v1_fn)(CUstream);
+static CUresult begin_capture_v1(vs_hook_t id, CUstream s) {
+  begin_v1_fn real = (begin_v1_fn)real_fn(id);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  _vs_order_leave("a stream capture", true);
+  vs_gate_line_t *line = _vs_gate_enter();
+  CUresult r = real(s);
+  capture_began(r);
+  _vs_gate_leave(line);
+  return r;
+}
+VS_API CUresult cuStreamBeginCapture(CUstream s);
+VS_API CUresult cuStreamBeginCapture(CUstream s) { return begin_capture_v1(VS_HOOK_BEGIN_CAPTURE_V1, s); }
+VS_API CUresult cuStreamBeginCapture_ptsz(CUstream s);
+VS_API CUresult cuStreamBeginCapture_ptsz(CUstream s) { return begin_capture_v1(VS_HOOK_BEGIN_CAPTURE_V1_PTSZ, s); }
+
 typedef CUresult (*begin_graph_fn)(CUstream, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t,
                                    CUstreamCaptureMode);
 static CUresult begin_capture_to_graph(vs_hook_t id, CUstream s, CUgraph g, const CUgraphNode *deps,
                                        const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode) {
   begin_graph_fn real = (begin_graph_fn)real_fn(id);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  _vs_order_leave("a stream capture", true);
   vs_gate_line_t *line = _vs_gate_enter();
   CUresult r = real(s, g, deps, edges, n, mode);
   capture_began(r);
@@ -528,6 +685,7 @@ VS_API CUresult cuStreamDestroy_v2(CUstream s) {
   typedef CUresult (*fn_t)(CUstream);
   fn_t real = REAL(STREAM_DESTROY, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  _vs_order_stream_destroyed(s);
   _vs_stream_destroyed(s);
   return real(s);
 }
@@ -536,6 +694,7 @@ VS_API CUresult cuCtxDestroy_v2(CUcontext ctx) {
   typedef CUresult (*fn_t)(CUcontext);
   fn_t real = REAL(CTX_DESTROY, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  _vs_order_context_gone(ctx);
   _vs_drop_context(ctx, -1);
   return real(ctx);
 }
@@ -550,6 +709,7 @@ VS_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
       /* The pool's memory dies with the context, as cudaMalloc memory does. The context
        * must be current while the pool synchronises and unmaps. */
       _vs_cu.cuCtxPushCurrent(primary);
+      _vs_order_context_gone(primary);
       _vs_drop_context(primary, (int)dev);
       CUcontext popped;
       _vs_cu.cuCtxPopCurrent(&popped);
@@ -622,6 +782,7 @@ VS_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
 
 VS_API CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {
   CUresult err;
+  _vs_order_leave("an IPC export (another process orders its own work)", true);
   if (_vs_ipc_get_handle(dptr, handle, &err)) return err;
   typedef CUresult (*fn_t)(CUipcMemHandle *, CUdeviceptr);
   CALL_REAL(IPC_GET, fn_t, handle, dptr);
@@ -653,12 +814,15 @@ VS_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 /* Hook addresses for the table (the exported functions above). */
 /* ------------------------------------------------------------------ work submission */
 
-/* Launches, copies and memsets wait at the gate while the shim moves memory (gate.c). */
-#define VS_GATED_DEF(id, base, ver, ptsz, sym, params, args) \
+/* Launches, copies and memsets name their stream (order.c), then wait at the gate while the
+ * shim moves memory (gate.c). */
+#define VS_GATED_DEF(id, base, ver, ptsz, sym, on, params, args) \
+  VS_API CUresult sym params;                                   \
   VS_API CUresult sym params {                                  \
     typedef CUresult(*fn_t) params;                             \
     fn_t real = REAL(id, fn_t);                                 \
     if (!real) return CUDA_ERROR_NOT_INITIALIZED;               \
+    _vs_order_see(on, ptsz);                                    \
     vs_gate_line_t *line_ = _vs_gate_enter();                   \
     CUresult r_ = real args;                                    \
     _vs_gate_leave(line_);                                      \
@@ -671,6 +835,9 @@ VS_GATED(VS_GATED_DEF)
   static void *vs_hook_addr_##id(void) { return (void *)(sym); }
 VS_HOOKS(VS_HOOK_ADDR)
 #define VS_HOOK_ENTRY VS_HOOK_ADDR
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* cuLaunch, cuLaunchGrid(Async): still submissions */
 VS_GATED(VS_GATED_AS_HOOK)
+#pragma GCC diagnostic pop
 #undef VS_HOOK_ENTRY
 #undef VS_HOOK_ADDR

@@ -831,6 +831,7 @@ static vs_block_t *carve_range(vs_pool_t *p, vs_block_t *b, CUdeviceptr va, size
 
 size_t _vs_pool_drop_idle_spilled(vs_pool_t *p) {
   size_t dropped = 0;
+  if (_vs_pool_settle_ordered(p) != CUDA_SUCCESS) return 0; /* blocks freed in stream order may be in use */
   for (;;) {
     vs_asleep_seg_t victim;
     vs_block_t *mid = NULL;

@@ -379,8 +379,10 @@ static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, CUstream strea
   *err_out = CUDA_SUCCESS;
   if (!ptr) return VS_POOL_NOT_OWNED; /* address 0 is the map's anchor */
   const void *owner = NULL;
+  bool ordered = stream == VS_ORDERED_FREE;
+  if (ordered) stream = VS_NO_STREAM;
   CUstream key = stream == VS_NO_STREAM ? NULL : _vs_stream_key(stream, &owner);
-  bool sync_mode = stream == VS_NO_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC;
+  bool sync_mode = stream == VS_NO_STREAM && !ordered && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC;
   bool seal = false; /* the stream's older freed blocks are to be sealed (after the unlock) */
   vs_block_t *b;
   if (sync_mode) {
@@ -431,6 +433,11 @@ static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, CUstream strea
     note_reserve(p);
   }
   if (sync_mode) {
+    _vs_block_make_free(p, b);
+  } else if (ordered) {
+    /* Free for the stream's later work at once; its handle stays mapped until work queued
+     * before this free is known done (space.c: unmap_idle). */
+    p->ordered_need = p->sync_seq + 1;
     _vs_block_make_free(p, b);
   } else {
     vs_stream_t *s = stream == VS_NO_STREAM ? NULL : _vs_stream_get(p, key, stream, owner, true);

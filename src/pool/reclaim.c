@@ -108,6 +108,7 @@ static CUresult sync_then_release(vs_pool_t *p, const CUstream *key, CUstream ha
     p->last_sync_ns = took;
   }
   if (r == CUDA_SUCCESS) {
+    if (!key && seq > p->sync_done) p->sync_done = seq;
     after_sync_locked(p, seq, key, &done);
     VS_POOL_CHECK(p);
   }
@@ -247,10 +248,29 @@ void _vs_pool_stream_destroyed(vs_pool_t *p, CUstream stream) {
   pool_unlock(p);
 }
 
+/* Whether FREE memory may still be in use by work queued before a free in stream order
+ * (VS_ORDERED_FREE), so that unmapping it must wait for a synchronisation. Lock held. */
+bool _vs_pool_ordered_unsettled(const vs_pool_t *p) {
+  return p->ordered_need > p->sync_done && atomic_load(&_vs_order_state) != VS_ORDER_OFF;
+}
+
+CUresult _vs_pool_settle_ordered(vs_pool_t *p) {
+  pool_lock(p);
+  bool unsettled = _vs_pool_ordered_unsettled(p);
+  pool_unlock(p);
+  if (!unsettled) return CUDA_SUCCESS;
+  if (atomic_load(&_vs_captures_active)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  CUcontext popped;
+  bool pushed = _vs_cu.cuCtxPushCurrent(p->ctx) == CUDA_SUCCESS;
+  CUresult r = _vs_pool_sync_and_reclaim(p);
+  if (pushed) _vs_cu.cuCtxPopCurrent(&popped);
+  return r;
+}
+
 CUresult _vs_pool_reclaim(vs_pool_t *p) {
   if (atomic_load(&_vs_captures_active)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   pool_lock(p);
-  bool pending = p->pending_bytes != 0;
+  bool pending = p->pending_bytes != 0 || _vs_pool_ordered_unsettled(p);
   pool_unlock(p);
   return pending ? _vs_pool_sync_and_reclaim(p) : CUDA_SUCCESS;
 }

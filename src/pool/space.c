@@ -356,8 +356,9 @@ size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b) {
  * sp while it has room (sp may be NULL), else released. Returns the bytes unmapped. Lock not
  * held. */
 static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp) {
-  enum { MAX_BATCH = 64, MAX_CAND = 64 };
+  enum { MAX_BATCH = 64, MAX_CAND = 64, MAX_SETTLE = 3 };
   size_t released = 0;
+  int settled = 0;
   for (;;) {
     vs_seg_t victims[MAX_BATCH];
     vs_block_t *busy[MAX_BATCH];
@@ -367,6 +368,13 @@ static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp)
     if (p->applying_access) { /* the mappings are being given new access: not now */
       pool_unlock(p);
       break;
+    }
+    if (_vs_pool_ordered_unsettled(p)) {
+      /* Blocks freed in stream order may still be in use by work queued before their free:
+       * wait for it first (a free in the meantime asks again; a few times at most). */
+      pool_unlock(p);
+      if (settled++ == MAX_SETTLE || _vs_pool_settle_ordered(p) != CUDA_SUCCESS) break;
+      continue;
     }
     /* Candidates: free blocks at least one minimum handle large, biggest bins first. */
     unsigned lowest = _vs_bin_of(p->caps.min_granularity);

@@ -1,0 +1,199 @@
+/* order.c: whether every piece of GPU work of the process has gone to one stream.
+ *
+ * In deferred mode a block freed with cudaFree is reused only after a context synchronisation
+ * (reclaim.c): work queued before the free may still touch it. While all of the program's
+ * launches, copies and memsets have gone to one stream S, that wait buys nothing: whatever the
+ * block's next owner does with it goes to S too, behind the work queued before the free, as
+ * with a free on S (cudaFreeAsync). So the block is reused at once (alloc.c asks _vs_order_one).
+ *
+ * The submission hooks (hook_drv.c) name each stream they are given. The first fixes S. The
+ * first submission to another stream, a capture, an IPC export, S destroyed, or a submission
+ * path the shim cannot see ends it: an event is recorded on S, and until it has passed every
+ * submission to another stream first waits for it on the GPU (cuStreamWaitEvent; the host
+ * never waits, so work on S that waits for the host cannot deadlock), and uses that cannot
+ * wait on a stream (an export, a capture, a path the shim cannot see) wait on the host. From
+ * then on deferred frees wait for a synchronisation again. Work on S that waits for later work
+ * of another stream (cuStreamWaitValue) ends it before it is queued. */
+#include <pthread.h>
+#include <stdio.h>
+
+#include "vmmshim/base.h"
+
+atomic_int _vs_order_state; /* vs_order_state_t; VS_ORDER_UNSEEN until the first submission */
+CUstream _vs_order_stream;  /* S as the program names it: written once, before the state is ONE */
+
+static CUcontext vs_one_ctx;   /* S's context */
+static CUstream vs_one_key;    /* S: its handle, CU_STREAM_LEGACY, or a thread's per-thread key */
+static bool vs_one_implicit;   /* S is a context's legacy stream or a thread's per-thread stream */
+static CUevent vs_leave_event; /* recorded on S as the stream order ended; kept for the process's life */
+static const char *vs_leave_why;
+static pthread_mutex_t vs_order_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local char vs_thread_key;
+
+/* The stream a submission names: explicit handles stand for themselves; NULL is the legacy
+ * stream, or, in a per-thread call (_ptsz, _ptds), the calling thread's own. */
+static CUstream key_of(CUstream s, int ptsz, bool *implicit) {
+  *implicit = true;
+  if (s == CU_STREAM_PER_THREAD || (s == NULL && ptsz)) return (CUstream)((uintptr_t)&vs_thread_key | 1);
+  if (s == NULL || s == CU_STREAM_LEGACY) return CU_STREAM_LEGACY;
+  *implicit = false;
+  return s;
+}
+
+/* S's context made current for a driver call on S (its legacy stream is the current
+ * context's). Returns whether one was pushed. */
+static bool push_one_ctx(void) { return _vs_cu.cuCtxPushCurrent(vs_one_ctx) == CUDA_SUCCESS; }
+static void pop_ctx(bool pushed) {
+  CUcontext popped;
+  if (pushed) _vs_cu.cuCtxPopCurrent(&popped);
+}
+
+/* Waits on the host for the work S had when the order ended. Lock held. */
+static void wait_on_host_locked(void) {
+  CUresult r = CUDA_SUCCESS;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  _vs_cu.cuThreadExchangeStreamCaptureMode(&mode); /* never counted against another thread's capture */
+  if (vs_leave_event && _vs_cu.cuEventSynchronize) {
+    r = _vs_cu.cuEventSynchronize(vs_leave_event);
+  } else {
+    bool pushed = push_one_ctx(); /* no event (S per-thread, or recording failed): the whole context */
+    r = _vs_cu.cuCtxSynchronize();
+    pop_ctx(pushed);
+  }
+  _vs_cu.cuThreadExchangeStreamCaptureMode(&mode);
+  if (r != CUDA_SUCCESS)
+    _vs_warn("deferred frees: waiting for the work of the one stream: %s", _vs_cu_error_name(r));
+  atomic_store(&_vs_order_state, VS_ORDER_OFF);
+}
+
+void _vs_order_leave(const char *why, bool host) {
+  if (atomic_load(&_vs_order_state) == VS_ORDER_OFF) return;
+  pthread_mutex_lock(&vs_order_lock);
+  int st = atomic_load(&_vs_order_state);
+  if (st == VS_ORDER_UNSEEN) { /* nothing was reused early: nothing to wait for */
+    vs_leave_why = why;
+    _vs_info("deferred frees: %s before any GPU work: freed blocks wait for a synchronisation", why);
+    atomic_store(&_vs_order_state, VS_ORDER_OFF);
+  } else if (st == VS_ORDER_ONE) {
+    vs_leave_why = why;
+    if (!vs_one_implicit || vs_one_key == CU_STREAM_LEGACY) { /* another thread's per-thread stream cannot be named */
+      bool pushed = vs_one_implicit && push_one_ctx();
+      CUresult r = _vs_cu.cuEventCreate(&vs_leave_event, CU_EVENT_DISABLE_TIMING);
+      if (r == CUDA_SUCCESS && (r = _vs_cu.cuEventRecord(vs_leave_event, vs_one_key)) != CUDA_SUCCESS) {
+        _vs_cu.cuEventDestroy(vs_leave_event);
+        vs_leave_event = NULL;
+      }
+      pop_ctx(pushed);
+    }
+    atomic_store(&_vs_order_state, VS_ORDER_LEAVING);
+    _vs_info("deferred frees: the program's work no longer goes to one stream (%s): freed blocks wait for a "
+             "synchronisation from now on",
+             why);
+    if (host || !vs_leave_event) wait_on_host_locked();
+  } else if (st == VS_ORDER_LEAVING && host) {
+    wait_on_host_locked();
+  }
+  pthread_mutex_unlock(&vs_order_lock);
+}
+
+/* A submission to stream s while the order ends: it waits for S's earlier work on the GPU,
+ * until that work is seen done. */
+static void leaving(CUstream s, int ptsz, CUstream key) {
+  if (key == vs_one_key) {
+    CUcontext ctx = NULL;
+    if (!vs_one_implicit || (_vs_cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx == vs_one_ctx)) return;
+  }
+  if (_vs_cu.cuEventQuery(vs_leave_event) == CUDA_SUCCESS) {
+    atomic_store(&_vs_order_state, VS_ORDER_OFF);
+    return;
+  }
+  /* In a capture a wait would join the captured graph; a stream that refuses it cannot wait
+   * on the GPU: either waits here. */
+  CUstream on = s == NULL && ptsz ? CU_STREAM_PER_THREAD : s;
+  if (atomic_load(&_vs_captures_active) || !_vs_cu.cuStreamWaitEvent ||
+      _vs_cu.cuStreamWaitEvent(on, vs_leave_event, 0) != CUDA_SUCCESS)
+    wait_on_host_locked();
+}
+
+void _vs_order_see_slow(CUstream s, int ptsz) {
+  if (_vs_guard) return; /* the shim's own calls */
+  int st = atomic_load(&_vs_order_state);
+  if (st == VS_ORDER_UNSEEN && !_vs_active()) return;
+  if ((st = atomic_load(&_vs_order_state)) == VS_ORDER_OFF) return;
+  if (s == VS_ORDER_ELSEWHERE) {
+    _vs_order_leave("work that spans contexts, or waits on another stream's", true);
+    return;
+  }
+  bool implicit;
+  CUstream key = key_of(s, ptsz, &implicit);
+  if (st == VS_ORDER_LEAVING) {
+    pthread_mutex_lock(&vs_order_lock); /* a leave in progress is made before this submission */
+    st = atomic_load(&_vs_order_state);
+    if (st == VS_ORDER_LEAVING && vs_leave_event) leaving(s, ptsz, key);
+    pthread_mutex_unlock(&vs_order_lock);
+    return;
+  }
+  CUcontext ctx = NULL;
+  if (implicit && (_vs_cu.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)) return; /* the driver refuses it */
+  if (st == VS_ORDER_ONE) {
+    if (key == vs_one_key && (!implicit || ctx == vs_one_ctx)) return;
+    _vs_order_leave("a second stream", false);
+    _vs_order_see_slow(s, ptsz);
+    return;
+  }
+  /* The first submission of the process: S. */
+  pthread_mutex_lock(&vs_order_lock);
+  if (atomic_load(&_vs_order_state) == VS_ORDER_UNSEEN) {
+    if (!implicit && _vs_cu.cuStreamGetCtx(s, &ctx) != CUDA_SUCCESS) ctx = NULL;
+    if (ctx) {
+      vs_one_ctx = ctx;
+      vs_one_key = key;
+      vs_one_implicit = implicit;
+      _vs_order_stream = implicit ? VS_NO_STREAM : s; /* the inline check takes explicit handles only */
+      atomic_store(&_vs_order_state, VS_ORDER_ONE);
+      _vs_info("deferred frees: the program's work goes to one stream (%s %p) so far: freed blocks are reused "
+               "at once, in that stream's order",
+               implicit ? (key == CU_STREAM_LEGACY ? "the legacy stream of context" : "a per-thread stream of context")
+                        : "stream",
+               implicit ? (void *)ctx : (void *)s);
+    }
+  }
+  pthread_mutex_unlock(&vs_order_lock);
+  if (atomic_load(&_vs_order_state) != VS_ORDER_ONE) _vs_order_see_slow(s, ptsz);
+}
+
+bool _vs_order_one(CUcontext ctx) {
+  return atomic_load_explicit(&_vs_order_state, memory_order_acquire) == VS_ORDER_ONE && ctx == vs_one_ctx;
+}
+
+void _vs_order_stream_destroyed(CUstream s) {
+  if (atomic_load(&_vs_order_state) == VS_ORDER_ONE && s && s == vs_one_key) _vs_order_leave("its stream destroyed", false);
+}
+
+void _vs_order_context_gone(CUcontext ctx) {
+  if (atomic_load(&_vs_order_state) != VS_ORDER_OFF && ctx == vs_one_ctx) _vs_order_leave("its context destroyed", true);
+}
+
+/* At start (init.c): deferred mode with VMMSHIM_ONE_STREAM on waits for the first submission. */
+void _vs_order_configure(bool on) {
+  pthread_mutex_lock(&vs_order_lock);
+  vs_leave_why = NULL;
+  vs_one_ctx = NULL;
+  vs_one_key = NULL;
+  vs_leave_event = NULL; /* kept: another thread may still wait on it */
+  _vs_order_stream = VS_NO_STREAM;
+  atomic_store(&_vs_order_state, on ? VS_ORDER_UNSEEN : VS_ORDER_OFF);
+  pthread_mutex_unlock(&vs_order_lock);
+}
+
+const char *_vs_order_describe(void) {
+  static char line[160]; /* the stats at exit: one caller */
+  switch (atomic_load(&_vs_order_state)) {
+  case VS_ORDER_ONE: return "yes, all work so far on one stream";
+  case VS_ORDER_UNSEEN: return "no GPU work seen";
+  default:
+    if (!vs_leave_why) return "no (VMMSHIM_ONE_STREAM=0)";
+    snprintf(line, sizeof line, "no longer, since %s", vs_leave_why);
+    return line;
+  }
+}
