@@ -5,6 +5,15 @@
  *   deferred  VMMSHIM_FREE_MODE=deferred: cudaFree does not wait for earlier work, the
  *             range is not reused while that work is pending, and the background
  *             reclaimer makes it reusable once the work has completed.
+ *   one-stream  VMMSHIM_FREE_MODE=deferred, all work launched on the legacy stream: a freed
+ *             block is reused at once while work queued before its free still reads it, and
+ *             that work sees its bytes intact (the next owner's work queues behind it); a trim
+ *             waits for that work before unmapping; the first launch on another stream makes
+ *             that stream wait for the legacy stream's work on the GPU (the host does not
+ *             wait), and later frees wait for a synchronisation again.
+ *             With VMMSHIM_ONE_STREAM=0: never reused while the work is pending. With
+ *             VMMSHIM_RELEASE_THRESHOLD=0 the free gives the handle back after that work. A
+ *             capture waits for that work before it begins, and ends the order.
  *   deferred-bound  VMMSHIM_FREE_MODE=deferred: a program that frees and allocates again
  *             while the GPU is busy (work of 300 us) keeps what the pool maps within 2 x what it
  *             has in use (4 x without waiting): once a long sync has been seen, a request that
@@ -76,6 +85,152 @@ static int wait_reclaimed(double t) {
     }
     sleep_ms(2);
   }
+}
+
+/* ------------------------------------------------------------------ one stream */
+
+static int kernel_stub; /* the emulation's launches run nothing: any function handle does */
+static CUresult launch_on(CUstream s) {
+  return cuLaunchKernel((CUfunction)&kernel_stub, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
+}
+
+typedef struct {
+  unsigned char *p;
+  size_t n;
+  unsigned long long seed;
+  volatile int ran;
+  volatile int intact;
+} reader_t;
+
+/* A kernel that reads its block when it runs: the bytes must still be those it was given. */
+static void work_read(void *arg) {
+  reader_t *r = arg;
+  r->intact = emu_device_access(0, (CUdeviceptr)r->p, r->n, 0) == 0 && pat_check(r->p, r->n, r->seed) == (size_t)-1;
+  __atomic_store_n(&r->ran, 1, __ATOMIC_RELEASE);
+}
+
+/* A kernel that writes its block. */
+static void work_write(void *arg) {
+  reader_t *r = arg;
+  if (emu_device_access(0, (CUdeviceptr)r->p, r->n, 1) == 0) pat_fill(r->p, r->n, r->seed);
+  __atomic_store_n(&r->ran, 1, __ATOMIC_RELEASE);
+}
+
+/* A block of n bytes filled with seed 5, and a reader of it queued on the legacy stream. */
+static void *block_read_later(size_t n, reader_t *r) {
+  void *p = NULL;
+  CHECK(cudaMalloc(&p, n) == cudaSuccess, "alloc");
+  pat_fill(p, n, 5);
+  *r = (reader_t){p, n, 5, 0, 0};
+  CHECK(launch_on(NULL) == CUDA_SUCCESS, "launch");
+  emu_launch(NULL, work_read, r);
+  return p;
+}
+
+/* VMMSHIM_RELEASE_THRESHOLD=0: the free itself gives the block's handle back, after the
+ * work queued before it. */
+static void scenario_one_stream_release(void) {
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  reader_t r;
+  void *c = block_read_later(64 * MiB, &r);
+  CHECK(cudaFree(c) == cudaSuccess, "free c");
+  CHECK(r.ran && r.intact, "c was unmapped before the work reading it ran (ran %d, intact %d)", r.ran, r.intact);
+  CHECK(shim_stats().bytes_mapped < 64 * MiB, "the free gave nothing back (%llu mapped)",
+        (unsigned long long)shim_stats().bytes_mapped);
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* A capture ends the one-stream order before it begins: a sync would invalidate it later, so
+ * the work queued before the frees is waited for on the host first. */
+static void scenario_one_stream_capture(void) {
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  reader_t r;
+  void *a = block_read_later(4 * MiB, &r);
+  CHECK(cudaFree(a) == cudaSuccess, "free a");
+  CHECK(!r.ran, "the free waited");
+  cudaStream_t x;
+  CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  CHECK(cudaStreamBeginCapture(x, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin capture");
+  CHECK(r.ran && r.intact, "the capture began before the work queued before the free ran");
+  cudaGraph_t g = NULL;
+  CHECK(cudaStreamEndCapture(x, &g) == cudaSuccess, "end capture");
+  if (g) cudaGraphDestroy(g);
+  reader_t r2;
+  void *b = block_read_later(4 * MiB, &r2);
+  CHECK(cudaFree(b) == cudaSuccess, "free b");
+  void *c = NULL;
+  CHECK(cudaMalloc(&c, 4 * MiB) == cudaSuccess, "alloc c");
+  CHECK(r2.ran || c != b, "after the capture, b's range handed out while its reader was pending");
+  emu_complete(NULL, -1);
+  CHECK(cudaFree(c) == cudaSuccess && cudaStreamDestroy(x) == cudaSuccess, "free c, destroy x");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+static void scenario_one_stream(bool on) {
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  uint64_t syncs0 = shim_stats().syncs;
+  /* 1. Freed while its reader is queued, allocated again by the same size. */
+  reader_t r1;
+  void *a = block_read_later(4 * MiB, &r1);
+  CHECK(cudaFree(a) == cudaSuccess, "free a");
+  void *b = NULL;
+  CHECK(cudaMalloc(&b, 4 * MiB) == cudaSuccess, "alloc b");
+  CHECK(emu_pending(NULL) == 1 && !r1.ran, "the free or the allocation waited for the queued reader");
+  if (!on) {
+    CHECK(b != a, "VMMSHIM_ONE_STREAM=0: a's range handed out while its reader was pending");
+    emu_complete(NULL, -1);
+    CHECK(r1.ran && r1.intact, "the reader of a saw other bytes");
+    CHECK(emu_violations() == 0, "%d violations", emu_violations());
+    return;
+  }
+  CHECK(b == a, "one stream: a (%p) not reused at once (got %p)", a, b);
+  CHECK(shim_stats().syncs == syncs0, "one stream: %llu synchronisations for the free",
+        (unsigned long long)(shim_stats().syncs - syncs0));
+  reader_t w1 = {b, 4 * MiB, 7, 0, 0}; /* the new owner writes b on the same stream */
+  CHECK(launch_on(NULL) == CUDA_SUCCESS, "launch");
+  emu_launch(NULL, work_write, &w1);
+  emu_complete(NULL, -1);
+  CHECK(r1.ran && r1.intact, "the reader queued before the free saw the next owner's bytes");
+  CHECK(w1.ran && pat_check(b, 4 * MiB, 7) == (size_t)-1, "the new owner's write is not there");
+  CHECK(cudaFree(b) == cudaSuccess, "free b");
+
+  /* 2. A trim waits for the work queued before a free before it unmaps the block. */
+  reader_t r2;
+  void *c = block_read_later(64 * MiB, &r2);
+  CHECK(cudaFree(c) == cudaSuccess, "free c");
+  CHECK(emu_pending(NULL) == 1, "the free waited");
+  size_t trimmed = shim_trim();
+  CHECK(trimmed >= 64 * MiB, "trim gave back %zu bytes", trimmed);
+  CHECK(r2.ran && r2.intact, "c was unmapped before the work reading it ran (ran %d, intact %d)", r2.ran, r2.intact);
+
+  /* 3. The first launch on another stream waits for the legacy stream on the GPU. */
+  reader_t r3;
+  void *d = block_read_later(4 * MiB, &r3);
+  CHECK(cudaFree(d) == cudaSuccess, "free d");
+  void *e = NULL;
+  CHECK(cudaMalloc(&e, 4 * MiB) == cudaSuccess && e == d, "d not reused at once (%p, %p)", d, e);
+  cudaStream_t x; /* non-blocking: no implicit ordering with the legacy stream */
+  CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  CHECK(launch_on((CUstream)x) == CUDA_SUCCESS, "launch on x");
+  CHECK(!r3.ran && emu_pending(NULL) == 1, "the launch on another stream waited on the host");
+  reader_t w3 = {e, 4 * MiB, 9, 0, 0};
+  emu_launch((CUstream)x, work_write, &w3);
+  emu_complete((CUstream)x, -1);
+  CHECK(r3.ran && r3.intact, "the other stream's write overtook the legacy stream's reader");
+  CHECK(w3.ran, "the write did not run");
+  CHECK(cudaFree(e) == cudaSuccess, "free e");
+
+  /* 4. From then on a deferred free waits for a synchronisation. */
+  reader_t r4;
+  void *f = block_read_later(4 * MiB, &r4);
+  CHECK(cudaFree(f) == cudaSuccess, "free f");
+  void *g = NULL;
+  CHECK(cudaMalloc(&g, 4 * MiB) == cudaSuccess, "alloc g");
+  CHECK(r4.ran || g != f, "two streams: f's range handed out while its reader was pending");
+  emu_complete(NULL, -1);
+  CHECK(r4.intact, "the reader of f saw other bytes");
+  CHECK(cudaFree(g) == cudaSuccess && cudaStreamDestroy(x) == cudaSuccess, "free g, destroy x");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
 }
 
 /* n rounds of alloc 4 MiB / launch work on it / cudaFree; every `every` rounds the work
@@ -584,6 +739,10 @@ int main(int argc, char **argv) {
     alarm(60);
     if (!strcmp(sc, "deferred")) scenario_deferred();
     else if (!strcmp(sc, "deferred-bound")) scenario_deferred_bound();
+    else if (!strcmp(sc, "one-stream")) scenario_one_stream(true);
+    else if (!strcmp(sc, "one-stream-off")) scenario_one_stream(false);
+    else if (!strcmp(sc, "one-stream-release")) scenario_one_stream_release();
+    else if (!strcmp(sc, "one-stream-capture")) scenario_one_stream_capture();
     else if (!strcmp(sc, "async-bound")) scenario_async_bound();
     else if (!strcmp(sc, "gran2m")) scenario_gran2m();
     else if (!strcmp(sc, "limit")) scenario_limit();
@@ -601,6 +760,10 @@ int main(int argc, char **argv) {
   }
   check_run_child("deferred", "VMMSHIM_FREE_MODE=deferred", NULL);
   check_run_child("deferred-bound", "VMMSHIM_FREE_MODE=deferred", NULL);
+  check_run_child("one-stream", "VMMSHIM_FREE_MODE=deferred", NULL);
+  check_run_child("one-stream-off", "VMMSHIM_FREE_MODE=deferred", "VMMSHIM_ONE_STREAM=0", NULL);
+  check_run_child("one-stream-release", "VMMSHIM_FREE_MODE=deferred", "VMMSHIM_RELEASE_THRESHOLD=0", NULL);
+  check_run_child("one-stream-capture", "VMMSHIM_FREE_MODE=deferred", NULL);
   check_run_child("async-bound", NULL);
   check_run_child("gran2m", "VMMSHIM_GRANULARITY=2M", NULL);
   check_run_child("limit", "VMMSHIM_LIMIT=64M", NULL);
