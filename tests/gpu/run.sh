@@ -76,6 +76,7 @@ for rt in static shared; do
   run_prog "$rt/integrity" "$BIN/t_integrity.$rt"
   run_prog "$rt/free-sync" "$BIN/t_free.$rt" VMMSHIM_FREE_MODE=sync
   run_prog "$rt/free-deferred" "$BIN/t_free.$rt" VMMSHIM_FREE_MODE=deferred
+  run_prog "$rt/onestream" "$BIN/t_onestream.$rt" VMMSHIM_FREE_MODE=deferred
   run_prog "$rt/streams" "$BIN/t_streams.$rt"
   run_prog "$rt/capture" "$BIN/t_capture.$rt"
   run_prog "$rt/sleep-graph" "$BIN/t_sleep.$rt" SLEEP_MODE=graph
@@ -85,6 +86,7 @@ done
 # The data paths once more with the other free mode and with small handles.
 run_prog "shared/integrity-deferred" "$BIN/t_integrity.shared" VMMSHIM_FREE_MODE=deferred
 run_prog "static/streams-deferred" "$BIN/t_streams.static" VMMSHIM_FREE_MODE=deferred
+run_prog "shared/onestream-off" "$BIN/t_onestream.shared" VMMSHIM_FREE_MODE=deferred VMMSHIM_ONE_STREAM=0
 run_prog "static/integrity-gran2M" "$BIN/t_integrity.static" VMMSHIM_GRANULARITY=2M
 
 # ---- Python: each framework without and with the shim, numbers compared ----
