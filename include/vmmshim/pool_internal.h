@@ -282,16 +282,17 @@ void _vs_pool_unmap_all(vs_pool_t *p);
 size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b);
 /* Frees every block descriptor of every reservation and the spare ones. */
 void _vs_pool_free_blocks(vs_pool_t *p);
+/* Blocks freed in stream order (VS_ORDERED_FREE) may still be in use: unmapping FREE memory
+ * waits for a synchronisation of the pool's context first. The question: lock held; the
+ * settling: lock not held. */
+bool _vs_pool_ordered_unsettled(const vs_pool_t *p);
+CUresult _vs_pool_settle_ordered(vs_pool_t *p);
 
 /* ---- reclaim.c ---- */
 /* Synchronises the pool's context (which must be current) and frees what was pending
  * before. Lock not held. */
 CUresult _vs_pool_sync_and_reclaim(vs_pool_t *p);
-/* Blocks freed in stream order (VS_ORDERED_FREE) and maybe still in use: unmapping FREE memory
- * waits for a synchronisation first (lock held for the question, not for the settling, which
- * synchronises the pool's context). */
-bool _vs_pool_ordered_unsettled(const vs_pool_t *p);
-CUresult _vs_pool_settle_ordered(vs_pool_t *p);
+
 /* Synchronises one stream, then frees every block freed on it before (its pending list and the
  * batches sealed on it). The stream is given by its key (pool_streams.c) and handle. */
 CUresult _vs_pool_sync_stream_and_reclaim(vs_pool_t *p, CUstream key, CUstream handle);

@@ -248,25 +248,6 @@ void _vs_pool_stream_destroyed(vs_pool_t *p, CUstream stream) {
   pool_unlock(p);
 }
 
-/* Whether FREE memory may still be in use by work queued before a free in stream order
- * (VS_ORDERED_FREE), so that unmapping it must wait for a synchronisation. Lock held. */
-bool _vs_pool_ordered_unsettled(const vs_pool_t *p) {
-  return p->ordered_need > p->sync_done && atomic_load(&_vs_order_state) != VS_ORDER_OFF;
-}
-
-CUresult _vs_pool_settle_ordered(vs_pool_t *p) {
-  pool_lock(p);
-  bool unsettled = _vs_pool_ordered_unsettled(p);
-  pool_unlock(p);
-  if (!unsettled) return CUDA_SUCCESS;
-  if (atomic_load(&_vs_captures_active)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  CUcontext popped;
-  bool pushed = _vs_cu.cuCtxPushCurrent(p->ctx) == CUDA_SUCCESS;
-  CUresult r = _vs_pool_sync_and_reclaim(p);
-  if (pushed) _vs_cu.cuCtxPopCurrent(&popped);
-  return r;
-}
-
 CUresult _vs_pool_reclaim(vs_pool_t *p) {
   if (atomic_load(&_vs_captures_active)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   pool_lock(p);

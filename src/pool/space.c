@@ -352,6 +352,37 @@ size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b) {
   return _vs_segs_whole_in(&p->segs, b->addr, b->size);
 }
 
+/* ------------------------------------------------------------------ blocks freed in stream order */
+
+/* Whether FREE memory may still be in use by work queued before a free in stream order
+ * (VS_ORDERED_FREE: all work on one stream, order.c), so that unmapping it must wait for a
+ * synchronisation. Once the order has ended, the wait that ended it covered them. Lock held. */
+bool _vs_pool_ordered_unsettled(const vs_pool_t *p) {
+  return p->ordered_need > p->sync_done && atomic_load(&_vs_order_state) != VS_ORDER_OFF;
+}
+
+/* Synchronises the pool's context when blocks freed in stream order may still be in use (a
+ * plain sync: reclaim.c's bookkeeping of pending blocks is not needed for them). */
+CUresult _vs_pool_settle_ordered(vs_pool_t *p) {
+  pool_lock(p);
+  bool unsettled = _vs_pool_ordered_unsettled(p);
+  uint64_t seq = unsettled ? ++p->sync_seq : 0;
+  pool_unlock(p);
+  if (!unsettled) return CUDA_SUCCESS;
+  if (atomic_load(&_vs_captures_active)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  CUcontext popped;
+  bool pushed = _vs_cu.cuCtxPushCurrent(p->ctx) == CUDA_SUCCESS;
+  CUresult r = _vs_cu.cuCtxSynchronize();
+  if (pushed) _vs_cu.cuCtxPopCurrent(&popped);
+  VS_STAT_ADD(syncs, 1);
+  if (r == CUDA_SUCCESS) {
+    pool_lock(p);
+    if (seq > p->sync_done) p->sync_done = seq;
+    pool_unlock(p);
+  }
+  return r;
+}
+
 /* Unmaps whole idle handles until at most `keep` idle bytes remain (exact: never fewer): into
  * sp while it has room (sp may be NULL), else released. Returns the bytes unmapped. Lock not
  * held. */
