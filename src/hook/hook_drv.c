@@ -190,6 +190,9 @@
 /* Stream memory operations, copies to and from arrays, batched copies, decompression and the
  * old launches: each touches device memory too. A wait for a value (or a batch that may hold
  * one) waits for another stream's work. */
+/* An entry and its per-thread-stream variant (exported as SYM_ptsz). */
+#define VS_BOTH(X, id, base, ver, sym, on, params, args) \
+  X(id, base, ver, 0, sym, on, params, args) X(id##_PTSZ, base, ver, 1, sym##_ptsz, on, params, args)
 #define VS_FN_VALUE(T) (CUstream h, CUdeviceptr a, T v, unsigned int fl)
 #define VS_AR_VALUE (h, a, v, fl)
 #define VS_FN_MEMOP (CUstream h, unsigned int n, CUstreamBatchMemOpParams *ops, unsigned int fl)
@@ -204,40 +207,20 @@
 #define VS_FN_BATCH_3D1 (size_t n, CUDA_MEMCPY3D_BATCH_OP *ops, size_t *fail_idx, unsigned long long fl, CUstream h)
 #define VS_FN_DECOMPRESS (CUmemDecompressParams *ps, size_t n, unsigned int fl, size_t *err_idx, CUstream h)
 #define VS_GATED_MORE(X)                                                                                        \
-  X(WRITE32, "cuStreamWriteValue32", 11070, 0, cuStreamWriteValue32_v2, h, VS_FN_VALUE(cuuint32_t), VS_AR_VALUE) \
-  X(WRITE32_PTSZ, "cuStreamWriteValue32", 11070, 1, cuStreamWriteValue32_v2_ptsz, h, VS_FN_VALUE(cuuint32_t),    \
-    VS_AR_VALUE)                                                                                               \
-  X(WRITE32_V1, "cuStreamWriteValue32", 8000, 0, cuStreamWriteValue32, h, VS_FN_VALUE(cuuint32_t), VS_AR_VALUE) \
-  X(WRITE32_V1_PTSZ, "cuStreamWriteValue32", 8000, 1, cuStreamWriteValue32_ptsz, h, VS_FN_VALUE(cuuint32_t),     \
-    VS_AR_VALUE)                                                                                               \
-  X(WRITE64, "cuStreamWriteValue64", 11070, 0, cuStreamWriteValue64_v2, h, VS_FN_VALUE(cuuint64_t), VS_AR_VALUE) \
-  X(WRITE64_PTSZ, "cuStreamWriteValue64", 11070, 1, cuStreamWriteValue64_v2_ptsz, h, VS_FN_VALUE(cuuint64_t),    \
-    VS_AR_VALUE)                                                                                               \
-  X(WRITE64_V1, "cuStreamWriteValue64", 9000, 0, cuStreamWriteValue64, h, VS_FN_VALUE(cuuint64_t), VS_AR_VALUE) \
-  X(WRITE64_V1_PTSZ, "cuStreamWriteValue64", 9000, 1, cuStreamWriteValue64_ptsz, h, VS_FN_VALUE(cuuint64_t),     \
-    VS_AR_VALUE)                                                                                               \
-  X(WAIT32, "cuStreamWaitValue32", 11070, 0, cuStreamWaitValue32_v2, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint32_t), \
-    VS_AR_VALUE)                                                                                               \
-  X(WAIT32_PTSZ, "cuStreamWaitValue32", 11070, 1, cuStreamWaitValue32_v2_ptsz, VS_ORDER_ELSEWHERE,              \
-    VS_FN_VALUE(cuuint32_t), VS_AR_VALUE)                                                                      \
-  X(WAIT32_V1, "cuStreamWaitValue32", 8000, 0, cuStreamWaitValue32, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint32_t), \
-    VS_AR_VALUE)                                                                                               \
-  X(WAIT32_V1_PTSZ, "cuStreamWaitValue32", 8000, 1, cuStreamWaitValue32_ptsz, VS_ORDER_ELSEWHERE,               \
-    VS_FN_VALUE(cuuint32_t), VS_AR_VALUE)                                                                      \
-  X(WAIT64, "cuStreamWaitValue64", 11070, 0, cuStreamWaitValue64_v2, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint64_t), \
-    VS_AR_VALUE)                                                                                               \
-  X(WAIT64_PTSZ, "cuStreamWaitValue64", 11070, 1, cuStreamWaitValue64_v2_ptsz, VS_ORDER_ELSEWHERE,              \
-    VS_FN_VALUE(cuuint64_t), VS_AR_VALUE)                                                                      \
-  X(WAIT64_V1, "cuStreamWaitValue64", 9000, 0, cuStreamWaitValue64, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint64_t), \
-    VS_AR_VALUE)                                                                                               \
-  X(WAIT64_V1_PTSZ, "cuStreamWaitValue64", 9000, 1, cuStreamWaitValue64_ptsz, VS_ORDER_ELSEWHERE,               \
-    VS_FN_VALUE(cuuint64_t), VS_AR_VALUE)                                                                      \
-  X(MEMOP, "cuStreamBatchMemOp", 11070, 0, cuStreamBatchMemOp_v2, VS_ORDER_ELSEWHERE, VS_FN_MEMOP, VS_AR_MEMOP) \
-  X(MEMOP_PTSZ, "cuStreamBatchMemOp", 11070, 1, cuStreamBatchMemOp_v2_ptsz, VS_ORDER_ELSEWHERE, VS_FN_MEMOP,    \
-    VS_AR_MEMOP)                                                                                               \
-  X(MEMOP_V1, "cuStreamBatchMemOp", 8000, 0, cuStreamBatchMemOp, VS_ORDER_ELSEWHERE, VS_FN_MEMOP, VS_AR_MEMOP)  \
-  X(MEMOP_V1_PTSZ, "cuStreamBatchMemOp", 8000, 1, cuStreamBatchMemOp_ptsz, VS_ORDER_ELSEWHERE, VS_FN_MEMOP,     \
-    VS_AR_MEMOP)                                                                                               \
+  VS_BOTH(X, WRITE32, "cuStreamWriteValue32", 11070, cuStreamWriteValue32_v2, h, VS_FN_VALUE(cuuint32_t), VS_AR_VALUE) \
+  VS_BOTH(X, WRITE32_V1, "cuStreamWriteValue32", 8000, cuStreamWriteValue32, h, VS_FN_VALUE(cuuint32_t), VS_AR_VALUE) \
+  VS_BOTH(X, WRITE64, "cuStreamWriteValue64", 11070, cuStreamWriteValue64_v2, h, VS_FN_VALUE(cuuint64_t), VS_AR_VALUE) \
+  VS_BOTH(X, WRITE64_V1, "cuStreamWriteValue64", 9000, cuStreamWriteValue64, h, VS_FN_VALUE(cuuint64_t), VS_AR_VALUE) \
+  VS_BOTH(X, WAIT32, "cuStreamWaitValue32", 11070, cuStreamWaitValue32_v2, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint32_t), \
+          VS_AR_VALUE)                                                                                         \
+  VS_BOTH(X, WAIT32_V1, "cuStreamWaitValue32", 8000, cuStreamWaitValue32, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint32_t), \
+          VS_AR_VALUE)                                                                                         \
+  VS_BOTH(X, WAIT64, "cuStreamWaitValue64", 11070, cuStreamWaitValue64_v2, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint64_t), \
+          VS_AR_VALUE)                                                                                         \
+  VS_BOTH(X, WAIT64_V1, "cuStreamWaitValue64", 9000, cuStreamWaitValue64, VS_ORDER_ELSEWHERE, VS_FN_VALUE(cuuint64_t), \
+          VS_AR_VALUE)                                                                                         \
+  VS_BOTH(X, MEMOP, "cuStreamBatchMemOp", 11070, cuStreamBatchMemOp_v2, VS_ORDER_ELSEWHERE, VS_FN_MEMOP, VS_AR_MEMOP) \
+  VS_BOTH(X, MEMOP_V1, "cuStreamBatchMemOp", 8000, cuStreamBatchMemOp, VS_ORDER_ELSEWHERE, VS_FN_MEMOP, VS_AR_MEMOP) \
   X(DTOA, "cuMemcpyDtoA", 3020, 0, cuMemcpyDtoA_v2, NULL, (CUarray a, size_t off, CUdeviceptr d, size_t n),      \
     (a, off, d, n))                                                                                            \
   X(DTOA_PTDS, "cuMemcpyDtoA", 3020, 1, cuMemcpyDtoA_v2_ptds, NULL, (CUarray a, size_t off, CUdeviceptr d, size_t n), \

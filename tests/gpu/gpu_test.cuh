@@ -156,14 +156,19 @@ __global__ void k_verify(const uint8_t *p, size_t n, uint32_t seed, unsigned lon
   if (bad) atomicAdd(errs, bad);
 }
 
-/* Spins until the GPU's global timer passed ns nanoseconds from the kernel's start, then
- * writes the pattern over [0, n). Launch with at most one wave of blocks. */
-__global__ void k_spin_fill(uint8_t *p, size_t n, uint32_t seed, unsigned long long ns) {
+/* Spins until the GPU's global timer passed ns nanoseconds from the call. */
+__device__ inline void spin_ns(unsigned long long ns) {
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   } while (t - t0 < ns);
+}
+
+/* Spins ns nanoseconds, then writes the pattern over [0, n). Launch with at most one wave of
+ * blocks. */
+__global__ void k_spin_fill(uint8_t *p, size_t n, uint32_t seed, unsigned long long ns) {
+  spin_ns(ns);
   size_t words = n / 4;
   size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t w = (size_t)blockIdx.x * blockDim.x + threadIdx.x; w < words; w += stride)

@@ -12,11 +12,7 @@ static const unsigned long long SPIN_NS = 200ull * 1000 * 1000;
 /* Spins ns nanoseconds, then counts the words of [0, n) that differ from the pattern. */
 __global__ void k_spin_verify(const uint8_t *p, size_t n, uint32_t seed, unsigned long long ns,
                               unsigned long long *errs) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < ns);
+  spin_ns(ns);
   size_t words = n / 4;
   size_t stride = (size_t)gridDim.x * blockDim.x;
   unsigned long long bad = 0;
