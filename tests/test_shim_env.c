@@ -13,7 +13,8 @@
  *             wait), and later frees wait for a synchronisation again.
  *             With VMMSHIM_ONE_STREAM=0: never reused while the work is pending. With
  *             VMMSHIM_RELEASE_THRESHOLD=0 the free gives the handle back after that work. A
- *             capture waits for that work before it begins, and ends the order.
+ *             capture waits for that work before it begins, and ends the order. Per-thread
+ *             streams: a thread started after the first one exited has a stream of its own.
  *   deferred-bound  VMMSHIM_FREE_MODE=deferred: a program that frees and allocates again
  *             while the GPU is busy (work of 300 us) keeps what the pool maps within 2 x what it
  *             has in use (4 x without waiting): once a long sync has been seen, a request that
@@ -137,6 +138,51 @@ static void scenario_one_stream_release(void) {
   CHECK(r.ran && r.intact, "c was unmapped before the work reading it ran (ran %d, intact %d)", r.ran, r.intact);
   CHECK(shim_stats().bytes_mapped < 64 * MiB, "the free gave nothing back (%llu mapped)",
         (unsigned long long)shim_stats().bytes_mapped);
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* The per-thread-stream launch (cuda.h declares it only in per-thread builds). */
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                             unsigned shmem, CUstream s, void **params, void **extra);
+static CUresult launch_ptsz(void) {
+  return cuLaunchKernel_ptsz((CUfunction)&kernel_stub, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+}
+
+/* A thread whose per-thread stream becomes the one stream: it queues a reader of a block on it,
+ * frees the block and exits. */
+static void *thread_read_then_free(void *arg) {
+  reader_t *r = arg;
+  CHECK(cudaFree(NULL) == cudaSuccess, "thread init");
+  void *p = NULL;
+  CHECK(cudaMalloc(&p, r->n) == cudaSuccess, "alloc");
+  pat_fill(p, r->n, r->seed);
+  r->p = p;
+  CHECK(launch_ptsz() == CUDA_SUCCESS, "launch on the per-thread stream");
+  emu_launch(CU_STREAM_PER_THREAD, work_read, r);
+  CHECK(cudaFree(p) == cudaSuccess, "free");
+  return NULL;
+}
+
+static void *thread_launch(void *arg) {
+  (void)arg;
+  CHECK(cudaFree(NULL) == cudaSuccess, "thread init");
+  CHECK(launch_ptsz() == CUDA_SUCCESS, "launch on the per-thread stream");
+  return NULL;
+}
+
+/* Per-thread default streams: each thread's is a stream of its own, also a thread started after
+ * the first one's has exited. The second one ends the order; another thread's per-thread stream
+ * cannot be waited for by an event, so the context is synchronised. */
+static void scenario_one_stream_threads(void) {
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  reader_t r = {NULL, 4 * MiB, 5, 0, 0};
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, thread_read_then_free, &r) == 0, "thread");
+  pthread_join(t, NULL);
+  CHECK(!r.ran, "the reader ran before the second thread's launch");
+  CHECK(pthread_create(&t, NULL, thread_launch, NULL) == 0, "thread");
+  pthread_join(t, NULL);
+  CHECK(r.ran && r.intact, "a later thread's per-thread stream passed as the first one's (reader ran %d)", r.ran);
   CHECK(emu_violations() == 0, "%d violations", emu_violations());
 }
 
@@ -743,6 +789,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(sc, "one-stream-off")) scenario_one_stream(false);
     else if (!strcmp(sc, "one-stream-release")) scenario_one_stream_release();
     else if (!strcmp(sc, "one-stream-capture")) scenario_one_stream_capture();
+    else if (!strcmp(sc, "one-stream-threads")) scenario_one_stream_threads();
     else if (!strcmp(sc, "async-bound")) scenario_async_bound();
     else if (!strcmp(sc, "gran2m")) scenario_gran2m();
     else if (!strcmp(sc, "limit")) scenario_limit();
@@ -764,6 +811,7 @@ int main(int argc, char **argv) {
   check_run_child("one-stream-off", "VMMSHIM_FREE_MODE=deferred", "VMMSHIM_ONE_STREAM=0", NULL);
   check_run_child("one-stream-release", "VMMSHIM_FREE_MODE=deferred", "VMMSHIM_RELEASE_THRESHOLD=0", NULL);
   check_run_child("one-stream-capture", "VMMSHIM_FREE_MODE=deferred", NULL);
+  check_run_child("one-stream-threads", "VMMSHIM_FREE_MODE=deferred", NULL);
   check_run_child("async-bound", NULL);
   check_run_child("gran2m", "VMMSHIM_GRANULARITY=2M", NULL);
   check_run_child("limit", "VMMSHIM_LIMIT=64M", NULL);

@@ -410,6 +410,16 @@ static inline void _vs_gate_leave(vs_gate_line_t *l) { atomic_fetch_sub_explicit
 void _vs_gate_close(void);
 void _vs_gate_open(void);
 
+/* ---------------------------------------------------------------- "init.c": threads */
+/* A number of the calling thread's own (odd, unlike any handle or aligned address), never given
+ * to another thread, even after this one has exited (a thread-local address would be). */
+extern _Thread_local uintptr_t _vs_thread_no;
+uintptr_t _vs_thread_no_slow(void);
+static inline uintptr_t _vs_thread_id(void) {
+  uintptr_t n = _vs_thread_no;
+  return __builtin_expect(n != 0, 1) ? n : _vs_thread_no_slow();
+}
+
 /* ---------------------------------------------------------------- "order.c" */
 /* Whether all of the process's GPU work has gone to one stream (deferred mode reuses cudaFree'd
  * blocks at once while it has). Every submission hook names its stream before the driver call:

@@ -50,6 +50,14 @@ static void init_once(void) {
 
 void _vs_init_once(void) { pthread_once(&vs_once, init_once); }
 
+_Thread_local uintptr_t _vs_thread_no;
+static atomic_uintptr_t vs_threads_numbered;
+
+uintptr_t _vs_thread_no_slow(void) {
+  _vs_thread_no = (atomic_fetch_add(&vs_threads_numbered, 1) + 1) << 1 | 1;
+  return _vs_thread_no;
+}
+
 bool _vs_activate_slow(void) {
   _vs_init_once();
   int st = atomic_load(&_vs_state);

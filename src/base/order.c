@@ -28,13 +28,11 @@ static bool vs_one_implicit;   /* S is a context's legacy stream or a thread's p
 static CUevent vs_leave_event; /* recorded on S as the stream order ended; kept for the process's life */
 static const char *vs_leave_why;
 static pthread_mutex_t vs_order_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Thread_local char vs_thread_key;
-
 /* The stream a submission names: explicit handles stand for themselves; NULL is the legacy
  * stream, or, in a per-thread call (_ptsz, _ptds), the calling thread's own. */
 static CUstream key_of(CUstream s, int ptsz, bool *implicit) {
   *implicit = true;
-  if (s == CU_STREAM_PER_THREAD || (s == NULL && ptsz)) return (CUstream)((uintptr_t)&vs_thread_key | 1);
+  if (s == CU_STREAM_PER_THREAD || (s == NULL && ptsz)) return (CUstream)_vs_thread_id();
   if (s == NULL || s == CU_STREAM_LEGACY) return CU_STREAM_LEGACY;
   *implicit = false;
   return s;

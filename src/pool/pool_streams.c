@@ -26,16 +26,16 @@ vs_stream_t *_vs_stream_get(vs_pool_t *p, CUstream key, CUstream handle, const v
   return s;
 }
 
-static _Thread_local char vs_thread_tag;
-
-const void *_vs_thread_tag(void) { return &vs_thread_tag; }
+/* A thread's tag: its number (init.c), so that a thread started after another exited never
+ * passes for it (nor its per-thread stream for the other's). */
+const void *_vs_thread_tag(void) { return (const void *)_vs_thread_id(); }
 
 CUstream _vs_stream_key(CUstream s, const void **owner) {
   *owner = NULL;
   if (s == CU_STREAM_LEGACY) return NULL;
   if (s == CU_STREAM_PER_THREAD) {
-    *owner = &vs_thread_tag;
-    return (CUstream)((uintptr_t)&vs_thread_tag | 1);
+    *owner = _vs_thread_tag();
+    return (CUstream)_vs_thread_id(); /* odd: unlike any stream handle */
   }
   return s;
 }
