@@ -172,16 +172,10 @@ void _vs_order_context_gone(CUcontext ctx) {
   if (atomic_load(&_vs_order_state) != VS_ORDER_OFF && ctx == vs_one_ctx) _vs_order_leave("its context destroyed", true);
 }
 
-/* At start (init.c): deferred mode with VMMSHIM_ONE_STREAM on waits for the first submission. */
+/* At start (init.c): off unless deferred mode and VMMSHIM_ONE_STREAM; on, it waits for the
+ * first submission (or stays off when a lookup before the start already ended it). */
 void _vs_order_configure(bool on) {
-  pthread_mutex_lock(&vs_order_lock);
-  vs_leave_why = NULL;
-  vs_one_ctx = NULL;
-  vs_one_key = NULL;
-  vs_leave_event = NULL; /* kept: another thread may still wait on it */
-  _vs_order_stream = VS_NO_STREAM;
-  atomic_store(&_vs_order_state, on ? VS_ORDER_UNSEEN : VS_ORDER_OFF);
-  pthread_mutex_unlock(&vs_order_lock);
+  if (!on) atomic_store(&_vs_order_state, VS_ORDER_OFF);
 }
 
 const char *_vs_order_describe(void) {
