@@ -420,11 +420,29 @@ static inline uintptr_t _vs_thread_id(void) {
   return __builtin_expect(n != 0, 1) ? n : _vs_thread_no_slow();
 }
 
+/* The stream a submission or stream-ordered call names: a handle stands for itself; NULL is the
+ * legacy stream, or in a per-thread call (_ptsz, _ptds) the calling thread's own. */
+static inline CUstream _vs_stream_named(CUstream h, int ptsz) {
+  return h ? h : ptsz ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+}
+/* A named stream's key, the same for every call that names it: the legacy stream is NULL; the
+ * per-thread default streams, which share one handle value across threads, are keyed by thread
+ * (*owner: the thread's tag, else NULL). */
+static inline CUstream _vs_stream_key(CUstream s, const void **owner) {
+  *owner = NULL;
+  if (s == CU_STREAM_LEGACY) return NULL;
+  if (s == CU_STREAM_PER_THREAD) {
+    *owner = (const void *)_vs_thread_id();
+    return (CUstream)_vs_thread_id(); /* odd: unlike any stream handle */
+  }
+  return s;
+}
+
 /* ---------------------------------------------------------------- "order.c" */
 /* Whether all of the process's GPU work has gone to one stream (deferred mode reuses cudaFree'd
- * blocks at once while it has). Every submission hook names its stream before the driver call:
- * its handle (NULL for the legacy stream, or the thread's own in a _ptsz/_ptds call), or
- * VS_ORDER_ELSEWHERE for work that spans contexts or waits for another stream's. */
+ * blocks at once while it has). Every submission hook names its stream before the driver call,
+ * as _vs_stream_named reads it, or VS_ORDER_ELSEWHERE for work that spans contexts or waits for
+ * another stream's. */
 typedef enum vs_order_state_e { VS_ORDER_UNSEEN = 0, VS_ORDER_ONE = 1, VS_ORDER_LEAVING = 2, VS_ORDER_OFF = 3 } vs_order_state_t;
 #define VS_ORDER_ELSEWHERE ((CUstream)(uintptr_t)(UINTPTR_MAX - 1))
 extern atomic_int _vs_order_state;

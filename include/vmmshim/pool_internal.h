@@ -5,7 +5,7 @@
  *   asleep.c        the pool's memory leaving the device and coming back (sleep and wake)
  *   space.c         reservations, holes, growth and giving memory back (the handles themselves:
  *                   src/handle/handles.c, one layer down)
- *   pool_streams.c  stream keys and the blocks freed on each stream
+ *   pool_streams.c  the blocks freed on each stream (by the stream keys of base.h)
  *   pool_blocks.c   blocks and bins: descriptors, size bins, split, merge, carve
  *                   (both included by pool.c: the hot path stays in one translation unit)
  *   policy.h        the decisions (how much to grow, what to keep, when to split) as pure functions
@@ -294,7 +294,7 @@ CUresult _vs_pool_settle_ordered(vs_pool_t *p);
 CUresult _vs_pool_sync_and_reclaim(vs_pool_t *p);
 
 /* Synchronises one stream, then frees every block freed on it before (its pending list and the
- * batches sealed on it). The stream is given by its key (pool_streams.c) and handle. */
+ * batches sealed on it). The stream is given by its key (_vs_stream_key) and handle. */
 CUresult _vs_pool_sync_stream_and_reclaim(vs_pool_t *p, CUstream key, CUstream handle);
 /* Seals streams' pending blocks with events (all but the `keep` newest of each stream) and
  * frees batches whose events completed; never waits. self: the calling thread's tag (only it
@@ -309,8 +309,6 @@ void _vs_pool_free_batches(vs_pool_t *p);
 /* ---- pool_streams.c (in pool.c's unit) ---- */
 /* The stream's entry (created when `create`), or NULL. Lock held. */
 vs_stream_t *_vs_stream_get(vs_pool_t *p, CUstream key, CUstream handle, const void *owner, bool create);
-/* Per-thread default streams share one handle value across threads: keyed by thread. */
-CUstream _vs_stream_key(CUstream s, const void **owner);
 /* The calling thread's tag (the owner of its per-thread default stream). */
 const void *_vs_thread_tag(void);
 

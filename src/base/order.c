@@ -23,20 +23,11 @@ atomic_int _vs_order_state; /* vs_order_state_t; VS_ORDER_UNSEEN until the first
 CUstream _vs_order_stream;  /* S as the program names it: written once, before the state is ONE */
 
 static CUcontext vs_one_ctx;   /* S's context */
-static CUstream vs_one_key;    /* S: its handle, CU_STREAM_LEGACY, or a thread's per-thread key */
+static CUstream vs_one_key;    /* S's key (_vs_stream_key): its handle, NULL (legacy), or a thread's number */
 static bool vs_one_implicit;   /* S is a context's legacy stream or a thread's per-thread stream */
 static CUevent vs_leave_event; /* recorded on S as the stream order ended; kept for the process's life */
 static const char *vs_leave_why;
 static pthread_mutex_t vs_order_lock = PTHREAD_MUTEX_INITIALIZER;
-/* The stream a submission names: explicit handles stand for themselves; NULL is the legacy
- * stream, or, in a per-thread call (_ptsz, _ptds), the calling thread's own. */
-static CUstream key_of(CUstream s, int ptsz, bool *implicit) {
-  *implicit = true;
-  if (s == CU_STREAM_PER_THREAD || (s == NULL && ptsz)) return (CUstream)_vs_thread_id();
-  if (s == NULL || s == CU_STREAM_LEGACY) return CU_STREAM_LEGACY;
-  *implicit = false;
-  return s;
-}
 
 /* S's context made current for a driver call on S (its legacy stream is the current
  * context's). Returns whether one was pushed. */
@@ -74,10 +65,11 @@ void _vs_order_leave(const char *why, bool host) {
     atomic_store(&_vs_order_state, VS_ORDER_OFF);
   } else if (st == VS_ORDER_ONE) {
     vs_leave_why = why;
-    if (!vs_one_implicit || vs_one_key == CU_STREAM_LEGACY) { /* another thread's per-thread stream cannot be named */
+    if (!vs_one_implicit || !vs_one_key) { /* another thread's per-thread stream cannot be named */
       bool pushed = vs_one_implicit && push_one_ctx();
       CUresult r = _vs_cu.cuEventCreate(&vs_leave_event, CU_EVENT_DISABLE_TIMING);
-      if (r == CUDA_SUCCESS && (r = _vs_cu.cuEventRecord(vs_leave_event, vs_one_key)) != CUDA_SUCCESS) {
+      if (r == CUDA_SUCCESS &&
+          (r = _vs_cu.cuEventRecord(vs_leave_event, vs_one_implicit ? CU_STREAM_LEGACY : vs_one_key)) != CUDA_SUCCESS) {
         _vs_cu.cuEventDestroy(vs_leave_event);
         vs_leave_event = NULL;
       }
@@ -94,70 +86,60 @@ void _vs_order_leave(const char *why, bool host) {
   pthread_mutex_unlock(&vs_order_lock);
 }
 
-/* A submission to stream s while the order ends: it waits for S's earlier work on the GPU,
- * until that work is seen done. */
-static void leaving(CUstream s, int ptsz, CUstream key) {
-  if (key == vs_one_key) {
-    CUcontext ctx = NULL;
-    if (!vs_one_implicit || (_vs_cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx == vs_one_ctx)) return;
-  }
+/* A submission to stream `named` (not S) while the order ends: it waits for S's earlier work on
+ * the GPU, until that work is seen done. In a capture a wait would join the captured graph, and
+ * a stream may refuse it: either waits on the host instead. Lock held. */
+static void wait_for_one_locked(CUstream named) {
+  if (!vs_leave_event) return; /* (a leave without an event waits on the host before it unlocks) */
   if (_vs_cu.cuEventQuery(vs_leave_event) == CUDA_SUCCESS) {
     atomic_store(&_vs_order_state, VS_ORDER_OFF);
     return;
   }
-  /* In a capture a wait would join the captured graph; a stream that refuses it cannot wait
-   * on the GPU: either waits here. */
-  CUstream on = s == NULL && ptsz ? CU_STREAM_PER_THREAD : s;
   if (atomic_load(&_vs_captures_active) || !_vs_cu.cuStreamWaitEvent ||
-      _vs_cu.cuStreamWaitEvent(on, vs_leave_event, 0) != CUDA_SUCCESS)
+      _vs_cu.cuStreamWaitEvent(named, vs_leave_event, 0) != CUDA_SUCCESS)
     wait_on_host_locked();
+}
+
+/* The first submission of the process names S. */
+static void fix_one(CUstream named, CUstream key, bool implicit, CUcontext ctx) {
+  pthread_mutex_lock(&vs_order_lock);
+  if (atomic_load(&_vs_order_state) == VS_ORDER_UNSEEN &&
+      (implicit || _vs_cu.cuStreamGetCtx(named, &ctx) == CUDA_SUCCESS) && ctx) {
+    vs_one_ctx = ctx;
+    vs_one_key = key;
+    vs_one_implicit = implicit;
+    _vs_order_stream = implicit ? VS_NO_STREAM : named; /* the inline check takes handles only */
+    atomic_store(&_vs_order_state, VS_ORDER_ONE);
+    _vs_info("deferred frees: the program's work goes to one stream (%s %p) so far: freed blocks are reused "
+             "at once, in that stream's order",
+             implicit ? (key ? "a per-thread stream of context" : "the legacy stream of context") : "stream",
+             implicit ? (void *)ctx : (void *)named);
+  }
+  pthread_mutex_unlock(&vs_order_lock);
 }
 
 void _vs_order_see_slow(CUstream s, int ptsz) {
   if (_vs_guard) return; /* the shim's own calls */
-  int st = atomic_load(&_vs_order_state);
-  if (st == VS_ORDER_UNSEEN && !_vs_active()) return;
-  if ((st = atomic_load(&_vs_order_state)) == VS_ORDER_OFF) return;
+  if (atomic_load(&_vs_order_state) == VS_ORDER_UNSEEN && !_vs_active()) return;
+  if (atomic_load(&_vs_order_state) == VS_ORDER_OFF) return;
   if (s == VS_ORDER_ELSEWHERE) {
     _vs_order_leave("work that spans contexts, or waits on another stream's", true);
     return;
   }
-  bool implicit;
-  CUstream key = key_of(s, ptsz, &implicit);
-  if (st == VS_ORDER_LEAVING) {
-    pthread_mutex_lock(&vs_order_lock); /* a leave in progress is made before this submission */
-    st = atomic_load(&_vs_order_state);
-    if (st == VS_ORDER_LEAVING && vs_leave_event) leaving(s, ptsz, key);
-    pthread_mutex_unlock(&vs_order_lock);
-    return;
-  }
+  CUstream named = _vs_stream_named(s, ptsz);
+  bool implicit = named == CU_STREAM_LEGACY || named == CU_STREAM_PER_THREAD;
+  const void *owner;
+  CUstream key = _vs_stream_key(named, &owner);
   CUcontext ctx = NULL;
   if (implicit && (_vs_cu.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)) return; /* the driver refuses it */
-  if (st == VS_ORDER_ONE) {
-    if (key == vs_one_key && (!implicit || ctx == vs_one_ctx)) return;
-    _vs_order_leave("a second stream", false);
-    _vs_order_see_slow(s, ptsz);
-    return;
-  }
-  /* The first submission of the process: S. */
-  pthread_mutex_lock(&vs_order_lock);
-  if (atomic_load(&_vs_order_state) == VS_ORDER_UNSEEN) {
-    if (!implicit && _vs_cu.cuStreamGetCtx(s, &ctx) != CUDA_SUCCESS) ctx = NULL;
-    if (ctx) {
-      vs_one_ctx = ctx;
-      vs_one_key = key;
-      vs_one_implicit = implicit;
-      _vs_order_stream = implicit ? VS_NO_STREAM : s; /* the inline check takes explicit handles only */
-      atomic_store(&_vs_order_state, VS_ORDER_ONE);
-      _vs_info("deferred frees: the program's work goes to one stream (%s %p) so far: freed blocks are reused "
-               "at once, in that stream's order",
-               implicit ? (key == CU_STREAM_LEGACY ? "the legacy stream of context" : "a per-thread stream of context")
-                        : "stream",
-               implicit ? (void *)ctx : (void *)s);
-    }
-  }
+  if (atomic_load(&_vs_order_state) == VS_ORDER_UNSEEN) fix_one(named, key, implicit, ctx);
+  int st = atomic_load(&_vs_order_state);
+  if (st == VS_ORDER_UNSEEN || st == VS_ORDER_OFF) return; /* (UNSEEN: a handle the driver does not know) */
+  if (key == vs_one_key && (!implicit || ctx == vs_one_ctx)) return; /* S itself */
+  if (st == VS_ORDER_ONE) _vs_order_leave("a second stream", false);
+  pthread_mutex_lock(&vs_order_lock); /* a leave in progress is made before this submission */
+  if (atomic_load(&_vs_order_state) == VS_ORDER_LEAVING) wait_for_one_locked(named);
   pthread_mutex_unlock(&vs_order_lock);
-  if (atomic_load(&_vs_order_state) != VS_ORDER_ONE) _vs_order_see_slow(s, ptsz);
 }
 
 bool _vs_order_one(CUcontext ctx) {

@@ -508,20 +508,17 @@ static CUresult free_async(vs_hook_t id, CUdeviceptr dptr, CUstream stream, CUst
   return dptr && !_vs_guard ? report_bad_free("cuMemFreeAsync", dptr, r) : r;
 }
 
-/* In the _ptsz variants the NULL stream is the calling thread's default stream. */
-static CUstream ptsz_stream(CUstream s) { return s ? s : CU_STREAM_PER_THREAD; }
-
 VS_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream h) {
-  return alloc_async(VS_HOOK_MEM_ALLOC_ASYNC, dptr, bytesize, h, h ? h : CU_STREAM_LEGACY);
+  return alloc_async(VS_HOOK_MEM_ALLOC_ASYNC, dptr, bytesize, h, _vs_stream_named(h, 0));
 }
 VS_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream h) {
-  return alloc_async(VS_HOOK_MEM_ALLOC_ASYNC_PTSZ, dptr, bytesize, h, ptsz_stream(h));
+  return alloc_async(VS_HOOK_MEM_ALLOC_ASYNC_PTSZ, dptr, bytesize, h, _vs_stream_named(h, 1));
 }
 VS_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h) {
-  return free_async(VS_HOOK_MEM_FREE_ASYNC, dptr, h, h ? h : CU_STREAM_LEGACY);
+  return free_async(VS_HOOK_MEM_FREE_ASYNC, dptr, h, _vs_stream_named(h, 0));
 }
 VS_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream h) {
-  return free_async(VS_HOOK_MEM_FREE_ASYNC_PTSZ, dptr, h, ptsz_stream(h));
+  return free_async(VS_HOOK_MEM_FREE_ASYNC_PTSZ, dptr, h, _vs_stream_named(h, 1));
 }
 
 /* ------------------------------------------------------------------ queries */
@@ -588,22 +585,25 @@ VS_API CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attr
 
 /* ------------------------------------------------------------------ capture, streams, contexts */
 
-static void capture_began(CUresult r) {
+/* A capture begins at the gate too: none starts while the shim moves memory (a sleep waits for
+ * those in progress to end before it closes the gate). It ends the one-stream order first
+ * (order.c): once it runs, the order's waits would join the captured graph. */
+static vs_gate_line_t *capture_enter(void) {
+  _vs_order_leave("a stream capture", true);
+  return _vs_gate_enter();
+}
+static CUresult capture_entered(vs_gate_line_t *line, CUresult r) {
   if (r == CUDA_SUCCESS) atomic_fetch_add(&_vs_captures_active, 1);
+  _vs_gate_leave(line);
+  return r;
 }
 
 typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
-/* A capture begins at the gate too: none starts while the shim moves memory (a sleep waits for
- * those in progress to end before it closes the gate). */
 static CUresult begin_capture(vs_hook_t id, CUstream s, CUstreamCaptureMode mode) {
   begin_fn real = (begin_fn)real_fn(id);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  _vs_order_leave("a stream capture", true);
-  vs_gate_line_t *line = _vs_gate_enter();
-  CUresult r = real(s, mode);
-  capture_began(r);
-  _vs_gate_leave(line);
-  return r;
+  vs_gate_line_t *line = capture_enter();
+  return capture_entered(line, real(s, mode));
 }
 VS_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
   return begin_capture(VS_HOOK_BEGIN_CAPTURE, s, mode);
@@ -617,12 +617,8 @@ typedef CUresult (*begin_v1_fn)(CUstream);
 static CUresult begin_capture_v1(vs_hook_t id, CUstream s) {
   begin_v1_fn real = (begin_v1_fn)real_fn(id);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  _vs_order_leave("a stream capture", true);
-  vs_gate_line_t *line = _vs_gate_enter();
-  CUresult r = real(s);
-  capture_began(r);
-  _vs_gate_leave(line);
-  return r;
+  vs_gate_line_t *line = capture_enter();
+  return capture_entered(line, real(s));
 }
 VS_API CUresult cuStreamBeginCapture(CUstream s);
 VS_API CUresult cuStreamBeginCapture(CUstream s) { return begin_capture_v1(VS_HOOK_BEGIN_CAPTURE_V1, s); }
@@ -635,12 +631,8 @@ static CUresult begin_capture_to_graph(vs_hook_t id, CUstream s, CUgraph g, cons
                                        const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode) {
   begin_graph_fn real = (begin_graph_fn)real_fn(id);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  _vs_order_leave("a stream capture", true);
-  vs_gate_line_t *line = _vs_gate_enter();
-  CUresult r = real(s, g, deps, edges, n, mode);
-  capture_began(r);
-  _vs_gate_leave(line);
-  return r;
+  vs_gate_line_t *line = capture_enter();
+  return capture_entered(line, real(s, g, deps, edges, n, mode));
 }
 VS_API CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
                                             const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode) {

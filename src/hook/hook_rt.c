@@ -149,15 +149,15 @@ VS_API cudaError_t cudaDeviceReset(void) {
 
 /* Stream 0 means the legacy default stream, or in the _ptsz variants the thread's own. */
 VS_API cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t s) {
-  return malloc_async(&real_malloc_async, "cudaMallocAsync", devPtr, size, s, s ? (CUstream)s : CU_STREAM_LEGACY);
+  return malloc_async(&real_malloc_async, "cudaMallocAsync", devPtr, size, s, _vs_stream_named((CUstream)s, 0));
 }
 VS_API cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t s) {
   return malloc_async(&real_malloc_async_ptsz, "cudaMallocAsync_ptsz", devPtr, size, s,
-                      s ? (CUstream)s : CU_STREAM_PER_THREAD);
+                      _vs_stream_named((CUstream)s, 1));
 }
 VS_API cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t s) {
-  return free_async(&real_free_async, "cudaFreeAsync", devPtr, s, s ? (CUstream)s : CU_STREAM_LEGACY);
+  return free_async(&real_free_async, "cudaFreeAsync", devPtr, s, _vs_stream_named((CUstream)s, 0));
 }
 VS_API cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t s) {
-  return free_async(&real_free_async_ptsz, "cudaFreeAsync_ptsz", devPtr, s, s ? (CUstream)s : CU_STREAM_PER_THREAD);
+  return free_async(&real_free_async_ptsz, "cudaFreeAsync_ptsz", devPtr, s, _vs_stream_named((CUstream)s, 1));
 }

@@ -30,16 +30,6 @@ vs_stream_t *_vs_stream_get(vs_pool_t *p, CUstream key, CUstream handle, const v
  * passes for it (nor its per-thread stream for the other's). */
 const void *_vs_thread_tag(void) { return (const void *)_vs_thread_id(); }
 
-CUstream _vs_stream_key(CUstream s, const void **owner) {
-  *owner = NULL;
-  if (s == CU_STREAM_LEGACY) return NULL;
-  if (s == CU_STREAM_PER_THREAD) {
-    *owner = _vs_thread_tag();
-    return (CUstream)_vs_thread_id(); /* odd: unlike any stream handle */
-  }
-  return s;
-}
-
 /* The best block on s's pending list for the request: among the last few freed, the
  * smallest that serves it (policy.h: vs_policy_stream_fits; an exact fit ends the search).
  * Taken off the list. */
