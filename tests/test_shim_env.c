@@ -14,7 +14,8 @@
  *             With VMMSHIM_ONE_STREAM=0: never reused while the work is pending. With
  *             VMMSHIM_RELEASE_THRESHOLD=0 the free gives the handle back after that work. A
  *             capture waits for that work before it begins, and ends the order. Per-thread
- *             streams: a thread started after the first one exited has a stream of its own.
+ *             streams: a thread started after the first one exited has a stream of its own. A
+ *             first launch on a destroyed stream gets the driver's error, and changes nothing.
  *   deferred-bound  VMMSHIM_FREE_MODE=deferred: a program that frees and allocates again
  *             while the GPU is busy (work of 300 us) keeps what the pool maps within 2 x what it
  *             has in use (4 x without waiting): once a long sync has been seen, a request that
@@ -184,6 +185,27 @@ static void scenario_one_stream_threads(void) {
   pthread_join(t, NULL);
   CHECK(r.ran && r.intact, "a later thread's per-thread stream passed as the first one's (reader ran %d)", r.ran);
   CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* The first launch names a stream the driver does not know: the driver's error comes back (the
+ * shim does not take it for the one stream, nor loop on it), and the next launch fixes the
+ * stream as usual. */
+static void scenario_one_stream_badstream(void) {
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  cudaStream_t gone;
+  CHECK(cudaStreamCreateWithFlags(&gone, cudaStreamNonBlocking) == cudaSuccess && cudaStreamDestroy(gone) == cudaSuccess,
+        "a destroyed stream");
+  CHECK(launch_on((CUstream)gone) != CUDA_SUCCESS, "a launch on a destroyed stream succeeded");
+  int v0 = emu_violations(); /* (the emulation counts that launch as a violation) */
+  reader_t r;
+  void *a = block_read_later(4 * MiB, &r);
+  CHECK(cudaFree(a) == cudaSuccess, "free a");
+  void *b = NULL;
+  CHECK(cudaMalloc(&b, 4 * MiB) == cudaSuccess && b == a && !r.ran, "a not reused at once on the legacy stream");
+  emu_complete(NULL, -1);
+  CHECK(r.intact, "the reader of a saw other bytes");
+  CHECK(cudaFree(b) == cudaSuccess, "free b");
+  CHECK(emu_violations() == v0, "%d violations", emu_violations() - v0);
 }
 
 /* A capture ends the one-stream order before it begins: a sync would invalidate it later, so
@@ -791,6 +813,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(sc, "one-stream-release")) scenario_one_stream_release();
     else if (!strcmp(sc, "one-stream-capture")) scenario_one_stream_capture();
     else if (!strcmp(sc, "one-stream-threads")) scenario_one_stream_threads();
+    else if (!strcmp(sc, "one-stream-badstream")) scenario_one_stream_badstream();
     else if (!strcmp(sc, "async-bound")) scenario_async_bound();
     else if (!strcmp(sc, "gran2m")) scenario_gran2m();
     else if (!strcmp(sc, "limit")) scenario_limit();
@@ -813,6 +836,7 @@ int main(int argc, char **argv) {
   check_run_child("one-stream-release", "VMMSHIM_FREE_MODE=deferred", "VMMSHIM_RELEASE_THRESHOLD=0", NULL);
   check_run_child("one-stream-capture", "VMMSHIM_FREE_MODE=deferred", NULL);
   check_run_child("one-stream-threads", "VMMSHIM_FREE_MODE=deferred", NULL);
+  check_run_child("one-stream-badstream", "VMMSHIM_FREE_MODE=deferred", NULL);
   check_run_child("async-bound", NULL);
   check_run_child("gran2m", "VMMSHIM_GRANULARITY=2M", NULL);
   check_run_child("limit", "VMMSHIM_LIMIT=64M", NULL);
