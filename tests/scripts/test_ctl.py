@@ -17,6 +17,7 @@ input. Through scripts/vmmshim (the launcher's ctl and top dispatch):
     100,000 nested '[', members of the wrong type, names with escape sequences, endless bytes, no
     answer): list, top --once and status exit normally with a row or a line giving the reason,
     print no raw control character, stay under 40 MiB, and six silent processes cost one timeout;
+    a group member named with escape sequences, escaped by --group NAME status;
   - the module: region/pause/resume (with and without CPU backup), set_tag and the thread's tag
     restored, sleep/wake/sleep_level, tag_stats, host_memory, release_host, errors, in a python3
     running under the shim with the emulated runtime; NotPreloaded's one line without the shim;
@@ -435,6 +436,17 @@ while True:
     threading.Thread(target=answer, args=(c,), daemon=True).start()
 """
 
+# A member of a group, under the shim, named argv[1]; waits for its standard input to close.
+GROUP_MEMBER_SCRIPT = r"""
+import ctypes, sys
+ctypes.CDLL(None).prctl(15, ctypes.c_char_p(sys.argv[1].encode()[:15]), 0, 0, 0)
+ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
+rt = ctypes.CDLL(None)
+p = ctypes.c_void_p()
+print("allocated" if rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 20)) == 0 else "failed", flush=True)
+sys.stdin.read()
+"""
+
 # Every character a terminal acts on, but the newline.
 RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 PWNED = "\x1b]0;pwned\x07\x1b[2J"
@@ -532,6 +544,25 @@ def bad_replies():
     finally:
         for f in fakes.values():
             f.stop()
+
+    # A group member's name (its /proc/PID/comm, which the shim copies into the group's segment).
+    group = "vs-test-ctl-names-%d" % os.getpid()
+    member = subprocess.Popen([sys.executable, "-c", GROUP_MEMBER_SCRIPT, PWNED], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env=dict(SHIM_ENV, VMMSHIM_LIMIT_GROUP=group, VMMSHIM_LIMIT="1G"))
+    try:
+        ready = member.stdout.readline().strip() == "allocated"
+        rc, out = ctl("--group", group, "status")
+        row = row_of(out, member.pid)
+        check(ready and rc == 0 and "\\x1b]0;pwned\\x07" in row and not RAW_CONTROL.search(out),
+              "ctl --group NAME status: a member's name escaped [%s]" % out.strip()[-300:])
+    finally:
+        member.stdin.close()
+        member.wait(timeout=30)
+        try:
+            os.unlink("/dev/shm/vmmshim-%d-%s" % (os.geteuid(), group))
+        except OSError:
+            pass
 
     # Six processes that never answer cost one timeout, not six.
     slow = [Fake("slow") for _ in range(6)]

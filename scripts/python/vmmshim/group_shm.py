@@ -340,8 +340,8 @@ def print_status(s):
         state = "alive" if m["alive"] else "dead (returned at the next admission)"
         if m["waiting"]:
             state += ", waiting"
-        print("%8d  %-16s %12s %6.1f%% %12s  %s" % (m["pid"], m["comm"], human(m["mapped_all"]), share,
-                                                   human(m["host_all"]), state))
+        print("%8d  %-16s %12s %6.1f%% %12s  %s" % (m["pid"], text.clean(m["comm"]), human(m["mapped_all"]),
+                                                   share, human(m["host_all"]), state))
 
 
 def usage(out):
