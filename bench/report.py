@@ -138,7 +138,9 @@ def stack_runs(recs):
 def held_bytes(r, cfg):
     """Bytes held at the peak: the pool's reserved high mark, the shim's peak mapped; None for an
     allocator that reports neither."""
-    return num(r, "pool_reserved_high") if cfg == "pool" else num(r, "shim_peak_mapped") if cfg.startswith("shim") else None
+    if cfg == "pool":
+        return num(r, "pool_reserved_high")
+    return num(r, "shim_peak_mapped") if cfg.startswith("shim") else None
 
 
 def held_live(r, cfg):
@@ -495,7 +497,8 @@ def sec_frag(recs, out, partial=False):
                 out.append("| %s | %s | | | | |" % (label, why))
                 continue
             live, h = num(r, "peak_live"), held_bytes(r, c)
-            used = num(r, "pool_used_high") if c == "pool" else num(r, "shim_peak_in_use") if c.startswith("shim") else None
+            used = (num(r, "pool_used_high") if c == "pool" else
+                    num(r, "shim_peak_in_use") if c.startswith("shim") else None)
             out.append("| %s | %s | %s | %s | %s | %.0f ms |" % (
                 label, fsize(live), "-" if h is None else fsize(h), ratio(h, live, "%.3f"),
                 "-" if used is None else fsize(used), num(r, "time_ms")))

@@ -145,8 +145,8 @@ def _status_text(st):
         state = "asleep" if t["asleep"] else "awake"
         if t["keep"]:
             state += ", keep"
-        lines.append("%-16s %10s %10s %10s %10s %10s  %s" % (c(t["name"]), text.short(t["live"]), text.short(t["device"]),
-                                                            text.short(t["host_copied"]),
+        lines.append("%-16s %10s %10s %10s %10s %10s  %s" % (c(t["name"]), text.short(t["live"]),
+                                                            text.short(t["device"]), text.short(t["host_copied"]),
                                                             text.short(t["host_mapped"]),
                                                             text.short(t["discarded"]), state))
     h = st["host"]
