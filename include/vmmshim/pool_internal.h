@@ -5,6 +5,7 @@
  *   asleep.c        the pool's memory leaving the device and coming back (sleep and wake)
  *   space.c         reservations, holes, growth and giving memory back (the handles themselves:
  *                   src/handle/handles.c, one layer down)
+ *   check.c         the invariants (VS_POOL_CHECK), below every file that asserts them
  *   pool_streams.c  the blocks freed on each stream (by the stream keys of base.h)
  *   pool_blocks.c   blocks and bins: descriptors, size bins, split, merge, carve
  *                   (both included by pool.c: the hot path stays in one translation unit)
@@ -248,6 +249,8 @@ static inline int resv_of(const vs_pool_t *p, CUdeviceptr va) {
     if (va >= p->resv[i].va && va < p->resv[i].va + p->resv[i].size) return i;
   return -1;
 }
+/* Whether size-bin i of the heap holds a block (its bit in the bin map). */
+static inline bool bin_used(const vs_heap_t *heap, unsigned i) { return heap->binmap[i / 64] & (1ull << (i % 64)); }
 
 /* ---- pool_blocks.c (in pool.c's unit; called from space.c and reclaim.c too) ---- */
 vs_block_t *_vs_block_new(vs_pool_t *p);
@@ -319,7 +322,7 @@ void _vs_pool_forget_asleep(vs_pool_t *p);
  * the heap (*len_out bytes), recorded as a spilled segment. Lock not held. */
 CUresult _vs_pool_grow_host(vs_pool_t *p, int heap_id, size_t size, size_t align, size_t *len_out);
 
-/* ---- invariants (pool.c) ---- */
+/* ---- invariants (check.c) ---- */
 /* Every invariant of the pool checked; returns the number of problems found. Lock held. */
 int _vs_pool_check_locked(vs_pool_t *p);
 #if VS_DEBUG >= 2
