@@ -215,93 +215,116 @@ static void release_aliased(vs_pool_t *p, vs_copier_t *cp, vs_copy_mark_t *marks
   }
 }
 
-void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const size_t *skip_len, int nskip,
-                    vs_move_t *out) {
-  *out = (vs_move_t){0};
-  /* Whole idle handles go back as a trim gives them: nothing of theirs needs keeping. */
-  out->released += _vs_pool_trim(p, 0);
+/* One sleep's segments, as its steps hand them on. */
+typedef struct vs_sleep_s {
+  vs_seg_t *segs;         /* leaving the device: segs[0 .. nm), then those queued, [0 .. live) */
+  vs_asleep_seg_t *moved; /* the records of segs[0 .. live), in the same order */
+  vs_seg_t *stay;         /* staying on the device as they are: stay[0 .. ns) */
+  int nm, live, ns;
+} vs_sleep_t;
 
+/* Takes the segments that leave out of the pool's table into s->segs: from now on no trim or
+ * access change of another thread touches them. Those that overlap a skip range stay in the
+ * table (their order kept). False when there is no host memory for the records (nothing
+ * changed). Lock not held. */
+static bool take_segments(vs_pool_t *p, const CUdeviceptr *skip_va, const size_t *skip_len, int nskip,
+                          vs_sleep_t *s, vs_move_t *out) {
   pool_lock(p);
   size_t n = p->segs.n;
-  vs_seg_t *segs = n ? malloc(n * sizeof *segs) : NULL;
-  vs_asleep_seg_t *moved = n ? calloc(n, sizeof *moved) : NULL;
-  vs_seg_t *stay = n ? malloc(n * sizeof *stay) : NULL;
-  if (n && (!segs || !moved || !stay)) {
+  s->segs = n ? malloc(n * sizeof *s->segs) : NULL;
+  s->moved = n ? calloc(n, sizeof *s->moved) : NULL;
+  s->stay = n ? malloc(n * sizeof *s->stay) : NULL;
+  if (n && (!s->segs || !s->moved || !s->stay)) {
     pool_unlock(p);
-    free(segs), free(moved), free(stay);
+    free(s->segs), free(s->moved), free(s->stay);
     move_note(out, CUDA_ERROR_OUT_OF_MEMORY, "no host memory for the shim's records");
-    return;
+    return false;
   }
-  /* Out of the table: from now on no trim or access change of another thread touches them. */
-  int nm = 0, ns = 0;
   for (size_t i = 0; i < n; i++) {
     vs_seg_t sg = p->segs.v[i];
     if (overlaps(sg.va, sg.size, skip_va, skip_len, nskip)) {
       out->skipped += sg.size;
       continue;
     }
-    segs[nm++] = sg;
+    s->segs[s->nm++] = sg;
     p->mapped -= sg.size;
     heap_at(p, sg.va)->mapped -= sg.size;
   }
-  /* The table keeps only the segments that stay (their order kept). */
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
     if (overlaps(p->segs.v[i].va, p->segs.v[i].size, skip_va, skip_len, nskip)) p->segs.v[k++] = p->segs.v[i];
   p->segs.n = k;
   pool_unlock(p);
   if (out->skipped) out->why_skipped = "an importer of another process still maps an exported block";
+  return true;
+}
 
-  /* Host and mapped modes: the bytes to host buffers first, all copies in flight at once, a
-   * mark after each segment's. A segment whose buffers cannot be had stays on the device.
-   * Mapped mode reads them from an alias of the segments when it can have one (alias_open). */
-  vs_copier_t cp;
-  bool copying = mode != VMMSHIM_SLEEP_DISCARD;
-  vs_copy_mark_t *marks = copying && nm ? calloc((size_t)nm, sizeof *marks) : NULL;
-  vs_aliased_t *al = marks && mode == VMMSHIM_SLEEP_MAPPED ? calloc((size_t)nm, sizeof *al) : NULL;
-  size_t alias_len = 0;
-  CUdeviceptr alias = al ? alias_open(p, segs, nm, &alias_len) : 0;
-  if (copying) _vs_copier_open(&cp);
-  int live = 0; /* segments to release from here: moved[0 .. live) */
+/* Each leaving segment gets its record; in host and mapped modes (cp not NULL) its bytes are
+ * queued to host buffers, all copies in flight at once, a mark after each segment's (when there
+ * are marks). A segment whose buffers cannot be had stays on the device. With an alias
+ * (alias_open) the copies read the alias, and al[] says where each segment is in it. */
+static void queue_segments(vs_pool_t *p, int mode, vs_copier_t *cp, vs_copy_mark_t *marks, vs_aliased_t *al,
+                           CUdeviceptr alias, vs_sleep_t *s, vs_move_t *out) {
   size_t from = 0; /* segs[i]'s offset in the alias */
-  for (int i = 0; i < nm; from += segs[i++].size) {
-    vs_asleep_seg_t a = {segs[i].va, segs[i].size, mode, 0, NULL, false};
-    if (copying) {
+  for (int i = 0; i < s->nm; from += s->segs[i++].size) {
+    vs_asleep_seg_t a = {s->segs[i].va, s->segs[i].size, mode, 0, NULL, false};
+    if (cp) {
       CUresult r = CUDA_SUCCESS;
       a.nbufs = _vs_asleep_take_bufs(&p->caps, a.size, &a.bufs, &r);
       if (a.nbufs < 0) {
         a.nbufs = 0;
         move_note(out, r, r == CUDA_ERROR_NOT_SUPPORTED ? "the device cannot map host memory (HOST_NUMA VMM)"
-                                                   : "host memory (VMMSHIM_HOST_LIMIT, or the host has no more)");
-        if (alias) _vs_vmm_unmap_alias(&p->caps, alias + from, segs[i].size); /* no copy reads it */
-        stay[ns++] = segs[i];
+                                                        : "host memory (VMMSHIM_HOST_LIMIT, or the host has no more)");
+        if (alias) _vs_vmm_unmap_alias(&p->caps, alias + from, s->segs[i].size); /* no copy reads it */
+        s->stay[s->ns++] = s->segs[i];
         out->skipped += a.size;
         if (!out->why_skipped || r == CUDA_ERROR_NOT_SUPPORTED) out->why_skipped = out->why;
         continue;
       }
       CUdeviceptr at = alias ? alias + from : a.va;
       size_t off = 0;
-      for (int b = 0; b < a.nbufs; off += a.bufs[b++].size) _vs_copier_copy(&cp, a.bufs[b].home, at + off, a.bufs[b].size);
-      if (marks) marks[live] = _vs_copier_mark(&cp);
-      if (alias) al[live].at = at;
+      for (int b = 0; b < a.nbufs; off += a.bufs[b++].size) _vs_copier_copy(cp, a.bufs[b].home, at + off, a.bufs[b].size);
+      if (marks) marks[s->live] = _vs_copier_mark(cp);
+      if (alias) al[s->live].at = at;
     }
-    segs[live] = segs[i];
-    moved[live++] = a;
+    s->segs[s->live] = s->segs[i];
+    s->moved[s->live++] = a;
   }
-  if (alias) release_aliased(p, &cp, marks, al, segs, moved, live, stay, &ns, out);
-  else release_in_order(p, copying ? &cp : NULL, marks, segs, moved, live, stay, &ns, out);
+}
+
+/* The alias goes once no copy reads it: the pieces a failed copy kept (al[i].at), then its
+ * reservation. */
+static void alias_close(vs_pool_t *p, CUdeviceptr alias, size_t len, const vs_aliased_t *al, const vs_sleep_t *s) {
+  for (int i = 0; i < s->live; i++)
+    if (al[i].at) _vs_vmm_unmap_alias(&p->caps, al[i].at, s->segs[i].size);
+  _vs_vmm_address_free(&p->caps, alias, len);
+}
+
+void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const size_t *skip_len, int nskip,
+                    vs_move_t *out) {
+  *out = (vs_move_t){0};
+  /* Whole idle handles go back as a trim gives them: nothing of theirs needs keeping. */
+  out->released += _vs_pool_trim(p, 0);
+  vs_sleep_t s = {0};
+  if (!take_segments(p, skip_va, skip_len, nskip, &s, out)) return;
+  /* Mapped mode reads the bytes from an alias of the segments when it can have one. */
+  vs_copier_t cp;
+  bool copying = mode != VMMSHIM_SLEEP_DISCARD;
+  vs_copy_mark_t *marks = copying && s.nm ? calloc((size_t)s.nm, sizeof *marks) : NULL;
+  vs_aliased_t *al = marks && mode == VMMSHIM_SLEEP_MAPPED ? calloc((size_t)s.nm, sizeof *al) : NULL;
+  size_t alias_len = 0;
+  CUdeviceptr alias = al ? alias_open(p, s.segs, s.nm, &alias_len) : 0;
+  if (copying) _vs_copier_open(&cp);
+  queue_segments(p, mode, copying ? &cp : NULL, marks, al, alias, &s, out);
+  if (alias) release_aliased(p, &cp, marks, al, s.segs, s.moved, s.live, s.stay, &s.ns, out);
+  else release_in_order(p, copying ? &cp : NULL, marks, s.segs, s.moved, s.live, s.stay, &s.ns, out);
   if (marks) _vs_copier_close(&cp); /* every copy was before the last mark: nothing new to learn */
-  if (alias) { /* no copy reads it now */
-    for (int i = 0; i < live; i++)
-      if (al[i].at) _vs_vmm_unmap_alias(&p->caps, al[i].at, segs[i].size);
-    _vs_vmm_address_free(&p->caps, alias, alias_len);
-  }
+  if (alias) alias_close(p, alias, alias_len, al, &s);
   free(marks), free(al);
   /* Unmap failures left holes in moved[]: close them. */
   int nmoved = 0;
-  for (int i = 0; i < live; i++)
-    if (moved[i].size) moved[nmoved++] = moved[i];
-  settle(p, moved, nmoved, stay, ns);
-  free(segs), free(moved), free(stay);
+  for (int i = 0; i < s.live; i++)
+    if (s.moved[i].size) s.moved[nmoved++] = s.moved[i];
+  settle(p, s.moved, nmoved, s.stay, s.ns);
+  free(s.segs), free(s.moved), free(s.stay);
 }
-
