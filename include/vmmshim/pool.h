@@ -96,7 +96,7 @@ void _vs_pool_set_release_threshold(int dev, uint64_t bytes);
 size_t _vs_pool_apply_release_threshold(vs_pool_t *pool);
 CUcontext _vs_pool_context(const vs_pool_t *pool);
 int _vs_pool_device(const vs_pool_t *pool);
-/* Debug check that map, bins and block list agree; returns the number of problems found. */
+/* Debug check that map, bins and block list agree (check.c); returns the number of problems found. */
 int _vs_pool_check(vs_pool_t *pool);
 /* What a pool holds, per heap (small, large), for the memory report. */
 typedef struct vs_pool_figures_s {
@@ -116,7 +116,7 @@ static inline size_t vs_heaps_sum(const size_t v[VS_NHEAPS]) {
   return n;
 }
 
-/* ---------------------------------------------------------------- "asleep.c" */
+/* ---------------------------------------------------------------- "sleep.c", "wake.c", "asleep.c" */
 /* What a sleep or a wake moved (bytes). */
 typedef struct vs_move_s {
   size_t released;    /* device memory given back */

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """The layers of src/ call one way: every call and every include goes to the file's own layer
 or a lower one (docs/design.md "Layers"). A call is a use of a name defined at file level in
-another file of src/; an include is a vmmshim/*.h header. Within src/alloc/ and src/pool/ the
-files descend too (ORDER below).
+another file of src/, written out or through a macro of include/vmmshim/ (VS_POOL_CHECK calls
+the invariant check); an include is a vmmshim/*.h header. Within src/alloc/ and src/pool/ the
+files descend too (ORDER below, which must name every file of those folders): a call from a
+file to one above it in the order is a circle.
 
-Run without arguments it checks src/ and then checks that it would catch a planted upward call
-and a planted upward include (so a broken checker fails too). Prints `N passed, N failed`."""
+Run without arguments it checks src/ and then checks that it would catch planted faults: an
+upward call and an upward include between layers, an upward call between two pool files
+written out and through a header's macro, and a pool file missing from ORDER (so a broken
+checker fails too). Prints `N passed, N failed`."""
 import os
 import re
 import shutil
@@ -15,7 +19,8 @@ import tempfile
 LAYERS = ["hook", "alloc", "share", "pool", "handle", "vmm", "base"]  # top first
 ORDER = {  # within a layer, files that call each other: top first
     "alloc": ["sleep.c", "mempool.c", "alloc.c", "limit.c", "tags.c"],
-    "pool": ["pool.c", "reclaim.c", "asleep.c", "space.c", "pool_streams.c", "pool_blocks.c"],
+    "pool": ["pool.c", "reclaim.c", "sleep.c", "wake.c", "asleep.c", "copier.c", "space.c", "check.c",
+             "pool_streams.c", "pool_blocks.c"],
 }
 HEADERS = {  # vmmshim/<header>: the layer it belongs to
     "alloc.h": "alloc", "share.h": "share", "pool.h": "pool", "pool_internal.h": "pool",
@@ -49,6 +54,36 @@ def strip(text):
     return "".join(out)
 
 
+def macros(include):
+    """name -> the identifiers its body names, for every function-like or object-like macro of
+    include/vmmshim/*.h (every definition of a name, under any #if, counts)."""
+    found = {}
+    folder = os.path.join(include, "vmmshim")
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not name.endswith(".h"):
+            continue
+        text = strip(open(os.path.join(folder, name)).read()).replace("\\\n", " ")
+        for m in re.finditer(r"^\s*#\s*define\s+([A-Za-z_]\w*)(\([^)]*\))?(.*)$", text, re.M):
+            found.setdefault(m.group(1), set()).update(re.findall(r"\b[A-Za-z_]\w*\b", m.group(3)))
+    return found
+
+
+def uses(text, macro):
+    """The identifiers a file names, and through which macro it names each one that only a
+    macro's body names (followed through macros within macros)."""
+    names = set(re.findall(r"\b[A-Za-z_]\w*\b", text))
+    via = {}
+    todo = [(n, n) for n in names if n in macro]
+    while todo:
+        name, outer = todo.pop()
+        for n in macro[name]:
+            if n not in names and n not in via:
+                via[n] = outer
+                if n in macro:
+                    todo.append((n, outer))
+    return names | set(via), via
+
+
 def rank(rel):
     """(layer index, index within the layer) of a source file; lower is higher up."""
     folder, name = rel.split("/")[-2:]
@@ -57,7 +92,8 @@ def rank(rel):
     return LAYERS.index(folder), inner
 
 
-def check(src):
+def check(src, include=None):
+    macro = macros(include or os.path.join(src, "..", "include"))
     files = {}
     for folder in sorted(os.listdir(src)):
         path = os.path.join(src, folder)
@@ -68,8 +104,11 @@ def check(src):
                 files[folder + "/" + name] = open(os.path.join(path, name)).read()
     problems = []
     for rel in files:
-        if rel.split("/")[0] not in LAYERS:
+        folder, name = rel.split("/")
+        if folder not in LAYERS:
             problems.append("%s: its folder is not a layer (%s)" % (rel, ", ".join(LAYERS)))
+        elif folder in ORDER and name not in ORDER[folder]:
+            problems.append("%s: not in ORDER[%r] of tests/scripts/test_layers.py: place it in the order" % (rel, folder))
     raw = {k: v for k, v in files.items() if k.split("/")[0] in LAYERS}
     files = {k: strip(v) for k, v in raw.items()}
     defined = {}  # name -> file
@@ -87,14 +126,17 @@ def check(src):
                 defined.setdefault(name, rel)
     for rel, text in files.items():
         me = rank(rel)
-        for name in sorted(set(re.findall(r"\b[A-Za-z_]\w*\b", text))):
+        names, via = uses(text, macro)
+        for name in sorted(names):
             owner = defined.get(name)
             if not owner or owner == rel:
                 continue
             if not name.startswith(("_vs_", "vmmshim_")) and not rel.startswith("pool/"):
                 continue  # a static of pool.c's unit is visible inside that unit only
             if rank(owner) < me:
-                problems.append("%s uses %s of %s, a layer above it" % (rel, name, owner))
+                how = " (through %s)" % via[name] if name in via else ""
+                above = "a layer above it" if rank(owner)[0] < me[0] else "above it in ORDER: a circle"
+                problems.append("%s uses %s of %s%s, %s" % (rel, name, owner, how, above))
         for h in re.findall(r'^\s*#\s*include\s*"vmmshim/([\w.]+)"', raw[rel], re.M):
             layer = HEADERS.get(h)
             if h == "internal.h":
@@ -121,19 +163,37 @@ def main():
 
     problems = check(src)
     report(not problems, "src/: every call and include goes down the layers", problems)
-    # The checker itself must catch what it is for: a copy of src/ with an upward call, then
-    # with an upward include.
+    # The checker itself must catch what it is for: a copy of src/ and include/ with one planted
+    # fault each (the file it goes in, what it appends there, an addition to pool_internal.h,
+    # what a problem must name).
+    call_up = "void _vs_planted(vs_pool_t *p) { _vs_pool_destroy(p); }\n"
+    plants = (
+        ("handle/handles.c", "void _vs_planted(void) { _vs_alloc(0, 0, 0, 0, 0); }\n", "",
+         "handle/handles.c uses _vs_alloc", "upward call in handles.c"),
+        ("handle/handles.c", '#include "vmmshim/share.h"\n', "", "handle/handles.c includes vmmshim/share.h",
+         "upward include in handles.c"),
+        ("pool/space.c", call_up, "", "pool/space.c uses _vs_pool_destroy of pool/pool.c",
+         "call from space.c up to pool.c"),
+        ("pool/check.c", "void _vs_planted(vs_pool_t *p) { VS_PLANTED(p); }\n",
+         "#define VS_PLANTED(p) _vs_pool_forget_asleep(p)\n",
+         "pool/check.c uses _vs_pool_forget_asleep of pool/asleep.c (through VS_PLANTED)",
+         "call from check.c up to asleep.c through a header's macro"),
+        ("pool/planted.c", call_up, "", "pool/planted.c: not in ORDER", "pool file missing from ORDER"),
+    )
     tmp = tempfile.mkdtemp(prefix="vmmshim-layers-")
     try:
-        for plant, what in (("void _vs_planted(void) { _vs_alloc(0, 0, 0, 0, 0); }\n", "an upward call"),
-                            ('#include "vmmshim/share.h"\n', "an upward include")):
-            copy = os.path.join(tmp, "src")
+        for where, plant, header, expect, what in plants:
+            copy, inc = os.path.join(tmp, "src"), os.path.join(tmp, "include")
             shutil.rmtree(copy, ignore_errors=True)
+            shutil.rmtree(inc, ignore_errors=True)
             shutil.copytree(src, copy)
-            with open(os.path.join(copy, "handle", "handles.c"), "a") as f:
+            shutil.copytree(os.path.join(root, "include"), inc)
+            with open(os.path.join(copy, where), "a") as f:
                 f.write(plant)
-            found = check(copy)
-            report(any("handle/handles.c" in p for p in found), "a planted %s in handles.c is caught" % what, found[:3])
+            with open(os.path.join(inc, "vmmshim", "pool_internal.h"), "a") as f:
+                f.write(header)
+            found = check(copy, inc)
+            report(any(p.startswith(expect) for p in found), "a planted %s is caught" % what, found[:3])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("%d passed, %d failed" % (passed, failed))
