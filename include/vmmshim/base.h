@@ -347,6 +347,7 @@ void _vs_stat_peak(uint64_t *peak, uint64_t value);
 void _vs_stat_alloc(vmmshim_api_t api, size_t served, size_t requested);
 void _vs_stat_free(vmmshim_api_t api, size_t served, size_t requested);
 void _vs_stat_drop(size_t served, size_t requested); /* live blocks of a dropped pool */
+void _vs_stats_get(vmmshim_stats_t *out); /* vmmshim_get_stats: the counters summed */
 void _vs_stats_print(void);
 
 /* ---------------------------------------------------------------- "trace.c" */

@@ -77,8 +77,6 @@ bool _vs_activate_slow(void) {
 
 void _vs_set_activate_handler(void (*fn)(void)) { vs_activate_handler = fn; }
 
-VS_API int vmmshim_active(void) { return _vs_active() ? 1 : 0; }
-
 typedef struct vs_thread_boot_s {
   void *(*fn)(void *);
   void *arg;
