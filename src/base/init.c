@@ -22,10 +22,6 @@
 
 #include "vmmshim/base.h"
 
-atomic_int _vs_state;
-_Thread_local int _vs_guard;
-atomic_int _vs_captures_active;
-
 static pthread_once_t vs_once = PTHREAD_ONCE_INIT;
 static void (*vs_dump_handler)(void);
 static void (*vs_activate_handler)(void);
@@ -49,14 +45,6 @@ static void init_once(void) {
 }
 
 void _vs_init_once(void) { pthread_once(&vs_once, init_once); }
-
-_Thread_local uintptr_t _vs_thread_no;
-static atomic_uintptr_t vs_threads_numbered;
-
-uintptr_t _vs_thread_no_slow(void) {
-  _vs_thread_no = (atomic_fetch_add(&vs_threads_numbered, 1) + 1) << 1 | 1;
-  return _vs_thread_no;
-}
 
 bool _vs_activate_slow(void) {
   _vs_init_once();
