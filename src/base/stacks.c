@@ -2,8 +2,8 @@
  *
  * On an allocation that is sampled (every one of VMMSHIM_TRACE_STACKS_MIN bytes or more, one in
  * VMMSHIM_TRACE_STACKS_SAMPLE below), the calling thread's native return addresses are taken
- * by the unwinder (libunwind when the process can load libunwind.so.8: ~8 ns a frame with its
- * cache; else libgcc's DWARF unwinder, ~100 ns a frame; or frame pointers, on request), the
+ * by the unwinder (libunwind when the process can load libunwind.so.8, the fastest exact one;
+ * else libgcc's DWARF unwinder; or frame pointers, on request: docs/rationale.md), the
  * shim's own frames dropped, and its Python frames added when it holds the GIL (pyframes.c).
  * The stack is looked up in a hash table of the stacks seen: a known stack costs one hash and
  * one compare, with no lock; a new one is copied, given the next id and published under a

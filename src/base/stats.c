@@ -7,8 +7,9 @@
  * blocks (each on cache lines of its own). Bytes in use are also folded into one shared
  * total once a thread's unfolded change reaches VS_FOLD or twice its largest allocation,
  * whichever is more, and the peak is kept from that total: exact for one allocating thread,
- * it may miss that much per other thread. (Folding every large allocation made 8 threads
- * cycling 256 MiB blocks share one cache line: 4x slower, measured.) Rare events (mappings, syncs, trims) stay shared atomics.
+ * it may miss that much per other thread. (Folding every large allocation made threads cycling
+ * large blocks share one cache line, several times slower: docs/rationale.md.) Rare events
+ * (mappings, syncs, trims) stay shared atomics.
  * A block outlives its thread: the next new thread takes it over, totals intact. */
 #include <pthread.h>
 #include <stdlib.h>
