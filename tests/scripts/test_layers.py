@@ -6,14 +6,16 @@ use of _vs_active() is a call of _vs_activate_slow, which it calls); an include 
 vmmshim/*.h header. Within src/alloc/, src/pool/ and src/base/ the files descend too (ORDER
 below), and each file of those layers has its place there.
 
-It also keeps the files small: no file of src/ over FILE_LINES lines, no function over
-FUNCTION_LINES (from the line of its name to its closing brace); each offender is named with its
-count.
+The public API has one front door: every vmmshim_* function of include/vmmshim.h is defined
+in src/hook/api.c, and no other file defines one. It also keeps the files small: no file of
+src/ over FILE_LINES lines, no function over FUNCTION_LINES (from the line of its name to its
+closing brace); each offender is named with its count.
 
 Run without arguments it checks src/ and then checks that it would catch a planted upward call
 (between layers, and inside base, also through an inline function of a header), a planted
-upward include, a file of base missing from its order, and a planted long function and long
-file (so a broken checker fails too). Prints `N passed, N failed`."""
+upward include, a file of base missing from its order, a public function outside the front
+door, and a planted long function and long file (so a broken checker fails too). Prints
+`N passed, N failed`."""
 import os
 import re
 import shutil
@@ -216,6 +218,33 @@ def sizes(src):
     return problems
 
 
+FRONT_DOOR = "hook/api.c"  # defines every public function of include/vmmshim.h, and only it does
+
+
+def front_door(src, public_header):
+    """The public API in one file: each vmmshim_* function that include/vmmshim.h declares is
+    defined in FRONT_DOOR, and no other file of src/ defines one."""
+    declared = set(re.findall(r"\b(vmmshim_\w+)\s*\(", strip(open(public_header).read())))
+    problems, at_door = [], set()
+    for folder in sorted(os.listdir(src)):
+        path = os.path.join(src, folder)
+        for name in sorted(os.listdir(path)) if os.path.isdir(path) else []:
+            if not name.endswith(".c"):
+                continue
+            rel = folder + "/" + name
+            for fn, first, _ in functions(open(os.path.join(path, name)).read()):
+                if not fn.startswith("vmmshim_"):
+                    continue
+                if rel != FRONT_DOOR:
+                    problems.append("%s:%d defines %s: public functions live in src/%s" % (rel, first, fn, FRONT_DOOR))
+                elif fn not in declared:
+                    problems.append("%s:%d defines %s, which include/vmmshim.h does not declare" % (rel, first, fn))
+                at_door.add(fn)
+    for fn in sorted(declared - at_door):
+        problems.append("%s is declared in include/vmmshim.h but not defined in src/%s" % (fn, FRONT_DOOR))
+    return problems
+
+
 def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
     src = os.path.join(root, "src")
@@ -232,6 +261,10 @@ def main():
 
     problems = check(src, include)
     report(not problems, "src/: every call and include goes down the layers", problems)
+    public_header = os.path.join(root, "include", "vmmshim.h")
+    problems = front_door(src, public_header)
+    report(not problems, "src/: every public vmmshim_* function is defined in src/%s, and only there" % FRONT_DOOR,
+           problems)
     problems = sizes(src)
     report(not problems, "src/: no file over %d lines, no function over %d" % (FILE_LINES, FUNCTION_LINES), problems)
     # The checker itself must catch what it is for: a copy of src/ with one thing planted each time.
@@ -246,6 +279,8 @@ def main():
         ("base/clock.c", "bool _vs_planted(void) { return _vs_active(); }\n",
          "upward call inside base, through an inline function,", "base/clock.c uses _vs_activate_slow", check),
         ("base/planted.c", "int _vs_planted;\n", "file of base missing from its order", "base/planted.c: not in ORDER", check),
+        ("alloc/tags.c", "int vmmshim_planted(void) { return 0; }\n", "public function outside the front door",
+         "alloc/tags.c:", lambda copy: front_door(copy, public_header)),
         ("vmm/vmm.c", long_fn, "function of %d lines" % (FUNCTION_LINES + 1), "vmm/vmm.c: _vs_planted_long: %d lines"
          % (FUNCTION_LINES + 1), sizes),
         ("vmm/vmm.c", "\n" * FILE_LINES, "file of over %d lines" % FILE_LINES, "vmm/vmm.c: ", sizes),
