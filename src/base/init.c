@@ -1,5 +1,8 @@
-/* init.c: once-only initialisation, the state every layer reads, the exit flush, and the
- * shim's own threads.
+/* init.c: once-only initialisation, activation, the exit flush, and the shim's own threads.
+ *
+ * The top of base: it calls the other files of base (options, log, trace, the driver, the
+ * one-stream order, stats) and none of them calls it; what they read of the shim's state
+ * (_vs_state, which activation sets here) lives in state.c, below them.
  *
  * The library's constructor does nothing with CUDA (and nothing at all that could
  * disturb a process that never uses CUDA). The first call into a hook runs
