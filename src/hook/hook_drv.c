@@ -5,7 +5,8 @@
  *   2. by dlsym(libcuda, "cuMemAlloc_v2"): the shim's dlsym answers with its hook;
  *   3. through cuGetProcAddress: the CUDA runtime (static or shared), CuPy and JAX ask
  *      dlsym only for cuGetProcAddress_v2, then look up everything else through the
- *      pointer it returns; the shim wraps both and answers from the hook list below.
+ *      pointer it returns; the shim wraps both and answers from the hook list below, then
+ *      from hook_gated.c's (the entry points that submit GPU work).
  * A lookup the shim does not handle is passed on untouched. A hook is handed out only
  * when the driver's answer is the very function the shim was compiled against (same
  * ABI), so a newer variant of a function is never wrapped with an older signature. */
