@@ -226,8 +226,6 @@ const char *_vs_open_output_error(int err);
 /* Copies every message the calling thread writes from now on to fn (line: n bytes, its newline
  * included), besides the log; fn NULL: no more. */
 void _vs_log_copy(void (*fn)(void *arg, const char *line, size_t n), void *arg);
-/* "CUDA_ERROR_OUT_OF_MEMORY" for 2; never NULL, works before the driver is loaded. */
-const char *_vs_cu_error_name(CUresult r);
 
 /* ---------------------------------------------------------------- "cuda.c" */
 /* The real driver entry points, resolved once through libcuda's cuGetProcAddress_v2.
@@ -301,22 +299,27 @@ typedef CUresult (*vs_get_proc_v2_fn)(const char *, void **, int, cuuint64_t, CU
 extern vs_get_proc_v2_fn _vs_real_get_proc_v2;
 /* glibc's dlsym (the shim exports its own dlsym, so a plain call would reach that). */
 void *_vs_real_dlsym(void *handle, const char *symbol);
+/* "CUDA_ERROR_OUT_OF_MEMORY" for 2; never NULL, works before the driver is loaded. */
+const char *_vs_cu_error_name(CUresult r);
 
-/* ---------------------------------------------------------------- "init.c" */
-extern atomic_int _vs_state; /* 0 not initialised, 1 active, 2 pass-through */
-/* True when the shim serves allocations; the first call initialises (options, log, trace, the
- * driver's functions). Inline: every allocation asks. */
+/* ---------------------------------------------------------------- "state.c", "init.c" */
+/* state.c: the words every file reads (below the rest of base, so base's own files read them
+ * without calling up into init.c). */
+extern atomic_int _vs_state; /* 0 not initialised, 1 active, 2 pass-through (init.c decides) */
+/* Thread-local guard: set while the shim calls into the real runtime or driver, so that
+ * the hooks reached from there pass through. */
+extern _Thread_local int _vs_guard;
+/* Active stream captures in the process, kept by the cuStreamBeginCapture/EndCapture hooks. */
+extern atomic_int _vs_captures_active;
+/* init.c, the top of base: true when the shim serves allocations; the first call initialises
+ * (options, log, trace, the driver's functions). Inline: every allocation asks. Not for the
+ * files of base, which read _vs_state. */
 bool _vs_activate_slow(void);
 static inline bool _vs_active(void) {
   int st = atomic_load_explicit(&_vs_state, memory_order_acquire);
   if (__builtin_expect(st == 1, 1)) return true;
   return st == 2 ? false : _vs_activate_slow();
 }
-/* Thread-local guard: set while the shim calls into the real runtime or driver, so that
- * the hooks reached from there pass through. */
-extern _Thread_local int _vs_guard;
-/* Active stream captures in the process, kept by the cuStreamBeginCapture/EndCapture hooks. */
-extern atomic_int _vs_captures_active;
 void _vs_init_once(void); /* config, log, trace, atexit, the dump signal; no CUDA */
 /* What the dump signal's thread does (the memory report, registered by report.c). */
 void _vs_set_dump_handler(void (*fn)(void));
@@ -347,6 +350,7 @@ void _vs_stat_peak(uint64_t *peak, uint64_t value);
 void _vs_stat_alloc(vmmshim_api_t api, size_t served, size_t requested);
 void _vs_stat_free(vmmshim_api_t api, size_t served, size_t requested);
 void _vs_stat_drop(size_t served, size_t requested); /* live blocks of a dropped pool */
+void _vs_stats_get(vmmshim_stats_t *out); /* vmmshim_get_stats: the counters summed */
 void _vs_stats_print(void);
 
 /* ---------------------------------------------------------------- "trace.c" */
@@ -410,7 +414,7 @@ static inline void _vs_gate_leave(vs_gate_line_t *l) { atomic_fetch_sub_explicit
 void _vs_gate_close(void);
 void _vs_gate_open(void);
 
-/* ---------------------------------------------------------------- "init.c": threads */
+/* ---------------------------------------------------------------- "state.c": threads */
 /* A number of the calling thread's own (odd, unlike any handle or aligned address), never given
  * to another thread, even after this one has exited (a thread-local address would be). */
 extern _Thread_local uintptr_t _vs_thread_no;

@@ -561,8 +561,6 @@ bool _vs_unpark(vs_pool_t *pool) {
 
 void _vs_visit_tag(int tag, void (*fn)(vs_pool_t *pool, void *arg), void *arg) { visit(tag, -1, fn, arg); }
 
-VS_API size_t vmmshim_trim(void) { return _vs_trim_all(); }
-
 void _vs_visit_device_arenas(int dev, void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
   if (_vs_active() && dev >= 0) visit(-1, dev, fn, arg);
 }

@@ -1,5 +1,8 @@
-/* init.c: once-only initialisation, the state every layer reads, the exit flush, and the
- * shim's own threads.
+/* init.c: once-only initialisation, activation, the exit flush, and the shim's own threads.
+ *
+ * The top of base: it calls the other files of base (options, log, trace, the driver, the
+ * one-stream order, stats) and none of them calls it; what they read of the shim's state
+ * (_vs_state, which activation sets here) lives in state.c, below them.
  *
  * The library's constructor does nothing with CUDA (and nothing at all that could
  * disturb a process that never uses CUDA). The first call into a hook runs
@@ -21,10 +24,6 @@
 #include <unistd.h>
 
 #include "vmmshim/base.h"
-
-atomic_int _vs_state;
-_Thread_local int _vs_guard;
-atomic_int _vs_captures_active;
 
 static pthread_once_t vs_once = PTHREAD_ONCE_INIT;
 static void (*vs_dump_handler)(void);
@@ -50,14 +49,6 @@ static void init_once(void) {
 
 void _vs_init_once(void) { pthread_once(&vs_once, init_once); }
 
-_Thread_local uintptr_t _vs_thread_no;
-static atomic_uintptr_t vs_threads_numbered;
-
-uintptr_t _vs_thread_no_slow(void) {
-  _vs_thread_no = (atomic_fetch_add(&vs_threads_numbered, 1) + 1) << 1 | 1;
-  return _vs_thread_no;
-}
-
 bool _vs_activate_slow(void) {
   _vs_init_once();
   int st = atomic_load(&_vs_state);
@@ -76,8 +67,6 @@ bool _vs_activate_slow(void) {
 }
 
 void _vs_set_activate_handler(void (*fn)(void)) { vs_activate_handler = fn; }
-
-VS_API int vmmshim_active(void) { return _vs_active() ? 1 : 0; }
 
 typedef struct vs_thread_boot_s {
   void *(*fn)(void *);

@@ -120,7 +120,7 @@ static void fix_one(CUstream named, CUstream key, bool implicit, CUcontext ctx) 
 
 void _vs_order_see_slow(CUstream s, int ptsz) {
   if (_vs_guard) return; /* the shim's own calls */
-  if (atomic_load(&_vs_order_state) == VS_ORDER_UNSEEN && !_vs_active()) return;
+  if (atomic_load(&_vs_order_state) == VS_ORDER_UNSEEN && atomic_load(&_vs_state) != 1) return; /* no pool yet */
   if (atomic_load(&_vs_order_state) == VS_ORDER_OFF) return;
   if (s == VS_ORDER_ELSEWHERE) {
     _vs_order_leave("work that spans contexts, or waits on another stream's", true);

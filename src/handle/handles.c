@@ -5,9 +5,10 @@
  * unmaps them and keeps the table of which handle is mapped where. Which addresses get memory,
  * and when memory is given back, is the pool's to decide (src/pool/space.c).
  *
- * Why large handles (VMMSHIM_GRANULARITY): cuMemSetAccess alone costs ~28 us per handle on
- * an H100 whatever its size, so a pool that maps and unmaps in its steady state loses to
- * cudaMalloc; freed memory stays mapped and is reused without any driver call.
+ * Why large handles (VMMSHIM_GRANULARITY): cuMemSetAccess alone costs the same per handle
+ * whatever its size, and far more than a reuse, so a pool that maps and unmaps in its steady
+ * state loses to cudaMalloc (docs/rationale.md has the figures); freed memory stays mapped and
+ * is reused without any driver call.
  *
  * Everything here runs on the slow path. */
 #include <pthread.h>
