@@ -603,7 +603,7 @@ static void budget_leave(void) {
 void _vs_group_join(void) { (void)budget_on(); }
 
 bool _vs_group_admit(int dev, size_t len) {
-  if (vs_likely(!budget_on())) return true;
+  if (vs_likely(!budget_on())) return !vs_b.closed; /* refused even with no memory for a budget */
   if (vs_unlikely(vs_b.closed)) return false;
   budget_lock();
   vs_group_header_t *h = vs_b.h;
@@ -636,7 +636,7 @@ void _vs_group_return(int dev, size_t len) {
   if (waiters) futex_wake_all(&h->release_seq);
 }
 
-bool _vs_group_over(int dev, size_t len) { return budget_on() && (vs_b.closed || !fits(vs_b.h, dev, len)); }
+bool _vs_group_over(int dev, size_t len) { return budget_on() ? vs_b.closed || !fits(vs_b.h, dev, len) : vs_b.closed; }
 
 bool _vs_group_headroom(int dev, size_t *left, size_t *cap) {
   if (!budget_on()) return false;
@@ -751,7 +751,8 @@ static void share_host(int dev, size_t len, bool add) {
 }
 
 bool _vs_group_spill_admit(int dev, size_t len) {
-  if (budget_on() && vs_b.closed) return false; /* host memory past a budget that is not there */
+  (void)budget_on(); /* the join tells whether the group was refused */
+  if (vs_b.closed) return false; /* no host memory past a budget that is not there */
   uint64_t cap = _vs_option(VS_OPT_ON_LIMIT) == VS_ON_LIMIT_HOST ? _vs_option_arg(VS_OPT_ON_LIMIT) : 0;
   size_t cur = atomic_load(&vs_spilled);
   do {
