@@ -913,7 +913,7 @@ static void scenario_hopeless(void) {
   agent_t a = agent_start(env_group(), "VMMSHIM_LIMIT=1G", "VMMSHIM_ON_LIMIT=wait:30", NULL);
   msg_t m = malloc_within(&a, 2 * GiB, 10000, &took);
   CHECK(m.res == cudaErrorMemoryAllocation && took < 2.0, "2 GiB over a 1 GiB group limit: %d after %.2f s", m.res, took);
-  CHECK(strstr(agent_log(&a), "fails at once") && strstr(agent_log(&a), "more than the limit itself") &&
+  CHECK(strstr(agent_log(&a), "fails at once (CUDA_ERROR_OUT_OF_MEMORY)") && strstr(agent_log(&a), "more than the limit itself") &&
             strstr(agent_log(&a), g_group),
         "with the reason: %.400s", agent_log(&a));
   agent_end(&a);
@@ -1147,7 +1147,8 @@ static void corrupt_case(const char *what, void (*spoil)(vs_group_header_t *), c
         "%s: without its group, not even 64 MiB under its own 1G", what);
   CHECK(ask(&a, A_MALLOC, 1 * MiB, 0, 0).res == cudaErrorMemoryAllocation, "%s: nor 1 MiB", what);
   const char *log = agent_log(&a);
-  CHECK(strstr(log, expect) && strstr(log, "every device allocation of this process fails (out of memory)"),
+  CHECK(strstr(log, expect) && strstr(log, "every device allocation of this process fails (out of memory, "
+                                          "CUDA_ERROR_OUT_OF_MEMORY)"),
         "%s: says %s: %.400s", what, expect, log);
   CHECK(pread(fd, after, sizeof after, 0) == (ssize_t)sizeof after && !memcmp(before, after, sizeof after),
         "%s: the segment is untouched", what);

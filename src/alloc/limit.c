@@ -40,7 +40,8 @@ static vs_pool_status_t wait_for_room(vs_pool_t *pool, size_t size, CUstream str
   int dev = _vs_pool_device(pool);
   char why[256];
   if (_vs_group_hopeless(dev, size, why, sizeof why)) {
-    _vs_warn("device %d: %zu bytes: VMMSHIM_ON_LIMIT=wait fails at once, the wait could never end: %s", dev, size, why);
+    _vs_warn("device %d: %zu bytes: VMMSHIM_ON_LIMIT=wait fails at once (%s), the wait could never end: %s", dev, size,
+             _vs_cu_error_name(CUDA_ERROR_OUT_OF_MEMORY), why);
     return VS_POOL_LIMIT;
   }
   say_waiting(dev, size, secs);

@@ -381,7 +381,7 @@ static bool seg_lock_bounded(int fd, const char *path, char *why, size_t n) {
   }
   snprintf(why, n,
            "%s (uid %u) stayed locked by another process for %llu s: a member of the group is stopped or hung in the "
-           "middle of a change; resume or end it (fuser -v %s names it)",
+           "middle of a change; resume or end it (fuser -v %s lists the processes that have it open)",
            path, (unsigned)geteuid(), (unsigned long long)(VS_GROUP_LOCK_WAIT_NS / 1000000000ull), path);
   return false;
 }
@@ -515,8 +515,8 @@ static bool budget_open(bool announce) {
     }
     if (!h)
       _vs_error("group '%s': %s; without its group's budget, every device allocation of this process fails "
-                "(out of memory)",
-                name, why);
+                "(out of memory, %s)",
+                name, why, _vs_cu_error_name(CUDA_ERROR_OUT_OF_MEMORY));
   }
   vs_b.shared = h != NULL;
   vs_b.closed = name && !h;

@@ -190,7 +190,7 @@ class Group:
                 if time.monotonic() >= end:
                     raise GroupError("%s (uid %d) stayed locked by another process for %d s: a member of the group "
                                      "is stopped or hung in the middle of a change; resume or end it (fuser -v %s "
-                                     "names it)" % (self.path, os.geteuid(), LOCK_WAIT_S, self.path))
+                                     "lists the processes that have it open)" % (self.path, os.geteuid(), LOCK_WAIT_S, self.path))
                 time.sleep(pause)
                 pause = min(pause * 2, 0.05)
         if self.mm is not None and self._u32(OFF_BUSY):
