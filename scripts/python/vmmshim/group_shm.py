@@ -11,9 +11,12 @@ members map refuses their next growths and touches nothing they hold.
 
 The group is the shared-memory segment /dev/shm/vmmshim-<uid>-<NAME> that the shim's processes of
 that name and user share (src/handle/group.c; its layout is include/vmmshim/group.h, read here with
-struct). Changes are made as the shim makes them: under flock(LOCK_EX) on the segment, with `busy`
-set to this pid for the time of the change; the members' waiters are woken through the futex the
-shim sleeps on (best effort: they look again within half a second anyway).
+struct). As the shim does, the file is opened without following a symbolic link and checked (a
+regular file of this user, no access for others) before any lock: another user's file could be
+held locked by that user. Changes are made as the shim makes them: under flock(LOCK_EX) on the
+segment, waited for LOCK_WAIT_S at most (past that: exit 1, the file named), with `busy` set to
+this pid for the time of the change; the members' waiters are woken through the futex the shim
+sleeps on (best effort: they look again within half a second anyway).
 
 Exit status 0, 1 on an error (one line "vmmshim: error: ..." on stderr), 2 on a usage error.
 """
