@@ -329,6 +329,9 @@ void _vs_set_activate_handler(void (*fn)(void));
 /* Starts a detached thread of the shim with every signal blocked (the program's signals stay
  * with its own threads); pthread_create's result. */
 int _vs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg);
+/* How many threads of _vs_thread_start run now in this process (a wait for memory tells the
+ * program's threads from them); a fork child has none of its parent's. */
+int _vs_threads_own(void);
 
 /* ---------------------------------------------------------------- "directory.c" */
 /* Address -> owning pool, over every reservation of every pool; lock-free lookups. */

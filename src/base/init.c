@@ -74,12 +74,28 @@ typedef struct vs_thread_boot_s {
   atomic_int started;
 } vs_thread_boot_t;
 
+static atomic_int vs_threads_own, vs_threads_pid; /* the count, and the process it counts */
+
+/* The count is the process's: the first change in a fork child starts it again at zero. */
+static void threads_own_add(int d) {
+  int pid = (int)getpid(), seen = atomic_load(&vs_threads_pid);
+  if (seen != pid && atomic_compare_exchange_strong(&vs_threads_pid, &seen, pid)) atomic_store(&vs_threads_own, 0);
+  atomic_fetch_add(&vs_threads_own, d);
+}
+
+int _vs_threads_own(void) {
+  return atomic_load(&vs_threads_pid) == (int)getpid() ? atomic_load(&vs_threads_own) : 0;
+}
+
 static void *thread_boot(void *p) {
   vs_thread_boot_t *boot = p;
   void *(*fn)(void *) = boot->fn;
   void *arg = boot->arg;
+  threads_own_add(1);
   atomic_store_explicit(&boot->started, 1, memory_order_release); /* boot is the creator's: not after this */
-  return fn(arg);
+  void *r = fn(arg);
+  threads_own_add(-1);
+  return r;
 }
 
 /* The creator returns once the thread runs fn: a thread starting up allocates (glibc reads its

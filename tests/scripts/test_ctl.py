@@ -732,6 +732,7 @@ def main():
         verbs(sv)
         statuses(sv)
         group_hook()
+        group_segment_checks()
         top(sv)
         bad_replies()
         module(sv)
@@ -739,6 +740,68 @@ def main():
         sv.stop()
     check(sv.p.returncode == 0, "the target program exits cleanly (%s)" % sv.p.returncode)
     return summary()
+
+
+def ctl_timed(*args, preexec=None):
+    """ctl bounded at 30 s: (exit status, output, seconds); a client that hangs is 'hung'."""
+    t0 = time.monotonic()
+    try:
+        rc, out = ctl(*args, timeout=30, preexec=preexec)
+    except subprocess.TimeoutExpired:
+        rc, out = "hung", ""
+    return rc, out, time.monotonic() - t0
+
+
+def group_segment_checks():
+    """vmmshim ctl --group against a segment it must not wait for: one of another user (checked
+    before any lock, even while its owner holds it), one of this user that a process keeps
+    locked (given up after the bound), a symbolic link."""
+    import fcntl
+    sys.path.insert(0, PYDIR)
+    from vmmshim import group_shm
+    name = "vs-test-ctl-locked-%d" % os.getpid()
+    path = group_shm.shm_path(name)
+    rc, out, _ = ctl_timed("--group", name, "limit", "1G")
+    check(rc == 0, "--group NAME limit 1G makes the segment [%s]" % out.strip())
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a member stopped in the middle of a change
+        rc, out, took = ctl_timed("--group", name, "status")
+        check(rc == 1 and "stayed locked by another process" in out and path in out and 4 <= took < 15,
+              "a segment kept locked: exit 1 after the bound (%.1f s), the file named [%s]" % (took, out.strip()))
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        rc, out, took = ctl_timed("--group", name, "status")
+        check(rc == 0 and "limit: 1.00 GiB" in out, "let go: status answers (%.1f s)" % took)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    link = group_shm.shm_path("vs-test-ctl-link-%d" % os.getpid())
+    os.symlink(os.devnull, link)
+    try:
+        rc, out, _ = ctl_timed("--group", "vs-test-ctl-link-%d" % os.getpid(), "status")
+        check(rc == 1 and "it is a symbolic link" in out, "a symbolic link is not followed: exit 1 [%s]" % out.strip())
+    finally:
+        os.unlink(link)
+    ids = nobody()
+    if os.geteuid() != 0 or not ids:
+        check(os.environ.get("CI") != "true", "another user's segment needs root and a user nobody in CI")
+        print("SKIP another user's segment: needs root and a user nobody; not counted")
+        return
+    other = "/dev/shm/vmmshim-%d-%s" % (ids[0], name)
+    fd = os.open(other, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        os.fchmod(fd, 0o666)
+        os.ftruncate(fd, group_shm.SIZE)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # its owner holds the lock
+        rc, out, took = ctl_timed("--group", name, "status", preexec=as_user(*ids))
+        check(rc == 1 and "is owned by uid 0 with mode 0666: not this user's own" in out and took < 10,
+              "another user's segment, locked: refused before its lock, exit 1 in %.1f s [%s]" % (took, out.strip()))
+        rc, out, took = ctl_timed("--group", name, "limit", "8G", preexec=as_user(*ids))
+        check(rc == 1 and "not this user's own" in out and os.fstat(fd).st_uid == 0,
+              "nor is a limit written into it [%s]" % out.strip())
+    finally:
+        os.close(fd)
+        os.unlink(other)
 
 
 if __name__ == "__main__":
