@@ -4,7 +4,8 @@
  * (reclaim.c): work queued before the free may still touch it. While all of the program's
  * launches, copies and memsets have gone to one stream S, that wait buys nothing: whatever the
  * block's next owner does with it goes to S too, behind the work queued before the free, as
- * with a free on S (cudaFreeAsync). So the block is reused at once (alloc.c asks _vs_order_one).
+ * with a free on S (cudaFreeAsync). So the block is reused at once (alloc.c reads _vs_order_view
+ * and tells the pool the free is ordered).
  *
  * The submission hooks (hook_drv.c) name each stream they are given. The first fixes S. The
  * first submission to another stream, a capture, an IPC export, S destroyed, or a submission
@@ -142,8 +143,12 @@ void _vs_order_see_slow(CUstream s, int ptsz) {
   pthread_mutex_unlock(&vs_order_lock);
 }
 
-bool _vs_order_one(CUcontext ctx) {
-  return atomic_load_explicit(&_vs_order_state, memory_order_acquire) == VS_ORDER_ONE && ctx == vs_one_ctx;
+/* S's context is written before the state first leaves UNSEEN and never after, so the state
+ * read first (acquire) vouches for it. */
+vs_order_view_t _vs_order_view(void) {
+  vs_order_view_t v = {(vs_order_state_t)atomic_load_explicit(&_vs_order_state, memory_order_acquire), NULL};
+  if (v.state != VS_ORDER_UNSEEN) v.ctx = vs_one_ctx;
+  return v;
 }
 
 void _vs_order_stream_destroyed(CUstream s) {
