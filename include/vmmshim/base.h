@@ -442,17 +442,10 @@ static inline CUstream _vs_stream_key(CUstream s, const void **owner) {
  * another stream's. */
 typedef enum vs_order_state_e { VS_ORDER_UNSEEN = 0, VS_ORDER_ONE = 1, VS_ORDER_LEAVING = 2, VS_ORDER_OFF = 3 } vs_order_state_t;
 #define VS_ORDER_ELSEWHERE ((CUstream)(uintptr_t)(UINTPTR_MAX - 1))
-/* The submission hooks' check below is inline (every launch makes it), so it reads these two
- * directly; every other file reads the order through _vs_order_view. */
-extern atomic_int _vs_order_state;
-extern CUstream _vs_order_stream; /* the one stream when the program named it by handle, else VS_NO_STREAM */
-void _vs_order_see_slow(CUstream s, int ptsz);
-static inline void _vs_order_see(CUstream s, int ptsz) {
-  int st = atomic_load_explicit(&_vs_order_state, memory_order_acquire);
-  if (__builtin_expect(st == VS_ORDER_OFF, 1)) return;
-  if (st == VS_ORDER_ONE && s == _vs_order_stream) return;
-  _vs_order_see_slow(s, ptsz);
-}
+/* A submission to stream s (ptsz: a per-thread call), before the driver call: fixes S, or ends
+ * the order (its way out). Every launch makes it: an atomic load while the order is off or s is
+ * S by handle. */
+void _vs_order_see(CUstream s, int ptsz);
 /* Ends the one-stream order (why: for the log and stats); host: the caller's use cannot wait on
  * a stream, so it returns once the one stream's earlier work is done. */
 void _vs_order_leave(const char *why, bool host);
