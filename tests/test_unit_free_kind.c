@@ -83,8 +83,7 @@ static where_t free_held(vs_pool_t *pool, CUdeviceptr ptr, long long *synced) {
   return w;
 }
 
-static void scenario_sync(CUcontext ctx) {
-  (void)ctx;
+static void scenario_sync(void) {
   CUdeviceptr a = alloc_on(4 * MiB, VS_NO_STREAM);
   CHECK(a != 0, "alloc a");
   vs_pool_t *pool = _vs_dir_lookup(a);
@@ -194,7 +193,7 @@ int main(int argc, char **argv) {
   vs_device_caps_t caps;
   CUcontext ctx = check_unit_context(&caps);
   CHECK(_vs_active(), "shim active");
-  if (!strcmp(sc, "sync")) scenario_sync(ctx);
+  if (!strcmp(sc, "sync")) scenario_sync();
   else if (!strcmp(sc, "deferred")) scenario_deferred(ctx);
   else CHECK(0, "unknown scenario %s", sc);
   return check_child_summary(sc);
