@@ -69,9 +69,6 @@ extern _Thread_local int _vs_slow_locks_held;
 typedef struct vs_pool_s vs_pool_t;
 /* The stream of a synchronous allocation or free (cudaMalloc, cudaFree): none. */
 #define VS_NO_STREAM ((CUstream)(uintptr_t)UINTPTR_MAX)
-/* The stream of a deferred free while all of the program's work goes to one stream (order.c):
- * the block is free at once, ordered after that work. */
-#define VS_ORDERED_FREE ((CUstream)(uintptr_t)(UINTPTR_MAX - 2))
 
 /* ---------------------------------------------------------------- "config.c" */
 
@@ -452,19 +449,21 @@ static inline CUstream _vs_stream_key(CUstream s, const void **owner) {
  * another stream's. */
 typedef enum vs_order_state_e { VS_ORDER_UNSEEN = 0, VS_ORDER_ONE = 1, VS_ORDER_LEAVING = 2, VS_ORDER_OFF = 3 } vs_order_state_t;
 #define VS_ORDER_ELSEWHERE ((CUstream)(uintptr_t)(UINTPTR_MAX - 1))
-extern atomic_int _vs_order_state;
-extern CUstream _vs_order_stream; /* the one stream when the program named it by handle, else VS_NO_STREAM */
-void _vs_order_see_slow(CUstream s, int ptsz);
-static inline void _vs_order_see(CUstream s, int ptsz) {
-  int st = atomic_load_explicit(&_vs_order_state, memory_order_acquire);
-  if (__builtin_expect(st == VS_ORDER_OFF, 1)) return;
-  if (st == VS_ORDER_ONE && s == _vs_order_stream) return;
-  _vs_order_see_slow(s, ptsz);
-}
+/* A submission to stream s (ptsz: a per-thread call), before the driver call: fixes S, or ends
+ * the order (its way out). Every launch makes it: an atomic load while the order is off or s is
+ * S by handle. */
+void _vs_order_see(CUstream s, int ptsz);
 /* Ends the one-stream order (why: for the log and stats); host: the caller's use cannot wait on
  * a stream, so it returns once the one stream's earlier work is done. */
 void _vs_order_leave(const char *why, bool host);
-bool _vs_order_one(CUcontext ctx);         /* deferred frees of ctx's pools are reused at once */
+/* The order as it stands: its state and S's context (NULL until S is fixed). A free of a pool
+ * of that context is ordered while the state is VS_ORDER_ONE (alloc.c); memory freed in order
+ * may still be in use until it is VS_ORDER_OFF (space.c). */
+typedef struct vs_order_view_s {
+  vs_order_state_t state;
+  CUcontext ctx;
+} vs_order_view_t;
+vs_order_view_t _vs_order_view(void);
 void _vs_order_stream_destroyed(CUstream s);
 void _vs_order_context_gone(CUcontext ctx);
 void _vs_order_configure(bool on);         /* at start: off unless deferred mode and VMMSHIM_ONE_STREAM */

@@ -175,7 +175,7 @@ struct vs_pool_s {
   uint64_t sync_seq;    /* synchronisations started */
   uint64_t sync_done;   /* the latest context synchronisation that completed (its number) */
   uint64_t ordered_need; /* a context sync numbered this or later must complete before FREE memory is
-                            unmapped: blocks freed in stream order (VS_ORDERED_FREE) may still be in use */
+                            unmapped: blocks freed in stream order (VS_FREE_KIND_ORDERED) may still be in use */
   unsigned syncs_running;  /* context synchronisations in flight */
   uint64_t sync_since_ns;  /* when the oldest of them started (0: none) */
   uint64_t last_sync_ns;   /* how long the last one that completed took: how far the GPU lags */
@@ -294,7 +294,7 @@ void _vs_pool_unmap_all(vs_pool_t *p);
 size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b);
 /* Frees every block descriptor of every reservation and the spare ones. */
 void _vs_pool_free_blocks(vs_pool_t *p);
-/* Blocks freed in stream order (VS_ORDERED_FREE) may still be in use: unmapping FREE memory
+/* Blocks freed in stream order (VS_FREE_KIND_ORDERED) may still be in use: unmapping FREE memory
  * waits for a synchronisation of the pool's context first. The question: lock held; the
  * settling: lock not held. */
 bool _vs_pool_ordered_unsettled(const vs_pool_t *p);

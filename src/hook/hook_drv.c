@@ -155,7 +155,7 @@ static bool submission_symbol(const char *symbol) {
 /* A submission path handed out without a hook (an ABI the shim was not written for): the
  * shim no longer sees all of the program's work. */
 static void unseen_path(const char *symbol, int version, cuuint64_t flags) {
-  if (atomic_load(&_vs_order_state) == VS_ORDER_OFF)
+  if (_vs_order_view().state == VS_ORDER_OFF)
     _vs_debug("%s (version %d, flags %llu) is handed out without the shim's hook", symbol, version,
               (unsigned long long)flags);
   else

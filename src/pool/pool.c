@@ -374,15 +374,15 @@ static size_t idle_allowed(const vs_pool_t *p) {
 }
 
 /* even_exported: free a block marked exported too (IPC gives back a block it held). */
-static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api,
-                                   size_t *size_out, size_t *requested_out, CUresult *err_out, bool even_exported) {
+static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, vs_free_kind_t kind, CUstream stream,
+                                   vmmshim_api_t api, size_t *size_out, size_t *requested_out, CUresult *err_out,
+                                   bool even_exported) {
   *err_out = CUDA_SUCCESS;
   if (!ptr) return VS_POOL_NOT_OWNED; /* address 0 is the map's anchor */
+  vs_assert((kind == VS_FREE_KIND_STREAM) == (stream != VS_NO_STREAM));
   const void *owner = NULL;
-  bool ordered = stream == VS_ORDERED_FREE;
-  if (ordered) stream = VS_NO_STREAM;
-  CUstream key = stream == VS_NO_STREAM ? NULL : _vs_stream_key(stream, &owner);
-  bool sync_mode = stream == VS_NO_STREAM && !ordered && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC;
+  CUstream key = kind == VS_FREE_KIND_STREAM ? _vs_stream_key(stream, &owner) : NULL;
+  bool sync_mode = kind == VS_FREE_KIND_SYNC;
   bool seal = false; /* the stream's older freed blocks are to be sealed (after the unlock) */
   vs_block_t *b;
   if (sync_mode) {
@@ -434,21 +434,24 @@ static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, CUstream strea
   }
   if (sync_mode) {
     _vs_block_make_free(p, b);
-  } else if (ordered) {
+  } else if (kind == VS_FREE_KIND_ORDERED) {
     /* Free for the stream's later work at once; its handle stays mapped until work queued
      * before this free is known done (space.c: unmap_idle). */
     p->ordered_need = p->sync_seq + 1;
     _vs_block_make_free(p, b);
   } else {
-    vs_stream_t *s = stream == VS_NO_STREAM ? NULL : _vs_stream_get(p, key, stream, owner, true);
+    vs_stream_t *s = kind == VS_FREE_KIND_STREAM ? _vs_stream_get(p, key, stream, owner, true) : NULL;
     if (s) {
       seal = pend_on_stream(p, b, s);
     } else {
+      /* Deferred; or a sync-mode free whose synchronisation failed, or a stream's free with no
+       * host memory for the stream's record: those wait as the mode's cudaFree would. */
       b->state = B_PENDING;
       b->freed_seq = p->sync_seq;
       p->pending_bytes += b->size;
       list_push(&p->deferred, b);
-      if (_vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED) {
+      if (kind == VS_FREE_KIND_DEFERRED ||
+          (kind == VS_FREE_KIND_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED)) {
         _vs_pool_start_reclaimer(p);
         pthread_cond_signal(&p->wake);
       }
@@ -482,14 +485,16 @@ static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, CUstream strea
   return VS_POOL_OK;
 }
 
-vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out,
-                               size_t *requested_out, CUresult *err_out) {
-  return free_block(p, ptr, stream, api, size_out, requested_out, err_out, false);
+vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, vs_free_kind_t kind, CUstream stream, vmmshim_api_t api,
+                               size_t *size_out, size_t *requested_out, CUresult *err_out) {
+  return free_block(p, ptr, kind, stream, api, size_out, requested_out, err_out, false);
 }
 
 vs_pool_status_t _vs_pool_free_exported(vs_pool_t *p, CUdeviceptr ptr, vmmshim_api_t api, size_t *size_out,
                                         size_t *requested_out, CUresult *err_out) {
-  return free_block(p, ptr, VS_NO_STREAM, api, size_out, requested_out, err_out, true);
+  /* The program's free was long ago: whatever order held then, the block waits as the mode says. */
+  vs_free_kind_t kind = _vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED ? VS_FREE_KIND_DEFERRED : VS_FREE_KIND_SYNC;
+  return free_block(p, ptr, kind, VS_NO_STREAM, api, size_out, requested_out, err_out, true);
 }
 
 bool _vs_pool_set_exported(vs_pool_t *p, CUdeviceptr ptr, bool exported) {
