@@ -374,6 +374,85 @@ static size_t idle_allowed(const vs_pool_t *p) {
 }
 
 /* even_exported: free a block marked exported too (IPC gives back a block it held). */
+/* A sync-mode free: cudaFree waits for the device, and so do we, before the block can be
+ * reused; done before the block leaves the map, so the lock is never held across it. Returns
+ * VS_POOL_OK to go on (*sync_mode false when the wait failed: the block then waits for a later
+ * synchronisation), or what free_block returns at once. */
+static vs_pool_status_t sync_before_free(vs_pool_t *p, CUdeviceptr ptr, bool even_exported, bool *sync_mode,
+                                         size_t *size_out, size_t *requested_out, CUresult *err_out) {
+  vs_block_t *b;
+  pool_lock(p);
+  HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
+  bool exported = b && b->exported && !even_exported;
+  if (exported) {
+    *size_out = b->size;
+    *requested_out = b->requested;
+  }
+  pool_unlock(p);
+  if (!b) return VS_POOL_NOT_OWNED;
+  if (exported) return VS_POOL_EXPORTED;
+  /* A sync while another thread captures a graph would invalidate its capture. */
+  CUresult r =
+      atomic_load(&_vs_captures_active) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : _vs_pool_sync_and_reclaim(p);
+  if (r != CUDA_SUCCESS) {
+    /* Not waited for: the block is reused only after a later synchronisation succeeds. */
+    _vs_debug("free 0x%llx: cuCtxSynchronize: %s; block reused after a later synchronisation",
+              (unsigned long long)ptr, _vs_cu_error_name(r));
+    *sync_mode = false;
+    if (r != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT &&
+        r != CUDA_ERROR_DEINITIALIZED && r != CUDA_ERROR_CONTEXT_IS_DESTROYED)
+      *err_out = r; /* a sticky context error: the real cudaFree reports it too */
+  }
+  return VS_POOL_OK;
+}
+
+/* Where a block out of the map goes, as its free's kind says (under the pool lock). True when
+ * the stream's older freed blocks are to be sealed after the unlock. */
+static bool place_freed(vs_pool_t *p, vs_block_t *b, vs_free_kind_t kind, bool sync_mode, CUstream key,
+                        CUstream stream, const void *owner) {
+  if (sync_mode) {
+    _vs_block_make_free(p, b);
+    return false;
+  }
+  if (kind == VS_FREE_KIND_ORDERED) {
+    /* Free for the stream's later work at once; its handle stays mapped until work queued
+     * before this free is known done (space.c: unmap_idle). */
+    p->ordered_need = p->sync_seq + 1;
+    _vs_block_make_free(p, b);
+    return false;
+  }
+  vs_stream_t *s = kind == VS_FREE_KIND_STREAM ? _vs_stream_get(p, key, stream, owner, true) : NULL;
+  if (s) return pend_on_stream(p, b, s);
+  /* Deferred; or a sync-mode free whose synchronisation failed, or a stream's free with no
+   * host memory for the stream's record: those wait as the mode's cudaFree would. */
+  b->state = B_PENDING;
+  b->freed_seq = p->sync_seq;
+  p->pending_bytes += b->size;
+  list_push(&p->deferred, b);
+  if (kind == VS_FREE_KIND_DEFERRED ||
+      (kind == VS_FREE_KIND_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED)) {
+    _vs_pool_start_reclaimer(p);
+    pthread_cond_signal(&p->wake);
+  }
+  return false;
+}
+
+/* Whether idle memory goes back after this free, and down to what (under the pool lock).
+ * VMMSHIM_RELEASE_THRESHOLD and the program's release_threshold bound idle memory; a try is
+ * repeated only once idle memory has grown by a handle since the last one, so a pool whose idle
+ * memory sits in partly used handles does not rescan on every free. A member of the budget
+ * waiting for bytes (VMMSHIM_ON_LIMIT=wait) has idle memory go back now. */
+static bool trim_after_free(vs_pool_t *p, size_t *threshold) {
+  *threshold = idle_allowed(p);
+  bool trim = vs_unlikely(p->free_bytes > *threshold) && p->free_bytes >= p->trim_retry_at;
+  if (trim) p->trim_retry_at = p->free_bytes + p->gran;
+  if (vs_unlikely(_vs_budget_wanted()) && p->free_bytes >= p->caps.min_granularity) {
+    trim = true;
+    *threshold = 0;
+  }
+  return trim;
+}
+
 static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, vs_free_kind_t kind, CUstream stream,
                                    vmmshim_api_t api, size_t *size_out, size_t *requested_out, CUresult *err_out,
                                    bool even_exported) {
@@ -383,34 +462,11 @@ static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, vs_free_kind_t
   const void *owner = NULL;
   CUstream key = kind == VS_FREE_KIND_STREAM ? _vs_stream_key(stream, &owner) : NULL;
   bool sync_mode = kind == VS_FREE_KIND_SYNC;
-  bool seal = false; /* the stream's older freed blocks are to be sealed (after the unlock) */
-  vs_block_t *b;
   if (sync_mode) {
-    /* cudaFree waits for the device; so do we, before the block can be reused. Done before
-     * the block leaves the map, so the lock is never held across it. */
-    pool_lock(p);
-    HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
-    bool exported = b && b->exported && !even_exported;
-    if (exported) {
-      *size_out = b->size;
-      *requested_out = b->requested;
-    }
-    pool_unlock(p);
-    if (!b) return VS_POOL_NOT_OWNED;
-    if (exported) return VS_POOL_EXPORTED;
-    /* A sync while another thread captures a graph would invalidate its capture. */
-    CUresult r =
-        atomic_load(&_vs_captures_active) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : _vs_pool_sync_and_reclaim(p);
-    if (r != CUDA_SUCCESS) {
-      /* Not waited for: the block is reused only after a later synchronisation succeeds. */
-      _vs_debug("free 0x%llx: cuCtxSynchronize: %s; block reused after a later synchronisation",
-                (unsigned long long)ptr, _vs_cu_error_name(r));
-      sync_mode = false;
-      if (r != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT &&
-          r != CUDA_ERROR_DEINITIALIZED && r != CUDA_ERROR_CONTEXT_IS_DESTROYED)
-        *err_out = r; /* a sticky context error: the real cudaFree reports it too */
-    }
+    vs_pool_status_t st = sync_before_free(p, ptr, even_exported, &sync_mode, size_out, requested_out, err_out);
+    if (st != VS_POOL_OK) return st;
   }
+  vs_block_t *b;
   pool_lock(p);
   HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
   if (!b) {
@@ -432,43 +488,9 @@ static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, vs_free_kind_t
   } else {
     note_reserve(p);
   }
-  if (sync_mode) {
-    _vs_block_make_free(p, b);
-  } else if (kind == VS_FREE_KIND_ORDERED) {
-    /* Free for the stream's later work at once; its handle stays mapped until work queued
-     * before this free is known done (space.c: unmap_idle). */
-    p->ordered_need = p->sync_seq + 1;
-    _vs_block_make_free(p, b);
-  } else {
-    vs_stream_t *s = kind == VS_FREE_KIND_STREAM ? _vs_stream_get(p, key, stream, owner, true) : NULL;
-    if (s) {
-      seal = pend_on_stream(p, b, s);
-    } else {
-      /* Deferred; or a sync-mode free whose synchronisation failed, or a stream's free with no
-       * host memory for the stream's record: those wait as the mode's cudaFree would. */
-      b->state = B_PENDING;
-      b->freed_seq = p->sync_seq;
-      p->pending_bytes += b->size;
-      list_push(&p->deferred, b);
-      if (kind == VS_FREE_KIND_DEFERRED ||
-          (kind == VS_FREE_KIND_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED)) {
-        _vs_pool_start_reclaimer(p);
-        pthread_cond_signal(&p->wake);
-      }
-    }
-  }
-  /* VMMSHIM_RELEASE_THRESHOLD and the program's (release_threshold): idle memory above them
-   * goes back to the device. Retried only once idle memory has grown by a handle since the
-   * last try, so a pool whose idle memory sits in partly used handles does not rescan on
-   * every free. */
-  size_t threshold = idle_allowed(p);
-  bool trim = vs_unlikely(p->free_bytes > threshold) && p->free_bytes >= p->trim_retry_at;
-  if (trim) p->trim_retry_at = p->free_bytes + p->gran;
-  /* A member of the budget waits for bytes (VMMSHIM_ON_LIMIT=wait): idle memory goes back now. */
-  if (vs_unlikely(_vs_budget_wanted()) && p->free_bytes >= p->caps.min_granularity) {
-    trim = true;
-    threshold = 0;
-  }
+  bool seal = place_freed(p, b, kind, sync_mode, key, stream, owner);
+  size_t threshold;
+  bool trim = trim_after_free(p, &threshold);
   /* The free's record takes its place in the trace before another thread can have the
    * range, and is written after the unlock (nothing else is traced in between). */
   vs_trace_place_t at = {NULL, 0};
