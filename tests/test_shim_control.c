@@ -805,20 +805,36 @@ static void scenario_fuzz(void) {
         "sent %d requests)", answered, deaf_sent);
   workers_progress(500);
   CHECK(workers_allocs() > a0 + 100, "the threads allocate meanwhile");
-  /* A full house: the next connection is refused with a reason. */
+  /* A full house: a new connection takes the slot of the oldest one idle between requests (the
+   * silent one); when every slot holds a request begun, the next is refused with a reason. */
   int extra[8], nextra = 0;
   for (int i = 0; i < 5; i++) extra[nextra++] = ctl_connect(getpid(), geteuid());
   sleep_ms(100);
-  int over = ctl_connect(getpid(), geteuid());
+  r = ctl("{\"v\":1,\"cmd\":\"status\"}");
   char reply[512];
-  CHECK(over >= 0 && read_line(over, reply, sizeof reply) > 0 && strstr(reply, "\"error\":\"EBUSY\""),
-        "a 9th connection at once is refused: %s", reply);
-  if (over >= 0) close(over);
+  struct timeval tmo = {5, 0};
+  setsockopt(silent, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof tmo);
+  CHECK(is_ok(r) && read_line(silent, reply, sizeof reply) < 0,
+        "a 9th connection at once is served; the oldest idle one is closed for it: %.80s", r);
   for (int i = 0; i < nextra; i++)
     if (extra[i] >= 0) close(extra[i]);
   close(silent);
   close(partial);
   close(deaf);
+  sleep_ms(200);
+  int busy[8];
+  for (int i = 0; i < 8; i++) {
+    busy[i] = ctl_connect(getpid(), geteuid());
+    if (busy[i] >= 0) send_all(busy[i], "{\"v\":1,", 7);
+  }
+  sleep_ms(200);
+  int over = ctl_connect(getpid(), geteuid());
+  reply[0] = 0;
+  CHECK(over >= 0 && read_line(over, reply, sizeof reply) > 0 && strstr(reply, "\"error\":\"EBUSY\""),
+        "with 8 requests begun, a 9th connection is refused: %s", reply);
+  if (over >= 0) close(over);
+  for (int i = 0; i < 8; i++)
+    if (busy[i] >= 0) close(busy[i]);
 
   /* Nothing changed, nothing leaked. */
   r = ctl("{\"v\":1,\"cmd\":\"status\"}");

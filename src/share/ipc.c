@@ -52,7 +52,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -66,6 +65,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "vmmshim/server.h"
 #include "vmmshim/share.h"
 
 /* uthash for the exports (by id, by address); an out-of-memory add is checked, never fatal. */
@@ -75,8 +75,8 @@
 #define VS_IPC_MAGIC "vmmshim\x01"
 #define VS_IPC_MAX_SEGS 64
 #define VS_IPC_BACKLOG 4096
-#define VS_IPC_MAX_PENDING 256              /* connections that have not sent their request yet */
-#define VS_IPC_BACKOFF_NS (100 * 1000000ull) /* accept failing for want of memory: wait this long */
+#define VS_IPC_MIN_CONNS 1024
+#define VS_IPC_MAX_CONNS 65536
 
 /* The handle, as the 64 bytes of a CUipcMemHandle. */
 typedef struct vs_ipc_handle_s {
@@ -251,21 +251,7 @@ static void give_back(vs_export_t *x) {
 
 /* ------------------------------------------------------------------ the exporter's server */
 
-typedef struct vs_conn_s {
-  int fd;
-  uint64_t holds;       /* the export this connection holds open, 0 none */
-  uint64_t deadline_ns; /* not holding: the request must be whole by then */
-  unsigned got;         /* bytes of the request read so far */
-  vs_ipc_request_t req;
-} vs_conn_t;
-
-static int vs_listen_fd = -1;
-static int vs_spare_fd = -1; /* closed to take a connection when no descriptor is left */
-/* The server's connections: changed under the lock by the server thread alone (which reads them
- * without it), so that a fork child (whose atfork handler runs with the lock taken in the parent)
- * finds them whole and closes its copies. */
-static vs_conn_t *vs_conns;
-static int vs_nconn, vs_conn_cap, vs_npending;
+static vs_server_t vs_ipc_server;
 
 /* Never waits: a reply always fits in the buffer of a connection that got no other. */
 static int send_reply(int fd, const vs_ipc_reply_t *rep, const int *fds, unsigned nfds) {
@@ -297,60 +283,65 @@ static void refuse(int fd, int32_t status) {
   send_reply(fd, &rep, NULL, 0);
 }
 
-/* Closes connection i, letting go of what it holds. Server thread, lock not held. */
-static void conn_close(int i) {
+/* A connection closed (the server's thread, no lock held): the export it held is let go. */
+static void ipc_closed(uint64_t holds) {
+  if (!holds) return;
   vs_export_t *back = NULL;
   ipc_lock();
-  vs_conn_t *c = &vs_conns[i];
-  if (c->holds) {
-    vs_export_t *x = export_by_id(c->holds);
-    if (x && drop_open_locked(x)) back = x;
-  } else {
-    vs_npending--;
-  }
-  close(c->fd);
-  vs_conns[i] = vs_conns[--vs_nconn];
+  vs_export_t *x = export_by_id(holds);
+  if (x && drop_open_locked(x)) back = x;
   ipc_unlock();
   if (back) give_back(back);
 }
 
-/* The request of connection c is whole: the export's handles as descriptors. Returns false when
- * the connection is to be closed (a refusal: the reply is all the importer gets). Server thread,
- * lock not held; the handles are exported with it dropped, the export pinned meanwhile. */
-static bool answer(vs_conn_t *c) {
-  if (memcmp(c->req.magic, VS_IPC_MAGIC, 8) != 0) {
+static size_t ipc_refusal(vs_srv_refusal_t why, char *out, size_t cap) {
+  if (why == VS_SRV_TOO_SLOW || why == VS_SRV_CUT || cap < sizeof(vs_ipc_reply_t)) return 0;
+  vs_ipc_reply_t rep;
+  memset(&rep, 0, sizeof rep);
+  rep.status = why == VS_SRV_WRONG_USER ? VS_IPC_DENIED : VS_IPC_FAILED;
+  memcpy(out, &rep, sizeof rep);
+  return sizeof rep;
+}
+
+/* The export a request names, pinned (busy) with one more open, and its handles; NULL (the
+ * peer refused) when it cannot be had. Lock not held. */
+static vs_export_t *pin_export(int fd, const vs_ipc_request_t *req, CUmemGenericAllocationHandle *handles,
+                               size_t *sizes, size_t *offset, int *n, vs_device_caps_t *caps) {
+  if (memcmp(req->magic, VS_IPC_MAGIC, 8) != 0) {
     _vs_warn_rated(&vs_refusals, "ipc: a request that is not a shim's of this version: refused");
-    refuse(c->fd, VS_IPC_FAILED);
-    return false;
+    refuse(fd, VS_IPC_FAILED);
+    return NULL;
   }
   ipc_lock();
-  vs_export_t *x = export_by_id(c->req.id);
+  vs_export_t *x = export_by_id(req->id);
   if (!x || x->freed) {
     ipc_unlock();
     _vs_debug("ipc: a request for an export that is gone (or never was): refused");
-    refuse(c->fd, VS_IPC_GONE);
-    return false;
+    refuse(fd, VS_IPC_GONE);
+    return NULL;
   }
-  CUmemGenericAllocationHandle handles[VS_IPC_MAX_SEGS];
-  size_t sizes[VS_IPC_MAX_SEGS], offset = 0;
-  int n = 0;
-  if (_vs_pool_handles_of(x->pool, x->ptr, &offset, handles, sizes, VS_IPC_MAX_SEGS, &n) != VS_POOL_OK) {
+  if (_vs_pool_handles_of(x->pool, x->ptr, offset, handles, sizes, VS_IPC_MAX_SEGS, n) != VS_POOL_OK) {
     CUdeviceptr ptr = x->ptr;
     ipc_unlock();
     _vs_warn_rated(&vs_refusals, "ipc: block 0x%llx lies on more than %d handles; it cannot be shared",
                    (unsigned long long)ptr, VS_IPC_MAX_SEGS); /* asked for by others: rated */
-    refuse(c->fd, VS_IPC_FAILED);
-    return false;
+    refuse(fd, VS_IPC_FAILED);
+    return NULL;
   }
   x->opens++; /* a free now keeps the block: its handles stay valid while they are exported */
   x->busy++;
-  vs_device_caps_t caps = *_vs_pool_caps(x->pool);
+  *caps = *_vs_pool_caps(x->pool);
   ipc_unlock();
+  return x;
+}
 
+/* The handles of an export as descriptors, sent on fd (with the lock dropped). Whether they went. */
+static bool send_handles(int fd, const vs_device_caps_t *caps, const CUmemGenericAllocationHandle *handles,
+                         const size_t *sizes, size_t offset, int n) {
   int fds[VS_IPC_MAX_SEGS], nfds = 0;
   bool ok = true;
   for (int i = 0; ok && i < n; i++) {
-    ok = _vs_vmm_export(&caps, handles[i], &fds[i]) == CUDA_SUCCESS;
+    ok = _vs_vmm_export(caps, handles[i], &fds[i]) == CUDA_SUCCESS;
     if (ok) nfds++;
   }
   vs_ipc_reply_t rep;
@@ -359,177 +350,54 @@ static bool answer(vs_conn_t *c) {
   rep.nsegs = (uint32_t)n;
   rep.offset = offset;
   for (int i = 0; i < n; i++) rep.seg_size[i] = sizes[i];
-  bool sent = ok && send_reply(c->fd, &rep, fds, (unsigned)nfds) == 0;
-  if (!ok) refuse(c->fd, VS_IPC_FAILED);
+  bool sent = ok && send_reply(fd, &rep, fds, (unsigned)nfds) == 0;
+  if (!ok) refuse(fd, VS_IPC_FAILED);
   for (int i = 0; i < nfds; i++) close(fds[i]);
-
-  vs_export_t *back = NULL;
-  ipc_lock();
-  x->busy--;
-  if (sent) {
-    c->holds = x->id; /* until the importer closes the connection */
-    vs_npending--;
-  } else if (drop_open_locked(x)) {
-    back = x;
-  }
-  pthread_cond_broadcast(&vs_ipc_unpinned);
-  ipc_unlock();
-  if (back) give_back(back);
   return sent;
 }
 
-/* Takes the connections waiting on the listening socket (a burst at most: the others get their
- * turn). Another user's is closed at once, its descriptor never kept. Returns until when to leave
- * the listening socket alone (0: no need). Server thread. */
-static uint64_t accept_burst(uint64_t now) {
-  for (int burst = 0; burst < 64; burst++) {
-    int fd = accept4(vs_listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      int e = errno;
-      if (e == EINTR || e == ECONNABORTED) continue;
-      if (e == EAGAIN || e == EWOULDBLOCK) return 0;
-      if ((e == EMFILE || e == ENFILE) && vs_spare_fd >= 0) {
-        close(vs_spare_fd);
-        fd = accept4(vs_listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd >= 0) {
-          refuse(fd, VS_IPC_FAILED);
-          close(fd);
-        }
-        vs_spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        struct rlimit rl = {0, 0};
-        getrlimit(RLIMIT_NOFILE, &rl);
-        _vs_warn_rated(&vs_refusals,
-                       "ipc: this process has no file descriptor left (RLIMIT_NOFILE %llu; each handle open in "
-                       "another process holds one): a request is refused",
-                       (unsigned long long)rl.rlim_cur);
-        if (fd < 0 || vs_spare_fd < 0) return now + VS_IPC_BACKOFF_NS;
-        continue;
-      }
-      _vs_warn_rated(&vs_refusals, "ipc: accept: %s; requests wait %llu ms", strerror(e),
-                     (unsigned long long)(VS_IPC_BACKOFF_NS / 1000000));
-      return now + VS_IPC_BACKOFF_NS;
-    }
-    struct ucred cred;
-    socklen_t cl = sizeof cred;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cl != sizeof cred || cred.uid != geteuid()) {
-      refuse(fd, VS_IPC_DENIED);
-      close(fd);
-      _vs_warn_rated(&vs_refusals, "ipc: a process of user %d (pid %d) asked for a handle of this process (user %d): "
-                     "refused", cl == sizeof cred ? (int)cred.uid : -1, cl == sizeof cred ? (int)cred.pid : -1,
-                     (int)geteuid());
-      continue;
-    }
-    if (vs_npending >= VS_IPC_MAX_PENDING) {
-      /* Many connections wait for their request (the same user's: another user's never do):
-       * the oldest goes, so that a flood of idle ones cannot keep a new one out. */
-      int oldest = -1;
-      for (int i = 0; i < vs_nconn; i++)
-        if (!vs_conns[i].holds && (oldest < 0 || vs_conns[i].deadline_ns < vs_conns[oldest].deadline_ns)) oldest = i;
-      if (oldest >= 0) conn_close(oldest);
-      _vs_warn_rated(&vs_refusals, "ipc: more than %d connections wait for their request: the oldest is closed",
-                     VS_IPC_MAX_PENDING);
-    }
-    bool added = false;
-    ipc_lock();
-    if (vs_nconn == vs_conn_cap) {
-      int cap = vs_conn_cap ? vs_conn_cap * 2 : 64;
-      vs_conn_t *grown = realloc(vs_conns, (size_t)cap * sizeof *grown);
-      if (grown) {
-        vs_conns = grown;
-        vs_conn_cap = cap;
-      }
-    }
-    if (vs_nconn < vs_conn_cap) {
-      memset(&vs_conns[vs_nconn], 0, sizeof *vs_conns);
-      vs_conns[vs_nconn].fd = fd;
-      vs_conns[vs_nconn++].deadline_ns = now + timeout_ns();
-      vs_npending++;
-      added = true;
-    }
-    ipc_unlock();
-    if (!added) { /* no host memory for one more */
-      refuse(fd, VS_IPC_FAILED);
-      close(fd);
-      _vs_warn_rated(&vs_refusals, "ipc: no memory for one more connection: a request is refused");
-    }
-  }
-  return 0;
+/* A whole request: the export's handles as descriptors. The connection then holds the export
+ * open until the importer closes it; a refusal closes it (the reply is all the importer gets).
+ * Server thread, lock not held; the handles are exported with it dropped, the export pinned. */
+static vs_srv_next_t ipc_answer(int fd, uint64_t *holds, const char *req, size_t len, char *out, size_t *out_n) {
+  (void)out;
+  (void)len;
+  *out_n = 0;
+  vs_ipc_request_t rq;
+  memcpy(&rq, req, sizeof rq);
+  CUmemGenericAllocationHandle handles[VS_IPC_MAX_SEGS];
+  size_t sizes[VS_IPC_MAX_SEGS], offset = 0;
+  int n = 0;
+  vs_device_caps_t caps;
+  vs_export_t *x = pin_export(fd, &rq, handles, sizes, &offset, &n, &caps);
+  if (!x) return VS_SRV_CLOSE;
+  bool sent = send_handles(fd, &caps, handles, sizes, offset, n);
+  vs_export_t *back = NULL;
+  ipc_lock();
+  x->busy--;
+  if (sent) *holds = x->id; /* until the importer closes the connection */
+  else if (drop_open_locked(x)) back = x;
+  pthread_cond_broadcast(&vs_ipc_unpinned);
+  ipc_unlock();
+  if (back) give_back(back);
+  return sent ? VS_SRV_HOLD : VS_SRV_CLOSE;
 }
 
-/* One connection's turn: what it sent (ev: poll said so), and its deadline. Returns false when it
- * is to be closed. Server thread. */
-static bool serve_conn(vs_conn_t *c, bool ev, uint64_t now) {
-  if (c->holds) { /* an importer sends nothing after its request: drop stray bytes, see it close */
-    if (!ev) return true;
-    char junk[64];
-    ssize_t k = recv(c->fd, junk, sizeof junk, MSG_DONTWAIT);
-    return k > 0 || (k < 0 && (errno == EAGAIN || errno == EINTR));
-  }
-  if (ev) {
-    ssize_t k = recv(c->fd, (char *)&c->req + c->got, sizeof c->req - c->got, MSG_DONTWAIT);
-    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) return false;
-    if (k > 0) c->got += (unsigned)k;
-    if (c->got == sizeof c->req) return answer(c);
-  }
-  if (now >= c->deadline_ns) {
-    _vs_debug("ipc: a connection sent no whole request within %llu s: closed",
-              (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT));
-    return false;
-  }
-  return true;
-}
-
-static void *server_main(void *arg) {
-  (void)arg;
-  _vs_guard++; /* the driver calls made here are the shim's own */
-  struct pollfd *pfd = NULL;
-  int pcap = 0;
-  uint64_t listen_after = 0; /* accept failed for want of resources: not before this */
-  for (;;) {
-    int nconn = vs_nconn;
-    if (nconn + 1 > pcap) {
-      struct pollfd *grown = realloc(pfd, (size_t)(nconn + 64) * sizeof *grown);
-      if (!grown) {
-        struct timespec ts = {0, VS_IPC_BACKOFF_NS};
-        nanosleep(&ts, NULL);
-        continue;
-      }
-      pfd = grown;
-      pcap = nconn + 64;
-    }
-    uint64_t now = _vs_now_ns(), wake = UINT64_MAX;
-    for (int i = 0; i < nconn; i++) {
-      pfd[i] = (struct pollfd){vs_conns[i].fd, POLLIN, 0};
-      if (!vs_conns[i].holds && vs_conns[i].deadline_ns < wake) wake = vs_conns[i].deadline_ns;
-    }
-    bool listening = now >= listen_after;
-    if (listening) pfd[nconn] = (struct pollfd){vs_listen_fd, POLLIN, 0};
-    else if (listen_after < wake) wake = listen_after;
-    int timeout = -1;
-    if (wake != UINT64_MAX) {
-      uint64_t ms = wake <= now ? 0 : (wake - now) / 1000000 + 1;
-      timeout = ms > INT_MAX ? INT_MAX : (int)ms;
-    }
-    int r = poll(pfd, (nfds_t)nconn + (listening ? 1 : 0), timeout);
-    if (r < 0 && errno != EINTR) {
-      _vs_warn_rated(&vs_refusals, "ipc: poll: %s", strerror(errno));
-      struct timespec ts = {0, VS_IPC_BACKOFF_NS};
-      nanosleep(&ts, NULL);
-      continue;
-    }
-    now = _vs_now_ns();
-    for (int i = nconn; i-- > 0;) /* from the end: a closed one's place takes the last, done already */
-      if (!serve_conn(&vs_conns[i], r > 0 && pfd[i].revents, now)) conn_close(i);
-    if (listening && r > 0 && (pfd[nconn].revents & POLLIN)) listen_after = accept_burst(now);
-  }
-  return NULL;
-}
+static void ipc_thread_init(void) { _vs_guard++; /* the driver calls made here are the shim's own */ }
 
 static void atfork_prepare(void);
 static void atfork_parent(void);
 static void atfork_child(void);
 static pthread_once_t vs_atfork_once = PTHREAD_ONCE_INIT;
 static void atfork_register(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+/* Connections at once: one per handle open in another process, and each holds a descriptor of
+ * this process, so as many as it may have (within bounds), fixed when the server starts. */
+static int ipc_slots(void) {
+  struct rlimit rl = {0, 0};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < VS_IPC_MIN_CONNS) return VS_IPC_MIN_CONNS;
+  return rl.rlim_cur > VS_IPC_MAX_CONNS ? VS_IPC_MAX_CONNS : (int)rl.rlim_cur;
+}
 
 /* Starts this process's server on its first export. Lock held. */
 static int start_server(void) {
@@ -540,27 +408,17 @@ static int start_server(void) {
     _vs_warn("ipc: the system gives no random numbers (getrandom: %s); no IPC handle can be made", strerror(errno));
     return -1;
   }
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return -1;
   struct sockaddr_un a;
   socklen_t len;
   socket_name(&a, &len, (uint32_t)getpid(), nonce);
-  if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, VS_IPC_BACKLOG) != 0) {
-    _vs_warn("ipc: cannot listen on @%s: %s", a.sun_path + 1, strerror(errno));
-    close(fd);
-    return -1;
-  }
+  uint64_t ms = _vs_option(VS_OPT_IPC_TIMEOUT) * 1000;
+  vs_ipc_server.ops = (vs_server_ops_t){
+      .name = "ipc", .asked = "asked for a handle of this process", .slots = ipc_slots(),
+      .backlog = VS_IPC_BACKLOG, .record = sizeof(vs_ipc_request_t), .idle_ms = ms, .request_ms = ms,
+      .send_ms = ms, .answer = ipc_answer, .refusal = ipc_refusal, .closed = ipc_closed,
+      .thread_init = ipc_thread_init};
+  if (_vs_server_start(&vs_ipc_server, &a, len) != 0) return -1;
   vs_nonce = nonce;
-  vs_listen_fd = fd;
-  vs_spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  pthread_t t;
-  int rc = _vs_thread_start(&t, server_main, NULL);
-  if (rc != 0) {
-    close(fd);
-    if (vs_spare_fd >= 0) close(vs_spare_fd);
-    vs_listen_fd = vs_spare_fd = -1;
-    return -1;
-  }
   vs_server_pid = getpid();
   _vs_info("ipc: this process answers IPC handles of its pool memory on @%s", a.sun_path + 1);
   return 0;
@@ -951,12 +809,7 @@ static void atfork_parent(void) {
  * after the parent closed it) and forgets them. Blocks its pools still mark exported are let go
  * at their free (_vs_ipc_on_free finds no export). */
 static void atfork_child(void) {
-  if (vs_listen_fd >= 0) close(vs_listen_fd);
-  if (vs_spare_fd >= 0) close(vs_spare_fd);
-  vs_listen_fd = vs_spare_fd = -1;
-  for (int i = 0; i < vs_nconn; i++) close(vs_conns[i].fd);
-  vs_nconn = vs_npending = 0;
-  vs_server_pid = 0;
+  vs_server_pid = 0; /* the server closed its sockets (server.c's fork handler) */
   vs_export_t *x, *tmp;
   HASH_ITER(by_id, vs_exports_by_id, x, tmp) export_remove(x);
   for (vs_import_t *im = vs_imports, *next; im; im = next) {
