@@ -946,6 +946,130 @@ static void scenario_users(void) {
   cudaFree(w);
 }
 
+/* ------------------------------------------------------------------ the server */
+
+/* Whether s (n bytes) is valid UTF-8: no overlong form, surrogate or code point past U+10FFFF. */
+static bool valid_utf8(const unsigned char *s, size_t n) {
+  for (size_t i = 0; i < n;) {
+    unsigned c = s[i], len = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xf0 && c < 0xf5 ? 4 : 0;
+    if (!len || i + len > n) return false;
+    unsigned cp = len == 1 ? c : c & (0x7fu >> len);
+    for (unsigned k = 1; k < len; k++) {
+      if ((s[i + k] & 0xc0) != 0x80) return false;
+      cp = cp << 6 | (s[i + k] & 0x3fu);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+      return false;
+    i += len;
+  }
+  return true;
+}
+
+/* A client that sends a request one byte every 0.2 s: whether the server closed it (an error
+ * line, then the end) within `bound` seconds. */
+static bool trickle_closed(double bound) {
+  int fd = ctl_connect(getpid(), geteuid());
+  if (fd < 0) return false;
+  const char *req = "{\"v\":1,\"cmd\":\"status\"                                                            ";
+  bool closed = false;
+  double t0 = now_s();
+  for (size_t i = 0; !closed && now_s() - t0 < bound; i = (i + 1) % strlen(req)) {
+    closed = send(fd, req + i, 1, MSG_NOSIGNAL) != 1;
+    struct pollfd p = {fd, POLLIN, 0};
+    if (!closed && poll(&p, 1, 200) == 1) {
+      char line[512];
+      closed = read_line(fd, line, sizeof line) < 0 || (strstr(line, "\"error\":\"ETIMEDOUT\"") && read_line(fd, line, sizeof line) < 0);
+    }
+  }
+  close(fd);
+  return closed;
+}
+
+static atomic_int g_flood_stop;
+
+/* Connections of this user, opened in a loop and kept idle (the 40 newest). */
+static void *flood_idle(void *arg) {
+  int *opened = arg, keep[40];
+  for (int i = 0; i < 40; i++) keep[i] = -1;
+  for (int i = 0; !atomic_load(&g_flood_stop); i = (i + 1) % 40) {
+    if (keep[i] >= 0) close(keep[i]);
+    keep[i] = ctl_connect(getpid(), geteuid());
+    *opened += keep[i] >= 0;
+  }
+  for (int i = 0; i < 40; i++)
+    if (keep[i] >= 0) close(keep[i]);
+  return NULL;
+}
+
+/* A process of user nobody connecting in a loop until stopped (SIGTERM). */
+static pid_t flood_foreign(void) {
+  uid_t nb;
+  gid_t ng;
+  if (geteuid() != 0 || !nobody(&nb, &ng)) return -1;
+  pid_t me = getpid(), pid = fork();
+  if (pid == 0) {
+    if (setgroups(0, NULL) != 0 || setgid(ng) != 0 || setuid(nb) != 0) _exit(120);
+    for (;;) {
+      int fd = ctl_connect(me, 0);
+      if (fd >= 0) close(fd);
+    }
+  }
+  return pid;
+}
+
+static void scenario_server(void) {
+  cudaSetDevice(0);
+  void *w = tagged_malloc("weights", 4 * MiB);
+  CHECK(is_ok(ctl("{\"v\":1,\"cmd\":\"status\"}")), "status");
+  /* a trickle does not extend the deadline of its request (5 s from its first byte) */
+  double t0 = now_s();
+  CHECK(trickle_closed(20), "a client sending one byte every 0.2 s is closed by its deadline (%.1f s)", now_s() - t0);
+  /* the owner's requests succeed while connections of its own user pile up idle, and while
+   * another user connects in a loop */
+  pthread_t t;
+  int opened = 0, ok = 0;
+  atomic_store(&g_flood_stop, 0);
+  pid_t foreign = flood_foreign();
+  pthread_create(&t, NULL, flood_idle, &opened);
+  sleep_ms(300);
+  for (int i = 0; i < 60; i++) ok += is_ok(ctl("{\"v\":1,\"cmd\":\"status\"}"));
+  atomic_store(&g_flood_stop, 1);
+  pthread_join(t, NULL);
+  if (foreign > 0) {
+    kill(foreign, SIGTERM);
+    waitpid(foreign, NULL, 0);
+  }
+  CHECK(ok == 60, "60 requests of the owner beside %d idle connections of its user%s: %d answered", opened,
+        foreign > 0 ? " and a user connecting in a loop" : "", ok);
+  /* replies are UTF-8, whatever bytes the request has */
+  const char *bad[] = {"{\"v\":1,\"cmd\":\"caf\xe9\xff\xc0\xaf\"}", "{\"v\":1,\"cmd\":\"tag\",\"tag\":\"\xc3\x28\xed\xa0\x80\"}",
+                       "{\"v\":1,\"id\":\"\xf4\x90\x80\x80\xe2\x82\",\"cmd\":\"status\"}"};
+  for (int i = 0; i < 3; i++) {
+    const char *r = ctl(bad[i]);
+    CHECK(r[0] && valid_utf8((const unsigned char *)r, strlen(r)) && strstr(r, "\\ufffd"),
+          "a request with bytes that are not UTF-8 (%d): the reply is UTF-8: %.200s", i, r);
+  }
+  const char *r = ctl("{\"v\":1,\"id\":\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\",\"cmd\":\"status\"}");
+  CHECK(is_ok(r) && strstr(r, "\"id\":\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\""), "UTF-8 is quoted as it is: %.80s", r);
+  /* a limit of 2^64-1 is stored and reported as given */
+  r = ctl("{\"v\":1,\"cmd\":\"limit\",\"bytes\":\"18446744073709551615\"}");
+  CHECK(is_ok(r) && strstr(r, "\"limit\":18446744073709551615,"), "limit 2^64-1: %.120s", r);
+  r = ctl("{\"v\":1,\"cmd\":\"status\"}");
+  CHECK(strstr(r, "\"limit\":18446744073709551615,") != NULL, "status reports the limit 2^64-1");
+  r = ctl("{\"v\":1,\"cmd\":\"limit\",\"bytes\":\"none\"}");
+  CHECK(is_ok(r) && strstr(r, "\"previous\":18446744073709551615,") && json_num(ctl("{\"v\":1,\"cmd\":\"status\"}"), "limit") == 0,
+        "and none lifts it: %.120s", r);
+  cudaFree(w);
+}
+
+/* The server scenario's log (VMMSHIM_LOG=info): refusals said a bounded number of times. */
+static void server_output(void) {
+  int said = check_count(check_child_output, "asked to control this process");
+  int shown = check_count(check_child_output, "control: ");
+  CHECK(said <= 10 && shown <= 40, "refusals at VMMSHIM_LOG=info: %d lines of another user's, %d of the control channel",
+        said, shown);
+}
+
 /* ------------------------------------------------------------------ dead, foreign, exiting */
 
 /* The program of the exit scenario: a tag, a capture in progress (a sleep waits for it), then it
@@ -1131,6 +1255,7 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "users")) scenario_users();
   else if (!strcmp(name, "gone")) scenario_gone();
   else if (!strcmp(name, "off")) scenario_off();
+  else if (!strcmp(name, "server")) scenario_server();
   else CHECK(0, "unknown scenario %s", name);
 }
 
@@ -1157,6 +1282,8 @@ int main(int argc, char **argv) {
   check_run_child("users", NULL);
   check_run_child("gone", NULL);
   check_run_child("off", "VMMSHIM_CONTROL=0", NULL);
+  check_run_child("server", "VMMSHIM_LOG=info", NULL);
+  server_output();
 #endif
   return check_summary();
 }

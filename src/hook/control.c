@@ -245,12 +245,31 @@ static void out_fmt(vs_jout_t *o, const char *fmt, ...) {
   o->n += (size_t)k;
 }
 
-/* s as a JSON string, at most max bytes of it. */
+/* The length of the UTF-8 sequence at s (n bytes there), or 0 when it is not valid UTF-8
+ * (overlong, a surrogate, past U+10FFFF, or cut). */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+  unsigned c = s[0], len = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
+  if (len <= 1 || len > n) return len <= n ? len : 0;
+  uint32_t cp = c & (0x7fu >> len);
+  for (unsigned i = 1; i < len; i++) {
+    if ((s[i] & 0xc0) != 0x80) return 0;
+    cp = cp << 6 | (s[i] & 0x3fu);
+  }
+  static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+  return cp < least[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? 0 : len;
+}
+
+/* s as a JSON string, at most max bytes of it. Replies are UTF-8 whatever the bytes they quote
+ * (a request's, a program's name): a sequence that is not becomes U+FFFD. */
 static void out_str_n(vs_jout_t *o, const char *s, size_t max) {
   out_fmt(o, "\"");
-  for (size_t i = 0; s && s[i] && i < max && !o->full; i++) {
+  size_t n = s ? strnlen(s, max) : 0;
+  for (size_t i = 0, k; i < n && !o->full; i += k ? k : 1) {
     unsigned char c = (unsigned char)s[i];
-    if (c == '"' || c == '\\') out_fmt(o, "\\%c", c);
+    k = utf8_len((const unsigned char *)s + i, n - i);
+    if (k > 1) out_fmt(o, "%.*s", (int)k, s + i);
+    else if (!k) out_fmt(o, "\\ufffd");
+    else if (c == '"' || c == '\\') out_fmt(o, "\\%c", c);
     else if (c == '\n') out_fmt(o, "\\n");
     else if (c < 0x20 || c == 0x7f) out_fmt(o, "\\u%04x", c);
     else out_fmt(o, "%c", c);
