@@ -84,4 +84,20 @@ int _vs_server_start(vs_server_t *s, const struct sockaddr_un *a, socklen_t len)
 /* Whether this process's thread serves s. */
 bool _vs_server_running(const vs_server_t *s);
 
+/* ---------------------------------------------------------------- the sockets' other end */
+#define VS_SRV_MAX_FDS 64 /* descriptors one message carries */
+/* Sets fd's send and receive timeouts to what is left until deadline (_vs_now_ns); false when
+ * nothing is. */
+bool _vs_socket_deadline(int fd, uint64_t deadline);
+/* Connects to the abstract name `a`, waiting (a full backlog too) until deadline at most. The
+ * descriptor (blocking, close-on-exec), with the credentials of the process at the other end in
+ * *peer; -1 with errno (EAGAIN: the deadline passed) when none; -2 when no socket can be made. */
+int _vs_socket_connect(const struct sockaddr_un *a, socklen_t len, uint64_t deadline, struct ucred *peer);
+/* Sends n bytes and nfds descriptors (SCM_RIGHTS) in one message, never waiting: 0 when all went. */
+int _vs_send_fds(int fd, const void *buf, size_t n, const int *fds, int nfds);
+/* Receives n bytes (all, within the socket's timeouts) and the descriptors with them: up to
+ * VS_SRV_MAX_FDS into fds (*nfds), the others closed (*extra). recvmsg's result (one call: EINTR
+ * is the caller's to retry). */
+ssize_t _vs_recv_fds(int fd, void *buf, size_t n, int *fds, int *nfds, bool *extra);
+
 #endif

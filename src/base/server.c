@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -457,3 +458,95 @@ int _vs_server_start(vs_server_t *s, const struct sockaddr_un *a, socklen_t len)
 }
 
 bool _vs_server_running(const vs_server_t *s) { return s->pid != 0 && s->pid == getpid(); }
+
+/* ------------------------------------------------------------------ the sockets' other end */
+
+/* Room for the descriptors of a message, aligned as a cmsghdr must be. */
+typedef union vs_srv_ctrl_u {
+  char buf[CMSG_SPACE(sizeof(int) * VS_SRV_MAX_FDS)];
+  struct cmsghdr align;
+} vs_srv_ctrl_t;
+
+bool _vs_socket_deadline(int fd, uint64_t deadline) {
+  uint64_t now = _vs_now_ns();
+  if (now >= deadline) return false;
+  uint64_t left = deadline - now;
+  struct timeval tv = {(time_t)(left / 1000000000ull), (suseconds_t)(left % 1000000000ull / 1000)};
+  if (!tv.tv_sec && !tv.tv_usec) tv.tv_usec = 1;
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return true;
+}
+
+int _vs_socket_connect(const struct sockaddr_un *a, socklen_t len, uint64_t deadline, struct ucred *peer) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -2;
+  /* connect waits as send does (SO_SNDTIMEO) when the server's backlog is full */
+  int rc = -1;
+  errno = EAGAIN;
+  while (_vs_socket_deadline(fd, deadline) && (rc = connect(fd, (const struct sockaddr *)a, len)) != 0 &&
+         errno == EINTR) {
+  }
+  socklen_t cl = sizeof *peer;
+  if (rc == 0 && (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, peer, &cl) != 0 || cl != sizeof *peer)) {
+    rc = -1;
+    errno = EPERM;
+  }
+  if (rc != 0) {
+    int e = errno == EINPROGRESS || errno == EINTR ? EAGAIN : errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+int _vs_send_fds(int fd, const void *buf, size_t n, const int *fds, int nfds) {
+  struct iovec iov = {(void *)buf, n};
+  vs_srv_ctrl_t ctrl;
+  struct msghdr m = {0};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  if (nfds > VS_SRV_MAX_FDS) return -1;
+  if (nfds > 0) {
+    memset(&ctrl, 0, sizeof ctrl);
+    m.msg_control = ctrl.buf;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+  }
+  ssize_t w;
+  do w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (w < 0 && errno == EINTR);
+  return w == (ssize_t)n ? 0 : -1;
+}
+
+ssize_t _vs_recv_fds(int fd, void *buf, size_t n, int *fds, int *nfds, bool *extra) {
+  vs_srv_ctrl_t ctrl;
+  struct iovec iov = {buf, n};
+  struct msghdr m = {0};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctrl.buf;
+  m.msg_controllen = sizeof ctrl.buf;
+  ssize_t r = recvmsg(fd, &m, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+  *nfds = 0;
+  *extra = (m.msg_flags & MSG_CTRUNC) != 0; /* the kernel closed those that did not fit */
+  for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    for (int i = 0; i < k; i++) {
+      int f;
+      memcpy(&f, CMSG_DATA(c) + (size_t)i * sizeof(int), sizeof f);
+      if (*nfds < VS_SRV_MAX_FDS) fds[(*nfds)++] = f;
+      else {
+        close(f);
+        *extra = true;
+      }
+    }
+  }
+  return r;
+}

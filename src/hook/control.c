@@ -1,30 +1,30 @@
 /* control.c: the control channel. `vmmshim ctl`, `vmmshim top` and vmmshim.control(pid) see and
  * steer a program through it while it runs (docs/control.md says what goes over it).
  *
- * Where: a Unix stream socket in the abstract namespace, "\0vmmshim-ctl-<uid>-<pid>". Abstract,
- * because the kernel removes the name with the process (one killed with SIGKILL leaves nothing
- * behind), no directory has to exist or be writable, and the names are listed in /proc/net/unix,
- * where `vmmshim ctl list` finds them; the uid in the name lets a client pass over other users'
- * processes without connecting. Anyone may connect to an abstract socket, so what counts is the
- * peer's credentials (SO_PEERCRED), checked on every connection: this process's effective uid, or
- * root; anyone else gets one error line and is closed. A process that took the name first cannot
- * pass for this one (clients check that the server's pid is the pid they asked for); this process
- * then goes without a channel, and says so.
+ * Where: a Unix stream socket in the abstract namespace, "\0vmmshim-ctl-<uid>-<pid>": the kernel
+ * removes the name with the process (even one killed with SIGKILL), no directory has to exist or
+ * be writable, and /proc/net/unix lists the names, where `vmmshim ctl list` finds them (the uid
+ * lets a client pass over other users' processes without connecting). Anyone may connect, so the
+ * peer's credentials (SO_PEERCRED) count, checked on every connection: this process's effective
+ * uid, or root; anyone else gets one error line and is closed. A process that took the name first
+ * cannot pass for this one (clients check the server's pid); this process then goes without a
+ * channel, and says so.
  *
  * When: started once, by the thread that activates the shim (the first CUDA call that needs the
  * driver), so a process that never uses CUDA has neither thread nor socket; VMMSHIM_CONTROL=0
- * keeps both away for good. A forked child does
- * not inherit it (CUDA does not work across fork): it closes its copies of the descriptors.
+ * keeps both away for good. A forked child does not inherit it (CUDA does not work across fork):
+ * it closes its copies of the descriptors.
  *
- * How: one thread of the shim polls the socket and its connections (at most VS_CTL_MAX_CONNS;
- * one more is answered with an error and closed). A request is one line of JSON of at most
- * VS_CTL_LINE_MAX bytes, a reply one line. Reads and writes never block: a connection that leaves
- * a request unfinished for VS_CTL_PARTIAL_MS, sends nothing for VS_CTL_IDLE_MS, or does not take
- * its reply within VS_CTL_SEND_MS is closed. The program's allocations and frees never wait for
- * this thread: it calls what a thread of the program could (vmmshim_sleep, vmmshim_get_stats, ...).
- * Requests are answered one at a time, in order, so a sleep or wake in progress delays the others.
- * A request is parsed whole and checked before anything is done: a malformed one gets an error
- * reply and changes nothing. */
+ * How: the shim's socket server (src/base/server.c) serves it on a thread of its own: at most
+ * VS_CTL_MAX_CONNS connections (one more takes the slot of the oldest idle one, or is refused with
+ * EBUSY when all are busy), requests of one line of JSON of at most VS_CTL_LINE_MAX bytes, each
+ * whole within VS_CTL_PARTIAL_MS of its first byte, replies of one line taken within
+ * VS_CTL_SEND_MS; a connection idle for VS_CTL_IDLE_MS is closed. This file answers the lines.
+ * The program's allocations and frees never wait for that thread: it calls what a thread of the
+ * program could (vmmshim_sleep, vmmshim_get_stats, ...). Requests are answered one at a time, in
+ * order, so a sleep or wake in progress delays the others. A request is parsed whole and checked
+ * before anything is done: a malformed one gets an error reply and changes nothing. Replies are
+ * UTF-8 JSON. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -84,10 +84,7 @@ static void jspace(vs_jparse_t *ps) {
 }
 
 static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
 /* A string at ps->p (its opening quote), decoded into out (cap bytes, NUL-terminated). Escapes
@@ -704,9 +701,8 @@ static void answer(const char *line, size_t len, vs_jout_t *o) {
       for (size_t i = 0; i < sizeof vs_verbs / sizeof vs_verbs[0]; i++)
         if (!strcmp(cmd->str, vs_verbs[i].name)) verb = &vs_verbs[i];
       if (verb) verb->fn(&req, o);
-      else reply_error(o, &req, EINVAL, "unknown verb '%.40s': status, tag, sleep, wake, trim, limit, dump, release-host, "
-                       "promote",
-                       cmd->str);
+      else reply_error(o, &req, EINVAL, "unknown verb '%.40s': status, tag, sleep, wake, trim, limit, dump, "
+                       "release-host, promote", cmd->str);
     }
   }
   out_fmt(o, "}\n");
@@ -722,13 +718,6 @@ static vs_server_t vs_ctl_server;
 static pid_t vs_ctl_pid;
 static pthread_mutex_t vs_ctl_lock = PTHREAD_MUTEX_INITIALIZER; /* the start */
 
-static size_t ctl_error_line(char *buf, size_t cap, const vs_jobject_t *req, int e, const char *msg) {
-  vs_jout_t o = {buf, cap, 0, false};
-  reply_error(&o, req, e, "%s", msg);
-  out_fmt(&o, "}\n");
-  return o.full ? 0 : o.n;
-}
-
 static vs_srv_next_t ctl_answer(int fd, uint64_t *held, const char *req, size_t len, char *out, size_t *out_n) {
   (void)fd;
   (void)held;
@@ -738,23 +727,19 @@ static vs_srv_next_t ctl_answer(int fd, uint64_t *held, const char *req, size_t 
   return VS_SRV_NEXT;
 }
 
+/* The error line a refused connection reads before it is closed. */
 static size_t ctl_refusal(vs_srv_refusal_t why, char *out, size_t cap) {
-  switch (why) {
-  case VS_SRV_WRONG_USER:
-    return ctl_error_line(out, cap, NULL, EPERM,
-                          "this process belongs to another user: only its user and root may control it");
-  case VS_SRV_FULL:
-    return ctl_error_line(out, cap, NULL, EBUSY,
-                          "all " VS_STR(VS_CTL_MAX_CONNS) " connections are busy with a request: try again");
-  case VS_SRV_TOO_LONG:
-    return ctl_error_line(out, cap, NULL, E2BIG, "a request line is at most " VS_STR(VS_CTL_LINE_MAX) " bytes; closing");
-  case VS_SRV_TOO_SLOW:
-    return ctl_error_line(out, cap, NULL, ETIMEDOUT,
-                          "a request must end within " VS_STR(VS_CTL_PARTIAL_MS) " ms of its first byte; closing");
-  case VS_SRV_CUT:
-    return ctl_error_line(out, cap, NULL, EPROTO, "the connection ended inside a request (no newline)");
-  default: return ctl_error_line(out, cap, NULL, EAGAIN, "this process has no file descriptor left: try again");
-  }
+  static const struct { int e; const char *msg; } r[VS_SRV_REFUSALS] = {
+      [VS_SRV_WRONG_USER] = {EPERM, "this process belongs to another user: only its user and root may control it"},
+      [VS_SRV_FULL] = {EBUSY, "all " VS_STR(VS_CTL_MAX_CONNS) " connections are busy with a request: try again"},
+      [VS_SRV_TOO_LONG] = {E2BIG, "a request line is at most " VS_STR(VS_CTL_LINE_MAX) " bytes; closing"},
+      [VS_SRV_TOO_SLOW] = {ETIMEDOUT, "a request must end within " VS_STR(VS_CTL_PARTIAL_MS) " ms of its first byte"},
+      [VS_SRV_CUT] = {EPROTO, "the connection ended inside a request (no newline)"},
+      [VS_SRV_NO_FD] = {EAGAIN, "this process has no file descriptor left: try again"}};
+  vs_jout_t o = {out, cap, 0, false};
+  reply_error(&o, NULL, r[why].e, "%s", r[why].msg);
+  out_fmt(&o, "}\n");
+  return o.full ? 0 : o.n;
 }
 
 static void at_exit(void) { atomic_store(&vs_ctl_exiting, true); }

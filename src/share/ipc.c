@@ -14,23 +14,14 @@
  * address in it. It keeps the connection open while the handle is open: the exporter counts open
  * handles by their connections, so one that dies closes its own.
  *
- * Who may ask (the threat model; docs/multi-gpu.md):
- *   - another user: refused when it connects (SO_PEERCRED), before it can send anything; it
- *     holds none of the exporter's descriptors or connection slots beyond that moment, and its
- *     refusals are warned about at most once a second, apart from the program's own warnings.
- *     The socket's name is public (/proc/net/unix): connecting is all another user can do.
- *   - the same user: can open any handle whose bytes it has, and could guess none (the export
- *     id is random); it can read the program's memory anyway (ptrace, /proc/pid/mem), so the
- *     shim does not defend against it beyond that, but a slow or stalled client of it holds up
- *     nobody: the server serves every connection through one poll() loop, and closes one that
- *     has not sent its whole request within VMMSHIM_IPC_TIMEOUT seconds; of more than 256 such
- *     at once, the oldest is closed to make room.
- *   - every wait of the importer (connect, send, answer) ends by VMMSHIM_IPC_TIMEOUT seconds in
- *     all, with CUDA_ERROR_MAP_FAILED (an exporter that is stopped, or gone).
- * Open handles have no limit of their own: each holds one descriptor of the exporter (its
- * connection). When the exporter has no descriptor left, a request is refused (a spare
- * descriptor kept for the purpose lets the server take the connection and close it, so neither
- * the backlog nor the server's loop stalls), with a warning naming RLIMIT_NOFILE.
+ * Who may ask (the threat model; docs/multi-gpu.md): the server is src/base/server.c's, which
+ * refuses another user when it connects (SO_PEERCRED), before it can send anything, and closes a
+ * connection of this user that has not sent its whole request within VMMSHIM_IPC_TIMEOUT seconds.
+ * The same user can open any handle whose bytes it has and could guess none (the export id is
+ * random); it can read the program's memory anyway (ptrace), so nothing more is defended. Every
+ * wait of the importer ends by VMMSHIM_IPC_TIMEOUT in all, with CUDA_ERROR_MAP_FAILED. Each open
+ * handle holds one connection (a descriptor) of the exporter: the server has a slot for as many
+ * as RLIMIT_NOFILE allows (1024 to 65536), fixed when it starts.
  *
  * The exporter may free the block while importers have it open (the driver calls that undefined
  * behaviour for cudaMalloc memory): its memory then stays out of the pool until the last importer
@@ -41,7 +32,7 @@
  * CUDA_ERROR_MAP_FAILED, as the driver's own handles do. Handles the shim did not make pass to the
  * driver untouched; so do events.
  *
- * Locks: vs_ipc_lock (exports, the server's connections) and vs_import_lock (imports); neither is
+ * Locks: vs_ipc_lock (exports) and vs_import_lock (imports); neither is
  * held across a driver call (counted like the pools' locks: vmm.c asserts it in debug builds). An
  * export being answered or given back is pinned (busy) while the lock is dropped.
  *
@@ -51,18 +42,14 @@
  * exports. The exports of a pool whose context goes away are forgotten with it. */
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "vmmshim/server.h"
@@ -73,7 +60,7 @@
 #include <uthash.h>
 
 #define VS_IPC_MAGIC "vmmshim\x01"
-#define VS_IPC_MAX_SEGS 64
+#define VS_IPC_MAX_SEGS VS_SRV_MAX_FDS
 #define VS_IPC_BACKLOG 4096
 #define VS_IPC_MIN_CONNS 1024
 #define VS_IPC_MAX_CONNS 65536
@@ -103,12 +90,6 @@ typedef struct vs_ipc_reply_s {
   uint64_t offset; /* of the block in the first handle */
   uint64_t seg_size[VS_IPC_MAX_SEGS];
 } vs_ipc_reply_t;
-
-/* Room for the descriptors of a reply, aligned as a cmsghdr must be. */
-typedef union vs_ipc_ctrl_u {
-  char buf[CMSG_SPACE(sizeof(int) * VS_IPC_MAX_SEGS)];
-  struct cmsghdr align;
-} vs_ipc_ctrl_t;
 
 static uint64_t timeout_ns(void) { return _vs_option(VS_OPT_IPC_TIMEOUT) * 1000000000ull; }
 
@@ -255,25 +236,7 @@ static vs_server_t vs_ipc_server;
 
 /* Never waits: a reply always fits in the buffer of a connection that got no other. */
 static int send_reply(int fd, const vs_ipc_reply_t *rep, const int *fds, unsigned nfds) {
-  struct iovec iov = {(void *)rep, sizeof *rep};
-  vs_ipc_ctrl_t ctrl;
-  struct msghdr m = {0};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  if (nfds) {
-    memset(&ctrl, 0, sizeof ctrl);
-    m.msg_control = ctrl.buf;
-    m.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-  }
-  ssize_t w;
-  do w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-  while (w < 0 && errno == EINTR);
-  return w == (ssize_t)sizeof *rep ? 0 : -1;
+  return _vs_send_fds(fd, rep, sizeof *rep, fds, (int)nfds);
 }
 
 static void refuse(int fd, int32_t status) {
@@ -556,19 +519,6 @@ static void unmap_import(vs_import_t *im, int mapped) {
   else if (im->va) _vs_vmm_address_free(&im->caps, im->va, im->total);
 }
 
-/* Sets the socket's send and receive timeouts to what is left until deadline; false when
- * nothing is. */
-static bool set_timeouts(int fd, uint64_t deadline) {
-  uint64_t now = _vs_now_ns();
-  if (now >= deadline) return false;
-  uint64_t left = deadline - now;
-  struct timeval tv = {(time_t)(left / 1000000000ull), (suseconds_t)(left % 1000000000ull / 1000)};
-  if (!tv.tv_sec && !tv.tv_usec) tv.tv_usec = 1;
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return true;
-}
-
 /* Why the exporter's reply cannot be right, or NULL: nothing of it is mapped unless it is. */
 static const char *bad_reply(const vs_ipc_reply_t *rep, int nfds, const vs_ipc_handle_t *h, size_t gran) {
   if (rep->nsegs == 0 || rep->nsegs > VS_IPC_MAX_SEGS) return "a number of handles out of range";
@@ -585,89 +535,81 @@ static const char *bad_reply(const vs_ipc_reply_t *rep, int nfds, const vs_ipc_h
   return NULL;
 }
 
-/* Asks the exporter for the handles; fills im (handles imported, descriptors closed). Every wait
- * ends by `deadline`. */
-static CUresult fetch(const vs_ipc_handle_t *h, vs_import_t *im, uint64_t deadline) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+/* A connection to the exporter of h, checked to be that process of this user; -1 (warned) when
+ * there is none by `deadline`, -2 when no socket can be made. */
+static int connect_exporter(const vs_ipc_handle_t *h, uint64_t deadline) {
   struct sockaddr_un a;
   socklen_t len;
   socket_name(&a, &len, h->pid, h->nonce);
-  /* connect waits as send does (SO_SNDTIMEO) when the exporter's backlog is full */
-  int rc = -1;
-  errno = EAGAIN;
-  while (set_timeouts(fd, deadline) && (rc = connect(fd, (struct sockaddr *)&a, len)) != 0 && errno == EINTR) {
-  }
-  if (rc != 0) {
-    if (errno == EAGAIN || errno == EINPROGRESS || errno == EINTR)
-      _vs_warn("ipc: the process that made this handle (pid %u) accepts no connection within %llu s "
-               "(VMMSHIM_IPC_TIMEOUT)", h->pid, (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT));
-    else
-      _vs_warn("ipc: the process that made this handle (pid %u) is gone: %s", h->pid, strerror(errno));
-    close(fd);
-    return CUDA_ERROR_MAP_FAILED;
-  }
   struct ucred cred;
-  socklen_t cl = sizeof cred;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != geteuid() ||
-      (uint32_t)cred.pid != h->pid) {
+  int fd = _vs_socket_connect(&a, len, deadline, &cred);
+  if (fd == -1 && errno == EAGAIN)
+    _vs_warn("ipc: the process that made this handle (pid %u) accepts no connection within %llu s "
+             "(VMMSHIM_IPC_TIMEOUT)", h->pid, (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT));
+  else if (fd == -1)
+    _vs_warn("ipc: the process that made this handle (pid %u) is gone: %s", h->pid, strerror(errno));
+  if (fd >= 0 && (cred.uid != geteuid() || (uint32_t)cred.pid != h->pid)) {
     _vs_warn("ipc: the socket of pid %u belongs to another process or user; not opened", h->pid);
     close(fd);
-    return CUDA_ERROR_MAP_FAILED;
+    fd = -1;
   }
+  return fd;
+}
+
+/* Sends the request for h on fd and reads the reply into rep, its descriptors into fds (the
+ * caller closes them, however many came). Whether a whole reply came (warned when not). */
+static bool ask_exporter(int fd, const vs_ipc_handle_t *h, uint64_t deadline, vs_ipc_reply_t *rep, int *fds,
+                         int *nfds, bool *extra) {
   vs_ipc_request_t req;
   memcpy(req.magic, VS_IPC_MAGIC, 8);
   req.id = h->id;
-  vs_ipc_reply_t rep;
-  memset(&rep, 0, sizeof rep);
-  vs_ipc_ctrl_t ctrl;
-  struct iovec iov = {&rep, sizeof rep};
-  struct msghdr m = {0};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = ctrl.buf;
-  m.msg_controllen = sizeof ctrl.buf;
+  memset(rep, 0, sizeof *rep);
   ssize_t r = -1;
-  if (set_timeouts(fd, deadline) && send(fd, &req, sizeof req, MSG_NOSIGNAL) == (ssize_t)sizeof req) {
-    do r = recvmsg(fd, &m, MSG_WAITALL | MSG_CMSG_CLOEXEC);
-    while (r < 0 && errno == EINTR && set_timeouts(fd, deadline));
+  *nfds = 0;
+  *extra = false;
+  if (_vs_socket_deadline(fd, deadline) && send(fd, &req, sizeof req, MSG_NOSIGNAL) == (ssize_t)sizeof req) {
+    do r = _vs_recv_fds(fd, rep, sizeof *rep, fds, nfds, extra);
+    while (r < 0 && errno == EINTR && _vs_socket_deadline(fd, deadline));
   }
-  /* Every descriptor that came is closed below, however many: a reply may carry any. */
-  int fds[VS_IPC_MAX_SEGS], nfds = 0;
-  bool extra = false;
-  for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-    for (int i = 0; i < k; i++) {
-      int f;
-      memcpy(&f, CMSG_DATA(c) + (size_t)i * sizeof(int), sizeof f);
-      if (nfds < VS_IPC_MAX_SEGS) fds[nfds++] = f;
-      else {
-        close(f);
-        extra = true;
-      }
-    }
-  }
-  CUresult res = CUDA_SUCCESS;
+  if (r == (ssize_t)sizeof *rep) return true;
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+    _vs_warn("ipc: no answer from pid %u within %llu s (VMMSHIM_IPC_TIMEOUT) for handle %016llx", h->pid,
+             (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT), (unsigned long long)h->id);
+  else
+    _vs_warn("ipc: no answer from pid %u for handle %016llx", h->pid, (unsigned long long)h->id);
+  return false;
+}
+
+/* Whether the exporter's reply can be used (warned when not): nothing is imported unless it can. */
+static bool reply_usable(const vs_ipc_reply_t *rep, int nfds, bool extra, const vs_ipc_handle_t *h, size_t gran) {
   const char *why = NULL;
-  if (r != (ssize_t)sizeof rep) {
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      _vs_warn("ipc: no answer from pid %u within %llu s (VMMSHIM_IPC_TIMEOUT) for handle %016llx", h->pid,
-               (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT), (unsigned long long)h->id);
-    else
-      _vs_warn("ipc: no answer from pid %u for handle %016llx", h->pid, (unsigned long long)h->id);
-    res = CUDA_ERROR_MAP_FAILED;
-  } else if (rep.status != VS_IPC_OK) {
+  if (rep->status != VS_IPC_OK) {
     _vs_warn("ipc: pid %u refused handle %016llx: %s", h->pid, (unsigned long long)h->id,
-             rep.status == VS_IPC_DENIED ? "this process runs as another user"
-             : rep.status == VS_IPC_GONE ? "its block was freed"
-                                         : "it could not export its memory");
-    res = CUDA_ERROR_MAP_FAILED;
-  } else if ((why = extra ? "more descriptors than handles" : bad_reply(&rep, nfds, h, im->caps.min_granularity))) {
+             rep->status == VS_IPC_DENIED ? "this process runs as another user"
+             : rep->status == VS_IPC_GONE ? "its block was freed"
+                                          : "it could not export its memory");
+    return false;
+  }
+  if ((why = extra ? "more descriptors than handles" : bad_reply(rep, nfds, h, gran))) {
     _vs_warn("ipc: the answer of pid %u for handle %016llx is wrong (%s); not opened", h->pid,
              (unsigned long long)h->id, why);
-    res = CUDA_ERROR_MAP_FAILED;
+    return false;
   }
+  return true;
+}
+
+/* Asks the exporter for the handles; fills im (handles imported, descriptors closed). Every wait
+ * ends by `deadline`. */
+static CUresult fetch(const vs_ipc_handle_t *h, vs_import_t *im, uint64_t deadline) {
+  int fd = connect_exporter(h, deadline);
+  if (fd < 0) return fd == -2 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_MAP_FAILED;
+  vs_ipc_reply_t rep;
+  int fds[VS_IPC_MAX_SEGS], nfds = 0;
+  bool extra = false;
+  CUresult res = ask_exporter(fd, h, deadline, &rep, fds, &nfds, &extra) &&
+                         reply_usable(&rep, nfds, extra, h, im->caps.min_granularity)
+                     ? CUDA_SUCCESS
+                     : CUDA_ERROR_MAP_FAILED;
   im->n = 0;
   for (int i = 0; res == CUDA_SUCCESS && i < nfds; i++) {
     res = _vs_vmm_import(fds[i], &im->handles[i]);
