@@ -952,7 +952,8 @@ static void scenario_users(void) {
 /* Whether s (n bytes) is valid UTF-8: no overlong form, surrogate or code point past U+10FFFF. */
 static bool valid_utf8(const unsigned char *s, size_t n) {
   for (size_t i = 0; i < n;) {
-    unsigned c = s[i], len = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xf0 && c < 0xf5 ? 4 : 0;
+    unsigned c = s[i];
+    unsigned len = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
     if (!len || i + len > n) return false;
     unsigned cp = len == 1 ? c : c & (0x7fu >> len);
     for (unsigned k = 1; k < len; k++) {
@@ -979,7 +980,8 @@ static bool trickle_closed(double bound) {
     struct pollfd p = {fd, POLLIN, 0};
     if (!closed && poll(&p, 1, 200) == 1) {
       char line[512];
-      closed = read_line(fd, line, sizeof line) < 0 || (strstr(line, "\"error\":\"ETIMEDOUT\"") && read_line(fd, line, sizeof line) < 0);
+      closed = read_line(fd, line, sizeof line) < 0 ||
+               (strstr(line, "\"error\":\"ETIMEDOUT\"") && read_line(fd, line, sizeof line) < 0);
     }
   }
   close(fd);
@@ -1043,7 +1045,8 @@ static void scenario_server(void) {
   CHECK(ok == 60, "60 requests of the owner beside %d idle connections of its user%s: %d answered", opened,
         foreign > 0 ? " and a user connecting in a loop" : "", ok);
   /* replies are UTF-8, whatever bytes the request has */
-  const char *bad[] = {"{\"v\":1,\"cmd\":\"caf\xe9\xff\xc0\xaf\"}", "{\"v\":1,\"cmd\":\"tag\",\"tag\":\"\xc3\x28\xed\xa0\x80\"}",
+  const char *bad[] = {"{\"v\":1,\"cmd\":\"caf\xe9\xff\xc0\xaf\"}",
+                       "{\"v\":1,\"cmd\":\"tag\",\"tag\":\"\xc3\x28\xed\xa0\x80\"}",
                        "{\"v\":1,\"id\":\"\xf4\x90\x80\x80\xe2\x82\",\"cmd\":\"status\"}"};
   for (int i = 0; i < 3; i++) {
     const char *r = ctl(bad[i]);
@@ -1051,14 +1054,16 @@ static void scenario_server(void) {
           "a request with bytes that are not UTF-8 (%d): the reply is UTF-8: %.200s", i, r);
   }
   const char *r = ctl("{\"v\":1,\"id\":\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\",\"cmd\":\"status\"}");
-  CHECK(is_ok(r) && strstr(r, "\"id\":\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\""), "UTF-8 is quoted as it is: %.80s", r);
+  CHECK(is_ok(r) && strstr(r, "\"id\":\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\""),
+        "UTF-8 is quoted as it is: %.80s", r);
   /* a limit of 2^64-1 is stored and reported as given */
   r = ctl("{\"v\":1,\"cmd\":\"limit\",\"bytes\":\"18446744073709551615\"}");
   CHECK(is_ok(r) && strstr(r, "\"limit\":18446744073709551615,"), "limit 2^64-1: %.120s", r);
   r = ctl("{\"v\":1,\"cmd\":\"status\"}");
   CHECK(strstr(r, "\"limit\":18446744073709551615,") != NULL, "status reports the limit 2^64-1");
   r = ctl("{\"v\":1,\"cmd\":\"limit\",\"bytes\":\"none\"}");
-  CHECK(is_ok(r) && strstr(r, "\"previous\":18446744073709551615,") && json_num(ctl("{\"v\":1,\"cmd\":\"status\"}"), "limit") == 0,
+  CHECK(is_ok(r) && strstr(r, "\"previous\":18446744073709551615,") &&
+            json_num(ctl("{\"v\":1,\"cmd\":\"status\"}"), "limit") == 0,
         "and none lifts it: %.120s", r);
   cudaFree(w);
 }
@@ -1068,7 +1073,7 @@ static void scenario_server(void) {
 static void server_output(void) {
   int said = check_count(check_child_output, "asked to control this process");
   int shown = check_count(check_child_output, "control: ");
-  CHECK(said <= 10 && shown <= 40, "refusals at VMMSHIM_LOG=info: %d lines of another user's, %d of the control channel",
+  CHECK(said <= 10 && shown <= 40, "refusals at VMMSHIM_LOG=info: %d lines of another user's, %d of the channel's",
         said, shown);
 }
 #endif

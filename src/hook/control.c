@@ -84,7 +84,7 @@ static void jspace(vs_jparse_t *ps) {
 }
 
 static int hexval(char c) {
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  return c >= '0' && c <= '9' ? c - '0' : (c | 32) >= 'a' && (c | 32) <= 'f' ? (c | 32) - 'a' + 10 : -1;
 }
 
 /* A string at ps->p (its opening quote), decoded into out (cap bytes, NUL-terminated). Escapes
