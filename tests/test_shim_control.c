@@ -385,17 +385,22 @@ static void workers_progress(unsigned long long n) {
 
 /* Two controllers at once: one asks for the status, the other sleeps and wakes a tag. */
 static atomic_int g_two_bad;
+static void two_check(const char *req) {
+  const char *r = ctl(req);
+  if (is_ok(r)) return;
+  atomic_fetch_add(&g_two_bad, 1);
+  printf("two controllers: %s -> %.300s\n", req, r[0] ? r : "(no reply)");
+}
 static void *controller_status(void *arg) {
   (void)arg;
-  for (int i = 0; i < 150; i++)
-    if (!is_ok(ctl("{\"v\":1,\"cmd\":\"status\"}"))) atomic_fetch_add(&g_two_bad, 1);
+  for (int i = 0; i < 150; i++) two_check("{\"v\":1,\"cmd\":\"status\"}");
   return NULL;
 }
 static void *controller_sleep(void *arg) {
   (void)arg;
   for (int i = 0; i < 25; i++) {
-    if (!is_ok(ctl("{\"v\":1,\"cmd\":\"sleep\",\"tag\":\"idle\",\"mode\":\"host\"}"))) atomic_fetch_add(&g_two_bad, 1);
-    if (!is_ok(ctl("{\"v\":1,\"cmd\":\"wake\",\"tag\":\"idle\"}"))) atomic_fetch_add(&g_two_bad, 1);
+    two_check("{\"v\":1,\"cmd\":\"sleep\",\"tag\":\"idle\",\"mode\":\"host\"}");
+    two_check("{\"v\":1,\"cmd\":\"wake\",\"tag\":\"idle\"}");
   }
   return NULL;
 }
