@@ -335,6 +335,11 @@ def messages(sv):
         check(rc == 2 and not out and ("'%s' is not a process id (a number above 0)" % word in err
                                        or "'%s' is neither list nor a process id" % word in err),
               "a bad PID '%s': exit 2, as every bad PID [%s]" % (word, err.strip()))
+    for word in ("+%d" % pid, "%d_0" % pid, "-5"):
+        for args in (["ctl", "list", "--pid", word], ["top", "--once", "--pid", word]):
+            r = subprocess.run(["sh", LAUNCHER] + args, capture_output=True, text=True, timeout=60, env=PLAIN_ENV)
+            check(r.returncode == 2 and "is not a list of process ids" in r.stderr,
+                  "%s: not a process id, exit 2 [%s]" % (" ".join(args), r.stderr.strip()))
     for args, near in (([pid, "slep"], "sleep"), ([pid, "stauts"], "status"), ([pid, "releasehost"], "release-host"),
                        (["lsit"], "list"), (["--grup", "g", "status"], "--group"),
                        (["--group", "g", "stauts"], "status")):
