@@ -1,8 +1,8 @@
 """`vmmshim ctl` and `vmmshim top`: the command lines (scripts/vmmshim hands them here)."""
 import difflib
 import json
-import signal
 import os
+import signal
 import sys
 
 from . import client, groups, text
