@@ -218,6 +218,10 @@ def _moved(what, call, *args):
     r = _SleepResult()
     rc = call(*args, ctypes.byref(r), ctypes.sizeof(r))
     res = SleepResult(r)
+    if rc == -errno.ENOENT and args and isinstance(args[0], bytes):
+        # The shim's only ENOENT here is a tag it does not know; its reason, the errno's text,
+        # names no tag.
+        raise Error(what, errno.ENOENT, "no such tag: %s" % args[0].decode(errors="replace"), res)
     if rc != -errno.EALREADY:
         _check(rc, what, res)
     return res
