@@ -36,7 +36,7 @@ __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag",
 TAG_MAX = 32
 MAX_TAGS = 16
 MODES = {"discard": 0, "host": 1, "mapped": 2}
-__version__ = "0.1.0"  # VMMSHIM_VERSION of include/vmmshim.h (tests/scripts/test_docs.sh checks)
+__version__ = "0.1.0"  # a copy of VMMSHIM_VERSION of include/vmmshim.h (test_docs_code.py checks)
 API_VERSION = 2  # the library's VMMSHIM_API_VERSION this module was written for (at least)
 
 
