@@ -31,7 +31,7 @@ from .client import Control, ControlError, reachable  # noqa: F401  (the public 
 
 __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
            "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "stats", "trim", "dump", "control",
-           "reachable", "SleepResult", "Error", "NotPreloaded", "ControlError", "Control", "__version__"]
+           "reachable", "SleepResult", "Error", "NotPreloaded", "ControlError", "Control"]
 
 TAG_MAX = 32
 MAX_TAGS = 16
@@ -195,7 +195,7 @@ def region(tag="default", enable_cpu_backup=False):
     back at the end. enable_cpu_backup: pause() keeps the tag's bytes (host mode) rather than
     discarding them."""
     _name(tag)
-    _shim()  # NotPreloaded at the call, before the tag is remembered for pause() and resume()
+    _shim()  # NotPreloaded on entering the with block, before the tag is remembered for pause()
     _backup[tag] = bool(enable_cpu_backup) or _backup.get(tag, False)
     before = getattr(_thread, "tag", None)
     set_tag(tag)
