@@ -3,7 +3,8 @@ the configuration table, the README's length). Over README.md, CHANGELOG.md and 
 
   - every VMMSHIM_* name quoted exists in the code: the shim's option table (VS_OPTIONS of
     include/vmmshim/base.h, read by src/base/config.c as VMMSHIM_<TOKEN>), or a name the
-    sources, headers, launcher, tools or Makefile hold;
+    sources, headers, launcher, tools or Makefile hold; configuration.md details the shim's
+    variables under "Details", not under the launcher's or the build's;
   - every `vmmshim ...`, `vmmshim-report ...` and `vmmshim-replay ...` command quoted (in
     backticks or in a code block) exists: its options are in the command's --help, a `vmmshim
     ctl` verb is one the client knows, and every launcher option of the option tables too;
@@ -80,6 +81,27 @@ check(not bad, "every VMMSHIM_* name in README.md, CHANGELOG.md and docs/*.md ex
       % names_list(bad))
 bad = unknown_names({"sample.md": "Set `VMMSHIM_LIMIT=8G` and `VMMSHIM_TRACE_*`, not `VMMSHIM_NO_SUCH_KNOB=1`."}, known)
 check(bad == ["sample.md: VMMSHIM_NO_SUCH_KNOB"], "a name the code lacks is caught, real ones are not (%s)" % bad)
+
+# The details of the shim's variables sit under configuration.md's "Details", not under the
+# launcher's or the build's variables.
+SHIM_VARS = {"VMMSHIM_" + t for t in re.findall(r"^\s*X\(([A-Z0-9_]+),", read("include/vmmshim/base.h"), re.M)}
+
+
+def misfiled(text):
+    out, section = [], None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip()
+        elif line.startswith("### "):
+            out += ["%s under '%s'" % (n, section) for n in re.findall(r"VMMSHIM_[A-Z0-9_]+", line)
+                    if n in SHIM_VARS and section != "Details"]
+    return out
+
+
+bad = misfiled(TEXT["docs/configuration.md"])
+check(not bad, "configuration.md: the details of the shim's variables are under Details (%s)" % names_list(bad))
+bad = misfiled("## Details\n### VMMSHIM_LIMIT\n## Variables of the build\n### VMMSHIM_TAG, VMMSHIM_DEPS_APT\n")
+check(bad == ["VMMSHIM_TAG under 'Variables of the build'"], "a shim variable under the build's is caught %s" % bad)
 
 # ---------------------------------------------------------------- commands
 
