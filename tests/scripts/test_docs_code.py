@@ -8,6 +8,7 @@ the configuration table, the README's length). Over README.md, CHANGELOG.md and 
   - every `vmmshim ...`, `vmmshim-report ...` and `vmmshim-replay ...` command quoted (in
     backticks or in a code block) exists: its options are in the command's --help, a `vmmshim
     ctl` verb is one the client knows, and every launcher option of the option tables too;
+  - the messages docs/troubleshooting.md quotes are printed by the code;
   - the exit statuses of `vmmshim ctl` in docs/control.md (and docs/troubleshooting.md) are the
     client's EXIT_* values with their meanings, and the client gives 2, 3 and 4 when it should;
   - every trace format version quoted is the one the shim writes (VS_TRACE_FORMAT_VERSION), and
@@ -309,6 +310,50 @@ rc3, _ = run(LAUNCHER + ["ctl", "999999999", "status"])
 rc4, _ = run(LAUNCHER + ["ctl", str(os.getpid()), "status"])
 check((rc2, rc3, rc4) == (EXITS["USAGE"], EXITS["NO_PROCESS"], EXITS["NOT_SHIM"]),
       "vmmshim ctl exits 2 on bad usage, 3 for no process, 4 for one not under the shim (%d %d %d)" % (rc2, rc3, rc4))
+
+# ---------------------------------------------------------------- messages of troubleshooting.md
+
+def message_corpus():
+    """The text of every message the shim, the launcher and the tools can print: string literals
+    split over lines joined again, printf directives and shell expansions taken out (${x:+TEXT}
+    is TEXT, the text it may add)."""
+    out = []
+    for f in glob.glob("src/*/*.c") + ["scripts/vmmshim", "scripts/deps.sh"] + \
+            glob.glob("scripts/python/vmmshim/*.py") + glob.glob("scripts/vmmshim_report/*.py"):
+        t = re.sub(r'"\s*\n\s*"', "", read(f))
+        t = re.sub(r"%[-+ #0-9.*]*(?:hh|h|ll|l|z|j|t)?[sdiuxXcpfge]", "", t)
+        t = re.sub(r"\$\{\w+:\+([^}]*)\}", r"\1", t)
+        out.append(re.sub(r"\$\{\w+\}|\$\w+", "", t))
+    return "\n".join(out)
+
+
+# In a quoted message these stand for what the program fills in.
+PLACEHOLDER = r"\b(?:N|M|D|PATH|REASON|NAME|SIZE|PTR|PROGRAM|VALUE|cudaMalloc|cudaFree)\b|\.\.\.|CUDA_ERROR_\w*|'12Q'"
+
+
+def unknown_messages(text, corpus):
+    """The messages quoted in backticks ('vmmshim: warning: ...', 'vmmshim-report: error: ...',
+    'vmmshim.NotPreloaded: ...') of which a literal part of 10 characters or more is in no source."""
+    out = []
+    for m in re.findall(r"`((?:vmmshim|vmmshim-report|vmmshim-replay): (?:warning|error): [^`]+|vmmshim: missing [^`]+"
+                        r"|vmmshim\.NotPreloaded: [^`]+)`", re.sub(r"\s*\n\s*", " ", text)):
+        body = re.sub(r"^(?:vmmshim(?:-report|-replay)?: (?:warning: |error: )?|vmmshim\.NotPreloaded: )", "", m)
+        parts = [f.strip(" :;,()'") for f in re.split(PLACEHOLDER, body)]
+        missing = [f for f in parts if len(f) >= 10 and f not in corpus]
+        if missing:
+            out.append("%s (%s)" % (m[:60], missing[0][:60]))
+    return out
+
+
+CORPUS = message_corpus()
+n_msgs = len(re.findall(r"`vmmshim(?:-report)?: (?:warning|error): ", TEXT.get("docs/troubleshooting.md", "")))
+bad = unknown_messages(TEXT.get("docs/troubleshooting.md", ""), CORPUS)
+check(n_msgs > 15 and not bad, "the %d messages troubleshooting.md quotes are the ones the code prints (%s)"
+      % (n_msgs, names_list(bad)))
+bad = unknown_messages("`vmmshim: warning: cannot open trace file PATH: REASON (errno N); the program runs without a "
+                       "trace`\n`vmmshim: error: the pool melted on device N`", CORPUS)
+check(bad == ["vmmshim: error: the pool melted on device N (the pool melted on device)"],
+      "a message the code never prints is caught, a real one is not %s" % bad)
 
 # ---------------------------------------------------------------- trace format version
 
