@@ -81,11 +81,12 @@ check(r.stderr.count("Traceback") == 1 and "During handling" not in r.stderr and
 r = py("vmmshim.pause()\nprint('paused')")
 check(r.returncode == 1 and "paused" not in r.stdout, "pause() without the shim does not return as if it had paused")
 
-# control() and the error types need no shim in this process.
-r = py("print(callable(vmmshim.control), issubclass(vmmshim.NotPreloaded, RuntimeError))")
-check(r.returncode == 0 and r.stdout.split() == ["True", "True"],
-      "the module imports without the shim; control() is there, NotPreloaded is a RuntimeError [%s]"
-      % (r.stdout + r.stderr).strip()[-200:])
+# control(), reachable() and the error types need no shim in this process.
+r = py("import os\nprint(callable(vmmshim.control), issubclass(vmmshim.NotPreloaded, RuntimeError), "
+       "os.getpid() in vmmshim.reachable())")
+check(r.returncode == 0 and r.stdout.split() == ["True", "True", "False"],
+      "the module imports without the shim; control() is there, reachable() answers (without this process), "
+      "NotPreloaded is a RuntimeError [%s]" % (r.stdout + r.stderr).strip()[-200:])
 
 # __version__: the header's VMMSHIM_VERSION.
 header = open(os.path.join(ROOT, "include", "vmmshim.h")).read()
