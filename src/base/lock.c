@@ -18,11 +18,11 @@ static _Thread_local int tl_nheld;
 
 static void order_abort(const char *what, const vs_lock_t *l, const vs_lock_t *held) {
   if (held)
-    _vs_error("lock order: %s lock '%s' (rank %d) while holding lock '%s' (rank %d): a lock's rank must be "
+    _vs_note("error: lock order: %s lock '%s' (rank %d) while holding lock '%s' (rank %d): a lock's rank must be "
               "greater than every rank the thread holds (lock.h, docs/design.md)",
               what, l->name, l->rank, held->name, held->rank);
   else
-    _vs_error("lock order: %s lock '%s' (rank %d)", what, l->name, l->rank);
+    _vs_note("error: lock order: %s lock '%s' (rank %d)", what, l->name, l->rank);
   abort();
 }
 
