@@ -20,7 +20,7 @@ ORDER = {  # within a layer, files that call each other: top first
 HEADERS = {  # vmmshim/<header>: the layer it belongs to
     "alloc.h": "alloc", "share.h": "share", "pool.h": "pool", "pool_internal.h": "pool",
     "handles.h": "handle", "group.h": "handle", "vmm.h": "vmm", "base.h": "base", "policy.h": "base",
-    "clock.h": "base", "stacks.h": "base", "trace.h": "base",
+    "clock.h": "base", "stacks.h": "base", "trace.h": "base", "lock.h": "base",
 }
 
 
