@@ -100,6 +100,114 @@ def size_label(b):
     return "%d B" % b
 
 
+# ------------------------------------------------------------------ what the sections measure
+# Each figure is computed once, here: the section's table (sec_*) and the JSON companion's
+# figures (figs_*) both read it, so that the two cannot disagree.
+
+def trace_sizes(recs):
+    """The request sizes of the trace-cost runs."""
+    return sorted({int(r["size"]) for r in find(recs, "pairs") if r.get("cfg", "").startswith("trace-")
+                   and "size" in r})
+
+
+def trace_rounds(recs, mode, size):
+    """The trace-cost rounds of one free mode and size that ran both ways: (untraced medians (us),
+    traced medians (us), each round's difference (ns), each round's difference of one over the
+    pairs per second (ns))."""
+    base, on, diff, mdiff = [], [], [], []
+    for rnd in range(1, 10):
+        a = one(recs, "pairs", cfg="trbase-%s-%d" % (mode, rnd), size=size, threads=1)
+        b = one(recs, "pairs", cfg="trace-%s-%d" % (mode, rnd), size=size, threads=1)
+        if a is None or b is None or a.get("skipped") or b.get("skipped"):
+            continue
+        base.append(num(a, "median_us"))
+        on.append(num(b, "median_us"))
+        diff.append((num(b, "median_us") - num(a, "median_us")) * 1000.0)
+        mdiff.append((1e9 / num(b, "pairs_per_s") - 1e9 / num(a, "pairs_per_s")))
+    return base, on, diff, mdiff
+
+
+STACK_CFGS = ("stk-off", "stk-libunwind", "stk-dwarf", "stk-fp")
+
+
+def stack_runs(recs):
+    """{unwinder cfg: its traced 4 KiB pair run, or None}."""
+    return {c: one(recs, "pairs", cfg=c, size=4096, threads=1) for c in STACK_CFGS}
+
+
+def held_bytes(r, cfg):
+    """Bytes held at the peak: the pool's reserved high mark, the shim's peak mapped; None for an
+    allocator that reports neither."""
+    if cfg == "pool":
+        return num(r, "pool_reserved_high")
+    return num(r, "shim_peak_mapped") if cfg.startswith("shim") else None
+
+
+def held_live(r, cfg):
+    live = num(r, "peak_live")
+    h = held_bytes(r, cfg)
+    return h / live if h and live else None
+
+
+def vmm_per_100(r):
+    """The shim's VMM calls after the warm-up of a churn or varlen run, and per 100 of the
+    allocations made after it (None without a count of those)."""
+    calls, allocs = num(r, "shim_vmm_steady"), num(r, "allocs_steady")
+    return calls, (100.0 * calls / allocs if calls is not None and allocs else None)
+
+
+def spread_seeds(by_seed, pool, work):
+    """One allocator's runs over the seeds: (held / live, time / the pool's at the same seed, VMM
+    calls per 100 allocations, each a list over the seeds that did not fail; wrong buffers in all;
+    seeds that failed). The trace's replay reports its time and all its calls; churn and varlen,
+    after the warm-up."""
+    tk = "time_ms" if work == "replay" else "us_per_step"
+    calls_key = "shim_vmm_calls" if work == "replay" else "shim_vmm_steady"
+    allocs_key = "allocs" if work == "replay" else "allocs_steady"
+    hl, speed, calls, bad, failed = [], [], [], 0, 0
+    for seed, r in sorted(by_seed.items()):
+        if r.get("failed"):
+            failed += 1
+            continue
+        cfg = r["cfg"][len("spread-"):]
+        hl.append(held_live(r, cfg))
+        pr = pool.get(seed)
+        t, pt = num(r, tk), num(pr, tk) if pr and not pr.get("failed") else None
+        speed.append(t / pt if t and pt else None)
+        n, a = num(r, calls_key), num(r, allocs_key)
+        calls.append(100.0 * n / a if n is not None and a else None)
+        bad += int(num(r, "bad") or 0)
+    return hl, speed, calls, bad, failed
+
+
+def step_rounds(recs, cfg):
+    """The rounds of one training-step configuration that have a step time."""
+    return [r for r in find(recs, "step", cfg=cfg) if num(r, "median_ms") is not None]
+
+
+def overhead_runs(recs, cfg):
+    """(kernel times (ms), whole-process times (ms)) of the overhead runs of cfg, None for a run
+    without the figure."""
+    return ([num(r, "kernel_ms") for r in find(recs, "overhead", cfg=cfg)],
+            [num(r, "ms") for r in find(recs, "overhead_wall", cfg=cfg)])
+
+
+def group_runs(recs, cfg, members, key):
+    """key of every process of the group runs of cfg with that many members."""
+    return [num(r, key) for r in find(recs, "group", cfg=cfg, members=members)]
+
+
+def spill_runs(recs):
+    """The spill run of the group benchmark: ({kernel: its record}, the promote's record)."""
+    kernels, promote = {}, None
+    for r in find(recs, "group", cfg="spill"):
+        if r.get("kernel") in ("device", "host", "promoted"):
+            kernels[r["kernel"]] = r
+        if r.get("promote_ms") is not None:
+            promote = r
+    return kernels, promote
+
+
 # ------------------------------------------------------------------ sections
 def sec_pairs(recs, out):
     sizes = sorted({int(r["size"]) for r in find(recs, "pairs") if "size" in r})
@@ -136,21 +244,10 @@ def sec_pairs(recs, out):
                    "where the machine allows it (see \"trace cost runs under\" above).\n")
         out.append("| size | deferred | traced | + ns | best | mean | async | traced | + ns | best | mean |")
         out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        tsizes = sorted({int(r["size"]) for r in find(recs, "pairs") if r.get("cfg", "").startswith("trace-")
-                         and "size" in r})
-        for s in tsizes:
+        for s in trace_sizes(recs):
             cells = []
             for m in ("deferred", "async"):
-                base, on, diff, mdiff = [], [], [], []
-                for r in range(1, 10):
-                    a = one(recs, "pairs", cfg="trbase-%s-%d" % (m, r), size=s, threads=1)
-                    b = one(recs, "pairs", cfg="trace-%s-%d" % (m, r), size=s, threads=1)
-                    if a is None or b is None or a.get("skipped") or b.get("skipped"):
-                        continue
-                    base.append(num(a, "median_us"))
-                    on.append(num(b, "median_us"))
-                    diff.append((num(b, "median_us") - num(a, "median_us")) * 1000.0)
-                    mdiff.append((1e9 / num(b, "pairs_per_s") - 1e9 / num(a, "pairs_per_s")))
+                base, on, diff, mdiff = trace_rounds(recs, m, s)
                 if not diff:
                     cells += ["FAILED", "FAILED", "-", "-", "-"]
                     continue
@@ -172,8 +269,7 @@ def sec_pairs(recs, out):
             out.append("| size | median us | traced | M pairs/s | traced |")
             out.append("| --- | --- | --- | --- | --- |")
             out += rows8
-    stk = {c: one(recs, "pairs", cfg=c, size=4096, threads=1)
-           for c in ("stk-off", "stk-libunwind", "stk-dwarf", "stk-fp")}
+    stk = stack_runs(recs)
     if stk["stk-off"]:
         out.append("\n### Cost of call stacks in the trace (VMMSHIM_TRACE_STACKS=16), one thread: traced async "
                    "pairs of 4 KiB, 20 calls deep; one stack per pair (its allocation)\n")
@@ -400,15 +496,11 @@ def sec_frag(recs, out, partial=False):
                 why = "FAILED" if r is None else "FAILED at event %s (%s)" % (r.get("at_event"), r.get("error"))
                 out.append("| %s | %s | | | | |" % (label, why))
                 continue
-            live = num(r, "peak_live")
-            if c == "pool":
-                held, used = num(r, "pool_reserved_high"), num(r, "pool_used_high")
-            elif c.startswith("shim"):
-                held, used = num(r, "shim_peak_mapped"), num(r, "shim_peak_in_use")
-            else:
-                held = used = None
+            live, h = num(r, "peak_live"), held_bytes(r, c)
+            used = (num(r, "pool_used_high") if c == "pool" else
+                    num(r, "shim_peak_in_use") if c.startswith("shim") else None)
             out.append("| %s | %s | %s | %s | %s | %.0f ms |" % (
-                label, fsize(live), "-" if held is None else fsize(held), ratio(held, live, "%.3f"),
+                label, fsize(live), "-" if h is None else fsize(h), ratio(h, live, "%.3f"),
                 "-" if used is None else fsize(used), num(r, "time_ms")))
     for work, what in (("churn", "churn: 256 live buffers, one replaced a step, log-uniform 256 B - 512 MiB"),
                        ("varlen", "varlen: a transformer step at a random sequence length")):
@@ -431,13 +523,11 @@ def sec_frag(recs, out, partial=False):
                     r.get("at_event"), r.get("error"))))
                 continue
             us = num(r, "us_per_step")
-            live = num(r, "peak_live")
-            held = num(r, "pool_reserved_high") if c == "pool" else num(r, "shim_peak_mapped") if c.startswith("shim") else None
-            allocs_steady = num(r, "allocs_steady") or (num(r, "steps") if work == "churn" else None)
-            calls = num(r, "shim_vmm_steady") if c.startswith("shim") else None
-            per100 = "-" if calls is None else ("%.2f" % (100.0 * calls / allocs_steady) if allocs_steady else "%d calls" % calls)
-            out.append("| %s | %.2f | %s | %s | %s | %s |" % (label, us, ratio(us, pool_us, "%.2fx"), ratio(held, live, "%.3f"),
-                                                            per100, r.get("bad", "?")))
+            calls, per100 = vmm_per_100(r) if c.startswith("shim") else (None, None)
+            vmm = "-" if calls is None else "%d calls" % calls if per100 is None else "%.2f" % per100
+            out.append("| %s | %.2f | %s | %s | %s | %s |" % (label, us, ratio(us, pool_us, "%.2fx"),
+                                                            ratio(held_bytes(r, c), num(r, "peak_live"), "%.3f"), vmm,
+                                                            r.get("bad", "?")))
     if not ran(recs, partial, "tfrag") and not any(r.get("step", "").startswith("tfrag-") for r in find(recs, "skip")):
         return
     out.append("\n### PyTorch, variable sequence length (bench/torch_frag.py)\n")
@@ -511,36 +601,17 @@ def sec_spread(recs, out):
                    % time_label)
         out.append("| --- | --- | --- | --- | --- | --- | --- |")
         order = ["pool"] + ["shim-%s%s" % (m, h) for h in ("", "-max64M", "-max32M") for m in ("sync", "deferred", "async")]
-        # the trace's replay reports its time and all its calls; churn and varlen, after the warm-up
-        tk = "time_ms" if work == "replay" else "us_per_step"
-        calls_key = "shim_vmm_calls" if work == "replay" else "shim_vmm_steady"
-        allocs_key = "allocs" if work == "replay" else "allocs_steady"
         for cfg in order + sorted(c for c in runs if c not in order):
             by_seed = runs.get(cfg)
             if not by_seed:
                 continue
-            held, speed, calls, bad, failed = [], [], [], 0, 0
-            for seed, r in sorted(by_seed.items()):
-                if r.get("failed"):
-                    failed += 1
-                    continue
-                live = num(r, "peak_live")
-                h = num(r, "pool_reserved_high") if cfg == "pool" else num(r, "shim_peak_mapped")
-                held.append(h / live if h and live else None)
-                t, pr = num(r, tk), pool.get(seed)
-                pt = num(pr, tk) if pr and not pr.get("failed") else None
-                speed.append(t / pt if t and pt else None)
-                if cfg != "pool":
-                    n = num(r, calls_key)
-                    a = num(r, allocs_key)
-                    calls.append(100.0 * n / a if n is not None and a else None)
-                bad += int(num(r, "bad") or 0)
-            ok = sum(1 for x in held if x is not None and x <= 1.10)
+            hl, speed, calls, bad, failed = spread_seeds(by_seed, pool, work)
+            ok = sum(1 for x in hl if x is not None and x <= 1.10)
             label = "cudaMallocAsync pool, threshold max" if cfg == "pool" else "shim " + cfg[5:].replace(
                 "-max", ", VMMSHIM_MAX_HANDLE=")
             out.append("| %s | %d%s | %s | %d of %d | %s | %s | %d |" % (
-                label, len(by_seed), " (%d FAILED)" % failed if failed else "", spread_cell(held, "%.3f"),
-                ok, len([x for x in held if x is not None]), "1.00x" if cfg == "pool" else spread_cell(speed, "%.2fx"),
+                label, len(by_seed), " (%d FAILED)" % failed if failed else "", spread_cell(hl, "%.3f"),
+                ok, len([x for x in hl if x is not None]), "1.00x" if cfg == "pool" else spread_cell(speed, "%.2fx"),
                 "-" if cfg == "pool" else spread_cell(calls, "%.2f"), bad))
         out.append("")
 
@@ -554,10 +625,9 @@ def sec_step(recs, out):
             ("shim-sync", "(c) (b) under the shim, sync"), ("shim-deferred", "(d) (b) under the shim, deferred")]
     got, rounds = {}, {}
     for c, _ in cfgs:
-        rs = sorted((r for r in find(recs, "step", cfg=c) if num(r, "median_ms") is not None),
-                    key=lambda r: num(r, "median_ms"))
+        rounds[c] = [num(r, "median_ms") for r in step_rounds(recs, c)]
+        rs = sorted(step_rounds(recs, c), key=lambda r: num(r, "median_ms"))
         got[c] = rs[len(rs) // 2] if rs else None
-        rounds[c] = [num(r, "median_ms") for r in find(recs, "step", cfg=c) if num(r, "median_ms") is not None]
     a = num(got["caching"], "median_ms") if got["caching"] else None
     b = num(got["nocache"], "median_ms") if got["nocache"] else None
     bloss = got["nocache"].get("loss") if got["nocache"] else None
@@ -689,8 +759,7 @@ def sec_overhead(recs, out):
     out.append("| --- | --- | --- | --- |")
     med = {}
     for c, label in (("cudaMalloc", "without the shim"), ("shim", "under the shim")):
-        ks = [num(r, "kernel_ms") for r in find(recs, "overhead", cfg=c)]
-        ws = [num(r, "ms") for r in find(recs, "overhead_wall", cfg=c)]
+        ks, ws = overhead_runs(recs, c)
         ks = [k for k in ks if k is not None]
         ws = [w for w in ws if w is not None]
         km = statistics.median(ks) if ks else None
@@ -733,19 +802,15 @@ def sec_group(recs, out):
     out.append("| --- | --- | --- | --- | --- | --- |")
 
     def med(cfg, n, key):
-        return median_or_none([num(r, key) for r in find(recs, "group", cfg=cfg, members=n)])
+        return median_or_none(group_runs(recs, cfg, n, key))
 
     for n in (1, 4, 16):
         ga, gg = med("alone", n, "growth_us"), med("group", n, "growth_us")
         pa, pg = med("alone", n, "pair_us"), med("group", n, "pair_us")
         diff = fnum(gg - ga) if ga is not None and gg is not None else "-"
         out.append("| %d | %s | %s | %s | %s | %s |" % (n, fnum(ga), fnum(gg), diff, fnum(pa, "%.3f"), fnum(pg, "%.3f")))
-    d, h = one(recs, "group", cfg="spill", kernel="device"), one(recs, "group", cfg="spill", kernel="host")
-    pr = one(recs, "group", cfg="spill", kernel="promoted")
-    p = None
-    for r in find(recs, "group", cfg="spill"):
-        if r.get("promote_ms") is not None:
-            p = r
+    kernels, p = spill_runs(recs)
+    d, h, pr = kernels.get("device"), kernels.get("host"), kernels.get("promoted")
     if d or h or p:
         out.append("\nVMMSHIM_LIMIT=1G, VMMSHIM_ON_LIMIT=host: a kernel reading and writing 1 GiB on device memory "
                    "%s GB/s, on host memory past the limit %s GB/s, on the same memory after vmmshim_promote %s GB/s; "
@@ -817,18 +882,9 @@ def figs_pairs(recs, F):
         else:
             F.add("pairs %d threads, %s, %s: pairs/s" % (t, names[c], s), num(r, "pairs_per_s"), "higher", "rate8",
                   c.startswith("shim"))
-    sizes = sorted({int(r["size"]) for r in find(recs, "pairs") if r.get("cfg", "").startswith("trace-")})
     for m in ("deferred", "async"):
-        for sz in sizes:
-            base, on, diff = [], [], []
-            for rnd in range(1, 10):
-                a = one(recs, "pairs", cfg="trbase-%s-%d" % (m, rnd), size=sz, threads=1)
-                b = one(recs, "pairs", cfg="trace-%s-%d" % (m, rnd), size=sz, threads=1)
-                if a is None or b is None or a.get("skipped") or b.get("skipped"):
-                    continue
-                base.append(num(a, "median_us"))
-                on.append(num(b, "median_us"))
-                diff.append((num(b, "median_us") - num(a, "median_us")) * 1000.0)
+        for sz in trace_sizes(recs):
+            base, on, diff, _ = trace_rounds(recs, m, sz)
             s = size_label(sz)
             F.add("pairs pinned, shim %s, %s: median pair (us)" % (m, s), base, "lower", "pair")
             F.add("pairs pinned, shim %s traced, %s: median pair (us)" % (m, s), on, "lower", "pair")
@@ -838,8 +894,9 @@ def figs_pairs(recs, F):
             if not r.get("skipped"):
                 F.add("pairs 8 threads, %s, %s: pairs/s" % (name, size_label(r["size"])), num(r, "pairs_per_s"),
                       "higher", "rate8")
-    for c, name in (("stk-off", "no stacks"), ("stk-libunwind", "libunwind"), ("stk-dwarf", "dwarf"), ("stk-fp", "fp")):
-        r = one(recs, "pairs", cfg=c, size=4096, threads=1)
+    stk = stack_runs(recs)
+    for c, name in zip(STACK_CFGS, ("no stacks", "libunwind", "dwarf", "fp")):
+        r = stk[c]
         if r and not r.get("skipped"):
             F.add("pairs traced async 4 KiB, 20 deep, %s: median pair (us)" % name, num(r, "median_us"), "lower", "pair")
 
@@ -855,12 +912,6 @@ def figs_growth(recs, F):
             F.add(what + ": free (ms)", float(r["free_us"]) / 1e3, "lower", "growth", shim, floor=1.0)
         if shim and r["shim_vmm_calls"]:
             F.add(what + ": VMM calls", float(r["shim_vmm_calls"]), "lower", "calls")
-
-
-def held_live(r, cfg):
-    live = num(r, "peak_live")
-    held = num(r, "pool_reserved_high") if cfg == "pool" else num(r, "shim_peak_mapped") if cfg.startswith("shim") else None
-    return held / live if held and live else None
 
 
 def figs_frag(recs, F):
@@ -893,9 +944,9 @@ def figs_frag(recs, F):
             F.add(what + ": held / live", held_live(r, c), "lower", "memory", shim)
             F.add(what + ": wrong buffers", num(r, "bad"), "lower", "bad")
             if shim:
-                calls, allocs = num(r, "shim_vmm_steady"), num(r, "allocs_steady")
-                if calls is not None and allocs:
-                    F.add(what + ": VMM calls per 100 allocations", 100.0 * calls / allocs, "lower", "calls100")
+                calls, per100 = vmm_per_100(r)
+                if per100 is not None:
+                    F.add(what + ": VMM calls per 100 allocations", per100, "lower", "calls100")
                 else:
                     F.add(what + ": VMM calls after the warm-up", calls, "lower", "calls")
     ref = one(recs, "tfrag", cfg="caching")
@@ -917,21 +968,8 @@ def figs_spread(recs, F):
     for work, _, _ in SPREAD_WORK:
         runs = spread_runs(recs, work)
         pool = runs.get("pool", {})
-        tk = "time_ms" if work == "replay" else "us_per_step"
-        calls_key = "shim_vmm_calls" if work == "replay" else "shim_vmm_steady"
-        allocs_key = "allocs" if work == "replay" else "allocs_steady"
         for cfg, by_seed in runs.items():
-            held, speed, calls, bad = [], [], [], 0
-            for seed, r in sorted(by_seed.items()):
-                if r.get("failed"):
-                    continue
-                held.append(held_live(r, cfg))
-                pr = pool.get(seed)
-                t, pt = num(r, tk), num(pr, tk) if pr and not pr.get("failed") else None
-                speed.append(t / pt if t and pt else None)
-                n, a = num(r, calls_key), num(r, allocs_key)
-                calls.append(100.0 * n / a if n is not None and a else None)
-                bad += int(num(r, "bad") or 0)
+            hl, speed, calls, bad, _ = spread_seeds(by_seed, pool, work)
             shim = cfg != "pool"
             seeds = " ".join(str(x) for x in sorted(by_seed))
             what = "seeds %s, %s, %s" % (seeds, work, cfg)
@@ -939,7 +977,7 @@ def figs_spread(recs, F):
             med = median_or_none
             # One figure per allocator: the median over the seeds (the spread over seeds is the
             # workload's, not the run's: it is no tolerance).
-            F.add(what + ": held / live, median of seeds", med(held), "lower", "memory", shim)
+            F.add(what + ": held / live, median of seeds", med(hl), "lower", "memory", shim)
             if shim:
                 F.add(what + ": time / the pool's, median of seeds", med(speed), "lower", "time")
                 F.add(what + ": VMM calls per 100 allocations, median of seeds", med(calls), "lower", "calls100")
@@ -947,9 +985,7 @@ def figs_spread(recs, F):
 
 
 def figs_step(recs, F):
-    def rounds(cfg):
-        return [r for r in find(recs, "step", cfg=cfg) if num(r, "median_ms") is not None]
-    a, b, c, d = rounds("caching"), rounds("nocache"), rounds("shim-sync"), rounds("shim-deferred")
+    a, b, c, d = (step_rounds(recs, cfg) for cfg in ("caching", "nocache", "shim-sync", "shim-deferred"))
     F.add("step (a) caching allocator: step median (ms)", [num(r, "median_ms") for r in a], "lower", "time", False)
     F.add("step (a) caching allocator: reserved at peak (bytes)", [num(r, "torch_reserved") for r in a], "lower",
           "memory", False)
@@ -998,10 +1034,9 @@ def figs_serve(recs, F):
 def figs_overhead(recs, F):
     runs = {}
     for c in ("cudaMalloc", "shim"):
-        runs[c] = [num(r, "kernel_ms") for r in find(recs, "overhead", cfg=c)]
+        runs[c], whole = overhead_runs(recs, c)
         F.add("overhead, %s: kernel time (ms)" % c, runs[c], "lower", "time", c == "shim")
-        F.add("overhead, %s: whole process (ms)" % c, [num(r, "ms") for r in find(recs, "overhead_wall", cfg=c)],
-              "lower", "time", c == "shim")
+        F.add("overhead, %s: whole process (ms)" % c, whole, "lower", "time", c == "shim")
     pairs = [(x, y) for x, y in zip(runs["shim"], runs["cudaMalloc"]) if x is not None and y]
     F.add("overhead: kernel time under the shim / without", [x / y for x, y in pairs], "lower", "time")
 
@@ -1021,15 +1056,15 @@ def figs_sleep(recs, F):
 def figs_group(recs, F):
     for n in ("1", "4", "16"):
         for cfg in ("alone", "group"):
-            rs = find(recs, "group", cfg=cfg, members=n)
-            F.add("group, %s, %s members: growth (us)" % (cfg, n), [num(r, "growth_us") for r in rs], "lower", "time")
-            F.add("group, %s, %s members: pair (us)" % (cfg, n), [num(r, "pair_us") for r in rs], "lower", "pair")
-    for r in find(recs, "group", cfg="spill"):
-        if r.get("kernel") in ("device", "host", "promoted"):
-            F.add("group, spill: kernel on %s memory (GB/s)" % r.get("kernel"), num(r, "gbps"), "higher", "rate")
-        if r.get("promote_ms") is not None:
-            F.add("group, spill: promote of 1 GiB (ms)", num(r, "promote_ms"), "lower", "time")
-            F.add("group, spill: wrong words after promote", num(r, "bad"), "lower", "bad")
+            F.add("group, %s, %s members: growth (us)" % (cfg, n), group_runs(recs, cfg, n, "growth_us"), "lower",
+                  "time")
+            F.add("group, %s, %s members: pair (us)" % (cfg, n), group_runs(recs, cfg, n, "pair_us"), "lower", "pair")
+    kernels, p = spill_runs(recs)
+    for k, r in kernels.items():
+        F.add("group, spill: kernel on %s memory (GB/s)" % k, num(r, "gbps"), "higher", "rate")
+    if p is not None:
+        F.add("group, spill: promote of 1 GiB (ms)", num(p, "promote_ms"), "lower", "time")
+        F.add("group, spill: wrong words after promote", num(p, "bad"), "lower", "bad")
 
 
 def figures(recs):

@@ -385,17 +385,22 @@ static void workers_progress(unsigned long long n) {
 
 /* Two controllers at once: one asks for the status, the other sleeps and wakes a tag. */
 static atomic_int g_two_bad;
+static void two_check(const char *req) {
+  const char *r = ctl(req);
+  if (is_ok(r)) return;
+  atomic_fetch_add(&g_two_bad, 1);
+  printf("two controllers: %s -> %.300s\n", req, r[0] ? r : "(no reply)");
+}
 static void *controller_status(void *arg) {
   (void)arg;
-  for (int i = 0; i < 150; i++)
-    if (!is_ok(ctl("{\"v\":1,\"cmd\":\"status\"}"))) atomic_fetch_add(&g_two_bad, 1);
+  for (int i = 0; i < 150; i++) two_check("{\"v\":1,\"cmd\":\"status\"}");
   return NULL;
 }
 static void *controller_sleep(void *arg) {
   (void)arg;
   for (int i = 0; i < 25; i++) {
-    if (!is_ok(ctl("{\"v\":1,\"cmd\":\"sleep\",\"tag\":\"idle\",\"mode\":\"host\"}"))) atomic_fetch_add(&g_two_bad, 1);
-    if (!is_ok(ctl("{\"v\":1,\"cmd\":\"wake\",\"tag\":\"idle\"}"))) atomic_fetch_add(&g_two_bad, 1);
+    two_check("{\"v\":1,\"cmd\":\"sleep\",\"tag\":\"idle\",\"mode\":\"host\"}");
+    two_check("{\"v\":1,\"cmd\":\"wake\",\"tag\":\"idle\"}");
   }
   return NULL;
 }
@@ -805,23 +810,40 @@ static void scenario_fuzz(void) {
         "sent %d requests)", answered, deaf_sent);
   workers_progress(500);
   CHECK(workers_allocs() > a0 + 100, "the threads allocate meanwhile");
-  /* A full house: the next connection is refused with a reason. */
+  /* A full house: a new connection takes the slot of the oldest one idle between requests (the
+   * silent one); when every slot holds a request begun, the next is refused with a reason. */
   int extra[8], nextra = 0;
   for (int i = 0; i < 5; i++) extra[nextra++] = ctl_connect(getpid(), geteuid());
   sleep_ms(100);
-  int over = ctl_connect(getpid(), geteuid());
+  r = ctl("{\"v\":1,\"cmd\":\"status\"}");
   char reply[512];
-  CHECK(over >= 0 && read_line(over, reply, sizeof reply) > 0 && strstr(reply, "\"error\":\"EBUSY\""),
-        "a 9th connection at once is refused: %s", reply);
-  if (over >= 0) close(over);
+  struct timeval tmo = {5, 0};
+  setsockopt(silent, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof tmo);
+  CHECK(is_ok(r) && read_line(silent, reply, sizeof reply) < 0,
+        "a 9th connection at once is served; the oldest idle one is closed for it: %.80s", r);
   for (int i = 0; i < nextra; i++)
     if (extra[i] >= 0) close(extra[i]);
   close(silent);
   close(partial);
   close(deaf);
+  sleep_ms(200);
+  int busy[8];
+  for (int i = 0; i < 8; i++) {
+    busy[i] = ctl_connect(getpid(), geteuid());
+    if (busy[i] >= 0) send_all(busy[i], "{\"v\":1,", 7);
+  }
+  sleep_ms(200);
+  int over = ctl_connect(getpid(), geteuid());
+  reply[0] = 0;
+  CHECK(over >= 0 && read_line(over, reply, sizeof reply) > 0 && strstr(reply, "\"error\":\"EBUSY\""),
+        "with 8 requests begun, a 9th connection is refused: %s", reply);
+  if (over >= 0) close(over);
+  for (int i = 0; i < 8; i++)
+    if (busy[i] >= 0) close(busy[i]);
 
-  /* Nothing changed, nothing leaked. */
+  /* Nothing changed, nothing leaked (once the server has seen the busy ones close). */
   r = ctl("{\"v\":1,\"cmd\":\"status\"}");
+  for (int i = 0; i < 100 && is_error(r, "EBUSY"); i++, sleep_ms(50)) r = ctl("{\"v\":1,\"cmd\":\"status\"}");
   int ntags = 0;
   tag_stats("default", &ntags);
   CHECK(is_ok(r) && strstr(r, "\"process_tag\":\"default\"") && json_num(r, "limit") == 0 && ntags == ntags0 &&
@@ -929,6 +951,139 @@ static void scenario_users(void) {
   }
   cudaFree(w);
 }
+
+/* ------------------------------------------------------------------ the server */
+
+/* Whether s (n bytes) is valid UTF-8: no overlong form, surrogate or code point past U+10FFFF. */
+static bool valid_utf8(const unsigned char *s, size_t n) {
+  for (size_t i = 0; i < n;) {
+    unsigned c = s[i];
+    unsigned len = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
+    if (!len || i + len > n) return false;
+    unsigned cp = len == 1 ? c : c & (0x7fu >> len);
+    for (unsigned k = 1; k < len; k++) {
+      if ((s[i + k] & 0xc0) != 0x80) return false;
+      cp = cp << 6 | (s[i + k] & 0x3fu);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+      return false;
+    i += len;
+  }
+  return true;
+}
+
+/* A client that sends a request one byte every 0.2 s: whether the server closed it (an error
+ * line, then the end) within `bound` seconds. */
+static bool trickle_closed(double bound) {
+  int fd = ctl_connect(getpid(), geteuid());
+  if (fd < 0) return false;
+  const char *req = "{\"v\":1,\"cmd\":\"status\"                                                            ";
+  bool closed = false;
+  double t0 = now_s();
+  for (size_t i = 0; !closed && now_s() - t0 < bound; i = (i + 1) % strlen(req)) {
+    closed = send(fd, req + i, 1, MSG_NOSIGNAL) != 1;
+    struct pollfd p = {fd, POLLIN, 0};
+    if (!closed && poll(&p, 1, 200) == 1) {
+      char line[512];
+      closed = read_line(fd, line, sizeof line) < 0 ||
+               (strstr(line, "\"error\":\"ETIMEDOUT\"") && read_line(fd, line, sizeof line) < 0);
+    }
+  }
+  close(fd);
+  return closed;
+}
+
+static atomic_int g_flood_stop;
+
+/* Connections of this user, opened in a loop (one a millisecond) and kept idle (the 40 newest). */
+static void *flood_idle(void *arg) {
+  int *opened = arg, keep[40];
+  for (int i = 0; i < 40; i++) keep[i] = -1;
+  for (int i = 0; !atomic_load(&g_flood_stop); i = (i + 1) % 40) {
+    if (keep[i] >= 0) close(keep[i]);
+    keep[i] = ctl_connect(getpid(), geteuid());
+    *opened += keep[i] >= 0;
+    sleep_ms(1);
+  }
+  for (int i = 0; i < 40; i++)
+    if (keep[i] >= 0) close(keep[i]);
+  return NULL;
+}
+
+/* A process of user nobody connecting in a loop until stopped (SIGTERM). */
+static pid_t flood_foreign(void) {
+  uid_t nb;
+  gid_t ng;
+  if (geteuid() != 0 || !nobody(&nb, &ng)) return -1;
+  pid_t me = getpid(), pid = fork();
+  if (pid == 0) {
+    if (setgroups(0, NULL) != 0 || setgid(ng) != 0 || setuid(nb) != 0) _exit(120);
+    for (;;) {
+      int fd = ctl_connect(me, 0);
+      if (fd >= 0) close(fd);
+    }
+  }
+  return pid;
+}
+
+static void scenario_server(void) {
+  cudaSetDevice(0);
+  void *w = tagged_malloc("weights", 4 * MiB);
+  CHECK(is_ok(ctl("{\"v\":1,\"cmd\":\"status\"}")), "status");
+  /* a trickle does not extend the deadline of its request (5 s from its first byte) */
+  double t0 = now_s();
+  CHECK(trickle_closed(20), "a client sending one byte every 0.2 s is closed by its deadline (%.1f s)", now_s() - t0);
+  /* the owner's requests succeed while connections of its own user pile up idle, and while
+   * another user connects in a loop */
+  pthread_t t;
+  int opened = 0, ok = 0;
+  atomic_store(&g_flood_stop, 0);
+  pid_t foreign = flood_foreign();
+  pthread_create(&t, NULL, flood_idle, &opened);
+  sleep_ms(300);
+  for (int i = 0; i < 60; i++) ok += is_ok(ctl("{\"v\":1,\"cmd\":\"status\"}"));
+  atomic_store(&g_flood_stop, 1);
+  pthread_join(t, NULL);
+  if (foreign > 0) {
+    kill(foreign, SIGTERM);
+    waitpid(foreign, NULL, 0);
+  }
+  printf("the flood: %d idle connections of this user%s\n", opened, foreign > 0 ? ", user nobody in a loop" : "");
+  CHECK(ok == 60, "60 requests of the owner beside %d idle connections of its user%s: %d answered", opened,
+        foreign > 0 ? " and a user connecting in a loop" : "", ok);
+  /* replies are UTF-8, whatever bytes the request has */
+  const char *bad[] = {"{\"v\":1,\"cmd\":\"caf\xe9\xff\xc0\xaf\"}",
+                       "{\"v\":1,\"cmd\":\"tag\",\"tag\":\"\xc3\x28\xed\xa0\x80\"}",
+                       "{\"v\":1,\"id\":\"\xf4\x90\x80\x80\xe2\x82\",\"cmd\":\"status\"}"};
+  for (int i = 0; i < 3; i++) {
+    const char *r = ctl(bad[i]);
+    CHECK(r[0] && valid_utf8((const unsigned char *)r, strlen(r)) && strstr(r, "\\ufffd"),
+          "a request with bytes that are not UTF-8 (%d): the reply is UTF-8: %.200s", i, r);
+  }
+  const char *r = ctl("{\"v\":1,\"id\":\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\",\"cmd\":\"status\"}");
+  CHECK(is_ok(r) && strstr(r, "\"id\":\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\""),
+        "UTF-8 is quoted as it is: %.80s", r);
+  /* a limit of 2^64-1 is stored and reported as given */
+  r = ctl("{\"v\":1,\"cmd\":\"limit\",\"bytes\":\"18446744073709551615\"}");
+  CHECK(is_ok(r) && strstr(r, "\"limit\":18446744073709551615,"), "limit 2^64-1: %.120s", r);
+  r = ctl("{\"v\":1,\"cmd\":\"status\"}");
+  CHECK(strstr(r, "\"limit\":18446744073709551615,") != NULL, "status reports the limit 2^64-1");
+  r = ctl("{\"v\":1,\"cmd\":\"limit\",\"bytes\":\"none\"}");
+  CHECK(is_ok(r) && strstr(r, "\"previous\":18446744073709551615,") &&
+            json_num(ctl("{\"v\":1,\"cmd\":\"status\"}"), "limit") == 0,
+        "and none lifts it: %.120s", r);
+  cudaFree(w);
+}
+
+#ifndef CONTROL_STATIC
+/* The server scenario's log (VMMSHIM_LOG=info): refusals said a bounded number of times. */
+static void server_output(void) {
+  int said = check_count(check_child_output, "asked to control this process");
+  int shown = check_count(check_child_output, "control: ");
+  CHECK(said <= 10 && shown <= 40, "refusals at VMMSHIM_LOG=info: %d lines of another user's, %d of the channel's",
+        said, shown);
+}
+#endif
 
 /* ------------------------------------------------------------------ dead, foreign, exiting */
 
@@ -1115,6 +1270,7 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "users")) scenario_users();
   else if (!strcmp(name, "gone")) scenario_gone();
   else if (!strcmp(name, "off")) scenario_off();
+  else if (!strcmp(name, "server")) scenario_server();
   else CHECK(0, "unknown scenario %s", name);
 }
 
@@ -1141,6 +1297,8 @@ int main(int argc, char **argv) {
   check_run_child("users", NULL);
   check_run_child("gone", NULL);
   check_run_child("off", "VMMSHIM_CONTROL=0", NULL);
+  check_run_child("server", "VMMSHIM_LOG=info", NULL);
+  server_output();
 #endif
   return check_summary();
 }

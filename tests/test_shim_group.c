@@ -23,19 +23,31 @@
  *              an unconfigured member keeps the group's limit; with no member left a member's
  *              VMMSHIM_LIMIT is taken; a limit set by vmmshim ctl is kept (and the member says so).
  *   user       (as root) a member running as another user gets its own segment, owned by it; one
- *              that finds a segment of its name owned by someone else refuses it and runs capped
- *              alone. Not root: not runnable (a failure when CI=true).
+ *              that finds a segment of its name owned by someone else (0666, with a limit in it
+ *              or none) refuses it at once, without waiting for its lock even while that user
+ *              holds it, says why, and every device allocation fails: it never runs uncapped; the
+ *              client run as that user refuses it too, at once. Not root: not runnable (a failure
+ *              when CI=true).
+ *   locked     a segment of this user whose lock a process keeps (a member stopped in a change):
+ *              the join gives up after the bound with the message, the process's allocations
+ *              fail (it neither hangs nor runs uncapped); the client gives up too (exit 1); once
+ *              the lock is let go, the next process joins.
+ *   hopeless   VMMSHIM_ON_LIMIT=wait that could never end fails at once, with the reason: a
+ *              request larger than the group's limit itself, or larger than what is left with no
+ *              group and no other thread in the process; with another thread that frees, the
+ *              same wait waits and proceeds.
  *   live       the client lowers the limit below what a member holds: its next growth is refused,
  *              its bytes stay, cudaMemGetInfo says 0 free (never below zero); raised: it grows
  *              again; status lists the member and its share; bad arguments are refused.
  *   wait       VMMSHIM_ON_LIMIT=wait: the allocation blocks, without spinning, until another
- *              member frees (woken by the release), then proceeds; wait:1 times out as fail does.
+ *              member frees (woken by the release), then proceeds; it says at the default log
+ *              level what it waits for (bytes, limit, group); wait:1 times out as fail does.
  *   host       VMMSHIM_ON_LIMIT=host: growths past the limit are served from host memory at the
  *              device addresses (data intact, pointer queries say device, the tag's host_mapped);
  *              promote without room keeps them there; with the limit raised moves them back at
  *              the same addresses, bytes intact; host:SIZE caps them.
  *   corrupt    a segment with a bad checksum, of another version, or not a segment at all: refused
- *              with the message, untouched, and the process runs capped alone.
+ *              with the message, untouched, and every device allocation of the process fails.
  *   scattered  two devices under one group budget: idle memory in device 1's pool is given back
  *              before device 0's allocation fails; when it still fails, the report says how much
  *              was scattered.
@@ -195,6 +207,7 @@ enum {
   A_FREE_ALL,  /* frees what A_MALLOC and A_RACE allocated, then trims: res failures */
   A_TRIM,      /* -> a vmmshim_trim's bytes */
   A_HOST_USED, /* -> a emu_host_used */
+  A_FREE_LATER, /* a, b: a thread of the agent frees a after b ms */
   A_EXIT
 };
 
@@ -356,6 +369,13 @@ static int marked(const unsigned char *p, size_t n, unsigned long long seed) {
 static void *g_held[MAX_HELD];
 static int g_nheld;
 
+static void *free_later(void *arg) {
+  const uint64_t *later = arg;
+  sleep_ms((int)later[1]);
+  cudaFree((void *)(uintptr_t)later[0]);
+  return NULL;
+}
+
 static int agent_main(void) {
   const char *fds = getenv("AGENT_FDS");
   int in = -1, out = -1;
@@ -461,6 +481,17 @@ static int agent_main(void) {
       break;
     case A_TRIM: r.a = shim_trim(); break;
     case A_HOST_USED: r.a = emu_host_used(); break;
+    case A_FREE_LATER: {
+      static uint64_t later[2];
+      later[0] = m.a;
+      later[1] = m.b;
+      pthread_t t;
+      r.res = pthread_create(&t, NULL, free_later, later);
+      if (!r.res) pthread_detach(t);
+      for (int i = 0; i < g_nheld; i++)
+        if (g_held[i] == p) g_held[i--] = g_held[--g_nheld];
+      break;
+    }
     case A_EXIT: msg_send(out, &r); return 0;
     default: r.res = -1;
     }
@@ -473,7 +504,8 @@ static int agent_main(void) {
 static int group_tool(const char *args, char *out, size_t n) {
   char cmd[512];
   /* The client is no CUDA program: it runs without the shim (and without a sanitizer's runtime). */
-  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD sh scripts/vmmshim ctl --group %s 2>&1", args);
+  /* Bounded: a client that hangs fails the check rather than the whole scenario. */
+  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD timeout 30 sh scripts/vmmshim ctl --group %s 2>&1", args);
   FILE *f = popen(cmd, "r");
   if (!f) return -1;
   size_t used = fread(out, 1, n - 1, f);
@@ -776,16 +808,134 @@ static void scenario_user(void) {
   h->crc = crc32_of(h, VS_GROUP_CRC_BYTES);
   h->limit_all = 64 * GiB;
   CHECK(pwrite(fd, before, sizeof before, 0) == (ssize_t)sizeof before, "write");
-  agent_t p = agent_start(env_group(), "VMMSHIM_LIMIT=1G", "AGENT_SETUID=65534", NULL);
-  CHECK(ask(&p, A_MALLOC, 768 * MiB, 0, 0).res == cudaSuccess, "768 MiB under its own 1G");
-  CHECK(ask(&p, A_MALLOC, 512 * MiB, 0, 0).res == cudaErrorMemoryAllocation, "capped alone at 1G");
+  /* The limit was only ever set through the group: refused, the process must not run uncapped. */
+  agent_t p = agent_start(env_group(), "AGENT_SETUID=65534", NULL);
+  CHECK(ask(&p, A_MALLOC, 2 * GiB, 0, 0).res == cudaErrorMemoryAllocation, "2 GiB refused: not run uncapped");
+  CHECK(ask(&p, A_MALLOC, 1 * MiB, 0, 0).res == cudaErrorMemoryAllocation, "nor 1 MiB");
   const char *log = agent_log(&p);
-  CHECK(strstr(log, "not this user's own") && strstr(log, "runs alone"), "the member says why: %.300s", log);
+  CHECK(strstr(log, "not this user's own") && strstr(log, "owned by uid 0 with mode 0666") &&
+            strstr(log, "every device allocation of this process fails"),
+        "the member says why: %.400s", log);
   CHECK(pread(fd, after, sizeof after, 0) == (ssize_t)sizeof after && !memcmp(before, after, sizeof after),
         "the planted segment is untouched");
   agent_end(&p);
+  /* The same file, its lock held by its owner: refused before any lock, at once. */
+  CHECK(flock(fd, LOCK_EX | LOCK_NB) == 0, "the owner holds the lock");
+  agent_t q = agent_start(env_group(), "VMMSHIM_LIMIT=1G", "AGENT_SETUID=65534", NULL);
+  msg_t m = {0, 0, 0, 0, 0, 0};
+  double t0 = now_s();
+  int answered = ask_send(&q, A_MALLOC, 64 * MiB, 0, 0) == 0 && msg_recv_within(q.from, &m, 15000) == 0;
+  double took = now_s() - t0;
+  if (!answered) q.dead = 1;
+  CHECK(answered && m.res == cudaErrorMemoryAllocation && took < 3.0,
+        "with the lock held, the allocation does not hang: %s, %d after %.2f s", answered ? "answered" : "no answer", m.res,
+        took);
+  CHECK(strstr(agent_log(&q), "not this user's own"), "and says why: %.300s", agent_log(&q));
+  /* The client, run as that user: refused at once, exit 1. */
+  char out[4096], cmd[512];
+  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD timeout 30 setpriv --reuid=65534 --regid=65534 --clear-groups sh scripts/vmmshim ctl "
+           "--group %s status 2>&1", g_group);
+  t0 = now_s();
+  FILE *f = popen(cmd, "r");
+  size_t used = f ? fread(out, 1, sizeof out - 1, f) : 0;
+  out[used] = 0;
+  int status = f ? pclose(f) : -1;
+  took = now_s() - t0;
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1 && strstr(out, "not this user's own") && took < 10.0,
+        "the client as nobody: exit 1 at once (%.2f s): %s", took, out);
+  flock(fd, LOCK_UN);
+  agent_end(&q);
   close(fd);
   unlink(other);
+}
+
+/* ------------------------------------------------------------------ locked */
+
+static void scenario_locked(void) {
+  group_name("locked");
+  unlink(g_path);
+  agent_t a = agent_start(env_group(), "VMMSHIM_LIMIT=1G", NULL);
+  CHECK(ask(&a, A_MALLOC, 256 * MiB, 0, 0).res == cudaSuccess, "a member made the segment");
+  agent_end(&a);
+  seg_t s = seg_open(g_path);
+  CHECK(s.h != NULL, "the segment exists");
+  if (!s.h) return;
+  seg_lock(&s); /* as a member stopped in the middle of a change would hold it */
+  agent_t b = agent_start(env_group(), NULL);
+  msg_t m = {0, 0, 0, 0, 0, 0};
+  double t0 = now_s();
+  int answered = ask_send(&b, A_MALLOC, 64 * MiB, 0, 0) == 0 && msg_recv_within(b.from, &m, 30000) == 0;
+  double took = now_s() - t0;
+  if (!answered) b.dead = 1;
+  CHECK(answered && m.res == cudaErrorMemoryAllocation && took >= 4.0 && took < 15.0,
+        "the join gives up after its bound and the allocation fails: %s, %d after %.2f s",
+        answered ? "answered" : "no answer", m.res, took);
+  CHECK(strstr(agent_log(&b), "stayed locked by another process") && strstr(agent_log(&b), g_path) &&
+            strstr(agent_log(&b), "every device allocation of this process fails"),
+        "it names the file and says what to do: %.400s", agent_log(&b));
+  CHECK(ask(&b, A_MALLOC, 1 * MiB, 0, 0).res == cudaErrorMemoryAllocation, "and does not run uncapped after");
+  char out[4096], args[128];
+  snprintf(args, sizeof args, "%s status", g_group);
+  t0 = now_s();
+  int rc = group_tool(args, out, sizeof out);
+  took = now_s() - t0;
+  CHECK(rc == 1 && strstr(out, "stayed locked") && took < 15.0, "the client gives up too: exit %d after %.2f s: %s", rc,
+        took, out);
+  seg_unlock(&s);
+  agent_t c = agent_start(env_group(), NULL);
+  CHECK(ask(&c, A_MALLOC, 512 * MiB, 0, 0).res == cudaSuccess, "the lock let go: the next process joins");
+  CHECK(ask(&c, A_MALLOC, 768 * MiB, 0, 0).res == cudaErrorMemoryAllocation, "under the group's 1G");
+  agent_end(&c);
+  agent_end(&b);
+  seg_close(&s);
+  unlink(g_path);
+}
+
+/* ------------------------------------------------------------------ hopeless */
+
+/* A_MALLOC answered within timeout_ms (the agent is marked dead otherwise); took in s. */
+static msg_t malloc_within(agent_t *ag, uint64_t bytes, int timeout_ms, double *took) {
+  msg_t m = {0, -1, 0, 0, 0, 0};
+  double t0 = now_s();
+  if (ask_send(ag, A_MALLOC, bytes, 0, 0) != 0 || msg_recv_within(ag->from, &m, timeout_ms) != 0) {
+    ag->dead = 1;
+    m.res = -1;
+  }
+  *took = now_s() - t0;
+  return m;
+}
+
+static void scenario_hopeless(void) {
+  group_name("hopeless");
+  unlink(g_path);
+  double took = 0;
+  /* More than the group's limit itself: nothing any member frees can make it fit. */
+  agent_t a = agent_start(env_group(), "VMMSHIM_LIMIT=1G", "VMMSHIM_ON_LIMIT=wait:30", NULL);
+  msg_t m = malloc_within(&a, 2 * GiB, 10000, &took);
+  CHECK(m.res == cudaErrorMemoryAllocation && took < 2.0, "2 GiB over a 1 GiB group limit: %d after %.2f s", m.res, took);
+  CHECK(strstr(agent_log(&a), "fails at once (CUDA_ERROR_OUT_OF_MEMORY)") && strstr(agent_log(&a), "more than the limit itself") &&
+            strstr(agent_log(&a), g_group),
+        "with the reason: %.400s", agent_log(&a));
+  agent_end(&a);
+  unlink(g_path);
+  /* No group, one thread: the only thread that could free is the one waiting. */
+  agent_t b = agent_start("VMMSHIM_LIMIT=1G", "VMMSHIM_ON_LIMIT=wait", NULL);
+  CHECK(ask(&b, A_MALLOC, 768 * MiB, 0, 0).res == cudaSuccess, "768 MiB");
+  m = malloc_within(&b, 512 * MiB, 10000, &took);
+  CHECK(m.res == cudaErrorMemoryAllocation && took < 2.0, "512 MiB more, alone and single-threaded: %d after %.2f s", m.res,
+        took);
+  CHECK(strstr(agent_log(&b), "fails at once") && strstr(agent_log(&b), "no other thread"), "with the reason: %.400s",
+        agent_log(&b));
+  CHECK(ask(&b, A_MALLOC, 3 * GiB, 0, 0).res == cudaErrorMemoryAllocation && strstr(agent_log(&b), "more than the limit"),
+        "alone, more than the limit itself fails at once too");
+  /* Another thread of the program frees a second later: the same wait waits, then proceeds. */
+  msg_t r = ask(&b, A_MALLOC, 128 * MiB, 0, 0);
+  CHECK(r.res == cudaSuccess, "128 MiB");
+  CHECK(ask(&b, A_FREE_LATER, r.a, 1000, 0).res == 0, "a thread that frees them in a second");
+  m = malloc_within(&b, 256 * MiB, 20000, &took);
+  CHECK(m.res == cudaSuccess && took >= 0.5, "with another thread, the wait proceeds once it freed: %d after %.2f s", m.res,
+        took);
+  agent_end(&b);
 }
 
 /* ------------------------------------------------------------------ live */
@@ -876,6 +1026,10 @@ static void scenario_wait(void) {
   double late = now_s() - t1;
   CHECK(late < 0.3, "woken by the release, %.3f s after it (not by its own timer)", late);
   CHECK(m.b >= 1400000000ull, "b waited %.2f s in all", (double)m.b / 1e9);
+  char said[200];
+  snprintf(said, sizeof said, "2147483648 bytes do not fit under group '%s''s limit of 8589934592 bytes", g_group);
+  CHECK(strstr(agent_log(&b), said) && strstr(agent_log(&b), "waiting for memory to come back (at most 30 s"),
+        "at the default log level, b said what it waited for: %.400s", agent_log(&b));
   CHECK(s.h && s.h->waiters == 0 && s.h->total_all <= 8 * GiB, "no waiter left; %llu mapped",
         (unsigned long long)(s.h ? s.h->total_all : 0));
   /* wait:1 gives up after a second, as fail does. */
@@ -989,11 +1143,13 @@ static void corrupt_case(const char *what, void (*spoil)(vs_group_header_t *), c
   spoil(h);
   CHECK(fd >= 0 && pwrite(fd, before, sizeof before, 0) == (ssize_t)sizeof before, "planted %s", g_path);
   agent_t a = agent_start(env_group(), "VMMSHIM_LIMIT=1G", NULL);
-  CHECK(ask(&a, A_MALLOC, 768 * MiB, 0, 0).res == cudaSuccess, "%s: 768 MiB under its own 1G", what);
-  CHECK(ask(&a, A_MALLOC, 512 * MiB, 0, 0).res == cudaErrorMemoryAllocation, "%s: capped alone at 1G", what);
+  CHECK(ask(&a, A_MALLOC, 64 * MiB, 0, 0).res == cudaErrorMemoryAllocation,
+        "%s: without its group, not even 64 MiB under its own 1G", what);
+  CHECK(ask(&a, A_MALLOC, 1 * MiB, 0, 0).res == cudaErrorMemoryAllocation, "%s: nor 1 MiB", what);
   const char *log = agent_log(&a);
-  CHECK(strstr(log, expect) && strstr(log, "refused; this process runs alone under VMMSHIM_LIMIT=1G"), "%s: says %s: %.400s",
-        what, expect, log);
+  CHECK(strstr(log, expect) && strstr(log, "every device allocation of this process fails (out of memory, "
+                                          "CUDA_ERROR_OUT_OF_MEMORY)"),
+        "%s: says %s: %.400s", what, expect, log);
   CHECK(pread(fd, after, sizeof after, 0) == (ssize_t)sizeof after && !memcmp(before, after, sizeof after),
         "%s: the segment is untouched", what);
   char out[4096], args[128];
@@ -1083,6 +1239,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(sc, "kill")) scenario_kill();
     else if (!strcmp(sc, "sequential")) scenario_sequential();
     else if (!strcmp(sc, "user")) scenario_user();
+    else if (!strcmp(sc, "locked")) scenario_locked();
+    else if (!strcmp(sc, "hopeless")) scenario_hopeless();
     else if (!strcmp(sc, "live")) scenario_live();
     else if (!strcmp(sc, "wait")) scenario_wait();
     else if (!strcmp(sc, "host")) scenario_host();
@@ -1096,6 +1254,8 @@ int main(int argc, char **argv) {
   check_run_child("kill", NULL);
   check_run_child("sequential", NULL);
   check_run_child("user", NULL);
+  check_run_child("locked", NULL);
+  check_run_child("hopeless", NULL);
   check_run_child("live", NULL);
   check_run_child("wait", NULL);
   check_run_child("host", NULL);

@@ -1045,6 +1045,20 @@ static void scenario_slow(void) {
   sleep_ms(2500);
   CHECK(ask(&slow, A_CLOSED, 0, 0, 0, NULL).res == 30, "the exporter closed the connections that sent no request");
   ask(&slow, A_RELEASE, 0, 0, 0, NULL);
+  /* A request trickled one byte every 0.2 s is closed by its deadline (VMMSHIM_IPC_TIMEOUT from
+   * the accept), however many bytes come. */
+  int fd = exporter_connect(&h);
+  const unsigned char *req = (const unsigned char *)"vmmshim\x01" "\x01\x02\x03\x04\x05\x06\x07\x08";
+  bool closed = false;
+  t0 = now_s();
+  for (int i = 0; fd >= 0 && !closed && now_s() - t0 < 10; i = (i + 1) % 15) {
+    closed = send(fd, req + i, 1, MSG_NOSIGNAL) != 1;
+    struct pollfd pf = {fd, POLLIN, 0};
+    char b[64];
+    closed = closed || (poll(&pf, 1, 200) == 1 && recv(fd, b, sizeof b, MSG_DONTWAIT) <= 0);
+  }
+  CHECK(closed, "a request trickled one byte every 0.2 s is closed by its deadline (%.1f s)", now_s() - t0);
+  if (fd >= 0) close(fd);
   /* 300 idle ones: the oldest make room for a new one. */
   CHECK(ask(&slow, A_FLOOD, 300, 0, 0, &h).res == 300, "300 idle connections");
   t0 = now_s();

@@ -27,7 +27,7 @@ static CUcontext g_ctx;
 
 static vmmshim_stats_t stats(void) {
   vmmshim_stats_t s;
-  vmmshim_get_stats(&s, sizeof s);
+  _vs_stats_get(&s); /* vmmshim_get_stats lives in src/hook/api.c, which unit tests do not link */
   return s;
 }
 

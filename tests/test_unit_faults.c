@@ -83,8 +83,9 @@ static void f(int i) {
   CUresult err;
   CHECK(pat_check_sparse((void *)(uintptr_t)live[i].p, live[i].n, live[i].seed) == (size_t)-1, "%s: block intact",
         g_case);
-  CHECK(_vs_pool_free(pool, live[i].p, VS_NO_STREAM, VMMSHIM_API_DRIVER, &sz, &req, &err) == VS_POOL_OK, "%s: free",
-        g_case);
+  CHECK(_vs_pool_free(pool, live[i].p, VS_FREE_KIND_SYNC, VS_NO_STREAM, VMMSHIM_API_DRIVER, &sz, &req, &err) ==
+            VS_POOL_OK,
+        "%s: free", g_case);
   live[i] = live[--nlive];
 }
 

@@ -33,7 +33,8 @@ static CUdeviceptr palloc(size_t n, size_t *served) { return palloc_on(n, served
 static bool pfree_on(CUdeviceptr p, CUstream s) {
   size_t sz, req;
   CUresult err;
-  return _vs_pool_free(pool, p, s, VMMSHIM_API_DRIVER, &sz, &req, &err) == VS_POOL_OK;
+  vs_free_kind_t kind = s == VS_NO_STREAM ? VS_FREE_KIND_SYNC : VS_FREE_KIND_STREAM;
+  return _vs_pool_free(pool, p, kind, s, VMMSHIM_API_DRIVER, &sz, &req, &err) == VS_POOL_OK;
 }
 static bool pfree(CUdeviceptr p) { return pfree_on(p, VS_NO_STREAM); }
 

@@ -118,12 +118,14 @@ int main(void) {
       if (si != 3 && (r >> 32) % 4 == 0) emu_launch(s, noop, NULL); /* work before the free */
       size_t fsz = 0;
       CUresult err = CUDA_SUCCESS;
-      if (_vs_pool_free(pool, b.p, s, VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) != VS_POOL_OK || err != CUDA_SUCCESS ||
-          fsz != b.served)
+      vs_free_kind_t kind = s == VS_NO_STREAM ? VS_FREE_KIND_SYNC : VS_FREE_KIND_STREAM;
+      if (_vs_pool_free(pool, b.p, kind, s, VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) != VS_POOL_OK ||
+          err != CUDA_SUCCESS || fsz != b.served)
         free_fail++;
       /* freeing it again is refused */
       if ((r >> 44) % 64 == 0 &&
-          _vs_pool_free(pool, b.p, VS_NO_STREAM, VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) != VS_POOL_NOT_OWNED)
+          _vs_pool_free(pool, b.p, VS_FREE_KIND_SYNC, VS_NO_STREAM, VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) !=
+              VS_POOL_NOT_OWNED)
         free_fail++;
     }
     if (op % 97 == 0) emu_complete(st[op % 3], -1); /* the device makes progress */
@@ -156,7 +158,9 @@ int main(void) {
     live_t b = live[--nlive];
     size_t fsz;
     CUresult err;
-    CHECK(_vs_pool_free(pool, b.p, st[nlive % 3], VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) == VS_POOL_OK, "final free");
+    CHECK(_vs_pool_free(pool, b.p, VS_FREE_KIND_STREAM, st[nlive % 3], VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) ==
+              VS_POOL_OK,
+          "final free");
   }
   CHECK(cuCtxSynchronize() == CUDA_SUCCESS, "sync");
   /* one synchronous free lets the pool know the device is idle */
@@ -164,7 +168,8 @@ int main(void) {
   size_t served, fsz;
   CUresult err;
   CHECK(_vs_pool_alloc(pool, 1, VS_NO_STREAM, VMMSHIM_API_DRIVER, &p, &served, &err, &g_contended) == VS_POOL_OK, "alloc");
-  CHECK(_vs_pool_free(pool, p, VS_NO_STREAM, VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) == VS_POOL_OK, "free");
+  CHECK(_vs_pool_free(pool, p, VS_FREE_KIND_SYNC, VS_NO_STREAM, VMMSHIM_API_DRIVER, &fsz, &g_freq, &err) == VS_POOL_OK,
+        "free");
   CHECK(_vs_pool_check(pool) == 0, "check before trim");
   size_t idle = _vs_pool_idle_bytes(pool);
   size_t released = _vs_pool_trim(pool, 0);

@@ -62,13 +62,13 @@ vs_pool_status_t _vs_on_limit(vs_pool_t *pool, vs_pool_status_t st, size_t size,
                               CUdeviceptr *ptr, size_t *served, CUresult *err);
 
 /* ---------------------------------------------------------------- "sleep.c" */
-/* vmmshim_sleep, _wake and _sleep_level without the result's time and log (vmmshim.h). */
-int _vs_sleep(const char *tag, int mode, vmmshim_sleep_result_t *res);
-int _vs_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *res);
-int _vs_sleep_level(int level, int mapped, vmmshim_sleep_result_t *res);
+/* vmmshim_sleep, _wake, _sleep_level and _promote (vmmshim.h), out's size checked by the caller
+ * (out may be NULL): each timed, logged and traced, its result copied to out. */
+int _vs_sleep(const char *tag, int mode, vmmshim_sleep_result_t *out);
+int _vs_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *out);
+int _vs_sleep_level(int level, int mapped, vmmshim_sleep_result_t *out);
+int _vs_promote(vmmshim_sleep_result_t *out);
 int _vs_tag_stats(vmmshim_tag_stats_t *out, int max);
-/* vmmshim_promote without the result's time and log. */
-int _vs_promote(vmmshim_sleep_result_t *res);
 /* Whether addr is served from host memory at its own address (a tag asleep in mapped mode), and
  * its pool's device: pointer queries then answer device memory, as before the sleep. */
 bool _vs_host_mapped(CUdeviceptr addr, int *dev);
@@ -89,7 +89,12 @@ int _vs_tag_find(const char *name, bool create);
 const char *_vs_tag_name(int id);
 int _vs_tag_count(void);
 bool _vs_tag_keep(int id);
+/* vmmshim_set_tag (NULL: back to the process's tag), _set_process_tag, _get_tag (buf not NULL,
+ * n > 0) and _set_tag_keep: 0 or a negative errno value (vmmshim.h). */
+int _vs_set_thread_tag(const char *tag);
 int _vs_set_process_tag(const char *tag);
+int _vs_get_tag(char *buf, size_t n);
+int _vs_set_tag_keep(const char *tag, bool keep);
 
 /* ---------------------------------------------------------------- "mempool.c" */
 /* The queries a program makes about the stream-ordered allocator's pool, on a pool the shim

@@ -67,9 +67,6 @@ extern _Thread_local int _vs_locks_held;
 typedef struct vs_pool_s vs_pool_t;
 /* The stream of a synchronous allocation or free (cudaMalloc, cudaFree): none. */
 #define VS_NO_STREAM ((CUstream)(uintptr_t)UINTPTR_MAX)
-/* The stream of a deferred free while all of the program's work goes to one stream (order.c):
- * the block is free at once, ordered after that work. */
-#define VS_ORDERED_FREE ((CUstream)(uintptr_t)(UINTPTR_MAX - 2))
 
 /* ---------------------------------------------------------------- "config.c" */
 
@@ -224,8 +221,6 @@ const char *_vs_open_output_error(int err);
 /* Copies every message the calling thread writes from now on to fn (line: n bytes, its newline
  * included), besides the log; fn NULL: no more. */
 void _vs_log_copy(void (*fn)(void *arg, const char *line, size_t n), void *arg);
-/* "CUDA_ERROR_OUT_OF_MEMORY" for 2; never NULL, works before the driver is loaded. */
-const char *_vs_cu_error_name(CUresult r);
 
 /* ---------------------------------------------------------------- "cuda.c" */
 /* The real driver entry points, resolved once through libcuda's cuGetProcAddress_v2.
@@ -299,22 +294,27 @@ typedef CUresult (*vs_get_proc_v2_fn)(const char *, void **, int, cuuint64_t, CU
 extern vs_get_proc_v2_fn _vs_real_get_proc_v2;
 /* glibc's dlsym (the shim exports its own dlsym, so a plain call would reach that). */
 void *_vs_real_dlsym(void *handle, const char *symbol);
+/* "CUDA_ERROR_OUT_OF_MEMORY" for 2; never NULL, works before the driver is loaded. */
+const char *_vs_cu_error_name(CUresult r);
 
-/* ---------------------------------------------------------------- "init.c" */
-extern atomic_int _vs_state; /* 0 not initialised, 1 active, 2 pass-through */
-/* True when the shim serves allocations; the first call initialises (options, log, trace, the
- * driver's functions). Inline: every allocation asks. */
+/* ---------------------------------------------------------------- "state.c", "init.c" */
+/* state.c: the words every file reads (below the rest of base, so base's own files read them
+ * without calling up into init.c). */
+extern atomic_int _vs_state; /* 0 not initialised, 1 active, 2 pass-through (init.c decides) */
+/* Thread-local guard: set while the shim calls into the real runtime or driver, so that
+ * the hooks reached from there pass through. */
+extern _Thread_local int _vs_guard;
+/* Active stream captures in the process, kept by the cuStreamBeginCapture/EndCapture hooks. */
+extern atomic_int _vs_captures_active;
+/* init.c, the top of base: true when the shim serves allocations; the first call initialises
+ * (options, log, trace, the driver's functions). Inline: every allocation asks. Not for the
+ * files of base, which read _vs_state. */
 bool _vs_activate_slow(void);
 static inline bool _vs_active(void) {
   int st = atomic_load_explicit(&_vs_state, memory_order_acquire);
   if (__builtin_expect(st == 1, 1)) return true;
   return st == 2 ? false : _vs_activate_slow();
 }
-/* Thread-local guard: set while the shim calls into the real runtime or driver, so that
- * the hooks reached from there pass through. */
-extern _Thread_local int _vs_guard;
-/* Active stream captures in the process, kept by the cuStreamBeginCapture/EndCapture hooks. */
-extern atomic_int _vs_captures_active;
 void _vs_init_once(void); /* config, log, trace, atexit, the dump signal; no CUDA */
 /* What the dump signal's thread does (the memory report, registered by report.c). */
 void _vs_set_dump_handler(void (*fn)(void));
@@ -324,6 +324,9 @@ void _vs_set_activate_handler(void (*fn)(void));
 /* Starts a detached thread of the shim with every signal blocked (the program's signals stay
  * with its own threads); pthread_create's result. */
 int _vs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg);
+/* How many threads of _vs_thread_start run now in this process (a wait for memory tells the
+ * program's threads from them); a fork child has none of its parent's. */
+int _vs_threads_own(void);
 
 /* ---------------------------------------------------------------- "directory.c" */
 /* Address -> owning pool, over every reservation of every pool; lock-free lookups. */
@@ -345,6 +348,7 @@ void _vs_stat_peak(uint64_t *peak, uint64_t value);
 void _vs_stat_alloc(vmmshim_api_t api, size_t served, size_t requested);
 void _vs_stat_free(vmmshim_api_t api, size_t served, size_t requested);
 void _vs_stat_drop(size_t served, size_t requested); /* live blocks of a dropped pool */
+void _vs_stats_get(vmmshim_stats_t *out); /* vmmshim_get_stats: the counters summed */
 void _vs_stats_print(void);
 
 /* ---------------------------------------------------------------- "trace.c" */
@@ -408,7 +412,7 @@ static inline void _vs_gate_leave(vs_gate_line_t *l) { atomic_fetch_sub_explicit
 void _vs_gate_close(void);
 void _vs_gate_open(void);
 
-/* ---------------------------------------------------------------- "init.c": threads */
+/* ---------------------------------------------------------------- "state.c": threads */
 /* A number of the calling thread's own (odd, unlike any handle or aligned address), never given
  * to another thread, even after this one has exited (a thread-local address would be). */
 extern _Thread_local uintptr_t _vs_thread_no;
@@ -443,19 +447,21 @@ static inline CUstream _vs_stream_key(CUstream s, const void **owner) {
  * another stream's. */
 typedef enum vs_order_state_e { VS_ORDER_UNSEEN = 0, VS_ORDER_ONE = 1, VS_ORDER_LEAVING = 2, VS_ORDER_OFF = 3 } vs_order_state_t;
 #define VS_ORDER_ELSEWHERE ((CUstream)(uintptr_t)(UINTPTR_MAX - 1))
-extern atomic_int _vs_order_state;
-extern CUstream _vs_order_stream; /* the one stream when the program named it by handle, else VS_NO_STREAM */
-void _vs_order_see_slow(CUstream s, int ptsz);
-static inline void _vs_order_see(CUstream s, int ptsz) {
-  int st = atomic_load_explicit(&_vs_order_state, memory_order_acquire);
-  if (__builtin_expect(st == VS_ORDER_OFF, 1)) return;
-  if (st == VS_ORDER_ONE && s == _vs_order_stream) return;
-  _vs_order_see_slow(s, ptsz);
-}
+/* A submission to stream s (ptsz: a per-thread call), before the driver call: fixes S, or ends
+ * the order (its way out). Every launch makes it: an atomic load while the order is off or s is
+ * S by handle. */
+void _vs_order_see(CUstream s, int ptsz);
 /* Ends the one-stream order (why: for the log and stats); host: the caller's use cannot wait on
  * a stream, so it returns once the one stream's earlier work is done. */
 void _vs_order_leave(const char *why, bool host);
-bool _vs_order_one(CUcontext ctx);         /* deferred frees of ctx's pools are reused at once */
+/* The order as it stands: its state and S's context (NULL until S is fixed). A free of a pool
+ * of that context is ordered while the state is VS_ORDER_ONE (alloc.c); memory freed in order
+ * may still be in use until it is VS_ORDER_OFF (space.c). */
+typedef struct vs_order_view_s {
+  vs_order_state_t state;
+  CUcontext ctx;
+} vs_order_view_t;
+vs_order_view_t _vs_order_view(void);
 void _vs_order_stream_destroyed(CUstream s);
 void _vs_order_context_gone(CUcontext ctx);
 void _vs_order_configure(bool on);         /* at start: off unless deferred mode and VMMSHIM_ONE_STREAM */

@@ -5,6 +5,8 @@
  * members run on one host). scripts/python/vmmshim/group_shm.py (vmmshim ctl --group) reads and writes the same layout with
  * struct: a change here is a new VS_GROUP_VERSION, and a change there.
  *
+ * Before any lock, a process checks on the opened descriptor that the file is a regular file of
+ * its user with no access for others; a joining process waits for the lock a few seconds at most.
  * Locking: every change is made under flock(LOCK_EX) on the segment's descriptor (the kernel
  * lets go of it when its holder dies, kill -9 included), with `busy` set to the writer's pid
  * for the time of the change: a holder that finds `busy` set finds a change cut short by a

@@ -66,6 +66,9 @@ bool _vs_group_headroom(int dev, size_t *left, size_t *cap);
  * While a member waits, the others' frees give their idle memory back. Returns false once the
  * deadline has passed, true when the caller should try again. */
 bool _vs_group_wait(uint64_t deadline_ns);
+/* Whether a wait for len bytes on dev can never end (why[] then says why): the group could not
+ * be joined, len passes the limit itself, or nothing but the waiting thread could free. */
+bool _vs_group_hopeless(int dev, size_t len, char *why, size_t n);
 /* VMMSHIM_ON_LIMIT=host: len bytes on dev served from host memory past the limit, under
  * host:SIZE (false: over it); counted in the member's host bytes. */
 bool _vs_group_spill_admit(int dev, size_t len);

@@ -26,12 +26,12 @@
 
 #include "vmmshim/base.h"
 
-/* The lock order, outermost first. ipc.c's two locks (and control.c's) are ranked here for when
- * they move onto vs_lock_t; until then only their count (VS_LOCK_HELD) is kept. */
+/* The lock order, outermost first. ipc.c's two locks and control.c's are ranked here for when
+ * they move onto vs_lock_t; until then ipc.c counts its own (VS_LOCK_HELD). */
 typedef enum vs_lock_rank_e {
   VS_RANK_NONE = 0,
   /* outer: may be held across driver calls */
-  VS_RANK_CONTROL,  /* control.c: the control socket's start and fork */
+  VS_RANK_CONTROL,  /* control.c: the control channel's start */
   VS_RANK_RESOLVE,  /* cuda.c: the driver's entry points, resolved once (dlopen) */
   VS_RANK_SLEEP,    /* sleep.c: one sleep, wake or promote at a time */
   VS_RANK_REPORT,   /* report.c: one memory report at a time */

@@ -43,7 +43,7 @@ enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_NHEAPS = 2 };
  * are sealed (an event recorded after them; once it has completed they join the bins and
  * merge) when the stream holds VS_SEAL_COUNT blocks, or when the older ones hold
  * 1/VS_SEAL_FRACTION of what the pool maps: prompt merging keeps large memory contiguous, and
- * a seal costs an event record and a query (~1 us), amortised over many frees. */
+ * a seal costs an event record and a query, amortised over many frees. */
 #define VS_SEAL_KEEP 4
 #define VS_SEAL_COUNT 32
 #define VS_SEAL_FRACTION 64
@@ -110,12 +110,12 @@ static inline bool vs_policy_seal_stream(unsigned count, size_t older_bytes, siz
  *     memory nobody uses (once free, it serves the request, or is given back before the
  *     growth). While the GPU keeps up the pool grows instead: a program that frees and
  *     allocates again in a tight loop would otherwise synchronise at every allocation that
- *     comes before the reclaimer (deferred pairs of 16 MiB on the H100: 0.33 -> 1.5 us).
- * A sync costs ~1 us on an idle GPU, the queued work's time on a busy one; a growth 100-1000 us.
- * Measured on the H100 (bench varlen, a transformer step at random sequence lengths): held /
- * live at peak 1.64 -> 1.15 in deferred mode, 1.43 -> 1.10 on the async path. A tighter bound
- * (21/20, or 1/1) did not lower it (five seeds, medians: deferred 1.093 -> 1.142, async 1.084 ->
- * 1.128-1.142): what is left is memory the GPU has not caught up with, not the bound. */
+ *     comes before the reclaimer, several times slower per pair.
+ * A sync costs little on an idle GPU and the queued work's time on a busy one; a growth costs
+ * far more. The rule lowers what a program holds at its peak while the GPU lags; a tighter bound
+ * does not lower it further: what is left is memory the GPU has not caught up with, not the
+ * bound. The figures are in docs/rationale.md ("Waiting for the GPU before growing") and
+ * docs/design.md. */
 #define VS_HELD_BOUND_NUM 11
 #define VS_HELD_BOUND_DEN 10
 #define VS_LAG_NS 100000ull

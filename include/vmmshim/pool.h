@@ -32,14 +32,27 @@ vs_pool_status_t _vs_pool_alloc(vs_pool_t *pool, size_t size, CUstream stream, v
  * mapped for it (0 when free memory served it). */
 vs_pool_status_t _vs_pool_alloc_host(vs_pool_t *pool, size_t size, CUstream stream, CUdeviceptr *ptr_out,
                                      size_t *served_out, CUresult *cu_err, size_t *grown_out);
-/* Frees a block. For VS_NO_STREAM, the free mode decides (sync: the context is synchronised
- * first; deferred: the block is reused after a later synchronisation). For VS_ORDERED_FREE the
- * block is free at once (all GPU work is on one stream: order.c); its handle is unmapped only
- * after a synchronisation that began after the free. A block marked exported
- * is not freed: VS_POOL_EXPORTED (the caller asks IPC, which unmarks it or keeps it). */
-vs_pool_status_t _vs_pool_free(vs_pool_t *pool, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api,
-                               size_t *size_out, size_t *requested_out, CUresult *err_out);
-/* The same for a block marked exported (IPC gives back a block freed while open elsewhere). */
+/* How a free lets its block go. The allocation layer decides it once per free (alloc.c: from
+ * the stream, the free mode and the one-stream order) and tells the pool. */
+typedef enum vs_free_kind_e {
+  VS_FREE_KIND_SYNC = 0,     /* cudaFree, sync mode: the context is synchronised first, then the
+                                block is free at once (a sync that fails or would break a capture:
+                                pending until a later one) */
+  VS_FREE_KIND_DEFERRED = 1, /* cudaFree, deferred mode: pending until a context synchronisation
+                                that began after it completes (the reclaimer makes one) */
+  VS_FREE_KIND_ORDERED = 2,  /* cudaFree, deferred mode, all GPU work on one stream (order.c): free
+                                at once; its handle is unmapped only after a synchronisation that
+                                began after the free */
+  VS_FREE_KIND_STREAM = 3    /* cudaFreeAsync: free at once for the stream's later work, for
+                                other streams after an event recorded on it */
+} vs_free_kind_t;
+/* Frees a block as kind says; stream: the free's stream for VS_FREE_KIND_STREAM, VS_NO_STREAM
+ * for every other kind. A block marked exported is not freed: VS_POOL_EXPORTED (the caller asks
+ * IPC, which unmarks it or keeps it). */
+vs_pool_status_t _vs_pool_free(vs_pool_t *pool, CUdeviceptr ptr, vs_free_kind_t kind, CUstream stream,
+                               vmmshim_api_t api, size_t *size_out, size_t *requested_out, CUresult *err_out);
+/* The same for a block marked exported (IPC gives back a block freed while open elsewhere):
+ * freed as a cudaFree of the free mode (sync or deferred), long after the program's free. */
 vs_pool_status_t _vs_pool_free_exported(vs_pool_t *pool, CUdeviceptr ptr, vmmshim_api_t api, size_t *size_out,
                                         size_t *requested_out, CUresult *err_out);
 /* Marks the live block starting at ptr as exported (or not): one flag, so that a free pays
@@ -96,7 +109,7 @@ void _vs_pool_set_release_threshold(int dev, uint64_t bytes);
 size_t _vs_pool_apply_release_threshold(vs_pool_t *pool);
 CUcontext _vs_pool_context(const vs_pool_t *pool);
 int _vs_pool_device(const vs_pool_t *pool);
-/* Debug check that map, bins and block list agree; returns the number of problems found. */
+/* Debug check that map, bins and block list agree (check.c); returns the number of problems found. */
 int _vs_pool_check(vs_pool_t *pool);
 /* What a pool holds, per heap (small, large), for the memory report. */
 typedef struct vs_pool_figures_s {
@@ -116,7 +129,7 @@ static inline size_t vs_heaps_sum(const size_t v[VS_NHEAPS]) {
   return n;
 }
 
-/* ---------------------------------------------------------------- "asleep.c" */
+/* ---------------------------------------------------------------- "sleep.c", "wake.c", "asleep.c" */
 /* What a sleep or a wake moved (bytes). */
 typedef struct vs_move_s {
   size_t released;    /* device memory given back */

@@ -2,9 +2,14 @@
  * vs_pool_t as an opaque type through vmmshim/pool.h). A request descends through them:
  *   pool.c          entry points: create, destroy, alloc with its slow-path ladder, free
  *   reclaim.c       making pending blocks free: synchronisations, events, the reclaimer thread
- *   asleep.c        the pool's memory leaving the device and coming back (sleep and wake)
+ *   sleep.c         the pool's memory leaving the device (a sleep, by mode)
+ *   wake.c          ... and coming back at the same addresses (a wake, a promote)
+ *   asleep.c        the records of memory off the device (the asleep list), its host buffers,
+ *                   growths past the limit served from host memory
+ *   copier.c        the copies of a sleep and a wake (two streams of the shim's own, marks)
  *   space.c         reservations, holes, growth and giving memory back (the handles themselves:
  *                   src/handle/handles.c, one layer down)
+ *   check.c         the invariants (VS_POOL_CHECK), below every file that asserts them
  *   pool_streams.c  the blocks freed on each stream (by the stream keys of base.h)
  *   pool_blocks.c   blocks and bins: descriptors, size bins, split, merge, carve
  *                   (both included by pool.c: the hot path stays in one translation unit)
@@ -108,7 +113,7 @@ typedef struct vs_heap_s {
   size_t mapped;
 } vs_heap_t;
 
-/* A segment whose device memory left (asleep.c): its bytes are discarded, copied to host
+/* A segment whose device memory left (sleep.c; asleep.c keeps the list): its bytes are discarded, copied to host
  * buffers, or in host buffers mapped at its own address. */
 typedef struct vs_asleep_seg_s {
   CUdeviceptr va;
@@ -170,7 +175,7 @@ struct vs_pool_s {
   uint64_t sync_seq;    /* synchronisations started */
   uint64_t sync_done;   /* the latest context synchronisation that completed (its number) */
   uint64_t ordered_need; /* a context sync numbered this or later must complete before FREE memory is
-                            unmapped: blocks freed in stream order (VS_ORDERED_FREE) may still be in use */
+                            unmapped: blocks freed in stream order (VS_FREE_KIND_ORDERED) may still be in use */
   unsigned syncs_running;  /* context synchronisations in flight */
   uint64_t sync_since_ns;  /* when the oldest of them started (0: none) */
   uint64_t last_sync_ns;   /* how long the last one that completed took: how far the GPU lags */
@@ -234,6 +239,13 @@ static inline int resv_of(const vs_pool_t *p, CUdeviceptr va) {
     if (va >= p->resv[i].va && va < p->resv[i].va + p->resv[i].size) return i;
   return -1;
 }
+/* The heap whose reservation holds va. Lock held. */
+static inline vs_heap_t *heap_at(vs_pool_t *p, CUdeviceptr va) {
+  int i = resv_of(p, va);
+  return &p->heaps[i >= 0 ? p->resv_heap[i] : 0];
+}
+/* Whether size-bin i of the heap holds a block (its bit in the bin map). */
+static inline bool bin_used(const vs_heap_t *heap, unsigned i) { return heap->binmap[i / 64] & (1ull << (i % 64)); }
 
 /* ---- pool_blocks.c (in pool.c's unit; called from space.c and reclaim.c too) ---- */
 vs_block_t *_vs_block_new(vs_pool_t *p);
@@ -268,7 +280,7 @@ void _vs_pool_unmap_all(vs_pool_t *p);
 size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b);
 /* Frees every block descriptor of every reservation and the spare ones. */
 void _vs_pool_free_blocks(vs_pool_t *p);
-/* Blocks freed in stream order (VS_ORDERED_FREE) may still be in use: unmapping FREE memory
+/* Blocks freed in stream order (VS_FREE_KIND_ORDERED) may still be in use: unmapping FREE memory
  * waits for a synchronisation of the pool's context first. The question: lock held; the
  * settling: lock not held. */
 bool _vs_pool_ordered_unsettled(const vs_pool_t *p);
@@ -304,8 +316,58 @@ void _vs_pool_forget_asleep(vs_pool_t *p);
 /* Maps host memory for a request of size/align (VMMSHIM_ON_LIMIT=host): a new free range of
  * the heap (*len_out bytes), recorded as a spilled segment. Lock not held. */
 CUresult _vs_pool_grow_host(vs_pool_t *p, int heap_id, size_t size, size_t align, size_t *len_out);
+/* Host buffers for a segment of size bytes (VS_HOST_CHUNK each, the last the rest): their count,
+ * or -1 with the reason in *err (nothing kept). */
+int _vs_asleep_take_bufs(const vs_device_caps_t *caps, size_t size, vs_host_buf_t **out, CUresult *err);
+/* A segment's host buffers go back to host.c. */
+void _vs_asleep_give_bufs(const vs_device_caps_t *caps, vs_asleep_seg_t *a);
+/* Unmaps a segment's first n host buffers from its own address (they stay at home). */
+void _vs_asleep_unmap_bufs(vs_pool_t *p, const vs_asleep_seg_t *a, int n);
+/* Maps a segment's host buffers at its own address with the access of the pool's owner and
+ * peers now; on failure nothing stays mapped there. Lock not held. */
+CUresult _vs_asleep_map_bufs(vs_pool_t *p, const vs_asleep_seg_t *a);
+/* The same for a device handle at va. Lock not held. */
+CUresult _vs_asleep_map_device(vs_pool_t *p, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h);
+/* A segment's share of the list's counts, added or taken off. Lock held. */
+void _vs_asleep_count(vs_asleep_t *l, const vs_asleep_seg_t *s, bool add);
+/* Appends segments to the list; false (nothing appended) without host memory for it. Lock held. */
+bool _vs_asleep_append(vs_pool_t *p, const vs_asleep_seg_t *v, size_t n);
+/* Puts segments back on the list after a wake that did not take them. Lock not held. */
+void _vs_asleep_put_back(vs_pool_t *p, const vs_asleep_seg_t *v, size_t n);
 
-/* ---- invariants (pool.c) ---- */
+/* What a sleep or a wake moved: the first failure is the one the answer gives. */
+static inline void move_note(vs_move_t *out, CUresult r, const char *why) {
+  if (out->err == CUDA_SUCCESS && r != CUDA_SUCCESS) {
+    out->err = r;
+    out->why = why;
+  }
+}
+
+/* ---- copier.c ---- */
+/* Two streams of the shim's own in the current context, for the copies: a copy engine each. */
+typedef struct vs_copier_s {
+  CUstream s[2];
+  int n, next;
+  CUresult err; /* the first copy that could not be queued */
+} vs_copier_t;
+/* A point in the copier's streams, reached when every copy queued before it has completed. */
+typedef struct vs_copy_mark_s {
+  CUevent ev[2];
+  int n;        /* events recorded; -1: none could be, the whole streams are waited for */
+  CUresult err; /* a copy up to this point could not be queued */
+} vs_copy_mark_t;
+void _vs_copier_open(vs_copier_t *c);
+/* Queues a device-to-device copy of n bytes, in pieces alternating streams. */
+void _vs_copier_copy(vs_copier_t *c, CUdeviceptr dst, CUdeviceptr src, size_t n);
+/* Queues zeros over n bytes at dst. */
+void _vs_copier_zero(vs_copier_t *c, CUdeviceptr dst, size_t n);
+vs_copy_mark_t _vs_copier_mark(vs_copier_t *c);
+/* Waits for a mark (and forgets it); returns the first error of the copies before it. */
+CUresult _vs_copier_wait(vs_copier_t *c, vs_copy_mark_t *m);
+/* Waits for every copy and destroys the streams; returns the first error. */
+CUresult _vs_copier_close(vs_copier_t *c);
+
+/* ---- invariants (check.c) ---- */
 /* Every invariant of the pool checked; returns the number of problems found. Lock held. */
 int _vs_pool_check_locked(vs_pool_t *p);
 #if VS_DEBUG >= 2

@@ -42,5 +42,8 @@ int _vs_ipc_held_ranges(vs_pool_t *pool, CUdeviceptr *va, size_t *len, int max);
 /* The shim answered out-of-memory: the memory report at warn level, once per burst. scattered:
  * the idle bytes the process's other pools gave back before the answer. */
 void _vs_report_oom(vmmshim_api_t api, size_t size, int dev, bool limit_reached, size_t scattered);
+/* vmmshim_dump and the dump signal: the memory report at note level. -1 when the shim is not
+ * active, else 0. */
+int _vs_report_dump(void);
 
 #endif

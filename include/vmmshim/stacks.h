@@ -47,7 +47,7 @@ uint32_t _vs_stack_capture(size_t requested);
 /* Published entries by id (NULL when there is none). */
 const vs_stack_t *_vs_stack_get(uint32_t id);
 const vs_module_t *_vs_module_get(uint32_t id);
-const char *_vs_string_get(uint32_t id);
+const char *_vs_string_get(uint32_t id); /* strings.c */
 /* The capture settings, for the trace header: frames, minimum size, sampling. */
 void _vs_stacks_settings(unsigned *frames, uint64_t *min_size, unsigned *sample);
 
@@ -64,7 +64,11 @@ int _vs_pyframes(vs_pyframe_t *out, int max);
 void _vs_pyframes_leave(int token);
 bool _vs_pyframes_open(int mode); /* false: no CPython in the process, or mode off */
 bool _vs_pyframes_wait(void);     /* whether a thread that released the GIL takes it back */
-/* stacks.c: a string's id (kept once), for pyframes.c; 0 when the table is full. Lock held. */
+/* strings.c: a string's id (kept once), for pyframes.c; 0 when the table is full. The stacks
+ * lock held. */
 uint32_t _vs_string_intern(const char *s, size_t len);
+bool _vs_strings_open(void); /* at the stacks' open: false when there is no memory for the table */
+/* FNV-1a of n bytes, continued from h: the string and stack tables' hash. */
+uint64_t _vs_hash_bytes(const void *p, size_t n, uint64_t h);
 
 #endif

@@ -1,8 +1,8 @@
 /* alloc.c: what both hook layers call. Finds the pool of the current context (creating
  * it on first use), serves or frees through it, and keeps stats, log and trace.
  *
- * Where cudaFree lands: hook_rt.c cudaFree -> _vs_free (here: directory.c names the arena)
- *   -> _vs_pool_free (pool.c).
+ * Where cudaFree lands: hook_rt.c cudaFree -> _vs_free (here: directory.c names the arena, and
+ *   free_kind says how the block goes: sync, deferred, ordered or stream) -> _vs_pool_free (pool.c).
  * A static runtime's cudaFree arrives at hook_drv.c cuMemFree_v2 -> _vs_free. */
 #include <pthread.h>
 #include <string.h>
@@ -341,6 +341,17 @@ vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUd
   return VS_ALLOC_FAILED;
 }
 
+/* How a free of pool's block lets it go (pool.h), decided here and nowhere else: on a stream,
+ * in that stream's order; without one, as the free mode says, except that in deferred mode,
+ * while all work so far has gone to one stream of the pool's context, in that stream's order
+ * (order.c; the order is never on in sync mode). */
+static vs_free_kind_t free_kind(vs_pool_t *pool, CUstream stream) {
+  if (stream != VS_NO_STREAM) return VS_FREE_KIND_STREAM;
+  vs_order_view_t order = _vs_order_view();
+  if (order.state == VS_ORDER_ONE && order.ctx == _vs_pool_context(pool)) return VS_FREE_KIND_ORDERED;
+  return _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC ? VS_FREE_KIND_SYNC : VS_FREE_KIND_DEFERRED;
+}
+
 /* Where cudaFree lands: the directory names the arena that reserved the address, and that
  * arena frees the block (or says it is not the start of a live one). A sync-mode free
  * synchronises the arena's context, made current for the call if another one is. */
@@ -349,10 +360,9 @@ bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err
   if (vs_unlikely(_vs_guard) || !ptr || !_vs_active()) return false;
   vs_pool_t *pool = _vs_dir_lookup(ptr);
   if (!pool) return false;
-  /* Deferred mode, all work so far on one stream: free at once, in that stream's order. */
-  if (stream == VS_NO_STREAM && _vs_order_one(_vs_pool_context(pool))) stream = VS_ORDERED_FREE;
+  vs_free_kind_t kind = free_kind(pool, stream);
   bool switch_ctx = false;
-  if (stream == VS_NO_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC) {
+  if (kind == VS_FREE_KIND_SYNC) {
     CUcontext cur = NULL;
     if (_vs_cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS) cur = NULL;
     switch_ctx = cur != _vs_pool_context(pool);
@@ -360,7 +370,7 @@ bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err
   size_t size = 0, requested = 0;
   CUcontext saved = NULL;
   if (switch_ctx) _vs_cu.cuCtxPushCurrent(_vs_pool_context(pool));
-  vs_pool_status_t st = _vs_pool_free(pool, ptr, stream, api, &size, &requested, err);
+  vs_pool_status_t st = _vs_pool_free(pool, ptr, kind, stream, api, &size, &requested, err);
   /* A block shared by IPC (the pool marks it): ipc.c decides; it unmarks one it lets go. */
   for (int tries = 0; vs_unlikely(st == VS_POOL_EXPORTED) && tries < 4; tries++) {
     vs_ipc_free_t f = _vs_ipc_on_free(pool, ptr, api);
@@ -370,7 +380,7 @@ bool _vs_free(vmmshim_api_t api, CUdeviceptr ptr, CUstream stream, CUresult *err
       _vs_stat_free(api, size, requested);       /* another process has it open: the pool gets it back later */
       return true;
     }
-    st = _vs_pool_free(pool, ptr, stream, api, &size, &requested, err);
+    st = _vs_pool_free(pool, ptr, kind, stream, api, &size, &requested, err);
   }
   if (switch_ctx) _vs_cu.cuCtxPopCurrent(&saved);
   if (st != VS_POOL_OK) return false;
@@ -553,8 +563,6 @@ bool _vs_unpark(vs_pool_t *pool) {
 }
 
 void _vs_visit_tag(int tag, void (*fn)(vs_pool_t *pool, void *arg), void *arg) { visit(tag, -1, fn, arg); }
-
-VS_API size_t vmmshim_trim(void) { return _vs_trim_all(); }
 
 void _vs_visit_device_arenas(int dev, void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
   if (_vs_active() && dev >= 0) visit(-1, dev, fn, arg);

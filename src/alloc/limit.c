@@ -3,20 +3,48 @@
  *   fail  out of memory, with the memory report (alloc.c);
  *   wait  sleeps until bytes come back to the budget (another member's release, a limit raised:
  *         group.c wakes it through a futex on the segment) and tries again, until SECONDS pass;
- *         meanwhile the members' frees give their idle memory back;
+ *         meanwhile the members' frees give their idle memory back. Each wait says what it waits
+ *         for (rate-limited); one that could never end (group.c: _vs_group_hopeless) fails at once;
  *   host  the growth is served from host memory mapped at the pool's own addresses (asleep.c):
  *         the program keeps running on it, over the link, until vmmshim_promote moves it back. */
+#include <stdio.h>
+
 #include "vmmshim/alloc.h"
 
 atomic_size_t _vs_host_mapped_bytes; /* served from host memory at their addresses, all pools */
+
+static vs_rate_t vs_wait_said; /* a line at every wait, at most one a second */
+
+/* What the wait is for, at the default log level: a program that stops for it says why. */
+static void say_waiting(int dev, size_t size, uint64_t secs) {
+  vs_group_view_t v;
+  char what[160] = "the limit";
+  if (_vs_group_view(dev, &v)) {
+    bool per = v.limit_dev && (!v.limit_all || v.limit_dev < v.limit_all);
+    uint64_t limit = per ? v.limit_dev : v.limit_all, mapped = per ? v.total_dev : v.total_all;
+    snprintf(what, sizeof what, "%s%s%s's limit of %llu bytes%s (%llu mapped)", v.shared ? "group '" : "",
+             v.shared ? v.name : "this process", v.shared ? "'" : "", (unsigned long long)limit,
+             per ? " on this device" : "", (unsigned long long)mapped);
+  }
+  char until[80] = "";
+  if (secs) snprintf(until, sizeof until, " (at most %llu s: VMMSHIM_ON_LIMIT=wait:%llu)", (unsigned long long)secs,
+                     (unsigned long long)secs);
+  _vs_warn_rated(&vs_wait_said, "device %d: %zu bytes do not fit under %s: waiting for memory to come back%s", dev, size,
+                 what, until);
+}
 
 static vs_pool_status_t wait_for_room(vs_pool_t *pool, size_t size, CUstream stream, vmmshim_api_t api, CUdeviceptr *ptr,
                                       size_t *served, CUresult *err) {
   uint64_t secs = _vs_option_arg(VS_OPT_ON_LIMIT), t0 = _vs_now_ns();
   uint64_t deadline = secs ? t0 + secs * 1000000000ull : UINT64_MAX;
   int dev = _vs_pool_device(pool);
-  _vs_info("device %d: %zu bytes do not fit under the limit: waiting%s for another member to give memory back", dev,
-           size, secs ? " (VMMSHIM_ON_LIMIT=wait:SECONDS)" : "");
+  char why[256];
+  if (_vs_group_hopeless(dev, size, why, sizeof why)) {
+    _vs_warn("device %d: %zu bytes: VMMSHIM_ON_LIMIT=wait fails at once (%s), the wait could never end: %s", dev, size,
+             _vs_cu_error_name(CUDA_ERROR_OUT_OF_MEMORY), why);
+    return VS_POOL_LIMIT;
+  }
+  say_waiting(dev, size, secs);
   vs_pool_status_t st = VS_POOL_LIMIT;
   bool contended = false, more = true;
   while (st == VS_POOL_LIMIT && more) {

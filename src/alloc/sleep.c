@@ -155,12 +155,14 @@ static int tag_arg(const char *tag) {
   return id;
 }
 
-static int finish(int rc, uint64_t t0, vmmshim_sleep_result_t *res, vmmshim_sleep_result_t *out, size_t size,
-                  const char *what, const char *tag, int wake, int mode) {
+/* A call of the public API done (api.c checked out's size): its time, log line and trace record, and
+ * its result copied to out (may be NULL). */
+static int finish(int rc, uint64_t t0, vmmshim_sleep_result_t *res, vmmshim_sleep_result_t *out, const char *what,
+                  const char *tag, int wake, int mode) {
   res->ns = _vs_now_ns() - t0;
   res->error = rc;
   if (rc && !res->reason[0]) result_reason(res, "%s", strerror(-rc));
-  if (out && size == sizeof *out) *out = *res;
+  if (out) *out = *res;
   _vs_info("%s %s: %d (%s); released %llu, restored %llu, host %llu, discarded %llu, skipped %llu bytes, %.3f ms%s%s",
            what, tag ? tag : "(every tag)", rc, rc ? strerror(-rc) : "ok", (unsigned long long)res->released,
            (unsigned long long)res->restored, (unsigned long long)res->to_host, (unsigned long long)res->discarded,
@@ -173,7 +175,7 @@ static int finish(int rc, uint64_t t0, vmmshim_sleep_result_t *res, vmmshim_slee
   return rc;
 }
 
-int _vs_sleep(const char *tag, int mode, vmmshim_sleep_result_t *res) {
+static int sleep_now(const char *tag, int mode, vmmshim_sleep_result_t *res) {
   memset(res, 0, sizeof *res);
   if (mode < VMMSHIM_SLEEP_DISCARD || mode > VMMSHIM_SLEEP_MAPPED) return -EINVAL;
   if (!_vs_active()) return -ENODEV;
@@ -186,7 +188,7 @@ int _vs_sleep(const char *tag, int mode, vmmshim_sleep_result_t *res) {
   return rc;
 }
 
-int _vs_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *res) {
+static int wake_now(const char *tag, unsigned flags, vmmshim_sleep_result_t *res) {
   memset(res, 0, sizeof *res);
   if (flags & ~VMMSHIM_WAKE_ZERO) return -EINVAL;
   if (!_vs_active()) return -ENODEV;
@@ -199,7 +201,7 @@ int _vs_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *res) {
   return rc;
 }
 
-int _vs_sleep_level(int level, int mapped, vmmshim_sleep_result_t *res) {
+static int sleep_level_now(int level, int mapped, vmmshim_sleep_result_t *res) {
   memset(res, 0, sizeof *res);
   if (level < 0 || level > 2) return -EINVAL;
   if (!_vs_active()) return -ENODEV;
@@ -215,29 +217,24 @@ int _vs_sleep_level(int level, int mapped, vmmshim_sleep_result_t *res) {
   return rc;
 }
 
-VS_API int vmmshim_api_version(void) { return VMMSHIM_API_VERSION; }
-
-VS_API int vmmshim_sleep(const char *tag, vmmshim_sleep_mode_t mode, vmmshim_sleep_result_t *out, size_t size) {
+int _vs_sleep(const char *tag, int mode, vmmshim_sleep_result_t *out) {
   vmmshim_sleep_result_t res;
   uint64_t t0 = _vs_now_ns();
-  if (out && size != sizeof *out) return -EINVAL;
-  return finish(_vs_sleep(tag, (int)mode, &res), t0, &res, out, size, "sleep", tag, 0, (int)mode);
+  return finish(sleep_now(tag, mode, &res), t0, &res, out, "sleep", tag, 0, mode);
 }
 
-VS_API int vmmshim_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *out, size_t size) {
+int _vs_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *out) {
   vmmshim_sleep_result_t res;
   uint64_t t0 = _vs_now_ns();
-  if (out && size != sizeof *out) return -EINVAL;
-  return finish(_vs_wake(tag, flags, &res), t0, &res, out, size, "wake", tag, 1, 0);
+  return finish(wake_now(tag, flags, &res), t0, &res, out, "wake", tag, 1, 0);
 }
 
-VS_API int vmmshim_sleep_level(int level, int mapped, vmmshim_sleep_result_t *out, size_t size) {
+int _vs_sleep_level(int level, int mapped, vmmshim_sleep_result_t *out) {
   vmmshim_sleep_result_t res;
   uint64_t t0 = _vs_now_ns();
-  if (out && size != sizeof *out) return -EINVAL;
   char what[24];
   snprintf(what, sizeof what, "sleep level %d", level);
-  return finish(_vs_sleep_level(level, mapped, &res), t0, &res, out, size, what, NULL, 0,
+  return finish(sleep_level_now(level, mapped, &res), t0, &res, out, what, NULL, 0,
                 level == 1 ? (mapped ? VMMSHIM_SLEEP_MAPPED : VMMSHIM_SLEEP_HOST) : VMMSHIM_SLEEP_DISCARD);
 }
 
@@ -268,7 +265,7 @@ static void promote_pool(vs_pool_t *pool, void *arg) {
   add_move(job->res, &mv);
 }
 
-int _vs_promote(vmmshim_sleep_result_t *res) {
+static int promote_now(vmmshim_sleep_result_t *res) {
   memset(res, 0, sizeof *res);
   if (!_vs_active()) return -ENODEV;
   _vs_lock_take(&vs_sleep_lock);
@@ -291,11 +288,10 @@ int _vs_promote(vmmshim_sleep_result_t *res) {
   return rc;
 }
 
-VS_API int vmmshim_promote(vmmshim_sleep_result_t *out, size_t size) {
+int _vs_promote(vmmshim_sleep_result_t *out) {
   vmmshim_sleep_result_t res;
   uint64_t t0 = _vs_now_ns();
-  if (out && size != sizeof *out) return -EINVAL;
-  return finish(_vs_promote(&res), t0, &res, out, size, "promote", NULL, 1, 0);
+  return finish(promote_now(&res), t0, &res, out, "promote", NULL, 1, 0);
 }
 
 /* ------------------------------------------------------------------ figures */
@@ -331,24 +327,6 @@ int _vs_tag_stats(vmmshim_tag_stats_t *out, int max) {
     st->keep = _vs_tag_keep(t);
   }
   return n;
-}
-
-VS_API int vmmshim_tag_stats(vmmshim_tag_stats_t *out, int max, size_t size) {
-  if (size != sizeof(vmmshim_tag_stats_t) || max < 0 || (max && !out)) return -EINVAL;
-  return _vs_tag_stats(out, max);
-}
-
-VS_API int vmmshim_host_memory(uint64_t *in_use, uint64_t *cached) {
-  size_t c = 0, l = 0;
-  _vs_host_counts(&c, &l);
-  if (in_use) *in_use = l;
-  if (cached) *cached = c;
-  return 0;
-}
-
-VS_API size_t vmmshim_release_host(size_t keep) {
-  if (!_vs_active()) return 0;
-  return _vs_release_host(keep);
 }
 
 /* ------------------------------------------------------------------ pointer queries */

@@ -60,7 +60,7 @@ const char *_vs_tag_name(int id) { return id >= 0 && id < atomic_load(&vs_ntags)
 int _vs_tag_count(void) { return atomic_load_explicit(&vs_ntags, memory_order_acquire); }
 bool _vs_tag_keep(int id) { return id >= 0 && id < VS_MAX_TAGS && atomic_load(&vs_tag_keep[id]); }
 
-VS_API int vmmshim_set_tag(const char *tag) {
+int _vs_set_thread_tag(const char *tag) {
   if (!tag) {
     _vs_tl_tag1 = 0;
     return 0;
@@ -81,21 +81,18 @@ int _vs_set_process_tag(const char *tag) {
   return 0;
 }
 
-VS_API int vmmshim_set_process_tag(const char *tag) { return _vs_set_process_tag(tag); }
-
-VS_API int vmmshim_get_tag(char *buf, size_t n) {
+int _vs_get_tag(char *buf, size_t n) {
   _vs_tags_init();
-  if (!buf || !n) return -EINVAL;
   const char *name = _vs_tag_name(_vs_current_tag());
   if (strlen(name) >= n) return -EINVAL;
   strcpy(buf, name);
   return 0;
 }
 
-VS_API int vmmshim_set_tag_keep(const char *tag, int keep) {
+int _vs_set_tag_keep(const char *tag, bool keep) {
   _vs_tags_init();
   int id = _vs_tag_find(tag, true);
   if (id < 0) return id;
-  atomic_store(&vs_tag_keep[id], keep != 0);
+  atomic_store(&vs_tag_keep[id], keep);
   return 0;
 }

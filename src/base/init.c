@@ -1,5 +1,8 @@
-/* init.c: once-only initialisation, the state every layer reads, the exit flush, and the
- * shim's own threads.
+/* init.c: once-only initialisation, activation, the exit flush, the dump signal.
+ *
+ * The top of base: it calls the other files of base (options, log, trace, the driver, the
+ * one-stream order, stats) and none of them calls it; what they read of the shim's state
+ * (_vs_state, which activation sets here) lives in state.c, below them.
  *
  * The library's constructor does nothing with CUDA (and nothing at all that could
  * disturb a process that never uses CUDA). The first call into a hook runs
@@ -21,10 +24,6 @@
 #include <unistd.h>
 
 #include "vmmshim/base.h"
-
-atomic_int _vs_state;
-_Thread_local int _vs_guard;
-atomic_int _vs_captures_active;
 
 static pthread_once_t vs_once = PTHREAD_ONCE_INIT;
 static void (*vs_dump_handler)(void);
@@ -50,14 +49,6 @@ static void init_once(void) {
 
 void _vs_init_once(void) { pthread_once(&vs_once, init_once); }
 
-_Thread_local uintptr_t _vs_thread_no;
-static atomic_uintptr_t vs_threads_numbered;
-
-uintptr_t _vs_thread_no_slow(void) {
-  _vs_thread_no = (atomic_fetch_add(&vs_threads_numbered, 1) + 1) << 1 | 1;
-  return _vs_thread_no;
-}
-
 bool _vs_activate_slow(void) {
   _vs_init_once();
   int st = atomic_load(&_vs_state);
@@ -76,41 +67,6 @@ bool _vs_activate_slow(void) {
 }
 
 void _vs_set_activate_handler(void (*fn)(void)) { vs_activate_handler = fn; }
-
-VS_API int vmmshim_active(void) { return _vs_active() ? 1 : 0; }
-
-typedef struct vs_thread_boot_s {
-  void *(*fn)(void *);
-  void *arg;
-  atomic_int started;
-} vs_thread_boot_t;
-
-static void *thread_boot(void *p) {
-  vs_thread_boot_t *boot = p;
-  void *(*fn)(void *) = boot->fn;
-  void *arg = boot->arg;
-  atomic_store_explicit(&boot->started, 1, memory_order_release); /* boot is the creator's: not after this */
-  return fn(arg);
-}
-
-/* The creator returns once the thread runs fn: a thread starting up allocates (glibc reads its
- * attributes), and a program that forks right then can find its child's allocator locked under
- * AddressSanitizer (glibc's own malloc is safe across fork, the sanitizer's of GCC 12 is not).
- * Tens of microseconds, once per thread of the shim. */
-int _vs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg) {
-  vs_thread_boot_t boot = {fn, arg, 0};
-  pthread_attr_t at;
-  pthread_attr_init(&at);
-  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-  sigset_t all, prev;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &prev);
-  int rc = pthread_create(out, &at, thread_boot, &boot);
-  pthread_sigmask(SIG_SETMASK, &prev, NULL);
-  pthread_attr_destroy(&at);
-  while (rc == 0 && !atomic_load_explicit(&boot.started, memory_order_acquire)) _vs_sleep_us(20);
-  return rc;
-}
 
 /* ------------------------------------------------------------------ the dump signal */
 

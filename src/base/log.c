@@ -179,36 +179,3 @@ void _vs_assert_fail(const char *cond, const char *file, int line, const char *f
   abort();
 }
 #endif
-
-const char *_vs_cu_error_name(CUresult r) {
-  switch (r) {
-#define VS_ERR(e) case e: return #e;
-    VS_ERR(CUDA_SUCCESS)
-    VS_ERR(CUDA_ERROR_INVALID_VALUE)
-    VS_ERR(CUDA_ERROR_OUT_OF_MEMORY)
-    VS_ERR(CUDA_ERROR_NOT_INITIALIZED)
-    VS_ERR(CUDA_ERROR_DEINITIALIZED)
-    VS_ERR(CUDA_ERROR_NOT_PERMITTED)
-    VS_ERR(CUDA_ERROR_NOT_SUPPORTED)
-    VS_ERR(CUDA_ERROR_NO_DEVICE)
-    VS_ERR(CUDA_ERROR_INVALID_DEVICE)
-    VS_ERR(CUDA_ERROR_INVALID_CONTEXT)
-    VS_ERR(CUDA_ERROR_CONTEXT_IS_DESTROYED)
-    VS_ERR(CUDA_ERROR_NOT_FOUND)
-    VS_ERR(CUDA_ERROR_NOT_READY)
-    VS_ERR(CUDA_ERROR_ILLEGAL_ADDRESS)
-    VS_ERR(CUDA_ERROR_LAUNCH_FAILED)
-    VS_ERR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
-    VS_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
-    VS_ERR(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
-    VS_ERR(CUDA_ERROR_INVALID_HANDLE)
-    VS_ERR(CUDA_ERROR_ALREADY_MAPPED)
-    VS_ERR(CUDA_ERROR_NOT_MAPPED)
-    VS_ERR(CUDA_ERROR_UNKNOWN)
-#undef VS_ERR
-  default: break;
-  }
-  const char *name = NULL;
-  if (_vs_cu.cuGetErrorName && _vs_cu.cuGetErrorName(r, &name) == CUDA_SUCCESS && name) return name;
-  return "CUDA_ERROR_(unknown code)";
-}

@@ -4,7 +4,8 @@
  * (reclaim.c): work queued before the free may still touch it. While all of the program's
  * launches, copies and memsets have gone to one stream S, that wait buys nothing: whatever the
  * block's next owner does with it goes to S too, behind the work queued before the free, as
- * with a free on S (cudaFreeAsync). So the block is reused at once (alloc.c asks _vs_order_one).
+ * with a free on S (cudaFreeAsync). So the block is reused at once (alloc.c reads _vs_order_view
+ * and tells the pool the free is ordered).
  *
  * The submission hooks (hook_drv.c) name each stream they are given. The first fixes S. The
  * first submission to another stream, a capture, an IPC export, S destroyed, or a submission
@@ -19,8 +20,10 @@
 
 #include "vmmshim/base.h"
 
-atomic_int _vs_order_state; /* vs_order_state_t; VS_ORDER_UNSEEN until the first submission */
-CUstream _vs_order_stream;  /* S as the program names it: written once, before the state is ONE */
+/* Read by other files only through _vs_order_view. */
+static atomic_int vs_order_state; /* vs_order_state_t; VS_ORDER_UNSEEN until the first submission */
+static CUstream vs_order_stream;  /* S as the program names it by handle (else VS_NO_STREAM): written
+                                     once, before the state is ONE */
 
 static CUcontext vs_one_ctx;   /* S's context */
 static CUstream vs_one_key;    /* S's key (_vs_stream_key): its handle, NULL (legacy), or a thread's number */
@@ -52,17 +55,17 @@ static void wait_on_host_locked(void) {
   _vs_cu.cuThreadExchangeStreamCaptureMode(&mode);
   if (r != CUDA_SUCCESS)
     _vs_warn("deferred frees: waiting for the work of the one stream: %s", _vs_cu_error_name(r));
-  atomic_store(&_vs_order_state, VS_ORDER_OFF);
+  atomic_store(&vs_order_state, VS_ORDER_OFF);
 }
 
 void _vs_order_leave(const char *why, bool host) {
-  if (atomic_load(&_vs_order_state) == VS_ORDER_OFF) return;
+  if (atomic_load(&vs_order_state) == VS_ORDER_OFF) return;
   _vs_lock_take(&vs_order_lock);
-  int st = atomic_load(&_vs_order_state);
+  int st = atomic_load(&vs_order_state);
   if (st == VS_ORDER_UNSEEN) { /* nothing was reused early: nothing to wait for */
     vs_leave_why = why;
     _vs_info("deferred frees: %s before any GPU work: freed blocks wait for a synchronisation", why);
-    atomic_store(&_vs_order_state, VS_ORDER_OFF);
+    atomic_store(&vs_order_state, VS_ORDER_OFF);
   } else if (st == VS_ORDER_ONE) {
     vs_leave_why = why;
     if (!vs_one_implicit || !vs_one_key) { /* another thread's per-thread stream cannot be named */
@@ -75,7 +78,7 @@ void _vs_order_leave(const char *why, bool host) {
       }
       pop_ctx(pushed);
     }
-    atomic_store(&_vs_order_state, VS_ORDER_LEAVING);
+    atomic_store(&vs_order_state, VS_ORDER_LEAVING);
     _vs_info("deferred frees: the program's work no longer goes to one stream (%s): freed blocks wait for a "
              "synchronisation from now on",
              why);
@@ -92,7 +95,7 @@ void _vs_order_leave(const char *why, bool host) {
 static void wait_for_one_locked(CUstream named) {
   if (!vs_leave_event) return; /* (a leave without an event waits on the host before it unlocks) */
   if (_vs_cu.cuEventQuery(vs_leave_event) == CUDA_SUCCESS) {
-    atomic_store(&_vs_order_state, VS_ORDER_OFF);
+    atomic_store(&vs_order_state, VS_ORDER_OFF);
     return;
   }
   if (atomic_load(&_vs_captures_active) || !_vs_cu.cuStreamWaitEvent ||
@@ -103,13 +106,13 @@ static void wait_for_one_locked(CUstream named) {
 /* The first submission of the process names S. */
 static void fix_one(CUstream named, CUstream key, bool implicit, CUcontext ctx) {
   _vs_lock_take(&vs_order_lock);
-  if (atomic_load(&_vs_order_state) == VS_ORDER_UNSEEN &&
+  if (atomic_load(&vs_order_state) == VS_ORDER_UNSEEN &&
       (implicit || _vs_cu.cuStreamGetCtx(named, &ctx) == CUDA_SUCCESS) && ctx) {
     vs_one_ctx = ctx;
     vs_one_key = key;
     vs_one_implicit = implicit;
-    _vs_order_stream = implicit ? VS_NO_STREAM : named; /* the inline check takes handles only */
-    atomic_store(&_vs_order_state, VS_ORDER_ONE);
+    vs_order_stream = implicit ? VS_NO_STREAM : named; /* the quick check takes handles only */
+    atomic_store(&vs_order_state, VS_ORDER_ONE);
     _vs_info("deferred frees: the program's work goes to one stream (%s %p) so far: freed blocks are reused "
              "at once, in that stream's order",
              implicit ? (key ? "a per-thread stream of context" : "the legacy stream of context") : "stream",
@@ -118,10 +121,10 @@ static void fix_one(CUstream named, CUstream key, bool implicit, CUcontext ctx) 
   _vs_lock_release(&vs_order_lock);
 }
 
-void _vs_order_see_slow(CUstream s, int ptsz) {
+static void see_slow(CUstream s, int ptsz) {
   if (_vs_guard) return; /* the shim's own calls */
-  if (atomic_load(&_vs_order_state) == VS_ORDER_UNSEEN && !_vs_active()) return;
-  if (atomic_load(&_vs_order_state) == VS_ORDER_OFF) return;
+  if (atomic_load(&vs_order_state) == VS_ORDER_UNSEEN && atomic_load(&_vs_state) != 1) return; /* no pool yet */
+  if (atomic_load(&vs_order_state) == VS_ORDER_OFF) return;
   if (s == VS_ORDER_ELSEWHERE) {
     _vs_order_leave("work that spans contexts, or waits on another stream's", true);
     return;
@@ -132,37 +135,48 @@ void _vs_order_see_slow(CUstream s, int ptsz) {
   CUstream key = _vs_stream_key(named, &owner);
   CUcontext ctx = NULL;
   if (implicit && (_vs_cu.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)) return; /* the driver refuses it */
-  if (atomic_load(&_vs_order_state) == VS_ORDER_UNSEEN) fix_one(named, key, implicit, ctx);
-  int st = atomic_load(&_vs_order_state);
+  if (atomic_load(&vs_order_state) == VS_ORDER_UNSEEN) fix_one(named, key, implicit, ctx);
+  int st = atomic_load(&vs_order_state);
   if (st == VS_ORDER_UNSEEN || st == VS_ORDER_OFF) return; /* (UNSEEN: a handle the driver does not know) */
   if (key == vs_one_key && (!implicit || ctx == vs_one_ctx)) return; /* S itself */
   if (st == VS_ORDER_ONE) _vs_order_leave("a second stream", false);
   _vs_lock_take(&vs_order_lock); /* a leave in progress is made before this submission */
-  if (atomic_load(&_vs_order_state) == VS_ORDER_LEAVING) wait_for_one_locked(named);
+  if (atomic_load(&vs_order_state) == VS_ORDER_LEAVING) wait_for_one_locked(named);
   _vs_lock_release(&vs_order_lock);
 }
 
-bool _vs_order_one(CUcontext ctx) {
-  return atomic_load_explicit(&_vs_order_state, memory_order_acquire) == VS_ORDER_ONE && ctx == vs_one_ctx;
+void _vs_order_see(CUstream s, int ptsz) {
+  int st = atomic_load_explicit(&vs_order_state, memory_order_acquire);
+  if (vs_likely(st == VS_ORDER_OFF)) return;
+  if (st == VS_ORDER_ONE && s == vs_order_stream) return;
+  see_slow(s, ptsz);
+}
+
+/* S's context is written before the state first leaves UNSEEN and never after, so the state
+ * read first (acquire) vouches for it. */
+vs_order_view_t _vs_order_view(void) {
+  vs_order_view_t v = {(vs_order_state_t)atomic_load_explicit(&vs_order_state, memory_order_acquire), NULL};
+  if (v.state != VS_ORDER_UNSEEN) v.ctx = vs_one_ctx;
+  return v;
 }
 
 void _vs_order_stream_destroyed(CUstream s) {
-  if (atomic_load(&_vs_order_state) == VS_ORDER_ONE && s && s == vs_one_key) _vs_order_leave("its stream destroyed", false);
+  if (atomic_load(&vs_order_state) == VS_ORDER_ONE && s && s == vs_one_key) _vs_order_leave("its stream destroyed", false);
 }
 
 void _vs_order_context_gone(CUcontext ctx) {
-  if (atomic_load(&_vs_order_state) != VS_ORDER_OFF && ctx == vs_one_ctx) _vs_order_leave("its context destroyed", true);
+  if (atomic_load(&vs_order_state) != VS_ORDER_OFF && ctx == vs_one_ctx) _vs_order_leave("its context destroyed", true);
 }
 
 /* At start (init.c): off unless deferred mode and VMMSHIM_ONE_STREAM; on, it waits for the
  * first submission (or stays off when a lookup before the start already ended it). */
 void _vs_order_configure(bool on) {
-  if (!on) atomic_store(&_vs_order_state, VS_ORDER_OFF);
+  if (!on) atomic_store(&vs_order_state, VS_ORDER_OFF);
 }
 
 const char *_vs_order_describe(void) {
   static char line[160]; /* the stats at exit: one caller */
-  switch (atomic_load(&_vs_order_state)) {
+  switch (atomic_load(&vs_order_state)) {
   case VS_ORDER_ONE: return "yes, all work so far on one stream";
   case VS_ORDER_UNSEEN: return "no GPU work seen";
   default:

@@ -2,8 +2,8 @@
  *
  * On an allocation that is sampled (every one of VMMSHIM_TRACE_STACKS_MIN bytes or more, one in
  * VMMSHIM_TRACE_STACKS_SAMPLE below), the calling thread's native return addresses are taken
- * by the unwinder (libunwind when the process can load libunwind.so.8: ~8 ns a frame with its
- * cache; else libgcc's DWARF unwinder, ~100 ns a frame; or frame pointers, on request), the
+ * by the unwinder (libunwind when the process can load libunwind.so.8, the fastest exact one;
+ * else libgcc's DWARF unwinder; or frame pointers, on request: docs/rationale.md), the
  * shim's own frames dropped, and its Python frames added when it holds the GIL (pyframes.c).
  * The stack is looked up in a hash table of the stacks seen: a known stack costs one hash and
  * one compare, with no lock; a new one is copied, given the next id and published under a
@@ -252,56 +252,6 @@ static bool object_range(const void *addr, uintptr_t *lo, uintptr_t *hi) {
   return r.hi != 0;
 }
 
-/* ------------------------------------------------------------------ strings */
-
-typedef struct vs_string_s {
-  uint64_t hash;
-  uint32_t len;
-  char text[];
-} vs_string_t;
-
-static vs_string_t *vs_strings[VS_STRINGS_MAX + 1];
-static atomic_uint vs_nstrings;
-#define VS_STRING_SLOTS (1u << 17)
-static uint32_t *vs_string_slots; /* open addressing: string ids; under the lock */
-
-static uint64_t hash_bytes(const void *p, size_t n, uint64_t h) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
-}
-
-const char *_vs_string_get(uint32_t id) {
-  return id && id <= atomic_load_explicit(&vs_nstrings, memory_order_acquire) ? vs_strings[id]->text : NULL;
-}
-
-uint32_t _vs_string_intern(const char *s, size_t len) {
-  if (!vs_string_slots) return 0;
-  uint64_t h = hash_bytes(s, len, 0xcbf29ce484222325ull);
-  for (uint32_t i = (uint32_t)h & (VS_STRING_SLOTS - 1);; i = (i + 1) & (VS_STRING_SLOTS - 1)) {
-    uint32_t id = vs_string_slots[i];
-    if (!id) break;
-    const vs_string_t *e = vs_strings[id];
-    if (e->hash == h && e->len == len && !memcmp(e->text, s, len)) return id;
-  }
-  unsigned n = atomic_load_explicit(&vs_nstrings, memory_order_relaxed);
-  if (n >= VS_STRINGS_MAX) return 0;
-  vs_string_t *e = malloc(sizeof *e + len + 1);
-  if (!e) return 0;
-  e->hash = h;
-  e->len = (uint32_t)len;
-  for (size_t i = 0; i < len; i++) e->text[i] = s[i] == '\n' ? ' ' : s[i];
-  e->text[len] = 0;
-  vs_strings[n + 1] = e;
-  for (uint32_t i = (uint32_t)h & (VS_STRING_SLOTS - 1);; i = (i + 1) & (VS_STRING_SLOTS - 1))
-    if (!vs_string_slots[i]) {
-      vs_string_slots[i] = n + 1;
-      break;
-    }
-  atomic_store_explicit(&vs_nstrings, n + 1, memory_order_release);
-  return n + 1;
-}
-
 /* ------------------------------------------------------------------ the stack table */
 
 #define VS_STACK_SLOTS (1u << 16) /* twice VS_STACKS_MAX: probes stay short */
@@ -321,7 +271,7 @@ static uint64_t hash_stack(const uintptr_t *ips, int n, const vs_pyframe_t *py, 
     h *= 0xff51afd7ed558ccdull;
     h ^= h >> 32;
   }
-  return npy ? hash_bytes(py, (size_t)npy * sizeof *py, h) : h;
+  return npy ? _vs_hash_bytes(py, (size_t)npy * sizeof *py, h) : h;
 }
 
 static bool same(const vs_stack_t *s, uint64_t h, const uintptr_t *ips, int n, const vs_pyframe_t *py, int npy) {
@@ -431,8 +381,7 @@ void _vs_stacks_open(void) {
   if (!depth || _vs_option(VS_OPT_TRACE_FORMAT) == VS_TRACE_RMM) return; /* rmm has no stacks */
   if (_vs_stacks_on) return;
   vs_slots = calloc(VS_STACK_SLOTS, sizeof *vs_slots);
-  vs_string_slots = calloc(VS_STRING_SLOTS, sizeof *vs_string_slots);
-  if (!vs_slots || !vs_string_slots) {
+  if (!vs_slots || !_vs_strings_open()) {
     _vs_warn("trace: no memory for the stack table; the trace has no stacks");
     return;
   }

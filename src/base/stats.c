@@ -7,8 +7,9 @@
  * blocks (each on cache lines of its own). Bytes in use are also folded into one shared
  * total once a thread's unfolded change reaches VS_FOLD or twice its largest allocation,
  * whichever is more, and the peak is kept from that total: exact for one allocating thread,
- * it may miss that much per other thread. (Folding every large allocation made 8 threads
- * cycling 256 MiB blocks share one cache line: 4x slower, measured.) Rare events (mappings, syncs, trims) stay shared atomics.
+ * it may miss that much per other thread. (Folding every large allocation made threads cycling
+ * large blocks share one cache line, several times slower: docs/rationale.md.) Rare events
+ * (mappings, syncs, trims) stay shared atomics.
  * A block outlives its thread: the next new thread takes it over, totals intact. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -108,8 +109,7 @@ void _vs_stat_free(vmmshim_api_t api, size_t served, size_t requested) {
   in_use_add(t, -(int64_t)served);
 }
 
-VS_API int vmmshim_get_stats(vmmshim_stats_t *out, size_t size) {
-  if (!out || size != sizeof *out) return -1;
+void _vs_stats_get(vmmshim_stats_t *out) {
   uint64_t *dst = (uint64_t *)out;
   const uint64_t *src = (const uint64_t *)&_vs_stats_data;
   for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++) dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
@@ -125,14 +125,13 @@ VS_API int vmmshim_get_stats(vmmshim_stats_t *out, size_t size) {
   out->bytes_in_use = in_use > 0 ? (uint64_t)in_use : 0;
   out->bytes_requested_in_use = requested > 0 ? (uint64_t)requested : 0;
   if (out->peak_bytes_in_use < out->bytes_in_use) out->peak_bytes_in_use = out->bytes_in_use;
-  return 0;
 }
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
 void _vs_stats_print(void) {
   vmmshim_stats_t s;
-  vmmshim_get_stats(&s, sizeof s);
+  _vs_stats_get(&s);
   _vs_note("stats: mode %s, granularity %llu MiB, free mode %s",
            atomic_load(&_vs_state) == 1 ? "pool" : "pass-through",
            (unsigned long long)(_vs_option(VS_OPT_GRANULARITY) >> 20),

@@ -5,9 +5,16 @@
  * in vmmshim/group.h), and every growth and every wake is admitted against the group's totals:
  * _vs_mapped_admit (handles.c) asks here after its own count, _vs_mapped_return gives back.
  * Without a group, a per-device cap (VMMSHIM_LIMIT=0:8G) or VMMSHIM_ON_LIMIT=wait gives the
- * process a budget of its own, in anonymous memory of the same layout, through the same code;
- * so does a group whose segment cannot be used (another user's, another version, corrupt, full):
- * the process then runs capped alone, and says why.
+ * process a budget of its own, in anonymous memory of the same layout, through the same code.
+ * A group whose segment cannot be used (another user's, locked past a bound, another version,
+ * corrupt, full) is refused with one error line saying why, and every device allocation of the
+ * process then fails: a process told to share a budget never runs without one (its limit may
+ * only ever have been set through the group).
+ *
+ * The segment's file is checked (regular, this user's, no access for others) on the opened
+ * descriptor before any lock: another user's file could be held locked by that user. The join
+ * waits for the lock a few seconds at most (VS_GROUP_LOCK_WAIT_NS); once joined, only this
+ * user's processes can open the file, and the lock is taken without a bound.
  *
  * Why a lock (flock on the segment) rather than an atomic add-then-check-then-undo: the kernel
  * lets go of a flock when its holder dies, kill -9 included, so no death leaves the group locked;
@@ -23,6 +30,7 @@
  * A member is its pid and its start time (/proc/PID/stat field 22): a dead member (or one whose
  * pid now names another process) is found when an admission does not fit, and its bytes go back
  * before that admission is decided. Members must share a pid namespace (checked at the join). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -39,6 +47,7 @@
 #include "vmmshim/handles.h"
 
 #define WAIT_SLICE_NS 500000000ull /* a waiter tries again at least this often */
+#define VS_GROUP_LOCK_WAIT_NS 5000000000ull /* the join waits this long at most for the segment's lock */
 #define FLAG_WAITING 0xffffu      /* member flags: threads of the member waiting for bytes */
 
 typedef struct vs_budget_s {
@@ -47,7 +56,8 @@ typedef struct vs_budget_s {
   int fd;          /* the segment's descriptor; -1: this process's own budget */
   bool shared;     /* a group's segment */
   bool left;       /* at exit: the member has left, nothing is counted any more */
-  char shm[80];    /* the name given to shm_open */
+  bool closed;     /* a group is named and cannot be joined: every growth is refused */
+  char shm[80];    /* the segment's name under /dev/shm */
   char name[32];
   uint64_t start;  /* this process's start time */
 } vs_budget_t;
@@ -323,81 +333,137 @@ static vs_group_member_t *join(vs_group_header_t *h) {
 
 /* ------------------------------------------------------------------ the segment */
 
+/* The segment's descriptor, the existing file first: creating over another user's file in
+ * /dev/shm (sticky) may be refused before its owner can be told (fs.protected_regular). No
+ * symbolic link is followed (O_NOFOLLOW), no FIFO waited on (O_NONBLOCK). -1 with why[] filled. */
+static int seg_open_fd(const char *path, char *why, size_t n) {
+  const int flags = O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  int fd = open(path, flags);
+  if (fd < 0 && errno == ENOENT) {
+    fd = open(path, flags | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0) fchmod(fd, 0600); /* whatever the umask */
+    else if (errno == EEXIST) fd = open(path, flags);
+  }
+  if (fd < 0)
+    snprintf(why, n, "cannot open %s: %s", path, errno == ELOOP ? "it is a symbolic link" : strerror(errno));
+  return fd;
+}
+
+/* Before any lock: only a regular file of this user that no one else can write is used. Another
+ * user's file could be held locked by that user, and hang whoever waits for its lock. */
+static bool seg_file_ours(int fd, const char *path, struct stat *st, char *why, size_t n) {
+  if (fstat(fd, st) != 0) {
+    snprintf(why, n, "cannot stat %s: %s", path, strerror(errno));
+    return false;
+  }
+  if (S_ISREG(st->st_mode) && st->st_uid == geteuid() && !(st->st_mode & 077)) return true;
+  snprintf(why, n,
+           "%s is owned by uid %u with mode 0%o: not this user's own (uid %u, 0600); it is not used: its owner or root "
+           "can remove it, or choose another VMMSHIM_LIMIT_GROUP name",
+           path, (unsigned)st->st_uid, (unsigned)(st->st_mode & 0777), (unsigned)geteuid());
+  return false;
+}
+
+/* flock(LOCK_EX) within VS_GROUP_LOCK_WAIT_NS: a holder that never lets go (a member stopped in
+ * the middle of a change) must not hang the join. Tries a little further apart each time. */
+static bool seg_lock_bounded(int fd, const char *path, char *why, size_t n) {
+  uint64_t end = _vs_now_ns() + VS_GROUP_LOCK_WAIT_NS;
+  unsigned us = 100;
+  for (;;) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      snprintf(why, n, "cannot lock %s: %s", path, strerror(errno));
+      return false;
+    }
+    if (_vs_now_ns() >= end) break;
+    _vs_sleep_us(us);
+    if (us < 50000) us *= 2;
+  }
+  snprintf(why, n,
+           "%s (uid %u) stayed locked by another process for %llu s: a member of the group is stopped or hung in the "
+           "middle of a change; resume or end it (fuser -v %s lists the processes that have it open)",
+           path, (unsigned)geteuid(), (unsigned long long)(VS_GROUP_LOCK_WAIT_NS / 1000000000ull), path);
+  return false;
+}
+
+static vs_group_header_t *seg_map(int fd, const char *path, char *why, size_t n) {
+  vs_group_header_t *h = mmap(NULL, VS_GROUP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (h != MAP_FAILED) return h;
+  snprintf(why, n, "cannot map %s: %s", path, strerror(errno));
+  return NULL;
+}
+
+/* A new segment (size 0: made here, or by a process that has not sized it yet), lock held. */
+static vs_group_header_t *seg_create(int fd, const char *path, const char *name, char *why, size_t n) {
+  if (ftruncate(fd, VS_GROUP_SIZE) != 0) {
+    snprintf(why, n, "cannot size %s: %s", path, strerror(errno));
+    return NULL;
+  }
+  vs_group_header_t *h = seg_map(fd, path, why, n);
+  if (h) header_init(h, name);
+  return h;
+}
+
+/* The fixed header of an existing segment, read under the lock (its creator writes it there). */
+static bool seg_header_ok(int fd, off_t size, const char *path, const char *name, char *why, size_t n) {
+  vs_group_header_t head;
+  memset(&head, 0, sizeof head);
+  ssize_t got = pread(fd, &head, sizeof head, 0);
+  uint32_t crc = crc32_of(&head, VS_GROUP_CRC_BYTES);
+  if (got < (ssize_t)sizeof head || memcmp(head.magic, VS_GROUP_MAGIC, 8))
+    snprintf(why, n, "%s is corrupt (no vmmshim group header)", path);
+  else if (head.crc != crc)
+    snprintf(why, n, "%s is corrupt (header checksum 0x%08x, the header sums to 0x%08x)", path, head.crc, crc);
+  else if (head.version != VS_GROUP_VERSION)
+    snprintf(why, n, "%s has layout version %u, this vmmshim reads version %u (another release made it)", path,
+             head.version, VS_GROUP_VERSION);
+  else if (size != VS_GROUP_SIZE || head.header_size != VS_GROUP_HEADER || head.member_size != VS_GROUP_MEMBER ||
+           head.max_members != VS_GROUP_MEMBERS || head.max_devices != VS_GROUP_DEVICES)
+    snprintf(why, n, "%s is corrupt (its sizes are not those of version %u)", path, VS_GROUP_VERSION);
+  else if (head.uid != geteuid() || strncmp(head.name, name, sizeof head.name))
+    snprintf(why, n, "%s is corrupt (it names uid %u, group '%.31s')", path, head.uid, head.name);
+  else if (head.pidns != pidns_inode())
+    snprintf(why, n, "%s belongs to processes of another pid namespace (their pids mean nothing here)", path);
+  else
+    return true;
+  return false;
+}
+
+/* The totals must be the members' sums (a change cut short by a death says so in busy). */
+static bool seg_totals_ok(vs_group_header_t *h, const char *path, char *why, size_t n) {
+  if (LD(h->busy)) {
+    recount(h);
+    end_change(h);
+  }
+  vs_sums_t sums;
+  sum_members(h, &sums);
+  bool ok = sums.all == h->total_all && sums.host == h->host_all && sums.members == h->members;
+  for (int d = 0; d < VS_GROUP_DEVICES; d++) ok &= sums.dev[d] == h->total[d];
+  if (!ok) snprintf(why, n, "%s is corrupt (its totals are not the sums of its members)", path);
+  return ok;
+}
+
 /* Opens the group's segment (made, under the lock, by whichever process comes first), checks
  * it and returns it locked; NULL with why[] filled when it must not be used. */
 static vs_group_header_t *open_segment(const char *name, int *fd_out, char *why, size_t n) {
-  const char *shm = vs_b.shm;
-  /* The existing segment first: creating over another user's file in /dev/shm (sticky) may be
-   * refused before its owner can be told (fs.protected_regular). */
-  int fd = shm_open(shm, O_RDWR, 0);
-  if (fd < 0 && errno == ENOENT) {
-    fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd >= 0) fchmod(fd, 0600); /* whatever the umask */
-    else if (errno == EEXIST) fd = shm_open(shm, O_RDWR, 0);
-  }
-  if (fd < 0) {
-    snprintf(why, n, "cannot open /dev/shm%s: %s", shm, strerror(errno));
-    return NULL;
-  }
-  lock_fd(fd, LOCK_EX);
+  char path[96];
+  snprintf(path, sizeof path, "/dev/shm%s", vs_b.shm);
+  int fd = seg_open_fd(path, why, n);
+  if (fd < 0) return NULL;
   struct stat st;
   vs_group_header_t *h = NULL;
-  if (fstat(fd, &st) != 0) {
-    snprintf(why, n, "cannot stat /dev/shm%s: %s", shm, strerror(errno));
-  } else if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
-    snprintf(why, n, "/dev/shm%s is owned by uid %u with mode 0%o: not this user's own (uid %u, 0600)", shm,
-             (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777), (unsigned)geteuid());
-  } else if (st.st_size == 0) { /* new: made here */
-    if (ftruncate(fd, VS_GROUP_SIZE) != 0) {
-      snprintf(why, n, "cannot size /dev/shm%s: %s", shm, strerror(errno));
-    } else {
-      h = mmap(NULL, VS_GROUP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (h == MAP_FAILED) {
-        h = NULL;
-        snprintf(why, n, "cannot map /dev/shm%s: %s", shm, strerror(errno));
-      } else {
-        header_init(h, name);
-      }
-    }
-  } else {
-    vs_group_header_t head;
-    memset(&head, 0, sizeof head);
-    ssize_t got = pread(fd, &head, sizeof head, 0);
-    if (got < (ssize_t)sizeof head || memcmp(head.magic, VS_GROUP_MAGIC, 8))
-      snprintf(why, n, "/dev/shm%s is corrupt (no vmmshim group header)", shm);
-    else if (head.crc != crc32_of(&head, VS_GROUP_CRC_BYTES))
-      snprintf(why, n, "/dev/shm%s is corrupt (header checksum 0x%08x, the header sums to 0x%08x)", shm, head.crc,
-               crc32_of(&head, VS_GROUP_CRC_BYTES));
-    else if (head.version != VS_GROUP_VERSION)
-      snprintf(why, n, "/dev/shm%s has layout version %u, this vmmshim reads version %u (another release made it)", shm,
-               head.version, VS_GROUP_VERSION);
-    else if (st.st_size != VS_GROUP_SIZE || head.header_size != VS_GROUP_HEADER || head.member_size != VS_GROUP_MEMBER ||
-             head.max_members != VS_GROUP_MEMBERS || head.max_devices != VS_GROUP_DEVICES)
-      snprintf(why, n, "/dev/shm%s is corrupt (its sizes are not those of version %u)", shm, VS_GROUP_VERSION);
-    else if (head.uid != geteuid() || strncmp(head.name, name, sizeof head.name))
-      snprintf(why, n, "/dev/shm%s is corrupt (it names uid %u, group '%.31s')", shm, head.uid, head.name);
-    else if (head.pidns != pidns_inode())
-      snprintf(why, n, "/dev/shm%s belongs to processes of another pid namespace (their pids mean nothing here)", shm);
-    else if ((h = mmap(NULL, VS_GROUP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
-      h = NULL;
-      snprintf(why, n, "cannot map /dev/shm%s: %s", shm, strerror(errno));
-    }
-    if (h) {
-      /* The totals must be the members' sums (a change cut short by a death says so in busy). */
-      if (LD(h->busy)) {
-        recount(h);
-        end_change(h);
-      }
-      vs_sums_t sums;
-      sum_members(h, &sums);
-      bool ok = sums.all == h->total_all && sums.host == h->host_all && sums.members == h->members;
-      for (int d = 0; d < VS_GROUP_DEVICES; d++) ok &= sums.dev[d] == h->total[d];
-      if (!ok) {
-        snprintf(why, n, "/dev/shm%s is corrupt (its totals are not the sums of its members)", shm);
-        munmap(h, VS_GROUP_SIZE);
-        h = NULL;
-      }
-    }
+  if (!seg_file_ours(fd, path, &st, why, n) || !seg_lock_bounded(fd, path, why, n)) {
+    close(fd);
+    return NULL;
+  }
+  if (fstat(fd, &st) != 0) /* again under the lock: the size its creator gave it */
+    snprintf(why, n, "cannot stat %s: %s", path, strerror(errno));
+  else if (st.st_size == 0)
+    h = seg_create(fd, path, name, why, n);
+  else if (seg_header_ok(fd, st.st_size, path, name, why, n) && (h = seg_map(fd, path, why, n)) &&
+           !seg_totals_ok(h, path, why, n)) {
+    munmap(h, VS_GROUP_SIZE);
+    h = NULL;
   }
   if (!h) {
     lock_fd(fd, LOCK_UN);
@@ -447,12 +513,13 @@ static bool budget_open(bool announce) {
         fd = -1;
       }
     }
-    if (!h) {
-      const char *lim = _vs_option_string(VS_OPT_LIMIT);
-      _vs_warn("group '%s': %s: refused; this process runs alone under VMMSHIM_LIMIT=%s", name, why, lim ? lim : "(none)");
-    }
+    if (!h)
+      _vs_error("group '%s': %s; without its group's budget, every device allocation of this process fails "
+                "(out of memory, %s)",
+                name, why, _vs_cu_error_name(CUDA_ERROR_OUT_OF_MEMORY));
   }
   vs_b.shared = h != NULL;
+  vs_b.closed = name && !h;
   if (!h) {
     h = private_segment();
     if (!h) {
@@ -536,7 +603,8 @@ static void budget_leave(void) {
 void _vs_group_join(void) { (void)budget_on(); }
 
 bool _vs_group_admit(int dev, size_t len) {
-  if (vs_likely(!budget_on())) return true;
+  if (vs_likely(!budget_on())) return !vs_b.closed; /* refused even with no memory for a budget */
+  if (vs_unlikely(vs_b.closed)) return false;
   budget_lock();
   vs_group_header_t *h = vs_b.h;
   bool ok = fits(h, dev, len);
@@ -568,10 +636,15 @@ void _vs_group_return(int dev, size_t len) {
   if (waiters) futex_wake_all(&h->release_seq);
 }
 
-bool _vs_group_over(int dev, size_t len) { return budget_on() && !fits(vs_b.h, dev, len); }
+bool _vs_group_over(int dev, size_t len) { return budget_on() ? vs_b.closed || !fits(vs_b.h, dev, len) : vs_b.closed; }
 
 bool _vs_group_headroom(int dev, size_t *left, size_t *cap) {
   if (!budget_on()) return false;
+  if (vs_b.closed) { /* nothing is left; the device's size stays what it is */
+    *left = 0;
+    *cap = SIZE_MAX;
+    return true;
+  }
   const vs_group_header_t *h = vs_b.h;
   uint64_t c = UINT64_MAX, l = UINT64_MAX;
   uint64_t la = LD(h->limit_all), ta = LD(h->total_all);
@@ -621,6 +694,52 @@ bool _vs_group_wait(uint64_t deadline_ns) {
   return _vs_now_ns() < deadline_ns;
 }
 
+/* Threads of this process besides the caller that may free device memory: neither the shim's
+ * own nor the CUDA driver's (named "cuda-..."). The shim's count is read before and after the
+ * walk of /proc/self/task and the smaller taken: a thread starting or ending meanwhile can only
+ * make the answer larger. -1: cannot be told. */
+static int other_threads(void) {
+  int own0 = _vs_threads_own();
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return -1;
+  long self = syscall(SYS_gettid);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9' || atol(e->d_name) == self) continue;
+    char path[64], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%.20s/comm", e->d_name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      ssize_t k = read(fd, comm, sizeof comm - 1);
+      close(fd);
+      comm[k > 0 ? k : 0] = 0;
+    }
+    n += strncmp(comm, "cuda-", 5) != 0;
+  }
+  closedir(d);
+  int own1 = _vs_threads_own();
+  return n - (own0 < own1 ? own0 : own1);
+}
+
+bool _vs_group_hopeless(int dev, size_t len, char *why, size_t n) {
+  if (!budget_on()) return false;
+  if (vs_b.closed) {
+    snprintf(why, n, "group '%s' could not be joined (said when the process first used a device)", vs_b.name);
+    return true;
+  }
+  size_t left = 0, cap = 0;
+  if (_vs_group_headroom(dev, &left, &cap) && len > cap) {
+    snprintf(why, n, "%zu bytes are more than the limit itself (%zu bytes%s%s%s)", len, cap,
+             vs_b.shared ? " of group '" : "", vs_b.shared ? vs_b.name : "", vs_b.shared ? "'" : "");
+    return true;
+  }
+  if (!vs_b.shared && other_threads() == 0) {
+    snprintf(why, n, "no group, and no other thread of this process could free memory meanwhile");
+    return true;
+  }
+  return false;
+}
+
 /* This member's host bytes in the segment (what the group's status shows). */
 static void share_host(int dev, size_t len, bool add) {
   if (!budget_on()) return;
@@ -632,6 +751,8 @@ static void share_host(int dev, size_t len, bool add) {
 }
 
 bool _vs_group_spill_admit(int dev, size_t len) {
+  (void)budget_on(); /* the join tells whether the group was refused */
+  if (vs_b.closed) return false; /* no host memory past a budget that is not there */
   uint64_t cap = _vs_option(VS_OPT_ON_LIMIT) == VS_ON_LIMIT_HOST ? _vs_option_arg(VS_OPT_ON_LIMIT) : 0;
   size_t cur = atomic_load(&vs_spilled);
   do {
@@ -648,7 +769,7 @@ void _vs_group_spill_return(int dev, size_t len) {
 
 bool _vs_group_view(int dev, vs_group_view_t *v) {
   memset(v, 0, sizeof *v);
-  if (!budget_on()) return false;
+  if (!budget_on() || vs_b.closed) return false; /* no budget to show: the join said why */
   const vs_group_header_t *h = vs_b.h;
   snprintf(v->name, sizeof v->name, "%s", vs_b.shared ? vs_b.name : "");
   v->shared = vs_b.shared;

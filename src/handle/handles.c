@@ -5,9 +5,10 @@
  * unmaps them and keeps the table of which handle is mapped where. Which addresses get memory,
  * and when memory is given back, is the pool's to decide (src/pool/space.c).
  *
- * Why large handles (VMMSHIM_GRANULARITY): cuMemSetAccess alone costs ~28 us per handle on
- * an H100 whatever its size, so a pool that maps and unmaps in its steady state loses to
- * cudaMalloc; freed memory stays mapped and is reused without any driver call.
+ * Why large handles (VMMSHIM_GRANULARITY): cuMemSetAccess alone costs the same per handle
+ * whatever its size, and far more than a reuse, so a pool that maps and unmaps in its steady
+ * state loses to cudaMalloc (docs/rationale.md has the figures); freed memory stays mapped and
+ * is reused without any driver call.
  *
  * Everything here runs on the slow path. */
 #include <pthread.h>
@@ -20,19 +21,20 @@
 static atomic_size_t vs_mapped_total;
 
 /* The limit in force: VMMSHIM_LIMIT until the program is given another while it runs (vmmshim
- * ctl PID limit). VS_LIMIT_FROM_OPTION until then, so that nothing has to copy the option at
- * start. */
-#define VS_LIMIT_FROM_OPTION UINT64_MAX
-static atomic_uint_least64_t vs_limit = VS_LIMIT_FROM_OPTION;
+ * ctl PID limit); a flag says which, so that every value (2^64-1 too) is stored as given and
+ * nothing has to copy the option at start. */
+static atomic_uint_least64_t vs_limit;
+static atomic_bool vs_limit_set;
 
 uint64_t _vs_limit(void) {
-  uint64_t l = atomic_load_explicit(&vs_limit, memory_order_relaxed);
-  return l == VS_LIMIT_FROM_OPTION ? _vs_option(VS_OPT_LIMIT) : l;
+  if (!atomic_load_explicit(&vs_limit_set, memory_order_acquire)) return _vs_option(VS_OPT_LIMIT);
+  return atomic_load_explicit(&vs_limit, memory_order_relaxed);
 }
 
 uint64_t _vs_set_limit(uint64_t bytes) {
   uint64_t before = _vs_limit();
-  atomic_store_explicit(&vs_limit, bytes == VS_LIMIT_FROM_OPTION ? bytes - 1 : bytes, memory_order_relaxed);
+  atomic_store_explicit(&vs_limit, bytes, memory_order_relaxed);
+  atomic_store_explicit(&vs_limit_set, true, memory_order_release);
   return before;
 }
 

@@ -2,13 +2,13 @@
  *
  * A host buffer is a host-location handle (cuMemCreate on the host NUMA node nearest the
  * device) mapped at a "home" address of its own reservation, with access for one device, so
- * that the device copies into it and out of it at the link's speed (about 50 GiB/s on an H100,
- * where pinning new host memory runs at 3-5 GiB/s). A sleeping segment of S bytes is backed by
+ * that the device copies into it and out of it at the link's speed, far faster than new host
+ * memory is pinned (docs/sleep.md has the figures). A sleeping segment of S bytes is backed by
  * S / VS_HOST_CHUNK buffers of VS_HOST_CHUNK bytes and one of the rest. In the `mapped` mode the
  * buffers are mapped at the segment's own address as well, and leave it at the wake; the copies
  * always go through home.
  *
- * Obtaining host memory costs ten times more than filling it, so buffers are kept across cycles
+ * Obtaining host memory costs far more than filling it, so buffers are kept across cycles
  * in a cache (given back by _vs_host_trim, on request) and can be made ahead
  * (VMMSHIM_HOST_RESERVE); VMMSHIM_HOST_LIMIT caps them all, cached and lent. The cache lock is
  * never held across a driver call. */

@@ -1,33 +1,32 @@
 /* control.c: the control channel. `vmmshim ctl`, `vmmshim top` and vmmshim.control(pid) see and
  * steer a program through it while it runs (docs/control.md says what goes over it).
  *
- * Where: a Unix stream socket in the abstract namespace, "\0vmmshim-ctl-<uid>-<pid>". Abstract,
- * because the kernel removes the name with the process (one killed with SIGKILL leaves nothing
- * behind), no directory has to exist or be writable, and the names are listed in /proc/net/unix,
- * where `vmmshim ctl list` finds them; the uid in the name lets a client pass over other users'
- * processes without connecting. Anyone may connect to an abstract socket, so what counts is the
- * peer's credentials (SO_PEERCRED), checked on every connection: this process's effective uid, or
- * root; anyone else gets one error line and is closed. A process that took the name first cannot
- * pass for this one (clients check that the server's pid is the pid they asked for); this process
- * then goes without a channel, and says so.
+ * Where: a Unix stream socket in the abstract namespace, "\0vmmshim-ctl-<uid>-<pid>": the kernel
+ * removes the name with the process (even one killed with SIGKILL), no directory has to exist or
+ * be writable, and /proc/net/unix lists the names, where `vmmshim ctl list` finds them (the uid
+ * lets a client pass over other users' processes without connecting). Anyone may connect, so the
+ * peer's credentials (SO_PEERCRED) count, checked on every connection: this process's effective
+ * uid, or root; anyone else gets one error line and is closed. A process that took the name first
+ * cannot pass for this one (clients check the server's pid); this process then goes without a
+ * channel, and says so.
  *
  * When: started once, by the thread that activates the shim (the first CUDA call that needs the
  * driver), so a process that never uses CUDA has neither thread nor socket; VMMSHIM_CONTROL=0
- * keeps both away for good. A forked child does
- * not inherit it (CUDA does not work across fork): it closes its copies of the descriptors.
+ * keeps both away for good. A forked child does not inherit it (CUDA does not work across fork):
+ * it closes its copies of the descriptors.
  *
- * How: one thread of the shim polls the socket and its connections (at most VS_CTL_MAX_CONNS;
- * one more is answered with an error and closed). A request is one line of JSON of at most
- * VS_CTL_LINE_MAX bytes, a reply one line. Reads and writes never block: a connection that leaves
- * a request unfinished for VS_CTL_PARTIAL_MS, sends nothing for VS_CTL_IDLE_MS, or does not take
- * its reply within VS_CTL_SEND_MS is closed. The program's allocations and frees never wait for
- * this thread: it calls what a thread of the program could (vmmshim_sleep, vmmshim_get_stats, ...).
- * Requests are answered one at a time, in order, so a sleep or wake in progress delays the others.
- * A request is parsed whole and checked before anything is done: a malformed one gets an error
- * reply and changes nothing. */
+ * How: the shim's socket server (src/base/server.c) serves it on a thread of its own: at most
+ * VS_CTL_MAX_CONNS connections (one more takes the slot of the oldest idle one, or is refused with
+ * EBUSY when all are busy), requests of one line of JSON of at most VS_CTL_LINE_MAX bytes, each
+ * whole within VS_CTL_PARTIAL_MS of its first byte, replies of one line taken within
+ * VS_CTL_SEND_MS; a connection idle for VS_CTL_IDLE_MS is closed. This file answers the lines.
+ * The program's allocations and frees never wait for that thread: it calls what a thread of the
+ * program could (vmmshim_sleep, vmmshim_get_stats, ...). Requests are answered one at a time, in
+ * order, so a sleep or wake in progress delays the others. A request is parsed whole and checked
+ * before anything is done: a malformed one gets an error reply and changes nothing. Replies are
+ * UTF-8 JSON. */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -38,9 +37,11 @@
 #include <unistd.h>
 
 #include "vmmshim/alloc.h"
+#include "vmmshim/server.h"
 
 #define VS_CTL_VERSION 1
 #define VS_CTL_MAX_CONNS 8
+#define VS_CTL_BACKLOG 64
 #define VS_CTL_LINE_MAX 4096          /* bytes of a request line, its newline included */
 #define VS_CTL_REPLY_MAX (64 << 10)   /* bytes of a reply line */
 #define VS_CTL_REPORT_MAX (48 << 10)  /* of which the memory report (dump) */
@@ -83,10 +84,7 @@ static void jspace(vs_jparse_t *ps) {
 }
 
 static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
+  return c >= '0' && c <= '9' ? c - '0' : (c | 32) >= 'a' && (c | 32) <= 'f' ? (c | 32) - 'a' + 10 : -1;
 }
 
 /* A string at ps->p (its opening quote), decoded into out (cap bytes, NUL-terminated). Escapes
@@ -244,12 +242,31 @@ static void out_fmt(vs_jout_t *o, const char *fmt, ...) {
   o->n += (size_t)k;
 }
 
-/* s as a JSON string, at most max bytes of it. */
+/* The length of the UTF-8 sequence at s (n bytes there), or 0 when it is not valid UTF-8
+ * (overlong, a surrogate, past U+10FFFF, or cut). */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+  unsigned c = s[0], len = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
+  if (len <= 1 || len > n) return len <= n ? len : 0;
+  uint32_t cp = c & (0x7fu >> len);
+  for (unsigned i = 1; i < len; i++) {
+    if ((s[i] & 0xc0) != 0x80) return 0;
+    cp = cp << 6 | (s[i] & 0x3fu);
+  }
+  static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+  return cp < least[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? 0 : len;
+}
+
+/* s as a JSON string, at most max bytes of it. Replies are UTF-8 whatever the bytes they quote
+ * (a request's, a program's name): a sequence that is not becomes U+FFFD. */
 static void out_str_n(vs_jout_t *o, const char *s, size_t max) {
   out_fmt(o, "\"");
-  for (size_t i = 0; s && s[i] && i < max && !o->full; i++) {
+  size_t n = s ? strnlen(s, max) : 0;
+  for (size_t i = 0, k; i < n && !o->full; i += k ? k : 1) {
     unsigned char c = (unsigned char)s[i];
-    if (c == '"' || c == '\\') out_fmt(o, "\\%c", c);
+    k = utf8_len((const unsigned char *)s + i, n - i);
+    if (k > 1) out_fmt(o, "%.*s", (int)k, s + i);
+    else if (!k) out_fmt(o, "\\ufffd");
+    else if (c == '"' || c == '\\') out_fmt(o, "\\%c", c);
     else if (c == '\n') out_fmt(o, "\\n");
     else if (c < 0x20 || c == 0x7f) out_fmt(o, "\\u%04x", c);
     else out_fmt(o, "%c", c);
@@ -684,9 +701,8 @@ static void answer(const char *line, size_t len, vs_jout_t *o) {
       for (size_t i = 0; i < sizeof vs_verbs / sizeof vs_verbs[0]; i++)
         if (!strcmp(cmd->str, vs_verbs[i].name)) verb = &vs_verbs[i];
       if (verb) verb->fn(&req, o);
-      else reply_error(o, &req, EINVAL, "unknown verb '%.40s': status, tag, sleep, wake, trim, limit, dump, release-host, "
-                       "promote",
-                       cmd->str);
+      else reply_error(o, &req, EINVAL, "unknown verb '%.40s': status, tag, sleep, wake, trim, limit, dump, "
+                       "release-host, promote", cmd->str);
     }
   }
   out_fmt(o, "}\n");
@@ -698,192 +714,35 @@ static void answer(const char *line, size_t len, vs_jout_t *o) {
 
 /* ------------------------------------------------------------------ the server */
 
-typedef struct vs_ctl_conn_s {
-  bool used; /* a slot of vs_slots taken */
-  int fd;
-  char in[VS_CTL_LINE_MAX];
-  size_t in_n;
-  char out[VS_CTL_REPLY_MAX];
-  size_t out_n, out_off;
-  bool close_after; /* close once the reply is sent */
-  bool eof;         /* the peer closed its side */
-  uint64_t last_ns, partial_ns, send_ns;
-} vs_ctl_conn_t;
-
-/* The connections live in static slots: the thread never allocates to serve one (a fork while a
- * thread allocates can leave the child's allocator locked under some sanitizers). */
-static vs_ctl_conn_t vs_slots[VS_CTL_MAX_CONNS];
-static vs_ctl_conn_t *vs_conns[VS_CTL_MAX_CONNS];
-static int vs_nconn;
-static int vs_listen_fd = -1;
+static vs_server_t vs_ctl_server;
 static pid_t vs_ctl_pid;
-static pthread_mutex_t vs_ctl_lock = PTHREAD_MUTEX_INITIALIZER; /* start, fork */
+static pthread_mutex_t vs_ctl_lock = PTHREAD_MUTEX_INITIALIZER; /* the start */
 
-/* Sends what it can of a short reply to a connection about to be closed. */
-static void send_and_close(int fd, int e, const char *msg) {
-  vs_jout_t o = {(char[512]){0}, 512, 0, false};
-  reply_error(&o, NULL, e, "%s", msg);
+static vs_srv_next_t ctl_answer(int fd, uint64_t *held, const char *req, size_t len, char *out, size_t *out_n) {
+  (void)fd;
+  (void)held;
+  vs_jout_t o = {out, VS_CTL_REPLY_MAX, 0, false};
+  answer(req, len, &o);
+  *out_n = o.n;
+  return VS_SRV_NEXT;
+}
+
+/* The error line a refused connection reads before it is closed. */
+static size_t ctl_refusal(vs_srv_refusal_t why, char *out, size_t cap) {
+  static const struct { int e; const char *msg; } r[VS_SRV_REFUSALS] = {
+      [VS_SRV_WRONG_USER] = {EPERM, "this process belongs to another user: only its user and root may control it"},
+      [VS_SRV_FULL] = {EBUSY, "all " VS_STR(VS_CTL_MAX_CONNS) " connections are busy with a request: try again"},
+      [VS_SRV_TOO_LONG] = {E2BIG, "a request line is at most " VS_STR(VS_CTL_LINE_MAX) " bytes; closing"},
+      [VS_SRV_TOO_SLOW] = {ETIMEDOUT, "a request must end within " VS_STR(VS_CTL_PARTIAL_MS) " ms of its first byte"},
+      [VS_SRV_CUT] = {EPROTO, "the connection ended inside a request (no newline)"},
+      [VS_SRV_NO_FD] = {EAGAIN, "this process has no file descriptor left: try again"}};
+  vs_jout_t o = {out, cap, 0, false};
+  reply_error(&o, NULL, r[why].e, "%s", r[why].msg);
   out_fmt(&o, "}\n");
-  if (send(fd, o.buf, o.n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-    /* it asked for nothing: it gets nothing */
-  }
-  close(fd);
-}
-
-/* Out of the table and closed under the lock: a fork meanwhile (its child closes the table's
- * descriptors) sees the connection whole or not at all. */
-static void conn_close(int i) {
-  vs_ctl_conn_t *c = vs_conns[i];
-  pthread_mutex_lock(&vs_ctl_lock);
-  vs_conns[i] = vs_conns[--vs_nconn];
-  close(c->fd);
-  c->used = false;
-  pthread_mutex_unlock(&vs_ctl_lock);
-}
-
-static void accept_one(void) {
-  int fd = accept4(vs_listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if (fd < 0) return;
-  struct ucred cred;
-  socklen_t cl = sizeof cred;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cl != sizeof cred ||
-      (cred.uid != geteuid() && cred.uid != 0)) {
-    _vs_info("control: a process of user %d (pid %d) connected: refused (this process runs as user %d)",
-             cl == sizeof cred ? (int)cred.uid : -1, cl == sizeof cred ? (int)cred.pid : -1, (int)geteuid());
-    send_and_close(fd, EPERM, "this process belongs to another user: only its user and root may control it");
-    return;
-  }
-  if (vs_nconn == VS_CTL_MAX_CONNS) {
-    send_and_close(fd, EBUSY, "too many controllers connected at once (" VS_STR(VS_CTL_MAX_CONNS) "): try again");
-    return;
-  }
-  vs_ctl_conn_t *c = NULL;
-  for (int i = 0; i < VS_CTL_MAX_CONNS && !c; i++)
-    if (!vs_slots[i].used) c = &vs_slots[i];
-  c->used = true;
-  c->fd = fd;
-  c->in_n = c->out_n = c->out_off = 0;
-  c->close_after = c->eof = false;
-  c->last_ns = _vs_now_ns();
-  c->partial_ns = c->send_ns = 0;
-  pthread_mutex_lock(&vs_ctl_lock);
-  vs_conns[vs_nconn++] = c;
-  pthread_mutex_unlock(&vs_ctl_lock);
-}
-
-static void queue_reply(vs_ctl_conn_t *c, const vs_jout_t *o) {
-  memcpy(c->out, o->buf, o->n);
-  c->out_n = o->n;
-  c->out_off = 0;
-  c->send_ns = _vs_now_ns();
-}
-
-/* Answers the complete lines the connection holds, while its replies go out at once. Returns
- * false when it is to be closed now. */
-static bool serve_lines(vs_ctl_conn_t *c) {
-  static char reply[VS_CTL_REPLY_MAX]; /* the server thread's alone */
-  while (c->out_n == 0 && !c->close_after) {
-    char *nl = memchr(c->in, '\n', c->in_n);
-    vs_jout_t o = {reply, sizeof reply, 0, false};
-    if (!nl) {
-      if (c->in_n == sizeof c->in) {
-        reply_error(&o, NULL, E2BIG, "a request line is at most %d bytes; closing", VS_CTL_LINE_MAX);
-        out_fmt(&o, "}\n");
-        c->close_after = true;
-      } else if (c->eof && c->in_n) {
-        reply_error(&o, NULL, EPROTO, "the connection ended inside a request (no newline)");
-        out_fmt(&o, "}\n");
-        c->close_after = true;
-      } else {
-        return !c->eof;
-      }
-    } else {
-      size_t len = (size_t)(nl - c->in);
-      answer(c->in, len, &o);
-      c->in_n -= len + 1;
-      memmove(c->in, nl + 1, c->in_n);
-    }
-    c->partial_ns = c->in_n ? _vs_now_ns() : 0;
-    queue_reply(c, &o);
-    ssize_t w = send(c->fd, c->out, c->out_n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0 && errno != EAGAIN && errno != EINTR) return false;
-    if (w > 0) c->out_off = (size_t)w;
-    if (c->out_off == c->out_n) c->out_n = c->out_off = 0;
-  }
-  return !(c->close_after && c->out_n == 0);
-}
-
-static bool on_readable(vs_ctl_conn_t *c) {
-  if (c->in_n == sizeof c->in) return serve_lines(c);
-  ssize_t r = recv(c->fd, c->in + c->in_n, sizeof c->in - c->in_n, MSG_DONTWAIT);
-  if (r < 0) return errno == EAGAIN || errno == EINTR;
-  uint64_t now = _vs_now_ns();
-  c->last_ns = now;
-  if (r == 0) c->eof = true;
-  else if (!c->in_n) c->partial_ns = now;
-  c->in_n += (size_t)r;
-  return serve_lines(c);
-}
-
-static bool on_writable(vs_ctl_conn_t *c) {
-  ssize_t w = send(c->fd, c->out + c->out_off, c->out_n - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (w < 0) return errno == EAGAIN || errno == EINTR;
-  c->out_off += (size_t)w;
-  c->last_ns = _vs_now_ns();
-  if (c->out_off < c->out_n) return true;
-  c->out_n = c->out_off = 0;
-  if (c->close_after) return false;
-  return serve_lines(c); /* lines that came while the reply waited */
-}
-
-static bool timed_out(const vs_ctl_conn_t *c, uint64_t now) {
-  const uint64_t ms = 1000000ull;
-  if (c->out_n) return now - c->send_ns > VS_CTL_SEND_MS * ms;
-  if (c->in_n) return now - c->partial_ns > VS_CTL_PARTIAL_MS * ms;
-  return now - c->last_ns > VS_CTL_IDLE_MS * ms;
-}
-
-static void *server_main(void *arg) {
-  (void)arg;
-  for (;;) {
-    struct pollfd pfd[VS_CTL_MAX_CONNS + 1];
-    int n = vs_nconn;
-    pfd[0] = (struct pollfd){vs_listen_fd, POLLIN, 0};
-    for (int i = 0; i < n; i++)
-      pfd[i + 1] = (struct pollfd){vs_conns[i]->fd, (short)(vs_conns[i]->out_n ? POLLOUT : POLLIN), 0};
-    int r = poll(pfd, (nfds_t)n + 1, 1000); /* at least once a second: the timeouts */
-    if (r < 0 && errno != EINTR) {
-      _vs_warn("control: poll: %s; this process stops answering vmmshim ctl", strerror(errno));
-      return NULL;
-    }
-    uint64_t now = _vs_now_ns();
-    for (int i = n; i-- > 0;) {
-      vs_ctl_conn_t *c = vs_conns[i];
-      bool keep = true;
-      if (r > 0 && (pfd[i + 1].revents & (POLLERR | POLLNVAL))) keep = false;
-      else if (r > 0 && (pfd[i + 1].revents & POLLOUT)) keep = on_writable(c);
-      else if (r > 0 && (pfd[i + 1].revents & (POLLIN | POLLHUP))) keep = on_readable(c);
-      else keep = !timed_out(c, now);
-      if (!keep) conn_close(i);
-    }
-    if (r > 0 && (pfd[0].revents & POLLIN)) accept_one();
-  }
+  return o.full ? 0 : o.n;
 }
 
 static void at_exit(void) { atomic_store(&vs_ctl_exiting, true); }
-
-/* A forked child has no server thread: it closes its copies (the parent's connections stay the
- * parent's) and starts none. */
-static void atfork_child(void) {
-  if (vs_listen_fd >= 0) close(vs_listen_fd);
-  vs_listen_fd = -1;
-  for (int i = 0; i < vs_nconn; i++) close(vs_conns[i]->fd);
-  memset(vs_slots, 0, sizeof vs_slots);
-  vs_nconn = 0;
-  pthread_mutex_init(&vs_ctl_lock, NULL);
-}
-static void atfork_prepare(void) { pthread_mutex_lock(&vs_ctl_lock); }
-static void atfork_parent(void) { pthread_mutex_unlock(&vs_ctl_lock); }
 
 /* The program's file name, and its command line (arguments joined by spaces, cut at 255 bytes),
  * for people to know which process is which. */
@@ -922,23 +781,16 @@ static void control_start(void) {
   a.sun_family = AF_UNIX;
   int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "vmmshim-ctl-%u-%d", (unsigned)geteuid(), (int)getpid());
   socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  pthread_t t;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, 16) != 0) {
-    _vs_warn("control: cannot listen on @%s: %s; vmmshim ctl cannot reach this process", a.sun_path + 1,
-             strerror(errno));
-    if (fd >= 0) close(fd);
+  vs_ctl_server.ops = (vs_server_ops_t){
+      .name = "control", .asked = "asked to control this process", .slots = VS_CTL_MAX_CONNS,
+      .backlog = VS_CTL_BACKLOG, .line_max = VS_CTL_LINE_MAX, .reply_max = VS_CTL_REPLY_MAX, .root_too = true,
+      .idle_ms = VS_CTL_IDLE_MS, .request_ms = VS_CTL_PARTIAL_MS, .send_ms = VS_CTL_SEND_MS,
+      .answer = ctl_answer, .refusal = ctl_refusal};
+  if (_vs_server_start(&vs_ctl_server, &a, len) != 0) {
+    _vs_warn("control: vmmshim ctl cannot reach this process");
   } else {
-    vs_listen_fd = fd;
-    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     atexit(at_exit);
-    if (_vs_thread_start(&t, server_main, NULL) != 0) {
-      _vs_warn("control: cannot start its thread; vmmshim ctl cannot reach this process");
-      close(fd);
-      vs_listen_fd = -1;
-    } else {
-      _vs_info("control: vmmshim ctl %d reaches this process (@%s)", (int)getpid(), a.sun_path + 1);
-    }
+    _vs_info("control: vmmshim ctl %d reaches this process (@%s)", (int)getpid(), a.sun_path + 1);
   }
   pthread_mutex_unlock(&vs_ctl_lock);
 }

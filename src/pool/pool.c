@@ -374,43 +374,99 @@ static size_t idle_allowed(const vs_pool_t *p) {
 }
 
 /* even_exported: free a block marked exported too (IPC gives back a block it held). */
-static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api,
-                                   size_t *size_out, size_t *requested_out, CUresult *err_out, bool even_exported) {
+/* A sync-mode free: cudaFree waits for the device, and so do we, before the block can be
+ * reused; done before the block leaves the map, so the lock is never held across it. Returns
+ * VS_POOL_OK to go on (*sync_mode false when the wait failed: the block then waits for a later
+ * synchronisation), or what free_block returns at once. */
+static vs_pool_status_t sync_before_free(vs_pool_t *p, CUdeviceptr ptr, bool even_exported, bool *sync_mode,
+                                         size_t *size_out, size_t *requested_out, CUresult *err_out) {
+  vs_block_t *b;
+  pool_lock(p);
+  HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
+  bool exported = b && b->exported && !even_exported;
+  if (exported) {
+    *size_out = b->size;
+    *requested_out = b->requested;
+  }
+  pool_unlock(p);
+  if (!b) return VS_POOL_NOT_OWNED;
+  if (exported) return VS_POOL_EXPORTED;
+  /* A sync while another thread captures a graph would invalidate its capture. */
+  CUresult r =
+      atomic_load(&_vs_captures_active) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : _vs_pool_sync_and_reclaim(p);
+  if (r != CUDA_SUCCESS) {
+    /* Not waited for: the block is reused only after a later synchronisation succeeds. */
+    _vs_debug("free 0x%llx: cuCtxSynchronize: %s; block reused after a later synchronisation",
+              (unsigned long long)ptr, _vs_cu_error_name(r));
+    *sync_mode = false;
+    if (r != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT &&
+        r != CUDA_ERROR_DEINITIALIZED && r != CUDA_ERROR_CONTEXT_IS_DESTROYED)
+      *err_out = r; /* a sticky context error: the real cudaFree reports it too */
+  }
+  return VS_POOL_OK;
+}
+
+/* Where a block out of the map goes, as its free's kind says (under the pool lock). True when
+ * the stream's older freed blocks are to be sealed after the unlock. */
+static bool place_freed(vs_pool_t *p, vs_block_t *b, vs_free_kind_t kind, bool sync_mode, CUstream key,
+                        CUstream stream, const void *owner) {
+  if (sync_mode) {
+    _vs_block_make_free(p, b);
+    return false;
+  }
+  if (kind == VS_FREE_KIND_ORDERED) {
+    /* Free for the stream's later work at once; its handle stays mapped until work queued
+     * before this free is known done (space.c: unmap_idle). */
+    p->ordered_need = p->sync_seq + 1;
+    _vs_block_make_free(p, b);
+    return false;
+  }
+  vs_stream_t *s = kind == VS_FREE_KIND_STREAM ? _vs_stream_get(p, key, stream, owner, true) : NULL;
+  if (s) return pend_on_stream(p, b, s);
+  /* Deferred; or a sync-mode free whose synchronisation failed, or a stream's free with no
+   * host memory for the stream's record: those wait as the mode's cudaFree would. */
+  b->state = B_PENDING;
+  b->freed_seq = p->sync_seq;
+  p->pending_bytes += b->size;
+  list_push(&p->deferred, b);
+  if (kind == VS_FREE_KIND_DEFERRED ||
+      (kind == VS_FREE_KIND_STREAM && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED)) {
+    _vs_pool_start_reclaimer(p);
+    pthread_cond_signal(&p->wake);
+  }
+  return false;
+}
+
+/* Whether idle memory goes back after this free, and down to what (under the pool lock).
+ * VMMSHIM_RELEASE_THRESHOLD and the program's release_threshold bound idle memory; a try is
+ * repeated only once idle memory has grown by a handle since the last one, so a pool whose idle
+ * memory sits in partly used handles does not rescan on every free. A member of the budget
+ * waiting for bytes (VMMSHIM_ON_LIMIT=wait) has idle memory go back now. */
+static bool trim_after_free(vs_pool_t *p, size_t *threshold) {
+  *threshold = idle_allowed(p);
+  bool trim = vs_unlikely(p->free_bytes > *threshold) && p->free_bytes >= p->trim_retry_at;
+  if (trim) p->trim_retry_at = p->free_bytes + p->gran;
+  if (vs_unlikely(_vs_budget_wanted()) && p->free_bytes >= p->caps.min_granularity) {
+    trim = true;
+    *threshold = 0;
+  }
+  return trim;
+}
+
+static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, vs_free_kind_t kind, CUstream stream,
+                                   vmmshim_api_t api, size_t *size_out, size_t *requested_out, CUresult *err_out,
+                                   bool even_exported) {
   *err_out = CUDA_SUCCESS;
   if (!ptr) return VS_POOL_NOT_OWNED; /* address 0 is the map's anchor */
+  vs_assert((kind == VS_FREE_KIND_STREAM) == (stream != VS_NO_STREAM));
   const void *owner = NULL;
-  bool ordered = stream == VS_ORDERED_FREE;
-  if (ordered) stream = VS_NO_STREAM;
-  CUstream key = stream == VS_NO_STREAM ? NULL : _vs_stream_key(stream, &owner);
-  bool sync_mode = stream == VS_NO_STREAM && !ordered && _vs_option(VS_OPT_FREE_MODE) == VS_FREE_SYNC;
-  bool seal = false; /* the stream's older freed blocks are to be sealed (after the unlock) */
-  vs_block_t *b;
+  CUstream key = kind == VS_FREE_KIND_STREAM ? _vs_stream_key(stream, &owner) : NULL;
+  bool sync_mode = kind == VS_FREE_KIND_SYNC;
   if (sync_mode) {
-    /* cudaFree waits for the device; so do we, before the block can be reused. Done before
-     * the block leaves the map, so the lock is never held across it. */
-    pool_lock(p);
-    HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
-    bool exported = b && b->exported && !even_exported;
-    if (exported) {
-      *size_out = b->size;
-      *requested_out = b->requested;
-    }
-    pool_unlock(p);
-    if (!b) return VS_POOL_NOT_OWNED;
-    if (exported) return VS_POOL_EXPORTED;
-    /* A sync while another thread captures a graph would invalidate its capture. */
-    CUresult r =
-        atomic_load(&_vs_captures_active) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : _vs_pool_sync_and_reclaim(p);
-    if (r != CUDA_SUCCESS) {
-      /* Not waited for: the block is reused only after a later synchronisation succeeds. */
-      _vs_debug("free 0x%llx: cuCtxSynchronize: %s; block reused after a later synchronisation",
-                (unsigned long long)ptr, _vs_cu_error_name(r));
-      sync_mode = false;
-      if (r != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT &&
-          r != CUDA_ERROR_DEINITIALIZED && r != CUDA_ERROR_CONTEXT_IS_DESTROYED)
-        *err_out = r; /* a sticky context error: the real cudaFree reports it too */
-    }
+    vs_pool_status_t st = sync_before_free(p, ptr, even_exported, &sync_mode, size_out, requested_out, err_out);
+    if (st != VS_POOL_OK) return st;
   }
+  vs_block_t *b;
   pool_lock(p);
   HASH_FIND(hh, p->map, &ptr, sizeof ptr, b);
   if (!b) {
@@ -432,40 +488,9 @@ static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, CUstream strea
   } else {
     note_reserve(p);
   }
-  if (sync_mode) {
-    _vs_block_make_free(p, b);
-  } else if (ordered) {
-    /* Free for the stream's later work at once; its handle stays mapped until work queued
-     * before this free is known done (space.c: unmap_idle). */
-    p->ordered_need = p->sync_seq + 1;
-    _vs_block_make_free(p, b);
-  } else {
-    vs_stream_t *s = stream == VS_NO_STREAM ? NULL : _vs_stream_get(p, key, stream, owner, true);
-    if (s) {
-      seal = pend_on_stream(p, b, s);
-    } else {
-      b->state = B_PENDING;
-      b->freed_seq = p->sync_seq;
-      p->pending_bytes += b->size;
-      list_push(&p->deferred, b);
-      if (_vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED) {
-        _vs_pool_start_reclaimer(p);
-        pthread_cond_signal(&p->wake);
-      }
-    }
-  }
-  /* VMMSHIM_RELEASE_THRESHOLD and the program's (release_threshold): idle memory above them
-   * goes back to the device. Retried only once idle memory has grown by a handle since the
-   * last try, so a pool whose idle memory sits in partly used handles does not rescan on
-   * every free. */
-  size_t threshold = idle_allowed(p);
-  bool trim = vs_unlikely(p->free_bytes > threshold) && p->free_bytes >= p->trim_retry_at;
-  if (trim) p->trim_retry_at = p->free_bytes + p->gran;
-  /* A member of the budget waits for bytes (VMMSHIM_ON_LIMIT=wait): idle memory goes back now. */
-  if (vs_unlikely(_vs_budget_wanted()) && p->free_bytes >= p->caps.min_granularity) {
-    trim = true;
-    threshold = 0;
-  }
+  bool seal = place_freed(p, b, kind, sync_mode, key, stream, owner);
+  size_t threshold;
+  bool trim = trim_after_free(p, &threshold);
   /* The free's record takes its place in the trace before another thread can have the
    * range, and is written after the unlock (nothing else is traced in between). */
   vs_trace_place_t at = {NULL, 0};
@@ -482,14 +507,16 @@ static vs_pool_status_t free_block(vs_pool_t *p, CUdeviceptr ptr, CUstream strea
   return VS_POOL_OK;
 }
 
-vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, CUstream stream, vmmshim_api_t api, size_t *size_out,
-                               size_t *requested_out, CUresult *err_out) {
-  return free_block(p, ptr, stream, api, size_out, requested_out, err_out, false);
+vs_pool_status_t _vs_pool_free(vs_pool_t *p, CUdeviceptr ptr, vs_free_kind_t kind, CUstream stream, vmmshim_api_t api,
+                               size_t *size_out, size_t *requested_out, CUresult *err_out) {
+  return free_block(p, ptr, kind, stream, api, size_out, requested_out, err_out, false);
 }
 
 vs_pool_status_t _vs_pool_free_exported(vs_pool_t *p, CUdeviceptr ptr, vmmshim_api_t api, size_t *size_out,
                                         size_t *requested_out, CUresult *err_out) {
-  return free_block(p, ptr, VS_NO_STREAM, api, size_out, requested_out, err_out, true);
+  /* The program's free was long ago: whatever order held then, the block waits as the mode says. */
+  vs_free_kind_t kind = _vs_option(VS_OPT_FREE_MODE) == VS_FREE_DEFERRED ? VS_FREE_KIND_DEFERRED : VS_FREE_KIND_SYNC;
+  return free_block(p, ptr, kind, VS_NO_STREAM, api, size_out, requested_out, err_out, true);
 }
 
 bool _vs_pool_set_exported(vs_pool_t *p, CUdeviceptr ptr, bool exported) {
@@ -612,100 +639,4 @@ void _vs_pool_figures_add(vs_pool_figures_t *sum, const vs_pool_figures_t *f) {
   sum->live_blocks += f->live_blocks;
   sum->requested += f->requested;
   sum->handles += f->handles;
-}
-
-/* ------------------------------------------------------------------ invariants */
-
-/* The number of blocks of a list, and whether each is in the expected state. */
-static int check_list(const vs_list_t *l, vs_block_state_t st, size_t *bytes) {
-  int bad = 0;
-  size_t sum = 0;
-  unsigned n = 0;
-  for (const vs_block_t *b = l->head; b; b = b->fnext, n++) {
-    if (b->state != st) bad++;
-    sum += b->size;
-  }
-  if (sum != l->bytes || n != l->count) bad++;
-  *bytes += sum;
-  return bad;
-}
-
-int _vs_pool_check_locked(vs_pool_t *p) {
-  int bad = 0;
-  size_t free_sum = 0;
-  for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++) {
-    vs_heap_t *heap = &p->heaps[heap_id];
-    size_t heap_sum = 0, holes = 0;
-    for (unsigned i = 0; i < VS_NBINS; i++) {
-      if (!heap->bins[i] != !bin_used(heap, i)) bad++; /* bitmap agrees with the bins */
-      for (vs_block_t *b = heap->bins[i]; b; b = b->fnext) {
-        if (b->state != B_FREE || b->bin != i || _vs_bin_of(b->size) != i || heap_id_of(p, b) != heap_id) bad++;
-        if (_vs_block_mergeable(p, b->prev, b, B_FREE) || _vs_block_mergeable(p, b, b->next, B_FREE))
-          bad++; /* unmerged neighbours */
-        heap_sum += b->size;
-      }
-    }
-    if (heap_sum != heap->free_bytes) bad++;
-    free_sum += heap_sum;
-    bad += check_list(&heap->holes, B_HOLE, &holes);
-    for (vs_block_t *h = heap->holes.head; h; h = h->fnext)
-      if (_vs_block_mergeable(p, h->prev, h, B_HOLE) || _vs_block_mergeable(p, h, h->next, B_HOLE)) bad++;
-  }
-  if (free_sum != p->free_bytes) bad++;
-  size_t used_sum = 0, stream_sum = 0, stream_req = 0;
-  for (vs_block_t *b = p->map; b; b = b->hh.next) {
-    if (b->state != B_USED) bad++;
-    if (b->addr % VS_MIN_ALIGN) bad++;
-    used_sum += b->size;
-    if (b->stream_ordered) {
-      stream_sum += b->size;
-      stream_req += b->requested;
-    }
-  }
-  if (used_sum != p->used || stream_sum != p->stream_served || stream_req != p->stream_requested) bad++;
-  size_t pending_sum = 0;
-  bad += check_list(&p->deferred, B_PENDING, &pending_sum);
-  for (vs_stream_t *s = p->streams; s; s = s->hh.next) {
-    bad += check_list(&s->pending, B_PENDING, &pending_sum);
-    for (vs_block_t *b = s->pending.head; b; b = b->fnext)
-      if (b->stream != s || b->batch) bad++;
-  }
-  for (vs_batch_t *bt = p->batches; bt; bt = bt->next) {
-    bad += check_list(&bt->blocks, B_PENDING, &pending_sum);
-    if (bt->out) bad++;
-    for (vs_block_t *b = bt->blocks.head; b; b = b->fnext)
-      if (b->batch != bt || b->stream) bad++;
-  }
-  /* Batches a thread took out of the lock to record or query their events are in no list. */
-  if (pending_sum + p->pending_out != p->pending_bytes) bad++;
-  size_t seg_sum = 0;
-  for (size_t i = 0; i < p->segs.n; i++) {
-    seg_sum += p->segs.v[i].size;
-    if (i && p->segs.v[i - 1].va + p->segs.v[i - 1].size > p->segs.v[i].va) bad++;
-  }
-  size_t heaps_mapped = 0;
-  for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++) heaps_mapped += p->heaps[heap_id].mapped;
-  if (seg_sum != p->mapped || heaps_mapped != p->mapped) bad++; /* mapped bytes = the sum of handles */
-  /* Asleep memory left the device; its blocks stayed. */
-  if (p->mapped + p->asleep.bytes != p->used + p->free_bytes + p->pending_bytes + p->stuck_bytes) bad++;
-  size_t asleep_sum = 0, host_mapped = 0;
-  for (size_t i = 0; i < p->asleep.n; i++) {
-    asleep_sum += p->asleep.v[i].size;
-    if (p->asleep.v[i].mode == VMMSHIM_SLEEP_MAPPED) host_mapped += p->asleep.v[i].size;
-  }
-  size_t spilled = 0;
-  for (size_t i = 0; i < p->asleep.n; i++)
-    if (p->asleep.v[i].spilled) {
-      spilled += p->asleep.v[i].size;
-      if (p->asleep.v[i].mode != VMMSHIM_SLEEP_MAPPED) bad++; /* spilled memory is always mapped */
-    }
-  if (asleep_sum != p->asleep.bytes || host_mapped != p->asleep.host_mapped || spilled != p->asleep.spilled) bad++;
-  return bad;
-}
-
-int _vs_pool_check(vs_pool_t *p) {
-  pool_lock(p);
-  int bad = _vs_pool_check_locked(p);
-  pool_unlock(p);
-  return bad;
 }

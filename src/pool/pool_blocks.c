@@ -76,8 +76,6 @@ static bool fits(const vs_block_t *b, size_t size, size_t align) {
   return b->size >= pad && b->size - pad >= size;
 }
 
-static inline bool bin_used(const vs_heap_t *heap, unsigned i) { return heap->binmap[i / 64] & (1ull << (i % 64)); }
-
 /* A free block that holds size bytes at the alignment. Bins from the request's own up to
  * that of size plus the worst alignment pad may hold blocks that fit or not: the first few
  * of each are examined (the smallest fitting one wins). Any block in a higher bin fits:

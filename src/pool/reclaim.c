@@ -123,17 +123,15 @@ CUresult _vs_pool_sync_stream_and_reclaim(vs_pool_t *p, CUstream key, CUstream h
   return sync_then_release(p, &key, handle);
 }
 
-void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self, unsigned keep) {
-  enum { MAX_SEAL = 32 };
-  vs_batch_t *sealed[MAX_SEAL];
-  CUstream on[MAX_SEAL];
+/* Seals the pending blocks of the streams the caller may record on into new batches, at most
+ * max: all but the `keep` newest of each stream, which its next requests look at. sealed[i] is
+ * to be recorded on stream on[i]. Returns their count. Lock held. */
+static int seal_streams(vs_pool_t *p, const void *self, unsigned keep, vs_batch_t **sealed, CUstream *on, int max) {
   int n = 0;
-  pool_lock(p);
-  for (vs_stream_t *s = p->streams; s && n < MAX_SEAL; s = s->hh.next) {
+  for (vs_stream_t *s = p->streams; s && n < max; s = s->hh.next) {
     if (s->pending.count <= keep || (s->owner && s->owner != self)) continue;
     vs_batch_t *bt = calloc(1, sizeof *bt);
     if (!bt) break;
-    /* The oldest blocks: all but the `keep` newest, which the stream's next requests look at. */
     for (unsigned take = s->pending.count - keep; take; take--) {
       vs_block_t *b = s->pending.head;
       list_remove(&s->pending, b);
@@ -149,31 +147,46 @@ void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self, unsigned keep) {
     on[n] = s->handle;
     sealed[n++] = bt;
   }
+  return n;
+}
+
+/* The batches sealed earlier and the n new ones leave the lock while their events are queried
+ * and recorded: marked out, their bytes (*out) counted as pending_out, the new ones' streams
+ * held against destruction (sealers). Returns the earlier ones. Lock held. */
+static vs_batch_t *take_out(vs_pool_t *p, vs_batch_t *const *sealed, int n, size_t *out) {
   vs_batch_t *check = p->batches;
   p->batches = NULL;
   for (vs_batch_t *bt = check; bt; bt = bt->next) bt->out = true;
   for (int i = 0; i < n; i++) sealed[i]->out = true;
   if (n) p->sealers++;
-  size_t out = 0;
-  for (int i = 0; i < n; i++) out += sealed[i]->blocks.bytes;
-  for (vs_batch_t *bt = check; bt; bt = bt->next) out += bt->blocks.bytes;
-  p->pending_out += out;
-  pool_unlock(p);
+  *out = 0;
+  for (int i = 0; i < n; i++) *out += sealed[i]->blocks.bytes;
+  for (vs_batch_t *bt = check; bt; bt = bt->next) *out += bt->blocks.bytes;
+  p->pending_out += *out;
+  return check;
+}
 
-  /* Query the batches sealed earlier first: new ones cannot have completed yet. */
-  vs_batch_t *done = NULL, *still = NULL;
+/* Queries the events of the batches sealed earlier: those completed go to *done, the others to
+ * *still. Lock not held. */
+static void query_batches(vs_batch_t *check, vs_batch_t **done, vs_batch_t **still) {
   while (check) {
     vs_batch_t *bt = check;
     check = bt->next;
     CUresult q = bt->event ? _vs_cu.cuEventQuery(bt->event) : CUDA_ERROR_NOT_READY;
     if (q == CUDA_SUCCESS) {
-      bt->next = done;
-      done = bt;
+      bt->next = *done;
+      *done = bt;
     } else {
-      bt->next = still;
-      still = bt;
+      bt->next = *still;
+      *still = bt;
     }
   }
+}
+
+/* Records each new batch's event on its stream, then to *done or *still as query_batches does.
+ * Lock not held. */
+static void record_batches(vs_batch_t *const *sealed, const CUstream *on, int n, vs_batch_t **done,
+                           vs_batch_t **still) {
   for (int i = 0; i < n; i++) {
     vs_batch_t *bt = sealed[i];
     CUresult r = CUDA_SUCCESS;
@@ -186,16 +199,20 @@ void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self, unsigned keep) {
     }
     /* An idle stream passes its event at once: one query now saves a growth. */
     if (bt->event && _vs_cu.cuEventQuery(bt->event) == CUDA_SUCCESS) {
-      bt->next = done;
-      done = bt;
+      bt->next = *done;
+      *done = bt;
       continue;
     }
-    bt->next = still;
-    still = bt;
+    bt->next = *still;
+    *still = bt;
   }
-  pool_lock(p);
+}
+
+/* The batches come back under the lock (take_out undone): the blocks of those done are free,
+ * the others wait on p->batches. Lock held. */
+static void bring_back(vs_pool_t *p, vs_batch_t *done, vs_batch_t *still, size_t out, bool sealed_any) {
   p->pending_out -= out;
-  if (n && --p->sealers == 0) pthread_cond_broadcast(&p->sealed);
+  if (sealed_any && --p->sealers == 0) pthread_cond_broadcast(&p->sealed);
   for (vs_batch_t *bt = done; bt; bt = bt->next) release_batch(p, bt);
   while (still) {
     vs_batch_t *bt = still;
@@ -204,6 +221,23 @@ void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self, unsigned keep) {
     bt->next = p->batches;
     p->batches = bt;
   }
+}
+
+void _vs_pool_reclaim_by_events(vs_pool_t *p, const void *self, unsigned keep) {
+  enum { MAX_SEAL = 32 };
+  vs_batch_t *sealed[MAX_SEAL];
+  CUstream on[MAX_SEAL];
+  size_t out = 0;
+  pool_lock(p);
+  int n = seal_streams(p, self, keep, sealed, on, MAX_SEAL);
+  vs_batch_t *check = take_out(p, sealed, n, &out);
+  pool_unlock(p);
+  /* The batches sealed earlier are queried first: new ones cannot have completed yet. */
+  vs_batch_t *done = NULL, *still = NULL;
+  query_batches(check, &done, &still);
+  record_batches(sealed, on, n, &done, &still);
+  pool_lock(p);
+  bring_back(p, done, still, out, n > 0);
   VS_POOL_CHECK(p);
   pool_unlock(p);
   recycle_batches(p, done);

@@ -355,10 +355,10 @@ size_t _vs_pool_whole_handles_in(const vs_pool_t *p, const vs_block_t *b) {
 /* ------------------------------------------------------------------ blocks freed in stream order */
 
 /* Whether FREE memory may still be in use by work queued before a free in stream order
- * (VS_ORDERED_FREE: all work on one stream, order.c), so that unmapping it must wait for a
+ * (VS_FREE_KIND_ORDERED: all work on one stream, order.c), so that unmapping it must wait for a
  * synchronisation. Once the order has ended, the wait that ended it covered them. Lock held. */
 bool _vs_pool_ordered_unsettled(const vs_pool_t *p) {
-  return p->ordered_need > p->sync_done && atomic_load(&_vs_order_state) != VS_ORDER_OFF;
+  return p->ordered_need > p->sync_done && _vs_order_view().state != VS_ORDER_OFF;
 }
 
 /* Synchronises the pool's context when blocks freed in stream order may still be in use (a

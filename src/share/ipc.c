@@ -14,23 +14,14 @@
  * address in it. It keeps the connection open while the handle is open: the exporter counts open
  * handles by their connections, so one that dies closes its own.
  *
- * Who may ask (the threat model; docs/multi-gpu.md):
- *   - another user: refused when it connects (SO_PEERCRED), before it can send anything; it
- *     holds none of the exporter's descriptors or connection slots beyond that moment, and its
- *     refusals are warned about at most once a second, apart from the program's own warnings.
- *     The socket's name is public (/proc/net/unix): connecting is all another user can do.
- *   - the same user: can open any handle whose bytes it has, and could guess none (the export
- *     id is random); it can read the program's memory anyway (ptrace, /proc/pid/mem), so the
- *     shim does not defend against it beyond that, but a slow or stalled client of it holds up
- *     nobody: the server serves every connection through one poll() loop, and closes one that
- *     has not sent its whole request within VMMSHIM_IPC_TIMEOUT seconds; of more than 256 such
- *     at once, the oldest is closed to make room.
- *   - every wait of the importer (connect, send, answer) ends by VMMSHIM_IPC_TIMEOUT seconds in
- *     all, with CUDA_ERROR_MAP_FAILED (an exporter that is stopped, or gone).
- * Open handles have no limit of their own: each holds one descriptor of the exporter (its
- * connection). When the exporter has no descriptor left, a request is refused (a spare
- * descriptor kept for the purpose lets the server take the connection and close it, so neither
- * the backlog nor the server's loop stalls), with a warning naming RLIMIT_NOFILE.
+ * Who may ask (the threat model; docs/multi-gpu.md): the server is src/base/server.c's, which
+ * refuses another user when it connects (SO_PEERCRED), before it can send anything, and closes a
+ * connection of this user that has not sent its whole request within VMMSHIM_IPC_TIMEOUT seconds.
+ * The same user can open any handle whose bytes it has and could guess none (the export id is
+ * random); it can read the program's memory anyway (ptrace), so nothing more is defended. Every
+ * wait of the importer ends by VMMSHIM_IPC_TIMEOUT in all, with CUDA_ERROR_MAP_FAILED. Each open
+ * handle holds one connection (a descriptor) of the exporter: the server has a slot for as many
+ * as RLIMIT_NOFILE allows (1024 to 65536), fixed when it starts.
  *
  * The exporter may free the block while importers have it open (the driver calls that undefined
  * behaviour for cudaMalloc memory): its memory then stays out of the pool until the last importer
@@ -41,7 +32,7 @@
  * CUDA_ERROR_MAP_FAILED, as the driver's own handles do. Handles the shim did not make pass to the
  * driver untouched; so do events.
  *
- * Locks: vs_ipc_lock (exports, the server's connections) and vs_import_lock (imports); neither is
+ * Locks: vs_ipc_lock (exports) and vs_import_lock (imports); neither is
  * held across a driver call (counted like the pools' locks: vmm.c asserts it in debug builds). An
  * export being answered or given back is pinned (busy) while the lock is dropped.
  *
@@ -51,21 +42,17 @@
  * exports. The exports of a pool whose context goes away are forgotten with it. */
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "vmmshim/server.h"
 #include "vmmshim/share.h"
 
 /* uthash for the exports (by id, by address); an out-of-memory add is checked, never fatal. */
@@ -73,10 +60,10 @@
 #include <uthash.h>
 
 #define VS_IPC_MAGIC "vmmshim\x01"
-#define VS_IPC_MAX_SEGS 64
+#define VS_IPC_MAX_SEGS VS_SRV_MAX_FDS
 #define VS_IPC_BACKLOG 4096
-#define VS_IPC_MAX_PENDING 256              /* connections that have not sent their request yet */
-#define VS_IPC_BACKOFF_NS (100 * 1000000ull) /* accept failing for want of memory: wait this long */
+#define VS_IPC_MIN_CONNS 1024
+#define VS_IPC_MAX_CONNS 65536
 
 /* The handle, as the 64 bytes of a CUipcMemHandle. */
 typedef struct vs_ipc_handle_s {
@@ -103,12 +90,6 @@ typedef struct vs_ipc_reply_s {
   uint64_t offset; /* of the block in the first handle */
   uint64_t seg_size[VS_IPC_MAX_SEGS];
 } vs_ipc_reply_t;
-
-/* Room for the descriptors of a reply, aligned as a cmsghdr must be. */
-typedef union vs_ipc_ctrl_u {
-  char buf[CMSG_SPACE(sizeof(int) * VS_IPC_MAX_SEGS)];
-  struct cmsghdr align;
-} vs_ipc_ctrl_t;
 
 static uint64_t timeout_ns(void) { return _vs_option(VS_OPT_IPC_TIMEOUT) * 1000000000ull; }
 
@@ -251,43 +232,11 @@ static void give_back(vs_export_t *x) {
 
 /* ------------------------------------------------------------------ the exporter's server */
 
-typedef struct vs_conn_s {
-  int fd;
-  uint64_t holds;       /* the export this connection holds open, 0 none */
-  uint64_t deadline_ns; /* not holding: the request must be whole by then */
-  unsigned got;         /* bytes of the request read so far */
-  vs_ipc_request_t req;
-} vs_conn_t;
-
-static int vs_listen_fd = -1;
-static int vs_spare_fd = -1; /* closed to take a connection when no descriptor is left */
-/* The server's connections: changed under the lock by the server thread alone (which reads them
- * without it), so that a fork child (whose atfork handler runs with the lock taken in the parent)
- * finds them whole and closes its copies. */
-static vs_conn_t *vs_conns;
-static int vs_nconn, vs_conn_cap, vs_npending;
+static vs_server_t vs_ipc_server;
 
 /* Never waits: a reply always fits in the buffer of a connection that got no other. */
 static int send_reply(int fd, const vs_ipc_reply_t *rep, const int *fds, unsigned nfds) {
-  struct iovec iov = {(void *)rep, sizeof *rep};
-  vs_ipc_ctrl_t ctrl;
-  struct msghdr m = {0};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  if (nfds) {
-    memset(&ctrl, 0, sizeof ctrl);
-    m.msg_control = ctrl.buf;
-    m.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-  }
-  ssize_t w;
-  do w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-  while (w < 0 && errno == EINTR);
-  return w == (ssize_t)sizeof *rep ? 0 : -1;
+  return _vs_send_fds(fd, rep, sizeof *rep, fds, (int)nfds);
 }
 
 static void refuse(int fd, int32_t status) {
@@ -297,60 +246,65 @@ static void refuse(int fd, int32_t status) {
   send_reply(fd, &rep, NULL, 0);
 }
 
-/* Closes connection i, letting go of what it holds. Server thread, lock not held. */
-static void conn_close(int i) {
+/* A connection closed (the server's thread, no lock held): the export it held is let go. */
+static void ipc_closed(uint64_t holds) {
+  if (!holds) return;
   vs_export_t *back = NULL;
   ipc_lock();
-  vs_conn_t *c = &vs_conns[i];
-  if (c->holds) {
-    vs_export_t *x = export_by_id(c->holds);
-    if (x && drop_open_locked(x)) back = x;
-  } else {
-    vs_npending--;
-  }
-  close(c->fd);
-  vs_conns[i] = vs_conns[--vs_nconn];
+  vs_export_t *x = export_by_id(holds);
+  if (x && drop_open_locked(x)) back = x;
   ipc_unlock();
   if (back) give_back(back);
 }
 
-/* The request of connection c is whole: the export's handles as descriptors. Returns false when
- * the connection is to be closed (a refusal: the reply is all the importer gets). Server thread,
- * lock not held; the handles are exported with it dropped, the export pinned meanwhile. */
-static bool answer(vs_conn_t *c) {
-  if (memcmp(c->req.magic, VS_IPC_MAGIC, 8) != 0) {
+static size_t ipc_refusal(vs_srv_refusal_t why, char *out, size_t cap) {
+  if (why == VS_SRV_TOO_SLOW || why == VS_SRV_CUT || cap < sizeof(vs_ipc_reply_t)) return 0;
+  vs_ipc_reply_t rep;
+  memset(&rep, 0, sizeof rep);
+  rep.status = why == VS_SRV_WRONG_USER ? VS_IPC_DENIED : VS_IPC_FAILED;
+  memcpy(out, &rep, sizeof rep);
+  return sizeof rep;
+}
+
+/* The export a request names, pinned (busy) with one more open, and its handles; NULL (the
+ * peer refused) when it cannot be had. Lock not held. */
+static vs_export_t *pin_export(int fd, const vs_ipc_request_t *req, CUmemGenericAllocationHandle *handles,
+                               size_t *sizes, size_t *offset, int *n, vs_device_caps_t *caps) {
+  if (memcmp(req->magic, VS_IPC_MAGIC, 8) != 0) {
     _vs_warn_rated(&vs_refusals, "ipc: a request that is not a shim's of this version: refused");
-    refuse(c->fd, VS_IPC_FAILED);
-    return false;
+    refuse(fd, VS_IPC_FAILED);
+    return NULL;
   }
   ipc_lock();
-  vs_export_t *x = export_by_id(c->req.id);
+  vs_export_t *x = export_by_id(req->id);
   if (!x || x->freed) {
     ipc_unlock();
     _vs_debug("ipc: a request for an export that is gone (or never was): refused");
-    refuse(c->fd, VS_IPC_GONE);
-    return false;
+    refuse(fd, VS_IPC_GONE);
+    return NULL;
   }
-  CUmemGenericAllocationHandle handles[VS_IPC_MAX_SEGS];
-  size_t sizes[VS_IPC_MAX_SEGS], offset = 0;
-  int n = 0;
-  if (_vs_pool_handles_of(x->pool, x->ptr, &offset, handles, sizes, VS_IPC_MAX_SEGS, &n) != VS_POOL_OK) {
+  if (_vs_pool_handles_of(x->pool, x->ptr, offset, handles, sizes, VS_IPC_MAX_SEGS, n) != VS_POOL_OK) {
     CUdeviceptr ptr = x->ptr;
     ipc_unlock();
     _vs_warn_rated(&vs_refusals, "ipc: block 0x%llx lies on more than %d handles; it cannot be shared",
                    (unsigned long long)ptr, VS_IPC_MAX_SEGS); /* asked for by others: rated */
-    refuse(c->fd, VS_IPC_FAILED);
-    return false;
+    refuse(fd, VS_IPC_FAILED);
+    return NULL;
   }
   x->opens++; /* a free now keeps the block: its handles stay valid while they are exported */
   x->busy++;
-  vs_device_caps_t caps = *_vs_pool_caps(x->pool);
+  *caps = *_vs_pool_caps(x->pool);
   ipc_unlock();
+  return x;
+}
 
+/* The handles of an export as descriptors, sent on fd (with the lock dropped). Whether they went. */
+static bool send_handles(int fd, const vs_device_caps_t *caps, const CUmemGenericAllocationHandle *handles,
+                         const size_t *sizes, size_t offset, int n) {
   int fds[VS_IPC_MAX_SEGS], nfds = 0;
   bool ok = true;
   for (int i = 0; ok && i < n; i++) {
-    ok = _vs_vmm_export(&caps, handles[i], &fds[i]) == CUDA_SUCCESS;
+    ok = _vs_vmm_export(caps, handles[i], &fds[i]) == CUDA_SUCCESS;
     if (ok) nfds++;
   }
   vs_ipc_reply_t rep;
@@ -359,177 +313,54 @@ static bool answer(vs_conn_t *c) {
   rep.nsegs = (uint32_t)n;
   rep.offset = offset;
   for (int i = 0; i < n; i++) rep.seg_size[i] = sizes[i];
-  bool sent = ok && send_reply(c->fd, &rep, fds, (unsigned)nfds) == 0;
-  if (!ok) refuse(c->fd, VS_IPC_FAILED);
+  bool sent = ok && send_reply(fd, &rep, fds, (unsigned)nfds) == 0;
+  if (!ok) refuse(fd, VS_IPC_FAILED);
   for (int i = 0; i < nfds; i++) close(fds[i]);
-
-  vs_export_t *back = NULL;
-  ipc_lock();
-  x->busy--;
-  if (sent) {
-    c->holds = x->id; /* until the importer closes the connection */
-    vs_npending--;
-  } else if (drop_open_locked(x)) {
-    back = x;
-  }
-  pthread_cond_broadcast(&vs_ipc_unpinned);
-  ipc_unlock();
-  if (back) give_back(back);
   return sent;
 }
 
-/* Takes the connections waiting on the listening socket (a burst at most: the others get their
- * turn). Another user's is closed at once, its descriptor never kept. Returns until when to leave
- * the listening socket alone (0: no need). Server thread. */
-static uint64_t accept_burst(uint64_t now) {
-  for (int burst = 0; burst < 64; burst++) {
-    int fd = accept4(vs_listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      int e = errno;
-      if (e == EINTR || e == ECONNABORTED) continue;
-      if (e == EAGAIN || e == EWOULDBLOCK) return 0;
-      if ((e == EMFILE || e == ENFILE) && vs_spare_fd >= 0) {
-        close(vs_spare_fd);
-        fd = accept4(vs_listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd >= 0) {
-          refuse(fd, VS_IPC_FAILED);
-          close(fd);
-        }
-        vs_spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        struct rlimit rl = {0, 0};
-        getrlimit(RLIMIT_NOFILE, &rl);
-        _vs_warn_rated(&vs_refusals,
-                       "ipc: this process has no file descriptor left (RLIMIT_NOFILE %llu; each handle open in "
-                       "another process holds one): a request is refused",
-                       (unsigned long long)rl.rlim_cur);
-        if (fd < 0 || vs_spare_fd < 0) return now + VS_IPC_BACKOFF_NS;
-        continue;
-      }
-      _vs_warn_rated(&vs_refusals, "ipc: accept: %s; requests wait %llu ms", strerror(e),
-                     (unsigned long long)(VS_IPC_BACKOFF_NS / 1000000));
-      return now + VS_IPC_BACKOFF_NS;
-    }
-    struct ucred cred;
-    socklen_t cl = sizeof cred;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cl != sizeof cred || cred.uid != geteuid()) {
-      refuse(fd, VS_IPC_DENIED);
-      close(fd);
-      _vs_warn_rated(&vs_refusals, "ipc: a process of user %d (pid %d) asked for a handle of this process (user %d): "
-                     "refused", cl == sizeof cred ? (int)cred.uid : -1, cl == sizeof cred ? (int)cred.pid : -1,
-                     (int)geteuid());
-      continue;
-    }
-    if (vs_npending >= VS_IPC_MAX_PENDING) {
-      /* Many connections wait for their request (the same user's: another user's never do):
-       * the oldest goes, so that a flood of idle ones cannot keep a new one out. */
-      int oldest = -1;
-      for (int i = 0; i < vs_nconn; i++)
-        if (!vs_conns[i].holds && (oldest < 0 || vs_conns[i].deadline_ns < vs_conns[oldest].deadline_ns)) oldest = i;
-      if (oldest >= 0) conn_close(oldest);
-      _vs_warn_rated(&vs_refusals, "ipc: more than %d connections wait for their request: the oldest is closed",
-                     VS_IPC_MAX_PENDING);
-    }
-    bool added = false;
-    ipc_lock();
-    if (vs_nconn == vs_conn_cap) {
-      int cap = vs_conn_cap ? vs_conn_cap * 2 : 64;
-      vs_conn_t *grown = realloc(vs_conns, (size_t)cap * sizeof *grown);
-      if (grown) {
-        vs_conns = grown;
-        vs_conn_cap = cap;
-      }
-    }
-    if (vs_nconn < vs_conn_cap) {
-      memset(&vs_conns[vs_nconn], 0, sizeof *vs_conns);
-      vs_conns[vs_nconn].fd = fd;
-      vs_conns[vs_nconn++].deadline_ns = now + timeout_ns();
-      vs_npending++;
-      added = true;
-    }
-    ipc_unlock();
-    if (!added) { /* no host memory for one more */
-      refuse(fd, VS_IPC_FAILED);
-      close(fd);
-      _vs_warn_rated(&vs_refusals, "ipc: no memory for one more connection: a request is refused");
-    }
-  }
-  return 0;
+/* A whole request: the export's handles as descriptors. The connection then holds the export
+ * open until the importer closes it; a refusal closes it (the reply is all the importer gets).
+ * Server thread, lock not held; the handles are exported with it dropped, the export pinned. */
+static vs_srv_next_t ipc_answer(int fd, uint64_t *holds, const char *req, size_t len, char *out, size_t *out_n) {
+  (void)out;
+  (void)len;
+  *out_n = 0;
+  vs_ipc_request_t rq;
+  memcpy(&rq, req, sizeof rq);
+  CUmemGenericAllocationHandle handles[VS_IPC_MAX_SEGS];
+  size_t sizes[VS_IPC_MAX_SEGS], offset = 0;
+  int n = 0;
+  vs_device_caps_t caps;
+  vs_export_t *x = pin_export(fd, &rq, handles, sizes, &offset, &n, &caps);
+  if (!x) return VS_SRV_CLOSE;
+  bool sent = send_handles(fd, &caps, handles, sizes, offset, n);
+  vs_export_t *back = NULL;
+  ipc_lock();
+  x->busy--;
+  if (sent) *holds = x->id; /* until the importer closes the connection */
+  else if (drop_open_locked(x)) back = x;
+  pthread_cond_broadcast(&vs_ipc_unpinned);
+  ipc_unlock();
+  if (back) give_back(back);
+  return sent ? VS_SRV_HOLD : VS_SRV_CLOSE;
 }
 
-/* One connection's turn: what it sent (ev: poll said so), and its deadline. Returns false when it
- * is to be closed. Server thread. */
-static bool serve_conn(vs_conn_t *c, bool ev, uint64_t now) {
-  if (c->holds) { /* an importer sends nothing after its request: drop stray bytes, see it close */
-    if (!ev) return true;
-    char junk[64];
-    ssize_t k = recv(c->fd, junk, sizeof junk, MSG_DONTWAIT);
-    return k > 0 || (k < 0 && (errno == EAGAIN || errno == EINTR));
-  }
-  if (ev) {
-    ssize_t k = recv(c->fd, (char *)&c->req + c->got, sizeof c->req - c->got, MSG_DONTWAIT);
-    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) return false;
-    if (k > 0) c->got += (unsigned)k;
-    if (c->got == sizeof c->req) return answer(c);
-  }
-  if (now >= c->deadline_ns) {
-    _vs_debug("ipc: a connection sent no whole request within %llu s: closed",
-              (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT));
-    return false;
-  }
-  return true;
-}
-
-static void *server_main(void *arg) {
-  (void)arg;
-  _vs_guard++; /* the driver calls made here are the shim's own */
-  struct pollfd *pfd = NULL;
-  int pcap = 0;
-  uint64_t listen_after = 0; /* accept failed for want of resources: not before this */
-  for (;;) {
-    int nconn = vs_nconn;
-    if (nconn + 1 > pcap) {
-      struct pollfd *grown = realloc(pfd, (size_t)(nconn + 64) * sizeof *grown);
-      if (!grown) {
-        struct timespec ts = {0, VS_IPC_BACKOFF_NS};
-        nanosleep(&ts, NULL);
-        continue;
-      }
-      pfd = grown;
-      pcap = nconn + 64;
-    }
-    uint64_t now = _vs_now_ns(), wake = UINT64_MAX;
-    for (int i = 0; i < nconn; i++) {
-      pfd[i] = (struct pollfd){vs_conns[i].fd, POLLIN, 0};
-      if (!vs_conns[i].holds && vs_conns[i].deadline_ns < wake) wake = vs_conns[i].deadline_ns;
-    }
-    bool listening = now >= listen_after;
-    if (listening) pfd[nconn] = (struct pollfd){vs_listen_fd, POLLIN, 0};
-    else if (listen_after < wake) wake = listen_after;
-    int timeout = -1;
-    if (wake != UINT64_MAX) {
-      uint64_t ms = wake <= now ? 0 : (wake - now) / 1000000 + 1;
-      timeout = ms > INT_MAX ? INT_MAX : (int)ms;
-    }
-    int r = poll(pfd, (nfds_t)nconn + (listening ? 1 : 0), timeout);
-    if (r < 0 && errno != EINTR) {
-      _vs_warn_rated(&vs_refusals, "ipc: poll: %s", strerror(errno));
-      struct timespec ts = {0, VS_IPC_BACKOFF_NS};
-      nanosleep(&ts, NULL);
-      continue;
-    }
-    now = _vs_now_ns();
-    for (int i = nconn; i-- > 0;) /* from the end: a closed one's place takes the last, done already */
-      if (!serve_conn(&vs_conns[i], r > 0 && pfd[i].revents, now)) conn_close(i);
-    if (listening && r > 0 && (pfd[nconn].revents & POLLIN)) listen_after = accept_burst(now);
-  }
-  return NULL;
-}
+static void ipc_thread_init(void) { _vs_guard++; /* the driver calls made here are the shim's own */ }
 
 static void atfork_prepare(void);
 static void atfork_parent(void);
 static void atfork_child(void);
 static pthread_once_t vs_atfork_once = PTHREAD_ONCE_INIT;
 static void atfork_register(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+/* Connections at once: one per handle open in another process, and each holds a descriptor of
+ * this process, so as many as it may have (within bounds), fixed when the server starts. */
+static int ipc_slots(void) {
+  struct rlimit rl = {0, 0};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < VS_IPC_MIN_CONNS) return VS_IPC_MIN_CONNS;
+  return rl.rlim_cur > VS_IPC_MAX_CONNS ? VS_IPC_MAX_CONNS : (int)rl.rlim_cur;
+}
 
 /* Starts this process's server on its first export. Lock held. */
 static int start_server(void) {
@@ -540,27 +371,17 @@ static int start_server(void) {
     _vs_warn("ipc: the system gives no random numbers (getrandom: %s); no IPC handle can be made", strerror(errno));
     return -1;
   }
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return -1;
   struct sockaddr_un a;
   socklen_t len;
   socket_name(&a, &len, (uint32_t)getpid(), nonce);
-  if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, VS_IPC_BACKLOG) != 0) {
-    _vs_warn("ipc: cannot listen on @%s: %s", a.sun_path + 1, strerror(errno));
-    close(fd);
-    return -1;
-  }
+  uint64_t ms = _vs_option(VS_OPT_IPC_TIMEOUT) * 1000;
+  vs_ipc_server.ops = (vs_server_ops_t){
+      .name = "ipc", .asked = "asked for a handle of this process", .slots = ipc_slots(),
+      .backlog = VS_IPC_BACKLOG, .record = sizeof(vs_ipc_request_t), .idle_ms = ms, .request_ms = ms,
+      .send_ms = ms, .answer = ipc_answer, .refusal = ipc_refusal, .closed = ipc_closed,
+      .thread_init = ipc_thread_init};
+  if (_vs_server_start(&vs_ipc_server, &a, len) != 0) return -1;
   vs_nonce = nonce;
-  vs_listen_fd = fd;
-  vs_spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  pthread_t t;
-  int rc = _vs_thread_start(&t, server_main, NULL);
-  if (rc != 0) {
-    close(fd);
-    if (vs_spare_fd >= 0) close(vs_spare_fd);
-    vs_listen_fd = vs_spare_fd = -1;
-    return -1;
-  }
   vs_server_pid = getpid();
   _vs_info("ipc: this process answers IPC handles of its pool memory on @%s", a.sun_path + 1);
   return 0;
@@ -698,19 +519,6 @@ static void unmap_import(vs_import_t *im, int mapped) {
   else if (im->va) _vs_vmm_address_free(&im->caps, im->va, im->total);
 }
 
-/* Sets the socket's send and receive timeouts to what is left until deadline; false when
- * nothing is. */
-static bool set_timeouts(int fd, uint64_t deadline) {
-  uint64_t now = _vs_now_ns();
-  if (now >= deadline) return false;
-  uint64_t left = deadline - now;
-  struct timeval tv = {(time_t)(left / 1000000000ull), (suseconds_t)(left % 1000000000ull / 1000)};
-  if (!tv.tv_sec && !tv.tv_usec) tv.tv_usec = 1;
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return true;
-}
-
 /* Why the exporter's reply cannot be right, or NULL: nothing of it is mapped unless it is. */
 static const char *bad_reply(const vs_ipc_reply_t *rep, int nfds, const vs_ipc_handle_t *h, size_t gran) {
   if (rep->nsegs == 0 || rep->nsegs > VS_IPC_MAX_SEGS) return "a number of handles out of range";
@@ -727,89 +535,81 @@ static const char *bad_reply(const vs_ipc_reply_t *rep, int nfds, const vs_ipc_h
   return NULL;
 }
 
-/* Asks the exporter for the handles; fills im (handles imported, descriptors closed). Every wait
- * ends by `deadline`. */
-static CUresult fetch(const vs_ipc_handle_t *h, vs_import_t *im, uint64_t deadline) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+/* A connection to the exporter of h, checked to be that process of this user; -1 (warned) when
+ * there is none by `deadline`, -2 when no socket can be made. */
+static int connect_exporter(const vs_ipc_handle_t *h, uint64_t deadline) {
   struct sockaddr_un a;
   socklen_t len;
   socket_name(&a, &len, h->pid, h->nonce);
-  /* connect waits as send does (SO_SNDTIMEO) when the exporter's backlog is full */
-  int rc = -1;
-  errno = EAGAIN;
-  while (set_timeouts(fd, deadline) && (rc = connect(fd, (struct sockaddr *)&a, len)) != 0 && errno == EINTR) {
-  }
-  if (rc != 0) {
-    if (errno == EAGAIN || errno == EINPROGRESS || errno == EINTR)
-      _vs_warn("ipc: the process that made this handle (pid %u) accepts no connection within %llu s "
-               "(VMMSHIM_IPC_TIMEOUT)", h->pid, (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT));
-    else
-      _vs_warn("ipc: the process that made this handle (pid %u) is gone: %s", h->pid, strerror(errno));
-    close(fd);
-    return CUDA_ERROR_MAP_FAILED;
-  }
   struct ucred cred;
-  socklen_t cl = sizeof cred;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != geteuid() ||
-      (uint32_t)cred.pid != h->pid) {
+  int fd = _vs_socket_connect(&a, len, deadline, &cred);
+  if (fd == -1 && errno == EAGAIN)
+    _vs_warn("ipc: the process that made this handle (pid %u) accepts no connection within %llu s "
+             "(VMMSHIM_IPC_TIMEOUT)", h->pid, (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT));
+  else if (fd == -1)
+    _vs_warn("ipc: the process that made this handle (pid %u) is gone: %s", h->pid, strerror(errno));
+  if (fd >= 0 && (cred.uid != geteuid() || (uint32_t)cred.pid != h->pid)) {
     _vs_warn("ipc: the socket of pid %u belongs to another process or user; not opened", h->pid);
     close(fd);
-    return CUDA_ERROR_MAP_FAILED;
+    fd = -1;
   }
+  return fd;
+}
+
+/* Sends the request for h on fd and reads the reply into rep, its descriptors into fds (the
+ * caller closes them, however many came). Whether a whole reply came (warned when not). */
+static bool ask_exporter(int fd, const vs_ipc_handle_t *h, uint64_t deadline, vs_ipc_reply_t *rep, int *fds,
+                         int *nfds, bool *extra) {
   vs_ipc_request_t req;
   memcpy(req.magic, VS_IPC_MAGIC, 8);
   req.id = h->id;
-  vs_ipc_reply_t rep;
-  memset(&rep, 0, sizeof rep);
-  vs_ipc_ctrl_t ctrl;
-  struct iovec iov = {&rep, sizeof rep};
-  struct msghdr m = {0};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = ctrl.buf;
-  m.msg_controllen = sizeof ctrl.buf;
+  memset(rep, 0, sizeof *rep);
   ssize_t r = -1;
-  if (set_timeouts(fd, deadline) && send(fd, &req, sizeof req, MSG_NOSIGNAL) == (ssize_t)sizeof req) {
-    do r = recvmsg(fd, &m, MSG_WAITALL | MSG_CMSG_CLOEXEC);
-    while (r < 0 && errno == EINTR && set_timeouts(fd, deadline));
+  *nfds = 0;
+  *extra = false;
+  if (_vs_socket_deadline(fd, deadline) && send(fd, &req, sizeof req, MSG_NOSIGNAL) == (ssize_t)sizeof req) {
+    do r = _vs_recv_fds(fd, rep, sizeof *rep, fds, nfds, extra);
+    while (r < 0 && errno == EINTR && _vs_socket_deadline(fd, deadline));
   }
-  /* Every descriptor that came is closed below, however many: a reply may carry any. */
-  int fds[VS_IPC_MAX_SEGS], nfds = 0;
-  bool extra = false;
-  for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-    for (int i = 0; i < k; i++) {
-      int f;
-      memcpy(&f, CMSG_DATA(c) + (size_t)i * sizeof(int), sizeof f);
-      if (nfds < VS_IPC_MAX_SEGS) fds[nfds++] = f;
-      else {
-        close(f);
-        extra = true;
-      }
-    }
-  }
-  CUresult res = CUDA_SUCCESS;
+  if (r == (ssize_t)sizeof *rep) return true;
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+    _vs_warn("ipc: no answer from pid %u within %llu s (VMMSHIM_IPC_TIMEOUT) for handle %016llx", h->pid,
+             (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT), (unsigned long long)h->id);
+  else
+    _vs_warn("ipc: no answer from pid %u for handle %016llx", h->pid, (unsigned long long)h->id);
+  return false;
+}
+
+/* Whether the exporter's reply can be used (warned when not): nothing is imported unless it can. */
+static bool reply_usable(const vs_ipc_reply_t *rep, int nfds, bool extra, const vs_ipc_handle_t *h, size_t gran) {
   const char *why = NULL;
-  if (r != (ssize_t)sizeof rep) {
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      _vs_warn("ipc: no answer from pid %u within %llu s (VMMSHIM_IPC_TIMEOUT) for handle %016llx", h->pid,
-               (unsigned long long)_vs_option(VS_OPT_IPC_TIMEOUT), (unsigned long long)h->id);
-    else
-      _vs_warn("ipc: no answer from pid %u for handle %016llx", h->pid, (unsigned long long)h->id);
-    res = CUDA_ERROR_MAP_FAILED;
-  } else if (rep.status != VS_IPC_OK) {
+  if (rep->status != VS_IPC_OK) {
     _vs_warn("ipc: pid %u refused handle %016llx: %s", h->pid, (unsigned long long)h->id,
-             rep.status == VS_IPC_DENIED ? "this process runs as another user"
-             : rep.status == VS_IPC_GONE ? "its block was freed"
-                                         : "it could not export its memory");
-    res = CUDA_ERROR_MAP_FAILED;
-  } else if ((why = extra ? "more descriptors than handles" : bad_reply(&rep, nfds, h, im->caps.min_granularity))) {
+             rep->status == VS_IPC_DENIED ? "this process runs as another user"
+             : rep->status == VS_IPC_GONE ? "its block was freed"
+                                          : "it could not export its memory");
+    return false;
+  }
+  if ((why = extra ? "more descriptors than handles" : bad_reply(rep, nfds, h, gran))) {
     _vs_warn("ipc: the answer of pid %u for handle %016llx is wrong (%s); not opened", h->pid,
              (unsigned long long)h->id, why);
-    res = CUDA_ERROR_MAP_FAILED;
+    return false;
   }
+  return true;
+}
+
+/* Asks the exporter for the handles; fills im (handles imported, descriptors closed). Every wait
+ * ends by `deadline`. */
+static CUresult fetch(const vs_ipc_handle_t *h, vs_import_t *im, uint64_t deadline) {
+  int fd = connect_exporter(h, deadline);
+  if (fd < 0) return fd == -2 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_MAP_FAILED;
+  vs_ipc_reply_t rep;
+  int fds[VS_IPC_MAX_SEGS], nfds = 0;
+  bool extra = false;
+  CUresult res = ask_exporter(fd, h, deadline, &rep, fds, &nfds, &extra) &&
+                         reply_usable(&rep, nfds, extra, h, im->caps.min_granularity)
+                     ? CUDA_SUCCESS
+                     : CUDA_ERROR_MAP_FAILED;
   im->n = 0;
   for (int i = 0; res == CUDA_SUCCESS && i < nfds; i++) {
     res = _vs_vmm_import(fds[i], &im->handles[i]);
@@ -951,12 +751,7 @@ static void atfork_parent(void) {
  * after the parent closed it) and forgets them. Blocks its pools still mark exported are let go
  * at their free (_vs_ipc_on_free finds no export). */
 static void atfork_child(void) {
-  if (vs_listen_fd >= 0) close(vs_listen_fd);
-  if (vs_spare_fd >= 0) close(vs_spare_fd);
-  vs_listen_fd = vs_spare_fd = -1;
-  for (int i = 0; i < vs_nconn; i++) close(vs_conns[i].fd);
-  vs_nconn = vs_npending = 0;
-  vs_server_pid = 0;
+  vs_server_pid = 0; /* the server closed its sockets (server.c's fork handler) */
   vs_export_t *x, *tmp;
   HASH_ITER(by_id, vs_exports_by_id, x, tmp) export_remove(x);
   for (vs_import_t *im = vs_imports, *next; im; im = next) {

@@ -190,7 +190,7 @@ static void report(const char *first_line, int failed_dev, size_t need, bool aft
   memset(&sums, 0, sizeof sums);
   _vs_dir_visit_pools(add_pool, &sums);
   vmmshim_stats_t st;
-  vmmshim_get_stats(&st, sizeof st);
+  _vs_stats_get(&st);
   if (!sums.n) _vs_note("  no pool: the shim has served no allocation in this process");
   for (int i = 0; i < sums.n; i++)
     report_device(&sums.d[i], sums.d[i].dev == failed_dev ? need : 0, after_ladder, &st);
@@ -240,7 +240,7 @@ void _vs_report_oom(vmmshim_api_t api, size_t size, int dev, bool limit_reached,
 
 /* ------------------------------------------------------------------ on demand */
 
-VS_API int vmmshim_dump(void) {
+int _vs_report_dump(void) {
   if (!_vs_active()) return -1;
   _vs_lock_take(&vs_report_lock);
   report("memory report (vmmshim_dump or VMMSHIM_DUMP_SIGNAL):", -1, 0, false, 0);
@@ -250,6 +250,6 @@ VS_API int vmmshim_dump(void) {
 
 /* The dump signal's thread (init.c) writes the report through this. Registered by a
  * constructor that only stores a pointer: nothing runs in a process that never sends it. */
-static void dump_on_signal(void) { vmmshim_dump(); }
+static void dump_on_signal(void) { _vs_report_dump(); }
 
 __attribute__((constructor)) static void register_dump_handler(void) { _vs_set_dump_handler(dump_on_signal); }

@@ -14,7 +14,11 @@
  *   1 GiB blocks are served, 3 GiB of them from host memory; kernels over all 5 GiB give the right
  *   results; the tag reports 3 GiB host_mapped; promote without room moves nothing; the group's
  *   limit raised (vmmshim ctl --group, scripts/python/vmmshim/group_shm.py), promote moves the 3 GiB to the device at the same
- *   addresses, data intact, and kernels run on them at device speed. */
+ *   addresses, data intact, and kernels run on them at device speed.
+ * GROUP_MODE=hopeless: run with VMMSHIM_LIMIT=1G and VMMSHIM_ON_LIMIT=wait, no group, one thread
+ *   of the program (the driver's own cuda-* threads are not the program's): 768 MiB fit; 512 MiB
+ *   more fail at once (no other thread could free), as do 2 GiB (more than the limit itself);
+ *   after a free of 512 MiB, 256 MiB fit. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -363,6 +367,32 @@ static int mode_spill(void) {
   return finish();
 }
 
+/* A single-threaded program waiting for itself: the wait would never end, so it fails at once. */
+static int mode_hopeless(void) {
+  CK(cudaSetDevice(0));
+  void *a = NULL, *b = NULL, *c = NULL;
+  cudaError_t e = cudaMalloc(&a, 768 * MiB);
+  check(e == cudaSuccess, "alloc", "768 MiB under the 1 GiB limit: %s", cudaGetErrorName(e));
+  if (e != cudaSuccess) return finish();
+  double t0 = now_ms();
+  e = cudaMalloc(&b, 512 * MiB);
+  double ms = now_ms() - t0;
+  cudaGetLastError();
+  check(e == cudaErrorMemoryAllocation && ms < 2000, "alone-fails-at-once", "512 MiB more: %s after %.0f ms",
+        cudaGetErrorName(e), ms);
+  t0 = now_ms();
+  e = cudaMalloc(&b, 2 * GiB);
+  ms = now_ms() - t0;
+  cudaGetLastError();
+  check(e == cudaErrorMemoryAllocation && ms < 2000, "over-limit-fails-at-once", "2 GiB: %s after %.0f ms",
+        cudaGetErrorName(e), ms);
+  CK(cudaFree(a));
+  e = cudaMalloc(&c, 256 * MiB);
+  check(e == cudaSuccess, "after-free", "256 MiB after the free: %s", cudaGetErrorName(e));
+  if (e == cudaSuccess) CK(cudaFree(c));
+  return finish();
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *mode = getenv("GROUP_MODE") ? getenv("GROUP_MODE") : "four";
@@ -372,6 +402,7 @@ int main(void) {
   check(shim_stats(&s), "shim", "the shim is loaded");
   if (!strcmp(mode, "four")) return mode_four();
   if (!strcmp(mode, "spill")) return mode_spill();
+  if (!strcmp(mode, "hopeless")) return mode_hopeless();
   check(false, "mode", "unknown GROUP_MODE %s", mode);
   return finish();
 }

@@ -276,6 +276,21 @@ def main():
         r = report(os.path.join(tmp, "wrong"), os.path.join(tmp, "wrong-out", "x.md"), jpath)
         shim, _ = guard_rows(r.stdout)
         check("churn, shim-deferred: wrong buffers" in shim, "one wrong buffer where there were none: reported")
+
+        # The table and the JSON read one computation: a churn run that does not count its
+        # allocations after the warm-up has its VMM calls in both, and no rate in either.
+        write_logs(os.path.join(tmp, "nosteady"), BASE)
+        churn_log = os.path.join(tmp, "nosteady", "churn.log")
+        text = open(churn_log).read().replace(" allocs_steady=9000", "")
+        open(churn_log, "w").write(text)
+        out = os.path.join(tmp, "nosteady-out", "x.md")
+        r = report(os.path.join(tmp, "nosteady"), out)
+        figs = json.load(open(os.path.splitext(out)[0] + ".json"))["figures"] if r.returncode == 0 else {}
+        row = [x for x in r.stdout.splitlines() if x.startswith("| shim deferred | 10.00 |")]
+        check(row and row[0].split("|")[5].strip() == "77 calls"
+              and figs.get("churn, shim-deferred: VMM calls after the warm-up", {}).get("value") == 77.0
+              and "churn, shim-deferred: VMM calls per 100 allocations" not in figs,
+              "churn without allocs_steady: the VMM calls in the table and the JSON, no rate (%r)" % row)
     return summary()
 
 

@@ -11,7 +11,13 @@ input. Through scripts/vmmshim (the launcher's ctl and top dispatch):
     time, 7 connection closed or a reply that is not one (fake servers on this process's name);
   - the --group hook: the group verbs' errors, dispatch to a registered handler;
   - vmmshim top --once (80 columns, the processes and their tags), top without a terminal, and
-    top in a real terminal (tmux, 80x24): the frame's content, a refresh, q quits;
+    top in a real terminal (tmux, 80x24): the frame's content, a refresh, q quits; list and top
+    look only at the processes the test started (--pid);
+  - replies that are not the shim's (fake servers, each a process of its own: {"v":1,"ok":true},
+    100,000 nested '[', members of the wrong type, names with escape sequences, endless bytes, no
+    answer): list, top --once and status exit normally with a row or a line giving the reason,
+    print no raw control character, stay under 40 MiB, and six silent processes cost one timeout;
+    a group member named with escape sequences, escaped by --group NAME status;
   - the module: region/pause/resume (with and without CPU backup), set_tag and the thread's tag
     restored, sleep/wake/sleep_level, tag_stats, host_memory, release_host, errors, in a python3
     running under the shim with the emulated runtime; NotPreloaded's one line without the shim;
@@ -20,6 +26,7 @@ Ends with "N passed, N failed"."""
 import json
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -95,16 +102,19 @@ def tag_of(st, name):
 
 def verbs(sv):
     pid = sv.pid
-    rc, out = ctl("list")
-    row = [line for line in out.splitlines() if line.split()[:1] == [str(pid)]]
-    check(rc == 0 and row and "test_shim_contr" in row[0], "ctl list: a row for the program [%s]" % out.strip())
-    rc, out = ctl("list", "--json")
+    # Only this test's processes: others of the user (another checkout's tests) may run meanwhile.
+    rc, out = ctl("list", "--pid", pid)
+    rows = out.splitlines()[1:]
+    check(rc == 0 and len(rows) == 1 and rows[0].split()[:2] == [str(pid), "test_shim_contr"],
+          "ctl list --pid: the program's row, and no other [%s]" % out.strip())
+    rc, out = ctl("list", "--json", "--pid", "%d,%d" % (pid, os.getpid()))
     try:
-        mine = [p for p in json.loads(out) if p.get("pid") == pid]
+        mine = json.loads(out)
     except ValueError:
         mine = []
-    check(rc == 0 and mine and mine[0]["ok"] and mine[0]["program"] == "test_shim_control",
-          "ctl list --json: the program, ok")
+    check(rc == 0 and len(mine) == 1 and mine[0].get("pid") == pid and mine[0]["ok"]
+          and mine[0]["program"] == "test_shim_control",
+          "ctl list --json --pid: the program, ok (this test, not under the shim, is not listed) [%s]" % out[:200])
     rc, out = ctl(pid, "status")
     check(rc == 0 and "weights" in out and "kv" in out and "device 0: live 12.0 MiB in 2 blocks" in out,
           "ctl PID status: tags and device 0 [%s]" % out[:400])
@@ -231,7 +241,8 @@ def statuses(sv):
     pid = sv.pid
     for args in ([], [pid], [pid, "bogus"], [pid, "sleep"], [pid, "sleep", "kv", "--mode", "fast"],
                  [pid, "limit", "lots"], ["abc"], [pid, "sleep", "kv", "--level", "1"], [pid, "wake", "kv", "--all"],
-                 [pid, "tag"], [pid, "status", "extra"], [pid, "sleep", "kv", "--level", "3", "--all"]):
+                 [pid, "tag"], [pid, "status", "extra"], [pid, "sleep", "kv", "--level", "3", "--all"],
+                 ["list", "--pid", "x"], ["list", "--pid", "0"], ["list", "--timeout", "soon"]):
         rc, out = ctl(*args)
         check(rc == 2 and "vmmshim: error:" in out or (rc == 2 and not args),
               "usage error: exit 2 for ctl %s [%s]" % (" ".join(map(str, args)), out.strip()[:120]))
@@ -321,9 +332,12 @@ def group_hook():
 # ---------------------------------------------------------------- top
 
 def top(sv):
-    r = subprocess.run(["sh", LAUNCHER, "top", "--once"], capture_output=True, text=True, timeout=60, env=PLAIN_ENV)
+    r = subprocess.run(["sh", LAUNCHER, "top", "--once", "--pid", str(sv.pid)], capture_output=True, text=True,
+                       timeout=60, env=PLAIN_ENV)
     lines = r.stdout.splitlines()
     rows = [line for line in lines if line.split()[:1] == [str(sv.pid)]]
+    check(lines[:1] and lines[0].startswith("vmmshim top - 1 process - "),
+          "top --once --pid: only the program [%s]" % (lines[0] if lines else r.stderr))
     check(r.returncode == 0 and len(lines) > 4 and lines[0].startswith("vmmshim top - ") and
           lines[3].split() == ["PID", "PROGRAM", "DEV", "LIVE", "MAPPED", "ASLEEP", "HOST", "ALLOC/s", "VMM", "OOM"],
           "top --once: title and columns [%s]" % "|".join(lines[:4]))
@@ -350,7 +364,8 @@ def top(sv):
     tm = lambda *a: subprocess.run([tmux, "-L", sock] + list(a), capture_output=True, text=True,  # noqa: E731
                                    timeout=30, env=PLAIN_ENV)
     try:
-        tm("new-session", "-d", "-x", "80", "-y", "24", "sh %s top; echo top-exited; sleep 30" % LAUNCHER)
+        tm("new-session", "-d", "-x", "80", "-y", "24", "sh %s top --pid %d; echo top-exited; sleep 30"
+           % (LAUNCHER, sv.pid))
         screen = ""
         t0 = time.monotonic()
         while time.monotonic() - t0 < 15 and str(sv.pid) not in screen:
@@ -382,6 +397,196 @@ def top(sv):
         check("top-exited" in tm("capture-pane", "-p").stdout, "q quits")
     finally:
         tm("kill-server")
+
+
+# ---------------------------------------------------------------- replies that are not the shim's
+
+# A control server in a process of its own (the client checks that the socket's owner is the pid in
+# its name), answering every request as told. Its name (/proc/PID/comm) is argv[2].
+FAKE_SCRIPT = r"""
+import ctypes, json, os, socket, sys, threading, time
+how, name, status = sys.argv[1], sys.argv[2].encode(), json.loads(sys.argv[3])
+ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)
+status["pid"] = os.getpid()
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind("\0vmmshim-ctl-%d-%d" % (os.geteuid(), os.getpid()))
+s.listen(16)
+def answer(c):
+    try:
+        c.recv(4096)
+        if how == "ok-only":
+            c.sendall(b'{"v":1,"ok":true}\n')
+        elif how == "nested":
+            c.sendall(b"[" * 100000 + b"\n")
+        elif how in ("types", "escapes"):
+            c.sendall(json.dumps(status).encode() + b"\n")
+        elif how == "endless":
+            chunk = b"x" * 65536
+            while True:
+                c.sendall(chunk)
+        elif how == "slow":
+            time.sleep(120)
+    except OSError:
+        pass
+    finally:
+        c.close()
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=answer, args=(c,), daemon=True).start()
+"""
+
+# A member of a group, under the shim, named argv[1]; waits for its standard input to close.
+GROUP_MEMBER_SCRIPT = r"""
+import ctypes, sys
+ctypes.CDLL(None).prctl(15, ctypes.c_char_p(sys.argv[1].encode()[:15]), 0, 0, 0)
+ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
+rt = ctypes.CDLL(None)
+p = ctypes.c_void_p()
+print("allocated" if rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 20)) == 0 else "failed", flush=True)
+sys.stdin.read()
+"""
+
+# Every character a terminal acts on, but the newline.
+RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+PWNED = "\x1b]0;pwned\x07\x1b[2J"
+
+
+def good_status(**changes):
+    """A status reply as the shim's (docs/control.md), with changes."""
+    st = {"v": 1, "ok": True, "pid": 0, "uid": os.geteuid(), "program": "fake", "cmdline": "fake", "version": "1.0",
+          "api": 1, "time_ns": 1000, "process_tag": "default", "limit": 0, "limit_at_start": 0, "mapped": 2 << 20,
+          "host": {"in_use": 0, "cached": 0, "limit": 0},
+          "stats": {"allocs": [1, 0, 0, 0], "frees": [0, 0, 0, 0], "alloc_failures": 0, "passthrough_allocs": 0,
+                    "vmm_calls": 3, "vmm_ns": 1000, "syncs": 0, "trims": 0},
+          "devices": [{"device": 0, "live": 1 << 20, "mapped": 2 << 20, "idle": 0, "pending": 0, "handles": 1,
+                       "blocks": 1, "pools": 1, "on_device": 1 << 20, "host_copied": 0, "host_mapped": 0,
+                       "discarded": 0}],
+          "tags": [{"name": "default", "live": 1 << 20, "device": 1 << 20, "host_copied": 0, "host_mapped": 0,
+                    "discarded": 0, "asleep": False, "keep": False}]}
+    st.update(changes)
+    return st
+
+
+class Fake:
+    def __init__(self, how, status=None, name="\x1b[2Jfake"):
+        self.p = subprocess.Popen([sys.executable, "-c", FAKE_SCRIPT, how, name, json.dumps(status or good_status())],
+                                  stdout=subprocess.PIPE, text=True, env=PLAIN_ENV)
+        self.ready = self.p.stdout.readline().strip() == "ready"
+        self.pid = self.p.pid
+
+    def stop(self):
+        self.p.kill()
+        self.p.wait()
+
+
+def run_client(args, timeout=60):
+    """rc, output, seconds and peak resident KiB of one `vmmshim ctl ARGS` (or top) run."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(["sh", LAUNCHER] + [str(a) for a in args], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, env=PLAIN_ENV)
+    out = []
+    reader = threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True)
+    reader.start()
+    try:
+        _, status, usage = os.wait4(p.pid, 0)  # the launcher execs python: this is the client's usage
+    except ChildProcessError:
+        status, usage = 0, None
+    p.returncode = os.waitstatus_to_exitcode(status)
+    reader.join(timeout)
+    took = time.monotonic() - t0
+    return p.returncode, out[0].decode("utf-8", "replace") if out else "", took, usage.ru_maxrss if usage else 0
+
+
+def row_of(out, pid):
+    return next((line for line in out.splitlines() if line.split()[:1] == [str(pid)]), "")
+
+
+def bad_replies():
+    """list, top and status survive any reply: each process that answers badly is a row with the
+    reason; names are printed with their controls escaped; processes are asked at once."""
+    wrong = good_status(mapped="2M", devices=[{"device": "0"}], tags={})
+    want = {"ok-only": "bad reply: missing 'pid'", "nested": "bad reply: nested deeper than",
+            "types": "bad reply: 'mapped' is not a count", "endless": "bad reply: longer than 1048576 bytes",
+            "slow": "no answer within"}
+    fakes = {how: Fake(how, wrong if how == "types" else None) for how in want}
+    fakes["escapes"] = Fake("escapes", good_status(program=PWNED, process_tag="\x9b2J", tags=[
+        {"name": "\x1b[2Jkv", "live": 1 << 20, "device": 1 << 20, "host_copied": 0, "host_mapped": 0, "discarded": 0,
+         "asleep": False, "keep": False}]), name=PWNED)
+    try:
+        check(all(f.ready for f in fakes.values()), "the fake control servers listen")
+        for args in (["ctl", "list"], ["top", "--once"]):
+            what = " ".join(args)
+            rc, out, took, _ = run_client(args)
+            check(rc == 0 and "Traceback" not in out, "%s with processes that answer badly: exit 0, no traceback "
+                  "(exit %d) [%s]" % (what, rc, out[-600:]))
+            for how, words in want.items():
+                row = row_of(out, fakes[how].pid)
+                check(words in row and "\\x1b[2Jfake" in row,
+                      "%s: the process that answers '%s': a row with the reason, its name escaped [%s]"
+                      % (what, how, row))
+            row = row_of(out, fakes["escapes"].pid)
+            check("\\x1b]0;pwned" in row, "%s: a program name with escape sequences, escaped [%s]" % (what, row))
+            check(what != "ctl list" or row.endswith("\\x9b2J"), "ctl list: a C1 control in the tag, escaped [%s]"
+                  % row)
+            check(what != "top --once" or "\\x1b[2Jkv" in out, "top --once: a tag name, escaped")
+            bad = RAW_CONTROL.findall(out)
+            check(not bad, "%s prints no raw control character (%r)" % (what, bad[:5]))
+        for how, words in want.items():
+            rc, out = ctl(fakes[how].pid, "status", "--timeout", "2")
+            status_want = 6 if how == "slow" else 7
+            check(rc == status_want and words.replace("no answer within", "did not answer within") in out
+                  and out.count("\n") == 1 and not RAW_CONTROL.search(out),
+                  "ctl PID status of the process that answers '%s': exit %d, one line [%s]" % (how, status_want, out))
+        rc, out = ctl(fakes["escapes"].pid, "status")
+        check(rc == 0 and "\\x1b]0;pwned\\x07\\x1b[2J" in out and "\\x1b[2Jkv" in out and not RAW_CONTROL.search(out),
+              "ctl PID status: the program and tag names escaped [%s]" % out[:300])
+    finally:
+        for f in fakes.values():
+            f.stop()
+
+    # A group member's name (its /proc/PID/comm, which the shim copies into the group's segment).
+    group = "vs-test-ctl-names-%d" % os.getpid()
+    member = subprocess.Popen([sys.executable, "-c", GROUP_MEMBER_SCRIPT, PWNED], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env=dict(SHIM_ENV, VMMSHIM_LIMIT_GROUP=group, VMMSHIM_LIMIT="1G"))
+    try:
+        ready = member.stdout.readline().strip() == "allocated"
+        rc, out = ctl("--group", group, "status")
+        row = row_of(out, member.pid)
+        check(ready and rc == 0 and "\\x1b]0;pwned\\x07" in row and not RAW_CONTROL.search(out),
+              "ctl --group NAME status: a member's name escaped [%s]" % out.strip()[-300:])
+    finally:
+        member.stdin.close()
+        member.wait(timeout=30)
+        try:
+            os.unlink("/dev/shm/vmmshim-%d-%s" % (os.geteuid(), group))
+        except OSError:
+            pass
+
+    # Six processes that never answer cost one timeout, not six.
+    slow = [Fake("slow") for _ in range(6)]
+    try:
+        rc, out, took, _ = run_client(["ctl", "list", "--timeout", "2"])
+        rows = [row_of(out, f.pid) for f in slow]
+        check(rc == 0 and all("no answer within 2 s" in r for r in rows) and took < 5,
+              "ctl list --timeout 2 with 6 silent processes: a row each, in %.1f s (one timeout)" % took)
+        rc, out, took, _ = run_client(["top", "--once"])
+        rows = [row_of(out, f.pid) for f in slow]
+        check(rc == 0 and all("no answer within 1 s" in r for r in rows) and took < 4,
+              "top --once with 6 silent processes: a row each, in %.1f s (one timeout)" % took)
+    finally:
+        for f in slow:
+            f.stop()
+
+    # A reply of endless bytes is cut at the cap: the client stays small.
+    endless = Fake("endless")
+    try:
+        rc, out, took, rss = run_client(["ctl", "list", "--timeout", "8"])
+        check(rc == 0 and "longer than 1048576 bytes" in row_of(out, endless.pid) and rss < 40 << 10 and took < 8,
+              "ctl list with a reply of endless bytes: cut at 1 MiB, %d KiB resident at most, %.1f s" % (rss, took))
+    finally:
+        endless.stop()
 
 
 # ---------------------------------------------------------------- the module
@@ -527,12 +732,76 @@ def main():
         verbs(sv)
         statuses(sv)
         group_hook()
+        group_segment_checks()
         top(sv)
+        bad_replies()
         module(sv)
     finally:
         sv.stop()
     check(sv.p.returncode == 0, "the target program exits cleanly (%s)" % sv.p.returncode)
     return summary()
+
+
+def ctl_timed(*args, preexec=None):
+    """ctl bounded at 30 s: (exit status, output, seconds); a client that hangs is 'hung'."""
+    t0 = time.monotonic()
+    try:
+        rc, out = ctl(*args, timeout=30, preexec=preexec)
+    except subprocess.TimeoutExpired:
+        rc, out = "hung", ""
+    return rc, out, time.monotonic() - t0
+
+
+def group_segment_checks():
+    """vmmshim ctl --group against a segment it must not wait for: one of another user (checked
+    before any lock, even while its owner holds it), one of this user that a process keeps
+    locked (given up after the bound), a symbolic link."""
+    import fcntl
+    sys.path.insert(0, PYDIR)
+    from vmmshim import group_shm
+    name = "vs-test-ctl-locked-%d" % os.getpid()
+    path = group_shm.shm_path(name)
+    rc, out, _ = ctl_timed("--group", name, "limit", "1G")
+    check(rc == 0, "--group NAME limit 1G makes the segment [%s]" % out.strip())
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a member stopped in the middle of a change
+        rc, out, took = ctl_timed("--group", name, "status")
+        check(rc == 1 and "stayed locked by another process" in out and path in out and 4 <= took < 15,
+              "a segment kept locked: exit 1 after the bound (%.1f s), the file named [%s]" % (took, out.strip()))
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        rc, out, took = ctl_timed("--group", name, "status")
+        check(rc == 0 and "limit: 1.00 GiB" in out, "let go: status answers (%.1f s)" % took)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    link = group_shm.shm_path("vs-test-ctl-link-%d" % os.getpid())
+    os.symlink(os.devnull, link)
+    try:
+        rc, out, _ = ctl_timed("--group", "vs-test-ctl-link-%d" % os.getpid(), "status")
+        check(rc == 1 and "it is a symbolic link" in out, "a symbolic link is not followed: exit 1 [%s]" % out.strip())
+    finally:
+        os.unlink(link)
+    ids = nobody()
+    if os.geteuid() != 0 or not ids:
+        check(os.environ.get("CI") != "true", "another user's segment needs root and a user nobody in CI")
+        print("SKIP another user's segment: needs root and a user nobody; not counted")
+        return
+    other = "/dev/shm/vmmshim-%d-%s" % (ids[0], name)
+    fd = os.open(other, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        os.fchmod(fd, 0o666)
+        os.ftruncate(fd, group_shm.SIZE)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # its owner holds the lock
+        rc, out, took = ctl_timed("--group", name, "status", preexec=as_user(*ids))
+        check(rc == 1 and "is owned by uid 0 with mode 0666: not this user's own" in out and took < 10,
+              "another user's segment, locked: refused before its lock, exit 1 in %.1f s [%s]" % (took, out.strip()))
+        rc, out, took = ctl_timed("--group", name, "limit", "8G", preexec=as_user(*ids))
+        check(rc == 1 and "not this user's own" in out and os.fstat(fd).st_uid == 0,
+              "nor is a limit written into it [%s]" % out.strip())
+    finally:
+        os.close(fd)
+        os.unlink(other)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from .client import (EXIT_GONE, EXIT_NOT_SHIM, EXIT_OK, EXIT_OTHER_USER, EXIT_RE
                       Control, ControlError)
 
 USAGE = """\
-Usage: vmmshim ctl list [--json]
+Usage: vmmshim ctl list [--json] [--pid PID[,PID...]]
        vmmshim ctl PID status [--json]
        vmmshim ctl PID tag NAME
        vmmshim ctl PID sleep TAG|--all [--mode discard|host|mapped] [--level N]
@@ -17,10 +17,11 @@ Usage: vmmshim ctl list [--json]
        vmmshim ctl PID dump
        vmmshim ctl PID release-host [--keep SIZE]
        vmmshim ctl PID promote
-       vmmshim top [--once] [--interval SECONDS]
+       vmmshim top [--once] [--interval SECONDS] [--pid PID[,PID...]]
 See and steer a program running under vmmshim, from outside (docs/control.md).
 
-  list          the processes under vmmshim this user can reach (root: all)
+  list          the processes under vmmshim this user can reach (root: all);
+                --pid: only those
   status        statistics, per device and per tag
   tag NAME      new allocations of the program go to tag NAME from now on
   sleep         give a tag's device memory back, keeping its addresses; --mode
@@ -45,7 +46,8 @@ process exited or closed the connection before answering.
 
 
 def _err(msg):
-    print("vmmshim: error: %s" % msg, file=sys.stderr)
+    # The message may quote the process (its name, its refusal): printed with its controls escaped.
+    print("vmmshim: error: %s" % text.clean(msg), file=sys.stderr)
 
 
 class Usage(Exception):
@@ -70,6 +72,13 @@ def _take(args, flag, has_value):
     return None
 
 
+def _pids_arg(v):
+    pids = text.parse_pids(v)
+    if pids is None:
+        raise Usage("--pid: '%s' is not a list of process ids" % v)
+    return pids
+
+
 def _size_arg(v, what):
     n = text.parse_size(v)
     if n is None:
@@ -79,15 +88,16 @@ def _size_arg(v, what):
 
 def _moved(pid, r):
     """A sleep or wake reply, for people."""
-    what = "%s %s" % (r.get("cmd", "?"), r.get("tag", "?"))
+    c = text.clean
+    what = "%s %s" % (c(r.get("cmd") or "?"), c(r.get("tag") or "?"))
     if r.get("cmd") == "promote":
         what = "promote"
     if r.get("level") is not None:
         what = "sleep level %d" % r["level"]
     if r.get("mode"):
-        what += " (%s)" % r["mode"]
+        what += " (%s)" % c(r["mode"])
     if not r["ok"] and r.get("error") == "EALREADY":
-        return "pid %d: %s: nothing to do (%s)" % (pid, what, r.get("reason") or "asleep or awake already")
+        return "pid %d: %s: nothing to do (%s)" % (pid, what, c(r.get("reason") or "asleep or awake already"))
     parts = []
     if r.get("cmd") in ("wake", "promote"):
         how = [text.size(r[key]) + label for key, label in (("to_host", " copied back from the host"),
@@ -103,18 +113,20 @@ def _moved(pid, r):
                            ("skipped", "skipped")):
             if r.get(key):
                 parts.append("%s %s" % (label, text.size(r[key])))
-    line = "pid %d: %s: %s in %.1f ms" % (pid, what, ", ".join(parts) or "nothing moved", r.get("ms", 0.0))
+    line = "pid %d: %s: %s in %.1f ms" % (pid, what, ", ".join(parts) or "nothing moved", r.get("ms") or 0.0)
     if r.get("reason"):
-        line += "; %s" % r["reason"]
+        line += "; %s" % c(r["reason"])
     return line
 
 
 def _status_text(st):
+    """A status reply (checked by the client against client.STATUS), for people."""
+    c = text.clean
     lines = []
     limit = "none" if not st["limit"] else text.size(st["limit"])
-    lines.append("pid %d %s: vmmshim %s (api %d), user %d" % (st["pid"], st["program"], st["version"], st["api"],
-                                                            st["uid"]))
-    lines.append("new allocations go to tag '%s'; limit %s, %s mapped" % (st["process_tag"], limit,
+    lines.append("pid %d %s: vmmshim %s (api %d), user %d" % (st["pid"], c(st["program"]), c(st["version"]),
+                                                            st["api"], st["uid"]))
+    lines.append("new allocations go to tag '%s'; limit %s, %s mapped" % (c(st["process_tag"]), limit,
                                                                          text.size(st["mapped"])))
     for d in st["devices"]:
         lines.append("device %d: live %s in %d blocks; mapped %s in %d handles (idle %s, pending %s), %d pools"
@@ -133,8 +145,8 @@ def _status_text(st):
         state = "asleep" if t["asleep"] else "awake"
         if t["keep"]:
             state += ", keep"
-        lines.append("%-16s %10s %10s %10s %10s %10s  %s" % (t["name"], text.short(t["live"]), text.short(t["device"]),
-                                                            text.short(t["host_copied"]),
+        lines.append("%-16s %10s %10s %10s %10s %10s  %s" % (c(t["name"]), text.short(t["live"]),
+                                                            text.short(t["device"]), text.short(t["host_copied"]),
                                                             text.short(t["host_mapped"]),
                                                             text.short(t["discarded"]), state))
     h = st["host"]
@@ -152,10 +164,15 @@ def _status_text(st):
 
 def _list(args):
     as_json = bool(_take(args, "--json", False))
-    timeout = float(_take(args, "--timeout", True) or 2.0)
+    t = _take(args, "--timeout", True)
+    p = _take(args, "--pid", True)
+    try:
+        timeout = float(t) if t is not None else 2.0
+    except ValueError:
+        raise Usage("--timeout: '%s' is not a number of seconds" % t)
     if args:
-        raise Usage("list takes no argument but --json and --timeout (got %s)" % " ".join(args))
-    rows = client.statuses(timeout)
+        raise Usage("list takes no argument but --json, --timeout and --pid (got %s)" % " ".join(args))
+    rows = client.statuses(timeout, _pids_arg(p) if p is not None else None)
     if as_json:
         print(json.dumps([r if r else {"pid": pid, "ok": False, "message": why} for pid, r, why in rows],
                          separators=(",", ":")))
@@ -164,15 +181,20 @@ def _list(args):
         print("no process under vmmshim that this user can reach")
         return EXIT_OK
     print("%7s  %-15s %-7s %10s %10s %10s  %s" % ("PID", "PROGRAM", "DEVICES", "LIVE", "MAPPED", "ASLEEP", "TAG"))
+    c = text.clean
     for pid, st, why in rows:
-        if not st or not st.get("ok"):
-            print("%7d  %-15s %s" % (pid, client.program_of(pid), why or (st or {}).get("message", "no answer")))
+        if not st or not st["ok"]:
+            # A row for every process, with the reason it has no figures: a refusal, no answer in
+            # time, or a reply that is not what the shim sends (client.STATUS).
+            why = why or "%s: %s" % ((st or {}).get("error") or "refused", (st or {}).get("message") or "")
+            print("%7d  %-15s %s" % (pid, c(client.program_of(pid))[:15], c(why)))
             continue
         devs = ",".join(str(d["device"]) for d in st["devices"]) or "-"
         live = sum(d["live"] for d in st["devices"])
         asleep = sum(client.asleep(t) for t in st["tags"])
-        print("%7d  %-15s %-7s %10s %10s %10s  %s" % (pid, st["program"][:15], devs, text.size(live),
-                                                      text.size(st["mapped"]), text.size(asleep), st["process_tag"]))
+        print("%7d  %-15s %-7s %10s %10s %10s  %s" % (pid, c(st["program"])[:15], devs, text.size(live),
+                                                      text.size(st["mapped"]), text.size(asleep),
+                                                      c(st["process_tag"])))
     return EXIT_OK
 
 
@@ -196,7 +218,8 @@ def _pid_command(pid, args):
         if len(rest) != 1:
             raise Usage("tag takes one NAME")
         r = ctl.tag(rest[0])
-        out = "pid %d: new allocations go to tag '%s' (was '%s')" % (pid, r["tag"], r["previous"])
+        out = "pid %d: new allocations go to tag '%s' (was '%s')" % (pid, text.clean(r["tag"]),
+                                                                     text.clean(r["previous"]))
     elif verb in ("sleep", "wake"):
         everything = bool(_take(rest, "--all", False))
         mode = _take(rest, "--mode", True) if verb == "sleep" else None
@@ -231,12 +254,13 @@ def _pid_command(pid, args):
         out = "pid %d: limit %s (was %s); %s mapped" % (pid, show(r["limit"]), show(r["previous"]),
                                                         text.size(r["mapped"]))
         if r.get("note"):
-            out += "\npid %d: %s" % (pid, r["note"])
+            out += "\npid %d: %s" % (pid, text.clean(r["note"]))
     elif verb == "dump":
         if rest:
             raise Usage("dump takes no argument")
         r = ctl.dump()
-        out = r["report"].rstrip("\n") + ("\n(the report was cut short)" if r.get("truncated") else "")
+        out = (text.clean(r["report"], keep="\n\t").rstrip("\n")
+               + ("\n(the report was cut short)" if r.get("truncated") else ""))
     elif verb == "release-host":
         keep = _take(rest, "--keep", True)
         if rest:

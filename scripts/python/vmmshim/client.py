@@ -5,12 +5,19 @@ Every process under the shim that has used CUDA listens on the abstract Unix soc
 "\\0vmmshim-ctl-<uid>-<pid>" and answers requests of one JSON line with one JSON line. This module
 is what `vmmshim ctl`, `vmmshim top` and vmmshim.control(pid) use; it needs nothing but the
 standard library. Failures are ControlError, whose `status` is the exit status the command line
-gives them (EXIT_* below)."""
+gives them (EXIT_* below).
+
+A reply is whatever the process chose to send: it is read up to MAX_REPLY bytes, parsed only when
+it nests no deeper than MAX_DEPTH, and every member a verb's output uses is checked for its type
+(REPLIES) before anyone reads it, so that a process that answers badly is one more failure to
+report, never a crash of the client."""
 import json
+import math
 import os
 import re
 import socket
 import struct
+import threading
 import time
 
 PROTOCOL = 1
@@ -27,17 +34,21 @@ EXIT_GONE = 7         # the process exited, or closed the connection, before ans
 
 TIMEOUT = 10.0        # seconds for an answer
 MOVE_TIMEOUT = 300.0  # for sleep and wake, which copy memory (and may wait for a stream capture)
+MAX_REPLY = 1 << 20   # bytes of one reply line; a status reply of 64 tags takes a few KiB
+MAX_DEPTH = 16        # nesting of a reply; the deepest the shim sends is 3
+WORKERS = 16          # processes asked at once by statuses()
 
 
 class ControlError(Exception):
     """A request that did not get done: `status` (an EXIT_* value), `error` (the process's errno
     name, such as "EBUSY", when it answered), `reply` (its reply, when it answered)."""
 
-    def __init__(self, status, message, error=None, reply=None):
+    def __init__(self, status, message, error=None, reply=None, reason=None):
         Exception.__init__(self, message)
         self.status = status
         self.error = error
         self.reply = reply
+        self.reason = reason or message  # without the pid: a row of `ctl list` or `top` shows it
 
 
 def socket_name(uid, pid):
@@ -102,11 +113,11 @@ def _connect(pid, timeout):
         raise ControlError(EXIT_NO_PROCESS, "%d is not a process id" % pid)
     uid = process_uid(pid)
     if uid is None:
-        raise ControlError(EXIT_NO_PROCESS, "no process %d" % pid)
+        raise ControlError(EXIT_NO_PROCESS, "no process %d" % pid, reason="exited")
     me = os.geteuid()
     if me != 0 and uid != me:
         raise ControlError(EXIT_OTHER_USER, "pid %d (%s) belongs to user %d: only its user and root may control it"
-                           % (pid, program_of(pid), uid))
+                           % (pid, program_of(pid), uid), reason="belongs to user %d" % uid)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
@@ -114,29 +125,35 @@ def _connect(pid, timeout):
     except OSError:
         s.close()
         if process_uid(pid) is None:
-            raise ControlError(EXIT_NO_PROCESS, "no process %d" % pid)
+            raise ControlError(EXIT_NO_PROCESS, "no process %d" % pid, reason="exited")
         raise ControlError(EXIT_NOT_SHIM, "pid %d (%s) is not under vmmshim, has not used CUDA yet, or runs with "
-                           "VMMSHIM_CONTROL=0" % (pid, program_of(pid)))
+                           "VMMSHIM_CONTROL=0" % (pid, program_of(pid)), reason="no control channel")
     # Anyone may bind an abstract name: the server must be the process asked for.
     peer_pid, peer_uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                              struct.calcsize("3i")))
     if peer_pid != pid or peer_uid != uid:
         s.close()
         raise ControlError(EXIT_NOT_SHIM, "the control socket of pid %d is held by pid %d (user %d): not trusted"
-                           % (pid, peer_pid, peer_uid))
+                           % (pid, peer_pid, peer_uid),
+                           reason="socket held by pid %d (user %d): not trusted" % (peer_pid, peer_uid))
     return s
 
 
 def _gone(pid):
     if exited(pid):
-        return ControlError(EXIT_GONE, "pid %d exited before answering" % pid)
-    return ControlError(EXIT_GONE, "pid %d closed the connection without answering" % pid)
+        return ControlError(EXIT_GONE, "pid %d exited before answering" % pid, reason="exited before answering")
+    return ControlError(EXIT_GONE, "pid %d closed the connection without answering" % pid,
+                        reason="closed the connection without answering")
 
 
-def _read_line(s, pid, timeout):
-    buf = b""
-    deadline = time.monotonic() + timeout
-    while b"\n" not in buf:
+def _bad(pid, why):
+    return ControlError(EXIT_GONE, "pid %d sent a bad reply: %s" % (pid, why), reason="bad reply: " + why)
+
+
+def _read_line(s, pid, deadline, cap=MAX_REPLY):
+    """The first line the server sends, without its newline: at most cap bytes, by the deadline."""
+    buf = bytearray()
+    while True:
         left = deadline - time.monotonic()
         if left <= 0:
             raise socket.timeout()
@@ -147,34 +164,170 @@ def _read_line(s, pid, timeout):
             chunk = b""
         if not chunk:
             raise _gone(pid)
-        buf += chunk
-    return buf.split(b"\n", 1)[0]
+        end = chunk.find(b"\n")  # in the new bytes only: the line so far has none
+        buf += chunk if end < 0 else chunk[:end]
+        if len(buf) > cap:
+            raise _bad(pid, "longer than %d bytes" % cap)
+        if end >= 0:
+            return bytes(buf)
+
+
+# Strings first (a bracket inside one does not nest), then the brackets.
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _too_deep(line, limit):
+    """Whether the JSON text nests arrays and objects deeper than limit. Counted before parsing,
+    without recursion: the parser's own recursion would end in a RecursionError first."""
+    depth = 0
+    for m in _TOKEN.finditer(line):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
+
+
+def _no_constant(name):
+    raise ValueError("%s is not a JSON number" % name)
+
+
+def parse_reply(pid, line):
+    """The reply object of one line of bytes from pid; ControlError (EXIT_GONE) when it is none."""
+    text = line.decode("utf-8", "replace")
+    if _too_deep(text, MAX_DEPTH):
+        raise _bad(pid, "nested deeper than %d" % MAX_DEPTH)
+    try:
+        reply = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        raise ControlError(EXIT_GONE, "pid %d sent something that is not a reply: %r" % (pid, line[:80]),
+                           reason="bad reply: not JSON")
+    if not isinstance(reply, dict):
+        raise _bad(pid, "not an object")
+    if not isinstance(reply.get("ok"), bool):
+        raise _bad(pid, "missing 'ok'" if "ok" not in reply else "'ok' is not true or false")
+    return reply
+
+
+# ---------------------------------------------------------------- what a reply must hold
+# A spec is a kind ("count": a whole number >= 0; "number"; "string"; "bool"), [spec] (a list of
+# them), {member: spec} (an object with those members, and any others), or Opt(spec) (a member that
+# may be missing or null). Only the members some output uses are listed.
+
+class Opt:
+    def __init__(self, spec):
+        self.spec = spec
+
+
+def _is(value, kind):
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if kind == "count":
+        return isinstance(value, int) and value >= 0
+    return math.isfinite(value)
+
+
+_ARTICLE = {"count": "a count", "number": "a number", "string": "a string", "bool": "true or false"}
+
+
+def problem(value, spec, path=""):
+    """What is wrong with value against spec, naming the member ("missing 'devices[0].live'",
+    "'mapped' is not a count"); None when nothing is. Recursion follows spec, not value, so it is as
+    deep as the spec whatever the value holds."""
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return "'%s' is not an object" % path if path else "not an object"
+        for key, sub in spec.items():
+            where = "%s.%s" % (path, key) if path else key
+            if isinstance(sub, Opt):
+                if value.get(key) is None:
+                    continue
+                sub = sub.spec
+            elif key not in value:
+                return "missing '%s'" % where
+            why = problem(value[key], sub, where)
+            if why:
+                return why
+        return None
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            return "'%s' is not a list" % path
+        for i, item in enumerate(value):
+            why = problem(item, spec[0], "%s[%d]" % (path, i))
+            if why:
+                return why
+        return None
+    if not _is(value, spec):
+        return "'%s' is not %s" % (path, _ARTICLE[spec])
+    return None
+
+
+_SLEEP_FIGURES = {"host_copied": "count", "host_mapped": "count", "discarded": "count"}
+STATUS = {
+    "pid": "count", "uid": "count", "program": "string", "version": "string", "api": "count", "time_ns": "count",
+    "process_tag": "string", "limit": "count", "mapped": "count",
+    "host": {"in_use": "count", "cached": "count", "limit": "count"},
+    "stats": {"allocs": ["count"], "frees": ["count"], "alloc_failures": "count", "passthrough_allocs": "count",
+              "vmm_calls": "count", "vmm_ns": "count", "syncs": "count", "trims": "count"},
+    "devices": [dict({"device": "count", "live": "count", "mapped": "count", "idle": "count", "pending": "count",
+                      "handles": "count", "blocks": "count", "pools": "count"}, **_SLEEP_FIGURES)],
+    "tags": [dict({"name": "string", "live": "count", "device": "count", "asleep": "bool", "keep": "bool"},
+                  **_SLEEP_FIGURES)],
+}
+_MOVED = {"cmd": Opt("string"), "tag": Opt("string"), "mode": Opt("string"), "level": Opt("count"),
+          "released": Opt("count"), "restored": Opt("count"), "to_host": Opt("count"),
+          "host_mapped": Opt("count"), "discarded": Opt("count"), "skipped": Opt("count"), "ms": Opt("number"),
+          "reason": Opt("string")}
+# The members each verb's reply must hold when "ok" is true (sleep, wake and promote also when
+# it is false: a refusal says what moved).
+REPLIES = {
+    "status": STATUS,
+    "tag": {"tag": "string", "previous": "string"},
+    "sleep": _MOVED, "wake": _MOVED, "promote": _MOVED,
+    "trim": {"released": "count", "mapped": "count"},
+    "limit": {"limit": "count", "previous": "count", "mapped": "count", "note": Opt("string")},
+    "dump": {"report": "string", "truncated": Opt("bool")},
+    "release-host": {"released": "count", "in_use": "count", "cached": "count"},
+}
+_REFUSAL = {"error": Opt("string"), "message": Opt("string")}
 
 
 def request(pid, cmd, timeout=TIMEOUT, **args):
-    """Sends {"v": 1, "cmd": cmd, **args} to pid; returns its reply (a dict, "ok" true or false).
-    Raises ControlError when there is no reply, or the process refused the connection."""
+    """Sends {"v": 1, "cmd": cmd, **args} to pid; returns its reply (a dict, "ok" true or false,
+    holding what REPLIES lists for cmd). Raises ControlError when there is no reply, the reply is
+    malformed, or the process refused the connection. timeout bounds the whole exchange."""
+    deadline = time.monotonic() + timeout
     msg = {"v": PROTOCOL, "cmd": cmd}
     msg.update({k: v for k, v in args.items() if v is not None})
     s = _connect(pid, timeout)
     try:
+        s.settimeout(max(0.001, deadline - time.monotonic()))
         s.sendall((json.dumps(msg) + "\n").encode())
-        line = _read_line(s, pid, timeout)
+        line = _read_line(s, pid, deadline)
     except socket.timeout:
         raise ControlError(EXIT_TIMEOUT, "pid %d did not answer within %g s (a sleep or wake in progress delays "
-                                         "other requests; --timeout S waits longer)" % (pid, timeout))
+                                         "other requests; --timeout S waits longer)" % (pid, timeout),
+                           reason="no answer within %g s" % timeout)
     except (BrokenPipeError, ConnectionResetError):
         raise _gone(pid)
     finally:
         s.close()
-    try:
-        reply = json.loads(line.decode("utf-8", "replace"))
-    except ValueError:
-        raise ControlError(EXIT_GONE, "pid %d sent something that is not a reply: %r" % (pid, line[:80]))
-    if not isinstance(reply, dict) or "ok" not in reply:
-        raise ControlError(EXIT_GONE, "pid %d sent something that is not a reply: %r" % (pid, line[:80]))
+    reply = parse_reply(pid, line)
+    why = problem(reply, _REFUSAL)
+    if not why and (reply["ok"] or cmd in ("sleep", "wake", "promote")):
+        why = problem(reply, REPLIES.get(cmd, {}))
+    if why:
+        raise _bad(pid, why)
     if not reply["ok"] and reply.get("error") == "EPERM":
-        raise ControlError(EXIT_OTHER_USER, "pid %d refused: %s" % (pid, reply.get("message", "")), "EPERM", reply)
+        raise ControlError(EXIT_OTHER_USER, "pid %d refused: %s" % (pid, reply.get("message", "")), "EPERM", reply,
+                           reason="refused: EPERM")
     return reply
 
 
@@ -234,15 +387,40 @@ class Control:
         return self.call("promote", self.move_timeout, ("EALREADY",))
 
 
-def statuses(timeout):
-    """[(pid, status reply or None, why)] for every reachable process."""
-    out = []
-    for pid in reachable():
-        try:
-            out.append((pid, request(pid, "status", timeout), None))
-        except ControlError as e:
-            out.append((pid, None, str(e)))
-    return out
+def statuses(timeout, pids=None):
+    """[(pid, status reply or None, why)] for every reachable process (those of pids only, when
+    given), sorted by pid. The processes are asked at once, WORKERS at a time, and timeout bounds
+    the whole: a process that has not answered by then is a row "no answer within", however many
+    there are. why is short (no pid): the reason a row shows."""
+    targets = [pid for pid in reachable() if pids is None or pid in pids]
+    deadline = time.monotonic() + timeout
+    todo = list(reversed(targets))
+    got = {}
+    lock = threading.Lock()
+
+    def ask():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                pid = todo.pop()
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise ControlError(EXIT_TIMEOUT, "no answer")
+                got[pid] = (pid, request(pid, "status", left), None)
+            except ControlError as e:
+                # A late start had less than timeout left: the bound the caller gave is what to say.
+                why = "no answer within %g s" % timeout if e.status == EXIT_TIMEOUT else e.reason
+                got[pid] = (pid, None, why)
+
+    # Daemon threads: one stuck past the deadline does not keep the command from exiting.
+    threads = [threading.Thread(target=ask, daemon=True) for _ in range(min(WORKERS, len(targets)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline + 0.5 - time.monotonic()))
+    return [got.get(pid) or (pid, None, "no answer within %g s" % timeout) for pid in targets]
 
 
 def asleep(figures):

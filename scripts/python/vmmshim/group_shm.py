@@ -11,9 +11,12 @@ members map refuses their next growths and touches nothing they hold.
 
 The group is the shared-memory segment /dev/shm/vmmshim-<uid>-<NAME> that the shim's processes of
 that name and user share (src/handle/group.c; its layout is include/vmmshim/group.h, read here with
-struct). Changes are made as the shim makes them: under flock(LOCK_EX) on the segment, with `busy`
-set to this pid for the time of the change; the members' waiters are woken through the futex the
-shim sleeps on (best effort: they look again within half a second anyway).
+struct). As the shim does, the file is opened without following a symbolic link and checked (a
+regular file of this user, no access for others) before any lock: another user's file could be
+held locked by that user. Changes are made as the shim makes them: under flock(LOCK_EX) on the
+segment, waited for LOCK_WAIT_S at most (past that: exit 1, the file named), with `busy` set to
+this pid for the time of the change; the members' waiters are woken through the futex the shim
+sleeps on (best effort: they look again within half a second anyway).
 
 Exit status 0, 1 on an error (one line "vmmshim: error: ..." on stderr), 2 on a usage error.
 """
@@ -25,6 +28,7 @@ import os
 import stat
 import struct
 import sys
+import time
 import zlib
 
 from . import text
@@ -47,6 +51,7 @@ assert HEADER.size == HEADER_SIZE and MEMBER.size == MEMBER_SIZE
 OFF_BUSY, OFF_SEQ, OFF_SOURCE, OFF_GEN, OFF_LIMIT_ALL, OFF_LIMITS = 76, 80, 88, 92, 96, 104
 OFF_TOTAL_ALL, OFF_TOTALS, OFF_HOST_ALL, OFF_MEMBERS_N, OFF_WAITERS = 232, 240, 368, 400, 84
 WAITING = 0xFFFF
+LOCK_WAIT_S = 5.0  # the lock is waited for this long at most (the shim's VS_GROUP_LOCK_WAIT_NS)
 
 
 class GroupError(Exception):
@@ -135,7 +140,8 @@ class Group:
         if not name_ok(name):
             raise GroupError("'%s' is not a group name (1-31 of A-Z a-z 0-9 _ . -)" % name)
         self.name, self.path = name, shm_path(name)
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        # No symbolic link followed, no FIFO waited on.
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             try:  # the existing segment first, as the shim opens it
                 self.fd = os.open(self.path, flags)
@@ -151,14 +157,13 @@ class Group:
             raise GroupError("no group '%s' of uid %d (%s does not exist: no member has started)" %
                              (name, os.geteuid(), self.path))
         except OSError as e:
-            raise GroupError("cannot open %s: %s" % (self.path, e.strerror))
+            why = "it is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+            raise GroupError("cannot open %s: %s" % (self.path, why))
         self.mm = None
         try:
+            self._check_owner()  # before any lock: another user's file may be held locked by that user
             self._lock()
-            st = os.fstat(self.fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-                raise GroupError("%s is owned by uid %d with mode 0%o: not this user's own" %
-                                 (self.path, st.st_uid, st.st_mode & 0o777))
+            st = os.fstat(self.fd)  # again under the lock: the size its creator gave it
             if st.st_size == 0:
                 os.ftruncate(self.fd, SIZE)
                 self._map()
@@ -170,9 +175,27 @@ class Group:
             raise
         self._unlock()
 
-    # ---- the lock, as the shim takes it
+    def _check_owner(self):
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise GroupError("%s is owned by uid %d with mode 0%o: not this user's own (uid %d, 0600); it is not "
+                             "used: its owner or root can remove it, or choose another group name" %
+                             (self.path, st.st_uid, st.st_mode & 0o777, os.geteuid()))
+
+    # ---- the lock, as the shim takes it, waited for LOCK_WAIT_S at most
     def _lock(self):
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        end, pause = time.monotonic() + LOCK_WAIT_S, 0.0001
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    raise GroupError("%s (uid %d) stayed locked by another process for %d s: a member of the group "
+                                     "is stopped or hung in the middle of a change; resume or end it (fuser -v %s "
+                                     "lists the processes that have it open)" % (self.path, os.geteuid(), LOCK_WAIT_S, self.path))
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
         if self.mm is not None and self._u32(OFF_BUSY):
             self._recount()
             self._put_u32(OFF_BUSY, 0)
@@ -340,8 +363,8 @@ def print_status(s):
         state = "alive" if m["alive"] else "dead (returned at the next admission)"
         if m["waiting"]:
             state += ", waiting"
-        print("%8d  %-16s %12s %6.1f%% %12s  %s" % (m["pid"], m["comm"], human(m["mapped_all"]), share,
-                                                   human(m["host_all"]), state))
+        print("%8d  %-16s %12s %6.1f%% %12s  %s" % (m["pid"], text.clean(m["comm"]), human(m["mapped_all"]),
+                                                   share, human(m["host_all"]), state))
 
 
 def usage(out):

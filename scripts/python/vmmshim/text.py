@@ -1,4 +1,5 @@
-"""Sizes and rates for people, as `vmmshim ctl` and `vmmshim top` print them."""
+"""Sizes and rates for people, as `vmmshim ctl` and `vmmshim top` print them, and text from a
+process made safe to print."""
 import re
 
 
@@ -47,3 +48,37 @@ def parse_size(text):
         return None
     shift = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2).lower()]
     return int(m.group(1)) << shift
+
+
+def parse_pids(text):
+    """The set of process ids of "12,34"; None when malformed."""
+    try:
+        pids = {int(x) for x in text.split(",") if x.strip()}
+    except ValueError:
+        return None
+    return pids if pids and min(pids) > 0 else None
+
+
+# What a terminal acts on rather than shows: C0 (ESC starts every escape sequence), DEL, C1
+# (U+009B is a one-character CSI), the line and paragraph separators and the bidirectional
+# overrides (which reorder what follows them). The backslash too, so that an escape in the output
+# always came from here.
+_UNSAFE = re.compile("[\\\\\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def _escape(m):
+    c = m.group()
+    if c == "\\":
+        return "\\\\"
+    n = ord(c)
+    return "\\x%02x" % n if n < 0x100 else "\\u%04x" % n
+
+
+def clean(s, keep=""):
+    """s (a name, a tag, a message from a process: anything it chose) with every character a
+    terminal would act on written as an escape (\\x1b, \\x9b, \\u202e, and \\\\ for a backslash),
+    so that printing it cannot move the cursor, clear the screen or set the window's title.
+    keep: characters left as they are (the newlines of a multi-line report)."""
+    if not isinstance(s, str):
+        s = str(s)
+    return _UNSAFE.sub(lambda m: m.group() if m.group() in keep else _escape(m), s)

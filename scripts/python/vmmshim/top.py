@@ -4,7 +4,9 @@ to standard output and exits, for scripts.
 
 Per process: live, mapped (on the device), asleep and host bytes, allocations per second since
 the last frame, VMM calls and out-of-memory answers so far; below it, one line per tag that holds
-memory."""
+memory. A process that does not answer in time, or answers something that is not a status reply,
+is a row with the reason; every name a process sent is printed with its control characters
+escaped (text.clean)."""
 import sys
 import time
 
@@ -14,12 +16,12 @@ from .client import EXIT_OK, EXIT_USAGE
 WIDTH = 79  # of 80 columns: curses cannot write the last column of the last line
 ROW = "%6s %-14s %-3s %7s %7s %7s %7s %7s %7s %4s"
 HEADER = ROW % ("PID", "PROGRAM", "DEV", "LIVE", "MAPPED", "ASLEEP", "HOST", "ALLOC/s", "VMM", "OOM")
-ANSWER_TIMEOUT = 1.0  # a process busy with a sleep or wake shows as such rather than stall the view
+ANSWER_TIMEOUT = 1.0  # for all the processes of a frame together: they are asked at once
 
 
-def sample():
-    """[(pid, status reply or None, why)] for every reachable process."""
-    return client.statuses(ANSWER_TIMEOUT)
+def sample(pids=None):
+    """[(pid, status reply or None, why)] for every reachable process (of pids, when given)."""
+    return client.statuses(ANSWER_TIMEOUT, pids)
 
 
 def _allocs(st):
@@ -30,7 +32,8 @@ def frame(samples, previous, now=None, interactive=False):
     """The lines of one frame (each at most WIDTH characters). previous: {pid: status} of the last
     frame, for the rates."""
     now = now if now is not None else time.time()
-    ok = [st for _, st, _ in samples if st and st.get("ok")]
+    c = text.clean
+    ok = [st for _, st, _ in samples if st and st["ok"]]
     live = sum(d["live"] for st in ok for d in st["devices"])
     mapped = sum(st["mapped"] for st in ok)
     asleep = sum(client.asleep(t) for st in ok for t in st["tags"])
@@ -46,9 +49,9 @@ def frame(samples, previous, now=None, interactive=False):
     if not samples:
         lines.append("(no process under vmmshim that this user can reach)")
     for pid, st, why in samples:
-        if not st or not st.get("ok"):
-            reason = why or (st or {}).get("message", "no answer")
-            lines.append(("%6d %-14s %s" % (pid, client.program_of(pid)[:14], reason))[:WIDTH])
+        if not st or not st["ok"]:
+            reason = why or "%s: %s" % ((st or {}).get("error") or "refused", (st or {}).get("message") or "")
+            lines.append(("%6d %-14s %s" % (pid, c(client.program_of(pid))[:14], c(reason)))[:WIDTH])
             continue
         before = previous.get(pid)
         rate = "-"
@@ -56,14 +59,14 @@ def frame(samples, previous, now=None, interactive=False):
             rate = text.count((_allocs(st) - _allocs(before)) / ((st["time_ns"] - before["time_ns"]) / 1e9))
         devs = ",".join(str(d["device"]) for d in st["devices"]) or "-"
         p_asleep = sum(client.asleep(t) for t in st["tags"])
-        lines.append(ROW % (pid, st["program"][:14], devs[:3], text.short(sum(d["live"] for d in st["devices"])),
+        lines.append(ROW % (pid, c(st["program"])[:14], devs[:3], text.short(sum(d["live"] for d in st["devices"])),
                             text.short(st["mapped"]), text.short(p_asleep), text.short(st["host"]["in_use"]), rate,
                             text.count(st["stats"]["vmm_calls"]), text.count(st["stats"]["alloc_failures"])))
         for t in st["tags"]:
             t_asleep = client.asleep(t)
             if not (t["live"] or t["device"] or t_asleep) and t["name"] != st["process_tag"]:
                 continue
-            name = ("*" if t["name"] == st["process_tag"] else " ") + t["name"]
+            name = ("*" if t["name"] == st["process_tag"] else " ") + c(t["name"])
             state = "asleep" if t["asleep"] else ""
             lines.append((ROW % ("", (" " + name)[:14], "", text.short(t["live"]), text.short(t["device"]),
                                  text.short(t_asleep), text.short(t["host_copied"] + t["host_mapped"]), state, "",
@@ -73,7 +76,7 @@ def frame(samples, previous, now=None, interactive=False):
     return [line[:WIDTH] for line in lines]
 
 
-def _interactive(interval):
+def _interactive(interval, pids):
     import curses
 
     def loop(scr):
@@ -84,9 +87,9 @@ def _interactive(interval):
         scr.timeout(int(interval * 1000))
         previous = {}
         while True:
-            samples = sample()
+            samples = sample(pids)
             lines = frame(samples, previous, interactive=True)
-            previous = {pid: st for pid, st, _ in samples if st and st.get("ok")}
+            previous = {pid: st for pid, st, _ in samples if st and st["ok"]}
             scr.erase()
             rows, cols = scr.getmaxyx()
             for y, line in enumerate(lines[:rows]):
@@ -110,6 +113,7 @@ def main(args):
     args = list(args)
     once = False
     interval = 1.0
+    pids = None
     while args:
         a = args.pop(0)
         if a == "--once":
@@ -120,22 +124,28 @@ def main(args):
             except ValueError:
                 print("vmmshim: error: top: --interval takes seconds", file=sys.stderr)
                 return EXIT_USAGE
+        elif a == "--pid" and args:
+            v = args.pop(0)
+            pids = text.parse_pids(v)
+            if pids is None:
+                print("vmmshim: error: top: --pid: '%s' is not a list of process ids" % v, file=sys.stderr)
+                return EXIT_USAGE
         elif a in ("-h", "--help"):
-            print("Usage: vmmshim top [--once] [--interval SECONDS]\n"
+            print("Usage: vmmshim top [--once] [--interval SECONDS] [--pid PID[,PID...]]\n"
                   "Every process under vmmshim this user can reach, refreshed every second; q quits.\n"
-                  "--once prints one frame and exits.")
+                  "--once prints one frame and exits; --pid shows only those processes.")
             return EXIT_OK
         else:
             print("vmmshim: error: top: unknown argument '%s' (see vmmshim top --help)" % a, file=sys.stderr)
             return EXIT_USAGE
     if once:
-        print("\n".join(frame(sample(), {})))
+        print("\n".join(frame(sample(pids), {})))
         return EXIT_OK
     if not sys.stdout.isatty() or not sys.stdin.isatty():
         print("vmmshim: error: top needs a terminal; vmmshim top --once prints one frame", file=sys.stderr)
         return EXIT_USAGE
     try:
-        _interactive(interval)
+        _interactive(interval, pids)
     except KeyboardInterrupt:
         pass
     return EXIT_OK
