@@ -88,11 +88,21 @@ static void wait_with_higher_held(void) {
   _vs_lock_wait(&lk_pool_a, &cond); /* checked before it blocks */
 }
 
-/* An outer lock (may be held across driver calls) with a counted mutex held that is not a
- * vs_lock_t (ipc.c's, counted with VS_LOCK_HELD). */
+/* An outer lock (may be held across driver calls) with a counted lock held. */
 static void outer_under_counted(void) {
-  VS_LOCK_HELD(1);
+  _vs_lock_take(&lk_pool_a);
   _vs_lock_take(&lk_access);
+}
+
+/* Fork handlers take their locks in the modules' registration order, whatever the ranks: not
+ * checked, but recorded and counted, and released as any other. */
+static void at_fork_any_order(void) {
+  _vs_lock_take_at_fork(&lk_host);
+  _vs_lock_take_at_fork(&lk_pool_a);
+  if (_vs_locks_held != 2) _exit(3);
+  _vs_lock_release(&lk_pool_a);
+  _vs_lock_release(&lk_host);
+  if (_vs_locks_held != 0) _exit(4);
 }
 
 typedef struct {
@@ -121,9 +131,10 @@ static const lock_case_t cases[] = {
     {"wait with a higher lock held", wait_with_higher_held,
      "lock order: waiting on (and so retaking) lock 'test pool A' (rank %d) while holding lock 'test host' (rank %d)",
      VS_RANK_POOL, VS_RANK_HOST},
-    {"outer lock under a counted mutex", outer_under_counted,
-     "lock order: taking (with a counted lock held that is not a vs_lock_t) lock 'test access' (rank %d)",
-     VS_RANK_ACCESS, 0},
+    {"outer lock under a counted lock", outer_under_counted,
+     "lock order: taking lock 'test access' (rank %d) while holding lock 'test pool A' (rank %d)", VS_RANK_ACCESS,
+     VS_RANK_POOL},
+    {"fork handlers' takes in any order", at_fork_any_order, NULL, 0, 0},
 };
 
 #endif

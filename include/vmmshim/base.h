@@ -45,8 +45,8 @@
 void _vs_assert_fail(const char *cond, const char *file, int line, const char *func) __attribute__((noreturn));
 #define vs_assert(c) ((c) ? (void)0 : _vs_assert_fail(#c, __FILE__, __LINE__, __func__))
 /* Counted locks of the shim held by this thread (lock.h: pools, context slots, IPC, the peer
- * table, ...): none may be held across a driver call (vmm.c checks). vs_lock_t counts itself;
- * VS_LOCK_HELD is for a mutex not yet on it (ipc.c). */
+ * table, ...): none may be held across a driver call (vmm.c checks). vs_lock_t counts itself
+ * (lock.c). */
 extern _Thread_local int _vs_locks_held;
 #define VS_LOCK_HELD(delta) ((void)(_vs_locks_held += (delta)))
 #else

@@ -26,8 +26,7 @@
 
 #include "vmmshim/base.h"
 
-/* The lock order, outermost first. ipc.c's two locks and control.c's are ranked here for when
- * they move onto vs_lock_t; until then ipc.c counts its own (VS_LOCK_HELD). */
+/* The lock order, outermost first. */
 typedef enum vs_lock_rank_e {
   VS_RANK_NONE = 0,
   /* outer: may be held across driver calls */
@@ -41,9 +40,9 @@ typedef enum vs_lock_rank_e {
   /* counted: never held across a driver call */
   VS_RANK_COUNTED,
   VS_RANK_SLOTS = VS_RANK_COUNTED, /* alloc.c: the context slots */
-  VS_RANK_POOL,     /* pool_internal.h: one pool (all pools share the rank: one at a time) */
-  VS_RANK_IPC,      /* ipc.c: the exports */
+  VS_RANK_IPC,      /* ipc.c: the exports (a block's export is checked in its pool under it) */
   VS_RANK_IMPORT,   /* ipc.c: the imports */
+  VS_RANK_POOL,     /* pool_internal.h: one pool (all pools share the rank: one at a time) */
   VS_RANK_PEER,     /* peer.c: the peer table */
   VS_RANK_HOST,     /* host.c: the host buffer cache */
   VS_RANK_BUDGET,   /* group.c: the limit's budget (then the segment's flock) */
@@ -51,6 +50,7 @@ typedef enum vs_lock_rank_e {
   VS_RANK_DIR,      /* directory.c: the address directory's writers */
   VS_RANK_TSTATS,   /* stats.c: the per-thread stats blocks */
   VS_RANK_GATE,     /* gate.c: the submission gate */
+  VS_RANK_SERVER,   /* server.c: one server's connection table (a leaf: nothing is taken under it) */
 } vs_lock_rank_t;
 
 typedef struct vs_lock_s {
@@ -89,6 +89,16 @@ static inline void _vs_lock_take(vs_lock_t *l) {
 #if VS_DEBUG
   _vs_lock_check(l);
 #endif
+  pthread_mutex_lock(&l->m);
+#if VS_DEBUG
+  _vs_lock_taken(l);
+#endif
+}
+
+/* A fork handler's take: pthread_atfork runs the prepare handlers of the modules in the reverse
+ * order of their registration, which follows no rank, so this take is recorded and counted
+ * (the parent and the child each release it) but not checked against the order. */
+static inline void _vs_lock_take_at_fork(vs_lock_t *l) {
   pthread_mutex_lock(&l->m);
 #if VS_DEBUG
   _vs_lock_taken(l);

@@ -19,6 +19,7 @@
 #include <sys/un.h>
 
 #include "vmmshim/base.h"
+#include "vmmshim/lock.h"
 
 /* Why a peer is turned away (it is told through the channel's `refusal`, then closed). */
 typedef enum vs_srv_refusal_e {
@@ -66,7 +67,7 @@ typedef struct vs_srv_slot_s vs_srv_slot_t;
 /* A server: ops set by its channel, the rest the server's own (zeroed before the first start). */
 typedef struct vs_server_s {
   vs_server_ops_t ops;
-  pthread_mutex_t lock; /* the table, against fork: changed under it by the server thread alone */
+  vs_lock_t lock; /* the table, against fork: changed under it by the server thread alone */
   bool lock_made, listed;
   int listen_fd, spare_fd;
   pid_t pid;             /* the process whose thread serves; 0: none */

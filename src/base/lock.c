@@ -29,9 +29,6 @@ static void order_abort(const char *what, const vs_lock_t *l, const vs_lock_t *h
 void _vs_lock_check(const vs_lock_t *l) {
   for (int i = 0; i < tl_nheld; i++)
     if (tl_held[i]->rank >= l->rank) order_abort(tl_held[i] == l ? "taking again" : "taking", l, tl_held[i]);
-  /* A counted mutex not yet on vs_lock_t (VS_LOCK_HELD) ranks above every outer lock. */
-  if (l->rank < VS_RANK_COUNTED && _vs_locks_held > 0)
-    order_abort("taking (with a counted lock held that is not a vs_lock_t)", l, NULL);
 }
 
 void _vs_lock_taken(const vs_lock_t *l) {

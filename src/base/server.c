@@ -59,11 +59,11 @@ static int nservers(void) {
 }
 
 static void atfork_prepare(void) {
-  for (int i = 0; i < nservers(); i++) pthread_mutex_lock(&vs_servers[i]->lock);
+  for (int i = 0; i < nservers(); i++) _vs_lock_take_at_fork(&vs_servers[i]->lock);
 }
 
 static void atfork_parent(void) {
-  for (int i = 0; i < nservers(); i++) pthread_mutex_unlock(&vs_servers[i]->lock);
+  for (int i = 0; i < nservers(); i++) _vs_lock_release(&vs_servers[i]->lock);
 }
 
 /* The child has no server thread: it closes its copies of the sockets (the parent's connections
@@ -80,7 +80,7 @@ static void atfork_child(void) {
     }
     s->nlive = s->nforeign = 0;
     s->pid = 0;
-    pthread_mutex_init(&s->lock, NULL);
+    _vs_lock_release(&s->lock); /* taken in atfork_prepare, by this thread's copy */
   }
 }
 
@@ -140,13 +140,13 @@ static void slot_close(vs_server_t *s, int i, int why) {
   vs_srv_slot_t *c = s->live[i];
   uint64_t held = c->user;
   int fd = c->fd;
-  pthread_mutex_lock(&s->lock);
+  _vs_lock_take(&s->lock);
   s->live[i] = s->live[--s->nlive];
   s->nforeign -= c->foreign;
   c->used = false;
   if (why >= 0) tell_and_close(s, fd, (vs_srv_refusal_t)why);
   else close(fd);
-  pthread_mutex_unlock(&s->lock);
+  _vs_lock_release(&s->lock);
   if (why >= 0) log_refusal(s, (vs_srv_refusal_t)why, -1, -1);
   if (s->ops.closed) s->ops.closed(held);
 }
@@ -332,11 +332,11 @@ static uint64_t accept_all(vs_server_t *s, uint64_t now) {
     c->in_n = c->out_n = c->out_off = 0;
     now = _vs_now_ns();
     set_idle(s, c, now);
-    pthread_mutex_lock(&s->lock);
+    _vs_lock_take(&s->lock);
     c->used = true;
     s->live[s->nlive++] = c;
     s->nforeign += foreign;
-    pthread_mutex_unlock(&s->lock);
+    _vs_lock_release(&s->lock);
     /* A request already there is served now: a connection with one is never the idle one a
      * later connection of this burst would take the slot of. */
     int why = -1;
@@ -417,7 +417,7 @@ static int make_table(vs_server_t *s) {
 int _vs_server_start(vs_server_t *s, const struct sockaddr_un *a, socklen_t len) {
   if (_vs_server_running(s)) return 0;
   if (!s->lock_made) {
-    pthread_mutex_init(&s->lock, NULL);
+    _vs_lock_init(&s->lock, VS_RANK_SERVER, "server");
     s->lock_made = true;
     s->listen_fd = s->spare_fd = -1;
   }

@@ -482,7 +482,7 @@ static vs_group_header_t *private_segment(void) {
 }
 
 static void budget_leave(void);
-static void atfork_prepare(void) { _vs_lock_take(&vs_budget_mutex); }
+static void atfork_prepare(void) { _vs_lock_take_at_fork(&vs_budget_mutex); }
 static void atfork_parent(void) { _vs_lock_release(&vs_budget_mutex); }
 static void atfork_child(void) {
   atomic_store(&vs_budget_forked, true);

@@ -716,7 +716,7 @@ static void answer(const char *line, size_t len, vs_jout_t *o) {
 
 static vs_server_t vs_ctl_server;
 static pid_t vs_ctl_pid;
-static pthread_mutex_t vs_ctl_lock = PTHREAD_MUTEX_INITIALIZER; /* the start */
+static vs_lock_t vs_ctl_lock = VS_LOCK_INITIALIZER(VS_RANK_CONTROL, "control"); /* the start */
 
 static vs_srv_next_t ctl_answer(int fd, uint64_t *held, const char *req, size_t len, char *out, size_t *out_n) {
   (void)fd;
@@ -764,15 +764,15 @@ static void read_program_name(void) {
 
 /* The shim is active: the channel opens (once per process). */
 static void control_start(void) {
-  pthread_mutex_lock(&vs_ctl_lock);
+  _vs_lock_take(&vs_ctl_lock);
   if (vs_ctl_pid) {
-    pthread_mutex_unlock(&vs_ctl_lock);
+    _vs_lock_release(&vs_ctl_lock);
     return;
   }
   vs_ctl_pid = getpid();
   if (!_vs_option(VS_OPT_CONTROL)) { /* asked for: no socket, no thread */
     _vs_info("control: off (VMMSHIM_CONTROL=0); vmmshim ctl cannot reach this process");
-    pthread_mutex_unlock(&vs_ctl_lock);
+    _vs_lock_release(&vs_ctl_lock);
     return;
   }
   read_program_name();
@@ -792,7 +792,7 @@ static void control_start(void) {
     atexit(at_exit);
     _vs_info("control: vmmshim ctl %d reaches this process (@%s)", (int)getpid(), a.sun_path + 1);
   }
-  pthread_mutex_unlock(&vs_ctl_lock);
+  _vs_lock_release(&vs_ctl_lock);
 }
 
 /* Only a pointer is stored here: the channel opens when the shim activates. */

@@ -52,6 +52,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "vmmshim/lock.h"
 #include "vmmshim/server.h"
 #include "vmmshim/share.h"
 
@@ -119,26 +120,14 @@ static int random_bytes(void *buf, size_t n) {
 
 /* ------------------------------------------------------------------ locks */
 
-static pthread_mutex_t vs_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_ipc_lock = VS_LOCK_INITIALIZER(VS_RANK_IPC, "ipc");
 static pthread_cond_t vs_ipc_unpinned = PTHREAD_COND_INITIALIZER; /* an export's busy count fell */
-static pthread_mutex_t vs_import_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_import_lock = VS_LOCK_INITIALIZER(VS_RANK_IMPORT, "import");
 
-static void ipc_lock(void) {
-  pthread_mutex_lock(&vs_ipc_lock);
-  VS_LOCK_HELD(1);
-}
-static void ipc_unlock(void) {
-  VS_LOCK_HELD(-1);
-  pthread_mutex_unlock(&vs_ipc_lock);
-}
-static void import_lock(void) {
-  pthread_mutex_lock(&vs_import_lock);
-  VS_LOCK_HELD(1);
-}
-static void import_unlock(void) {
-  VS_LOCK_HELD(-1);
-  pthread_mutex_unlock(&vs_import_lock);
-}
+static void ipc_lock(void) { _vs_lock_take(&vs_ipc_lock); }
+static void ipc_unlock(void) { _vs_lock_release(&vs_ipc_lock); }
+static void import_lock(void) { _vs_lock_take(&vs_import_lock); }
+static void import_unlock(void) { _vs_lock_release(&vs_import_lock); }
 
 /* ------------------------------------------------------------------ exports */
 
@@ -475,11 +464,7 @@ void _vs_ipc_forget_pool(vs_pool_t *pool) {
   for (bool pinned = true; pinned;) { /* an export being answered or given back finishes first */
     pinned = false;
     HASH_ITER(by_id, vs_exports_by_id, x, tmp) pinned |= x->pool == pool && x->busy > 0;
-    if (pinned) {
-      VS_LOCK_HELD(-1);
-      pthread_cond_wait(&vs_ipc_unpinned, &vs_ipc_lock);
-      VS_LOCK_HELD(1);
-    }
+    if (pinned) _vs_lock_wait(&vs_ipc_lock, &vs_ipc_unpinned);
   }
   HASH_ITER(by_id, vs_exports_by_id, x, tmp)
   if (x->pool == pool) export_remove(x); /* its memory goes with the context; open copies elsewhere stay */
@@ -737,13 +722,13 @@ bool _vs_ipc_close(CUdeviceptr ptr, CUresult *err) {
 
 /* The lists are whole when the child copies them: both locks are taken around fork(). */
 static void atfork_prepare(void) {
-  import_lock();
-  ipc_lock();
+  _vs_lock_take_at_fork(&vs_ipc_lock);
+  _vs_lock_take_at_fork(&vs_import_lock);
 }
 
 static void atfork_parent(void) {
-  ipc_unlock();
   import_unlock();
+  ipc_unlock();
 }
 
 /* The child has no server thread and owns neither the parent's exports nor its imports: it closes
@@ -760,9 +745,8 @@ static void atfork_child(void) {
     free(im);
   }
   vs_imports = NULL;
-  VS_LOCK_HELD(-2); /* the two taken in atfork_prepare, which the child does not unlock */
-  pthread_mutex_init(&vs_ipc_lock, NULL);
-  pthread_mutex_init(&vs_import_lock, NULL);
+  import_unlock(); /* the two taken in atfork_prepare, by this thread's copy */
+  ipc_unlock();
   pthread_cond_init(&vs_ipc_unpinned, NULL);
 }
 
