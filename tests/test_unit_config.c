@@ -63,17 +63,22 @@ static void on_limit_is(const char *text, int want_mode, uint64_t want_arg) {
              r, (unsigned long long)mode, (unsigned long long)arg);
 }
 
-/* Runs _vs_config_reload + _vs_config_report with stderr captured; returns what was printed. */
+/* Runs _vs_config_reload + _vs_config_report (or, with print set, _vs_config_print) with stderr
+ * captured; returns what was printed. */
 static char captured[8192];
-static const char *reload_capture(void) {
+static const char *capture(bool print) {
   fflush(stderr);
   int fds[2];
   if (pipe(fds) != 0) return "";
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
   int saved = dup(2);
   dup2(fds[1], 2);
-  _vs_config_reload();
-  _vs_config_report();
+  if (print) {
+    _vs_config_print();
+  } else {
+    _vs_config_reload();
+    _vs_config_report();
+  }
   fflush(stderr);
   dup2(saved, 2);
   close(saved);
@@ -83,6 +88,7 @@ static const char *reload_capture(void) {
   captured[n > 0 ? n : 0] = 0;
   return captured;
 }
+static const char *reload_capture(void) { return capture(false); }
 
 static void clear_env(void) {
   static const char *vars[] = {"VMMSHIM_DISABLE", "VMMSHIM_GRANULARITY", "VMMSHIM_FREE_MODE",
@@ -406,6 +412,10 @@ int main(void) {
   out = reload_capture();
   CHECK(strstr(out, "using the default 64M"), "granularity 0 worded: '%s'", out);
   clear_env();
+  reload_capture();
+  out = capture(true); /* VMMSHIM_VERBOSE's list */
+  CHECK(strstr(out, "option VMMSHIM_TAG = tag 'default' (default)") && !strstr(out, "= default (default)"),
+        "verbose tag worded: '%s'", out);
 
   /* A VMMSHIM_ variable that is no option: one warning, naming the nearest name when one is near. */
   static const struct { const char *name, *want; } unknown[] = {

@@ -518,7 +518,7 @@ void _vs_config_print(void) {
     }
     case VS_KIND_STRING:
     case VS_KIND_NAME: shown = o->text ? o->text : "(unset)"; break;
-    case VS_KIND_TAG: shown = o->text ? o->text : "default"; break;
+    case VS_KIND_TAG: shown = o->text ? o->text : "tag 'default'"; break;
     case VS_KIND_LIMIT:
       if (!o->text) shown = "0 (off)";
       else {
