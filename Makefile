@@ -202,7 +202,7 @@ $(BUILD)/demo_emu: examples/demo_emu.c include/vmmshim.h $(EMU_RT) | $(BUILD) de
 	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -Iinclude -I$(CUDA_HOME)/include -o $@ $< -L$(BUILD)/emu -lcudart -ldl
 
 demo-emu: deps $(LIB) $(EMU_DRV) $(EMU_RT) $(BUILD)/demo_emu
-	@BUILD=$(BUILD) PYTHON=$(PYTHON) DEMO_EMU=1 sh scripts/demo.sh
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) CUDA_HOME=$(CUDA_HOME) DEMO_EMU=1 sh scripts/demo.sh
 
 gpu-test: deps $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) sh tests/gpu/run.sh

@@ -8,7 +8,8 @@
 BUILD=${BUILD:-build}
 NVCC=${NVCC:-nvcc}
 PYTHON=${PYTHON:-python3}
-LIB="$PWD/$BUILD/libvmmshim.so"
+case $BUILD in /*) B=$BUILD ;; *) B=$PWD/$BUILD ;; esac
+LIB="$B/libvmmshim.so"
 DEMO="$BUILD/demo"
 NO_GPU="(no GPU here? make demo-emu runs the demo on the host emulation of the driver)"
 
@@ -18,7 +19,7 @@ die() {
 }
 
 if [ "${DEMO_EMU:-0}" = 1 ]; then
-  EMU="$PWD/$BUILD/emu"
+  EMU="$B/emu"
   TRACE="$BUILD/demo_emu.trace"
   for f in "$LIB" "$EMU/libcuda.so.1" "$EMU/libcudart.so.13" "$BUILD/demo_emu"; do
     [ -f "$f" ] || die "$f is missing: run make demo-emu"
@@ -38,7 +39,7 @@ if [ "${DEMO_EMU:-0}" = 1 ]; then
   echo "demo: lines starting 'vmmshim:' came from the shim and the launcher: each mapping the shim made"
   echo "      on the emulated device, its stats at exit, then the report of the trace."
   echo "demo: to run a program of your own on the emulation, build it against $BUILD/emu, then:"
-  echo "    cc -I/usr/local/cuda/include -o app app.c -L$BUILD/emu -lcudart"
+  echo "    cc -I${CUDA_HOME:-/usr/local/cuda}/include -o app app.c -L$BUILD/emu -lcudart"
   echo "    LD_LIBRARY_PATH=$BUILD/emu scripts/vmmshim --stats ./app"
   echo "      (the emulation runs no kernels: host code may read and write the memory it serves)"
   exit 0
