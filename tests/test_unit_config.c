@@ -1,5 +1,6 @@
 /* test_unit_config: src/config.c linked straight in: the size and boolean parsers, and
- * every option read from the environment, with the message a malformed value gets. */
+ * every option read from the environment, with the message a malformed value gets; a VMMSHIM_
+ * variable that is no option gets one warning naming the nearest name, a known one none. */
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
