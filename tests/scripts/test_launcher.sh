@@ -231,6 +231,16 @@ if ! { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -q 'libcuda\.so\.1
     "no CUDA driver was loaded (libcuda.so.1 is neither in LD_LIBRARY_PATH nor in ldconfig's cache; without a GPU, try make demo-emu)" \
     env LD_LIBRARY_PATH="$tmp/nodrv" "$L" -o n5.%p.trace sh -c 'printf "v 3 vmmshim 0.1.0\ne 5\n" > "n5.$$.trace"'
 fi
+# The first process served nothing, a child did (a wrapper, torchrun's workers): the child's
+# trace is named, not the first's empty one; a trace older than the run is not counted.
+echo "a 1 2 3 4 5" > w.1.trace
+touch -t 200001010000 w.1.trace
+"$L" -o w.%p.trace sh -c 'sh -c "echo \"a 1 2 3 4 5\" > w.\$\$.trace; echo \$\$ > child"; true' 2> err
+last=$(tail -n 1 err)
+child=$(cat child)
+check "a child's trace with allocations: named, the first process's emptiness said [$last]" \
+  sh -c 'case $1 in "vmmshim: done (exit status 0); the program'"'"'s first process served no allocation; 1 other process wrote traces (1 with allocations); next: "*"vmmshim-report w.$2.trace") ;; *) exit 1 ;; esac' - "$last" "$child"
+check "a child's trace: no 'served no allocation' line" sh -c '! grep -q "^vmmshim: the shim served no allocation" err'
 "$L" --trace-format rmm -o r.%p.trace sh -c 'printf "Thread,Time,Action,Pointer,Size,Stream\n12,10:00:00.000001,allocate,0x7f,256,0x0\n" > "r.$$.trace"' 2> err
 check "an rmm trace with an allocation: the report suggested" grep -q "next: .*vmmshim-report r\." err
 "$L" -q -o n6.%p.trace true 2> err
