@@ -16,7 +16,8 @@ torch_memory_saver, so code written for it can switch:
 
 A tag's memory sleeps only if it was allocated while the tag was set: with PyTorch's caching
 allocator, blocks cached before the region was entered keep the tag they were first made under.
-Without the shim, every function raises NotPreloaded (one line saying how to run under it).
+Without the shim, every function that calls it (region, pause and resume included) raises
+NotPreloaded, with one line saying how to run under it. Reference: docs/sleep.md, "From Python".
 
 vmmshim.control(pid) steers another process under the shim from this one, with the verbs of
 `vmmshim ctl` (vmmshim/client.py); it does not need the shim in this process."""
@@ -35,11 +36,18 @@ __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag",
 TAG_MAX = 32
 MAX_TAGS = 16
 MODES = {"discard": 0, "host": 1, "mapped": 2}
+__version__ = "0.1.0"  # a copy of VMMSHIM_VERSION of include/vmmshim.h (test_docs_code.py checks)
 API_VERSION = 2  # the library's VMMSHIM_API_VERSION this module was written for (at least)
 
 
+# What NotPreloaded says when the library is not in the process: one line, how to get it there.
+NOT_PRELOADED = "vmmshim: the shim is not preloaded: run under `vmmshim` or LD_PRELOAD=.../libvmmshim.so"
+
+
 class NotPreloaded(RuntimeError):
-    """The shim is not in this process."""
+    """The shim is not in this process (or is older than this module): raised by every function
+    that calls it, region(), pause() and resume() included, with one line saying how to run under
+    it. control() and reachable() do not need the shim here and never raise it."""
 
 
 class Error(RuntimeError):
@@ -101,8 +109,8 @@ def _shim():
             try:
                 version = lib.vmmshim_api_version
             except AttributeError:
-                raise NotPreloaded("vmmshim: the shim is not preloaded: run under `vmmshim` or "
-                                   "LD_PRELOAD=.../libvmmshim.so")
+                # from None: the ctypes lookup that failed says nothing the message does not.
+                raise NotPreloaded(NOT_PRELOADED) from None
             version.restype = ctypes.c_int
             if version() < API_VERSION:
                 raise NotPreloaded("vmmshim: the preloaded shim has API %d; this module needs %d or later"
@@ -187,6 +195,7 @@ def region(tag="default", enable_cpu_backup=False):
     back at the end. enable_cpu_backup: pause() keeps the tag's bytes (host mode) rather than
     discarding them."""
     _name(tag)
+    _shim()  # NotPreloaded on entering the with block, before the tag is remembered for pause()
     _backup[tag] = bool(enable_cpu_backup) or _backup.get(tag, False)
     before = getattr(_thread, "tag", None)
     set_tag(tag)
@@ -200,12 +209,14 @@ def pause(tag=None):
     """Gives the device memory of tag back (every tag region() has seen, when None): its bytes
     are copied to host memory when the region was made with enable_cpu_backup, else discarded.
     Pausing a paused tag does nothing."""
+    _shim()  # NotPreloaded even when there is no tag to pause: silence would hide the mistake
     for t in ([tag] if tag is not None else sorted(_backup)):
         sleep(t, "host" if _backup.get(t) else "discard")
 
 
 def resume(tag=None):
     """Maps device memory at the same addresses again (every tag region() has seen, when None)."""
+    _shim()
     for t in ([tag] if tag is not None else sorted(_backup)):
         wake(t)
 
@@ -218,6 +229,10 @@ def _moved(what, call, *args):
     r = _SleepResult()
     rc = call(*args, ctypes.byref(r), ctypes.sizeof(r))
     res = SleepResult(r)
+    if rc == -errno.ENOENT and args and isinstance(args[0], bytes):
+        # The shim's only ENOENT here is a tag it does not know; its reason, the errno's text,
+        # names no tag.
+        raise Error(what, errno.ENOENT, "no such tag: %s" % args[0].decode(errors="replace"), res)
     if rc != -errno.EALREADY:
         _check(rc, what, res)
     return res
