@@ -2,6 +2,8 @@
 #   make            build/libvmmshim.so and the man pages (build/vmmshim.1, vmmshim-report.1,
 #                   vmmshim-replay.1, and build/vmmshim.7: every variable)
 #   make demo       build and run the bundled CUDA program under the shim (needs a GPU)
+#   make demo-emu   the same program in C, on the host emulation of the driver (no GPU): run
+#                   under the launcher, with the shim's stats and a report of its trace
 #   make test       CPU tests on the host emulation of the driver, then under sanitizers (CI runs this)
 #   make test-sanitize  only the sanitizer pass
 #   make gpu-test   GPU tests (needs a GPU and nvcc)
@@ -49,7 +51,7 @@ MAN_TOOLS := $(BUILD)/vmmshim-report.1 $(BUILD)/vmmshim-replay.1
 PYPKG     := $(wildcard scripts/vmmshim_report/*.py) scripts/vmmshim_report/page.js
 PC        := $(BUILD)/vmmshim.pc
 
-.PHONY: all demo test test-sanitize gpu-test bench bench-spread bench-cpu mutation clean deps install uninstall FORCE
+.PHONY: all demo demo-emu test test-sanitize gpu-test bench bench-spread bench-cpu mutation clean deps install uninstall FORCE
 all: $(LIB) $(MAN) $(MAN7) $(MAN_TOOLS)
 
 # The dependency check: a prerequisite of every target, order-only for each object, so that
@@ -192,6 +194,15 @@ mutation: deps
 # ---- GPU (run on a machine with an NVIDIA GPU) ----
 demo: deps $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) sh scripts/demo.sh
+
+# ---- the demo on the host emulation of the driver and runtime (no GPU). Linked without an
+# rpath, as a program of one's own would be: scripts/demo.sh runs it with
+# LD_LIBRARY_PATH=$(BUILD)/emu, the way to run any program on the emulation.
+$(BUILD)/demo_emu: examples/demo_emu.c include/vmmshim.h $(EMU_RT) | $(BUILD) deps
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -O1 -g -Iinclude -I$(CUDA_HOME)/include -o $@ $< -L$(BUILD)/emu -lcudart -ldl
+
+demo-emu: deps $(LIB) $(EMU_DRV) $(EMU_RT) $(BUILD)/demo_emu
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) CUDA_HOME=$(CUDA_HOME) DEMO_EMU=1 sh scripts/demo.sh
 
 gpu-test: deps $(LIB)
 	@BUILD=$(BUILD) NVCC=$(NVCC) PYTHON=$(PYTHON) sh tests/gpu/run.sh

@@ -1,5 +1,6 @@
 /* test_unit_config: src/config.c linked straight in: the size and boolean parsers, and
- * every option read from the environment, with the message a malformed value gets. */
+ * every option read from the environment, with the message a malformed value gets; a VMMSHIM_
+ * variable that is no option gets one warning naming the nearest name, a known one none. */
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -63,17 +64,22 @@ static void on_limit_is(const char *text, int want_mode, uint64_t want_arg) {
              r, (unsigned long long)mode, (unsigned long long)arg);
 }
 
-/* Runs _vs_config_reload + _vs_config_report with stderr captured; returns what was printed. */
+/* Runs _vs_config_reload + _vs_config_report (or, with print set, _vs_config_print) with stderr
+ * captured; returns what was printed. */
 static char captured[8192];
-static const char *reload_capture(void) {
+static const char *capture(bool print) {
   fflush(stderr);
   int fds[2];
   if (pipe(fds) != 0) return "";
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
   int saved = dup(2);
   dup2(fds[1], 2);
-  _vs_config_reload();
-  _vs_config_report();
+  if (print) {
+    _vs_config_print();
+  } else {
+    _vs_config_reload();
+    _vs_config_report();
+  }
   fflush(stderr);
   dup2(saved, 2);
   close(saved);
@@ -83,6 +89,7 @@ static const char *reload_capture(void) {
   captured[n > 0 ? n : 0] = 0;
   return captured;
 }
+static const char *reload_capture(void) { return capture(false); }
 
 static void clear_env(void) {
   static const char *vars[] = {"VMMSHIM_DISABLE", "VMMSHIM_GRANULARITY", "VMMSHIM_FREE_MODE",
@@ -391,6 +398,72 @@ int main(void) {
   out = reload_capture();
   CHECK(_vs_option(VS_OPT_ON_LIMIT) == VS_ON_LIMIT_FAIL && strstr(out, "VMMSHIM_ON_LIMIT") && strstr(out, "later"),
         "a bad VMMSHIM_ON_LIMIT: fail, and a message: '%s'", out);
+  /* The wording of refused values: the device range as numbers, no "the default default". */
+  clear_env();
+  setenv("VMMSHIM_LIMIT", "16:1G", 1);
+  out = reload_capture();
+  CHECK(strstr(out, "DEVICE 0 to 15)") && !strstr(out, " - 1"), "limit device range worded: '%s'", out);
+  unsetenv("VMMSHIM_LIMIT");
+  setenv("VMMSHIM_TAG", "no/slash", 1);
+  out = reload_capture();
+  CHECK(strstr(out, "VMMSHIM_TAG") && strstr(out, "using the default tag 'default'") && !strstr(out, "default default"),
+        "bad tag worded: '%s'", out);
+  unsetenv("VMMSHIM_TAG");
+  setenv("VMMSHIM_GRANULARITY", "0", 1);
+  out = reload_capture();
+  CHECK(strstr(out, "using the default 64M"), "granularity 0 worded: '%s'", out);
+  clear_env();
+  reload_capture();
+  out = capture(true); /* VMMSHIM_VERBOSE's list */
+  CHECK(strstr(out, "option VMMSHIM_TAG = tag 'default' (default)") && !strstr(out, "= default (default)"),
+        "verbose tag worded: '%s'", out);
+
+  /* A VMMSHIM_ variable that is no option: one warning, naming the nearest name when one is near. */
+  static const struct { const char *name, *want; } unknown[] = {
+      {"VMMSHIM_LIMT", "VMMSHIM_LIMT is not a vmmshim variable; did you mean VMMSHIM_LIMIT?\n"},
+      {"VMMSHIM_limit", "did you mean VMMSHIM_LIMIT?"},
+      {"VMMSHIM_GRANUALRITY", "did you mean VMMSHIM_GRANULARITY?"},
+      {"VMMSHIM_FREEMODE", "did you mean VMMSHIM_FREE_MODE?"},
+      {"VMMSHIM_STACKS", "did you mean VMMSHIM_TRACE_STACKS?"},
+      {"VMMSHIM_TRACE_MAXX", "did you mean VMMSHIM_TRACE_MAX?"},
+      {"VMMSHIM_LIBB", "did you mean VMMSHIM_LIB?"},
+      {"VMMSHIM_XYZZY", "VMMSHIM_XYZZY is not a vmmshim variable (ignored; man 7 vmmshim lists them)\n"},
+      {"VMMSHIM_", "VMMSHIM_ is not a vmmshim variable (ignored"}};
+  for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+    setenv(unknown[i].name, "1G", 1);
+    out = reload_capture();
+    const char *w = strstr(out, "vmmshim: warning: ");
+    CHECK(w && strstr(out, unknown[i].want) && !strstr(w + 1, "vmmshim: warning: ") && _vs_option(VS_OPT_LIMIT) == 0,
+          "%s: want one warning with '%s': '%s'", unknown[i].name, unknown[i].want, out);
+    unsetenv(unknown[i].name);
+  }
+  /* known names, options or the launcher's and tools' own: no warning */
+  static const char *known[] = {"VMMSHIM_LIMIT", "VMMSHIM_TRACE_STACKS", "VMMSHIM_LIB", "VMMSHIM_PROGRESS_DELAY",
+                                "VMMSHIM_DEPS_APT", "VMMSHIM_DEPS_INCLUDE", "VMMSHIM_DEPS_LIBDIRS", "VMMSHIMX",
+                                "XVMMSHIM_LIMT"};
+  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+    setenv(known[i], "1", 1);
+    out = reload_capture();
+    CHECK(out[0] == 0, "%s set: no warning, got '%s'", known[i], out);
+    unsetenv(known[i]);
+  }
+  /* many unknown ones: at most 8 lines and a count of the rest */
+  char nm[32];
+  for (int i = 0; i < 11; i++) {
+    snprintf(nm, sizeof nm, "VMMSHIM_QQQ%d", i);
+    setenv(nm, "1", 1);
+  }
+  out = reload_capture();
+  int lines = 0;
+  for (const char *p = out; (p = strstr(p, "vmmshim: warning: ")); p++) lines++;
+  CHECK(lines == 9 && strstr(out, "3 more VMMSHIM_ variables"), "11 unknown: %d lines: '%s'", lines, out);
+  for (int i = 0; i < 11; i++) {
+    snprintf(nm, sizeof nm, "VMMSHIM_QQQ%d", i);
+    unsetenv(nm);
+  }
+  out = reload_capture();
+  CHECK(out[0] == 0, "unknown variables gone, warnings gone: '%s'", out);
+
   /* a valid value after a malformed one: no stale message */
   clear_env();
   setenv("VMMSHIM_GRANULARITY", "4M", 1);

@@ -82,6 +82,8 @@ typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIN
 /* VMMSHIM_ON_LIMIT: what an allocation does when the limit refuses it (docs/limits.md). */
 typedef enum vs_on_limit_e { VS_ON_LIMIT_FAIL = 0, VS_ON_LIMIT_WAIT = 1, VS_ON_LIMIT_HOST = 2 } vs_on_limit_t;
 #define VS_LIMIT_DEVICES 16 /* devices VMMSHIM_LIMIT can name one by one (D:SIZE) */
+#define VS_LIMIT_DEVICE_LAST 15 /* the last of them, as the messages write it */
+_Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LAST");
 
 /* Defaults a build may override with -D. */
 #ifndef VS_DEFAULT_GRANULARITY

@@ -1,14 +1,17 @@
 /* config.c: every VMMSHIM_* environment variable, read once into one table.
  *
  * Hot code calls _vs_option(), which only loads a cached value. A malformed value gets
- * one message naming the variable, the value and the default used instead. Checks that
- * need the device (granularity a multiple of the driver's minimum) live in pool.c. */
+ * one message naming the variable, the value and the default used instead; a VMMSHIM_*
+ * variable that is no option (a misspelling, most likely) gets one naming the nearest
+ * name. Checks that need the device (granularity a multiple of the driver's minimum)
+ * live in pool.c. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "vmmshim/base.h"
 
@@ -228,7 +231,7 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_LOG: return "warn";
   case VS_KIND_TRACE_FORMAT: return "native";
   case VS_KIND_STRING: return "unset";
-  case VS_KIND_TAG: return "default";
+  case VS_KIND_TAG: return "tag 'default'"; /* the tag's name is "default": not "the default default" */
   case VS_KIND_SIGNAL:
     if (o->init && signal_name(o->init)) return signal_name(o->init);
     /* fall through */
@@ -260,7 +263,7 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
   o->arg = 0;
   switch (o->kind) {
   case VS_KIND_LIMIT: {
-    *expect = "a size (every device together) and/or DEVICE:SIZE items (device 0 to " VS_STR(VS_LIMIT_DEVICES) " - 1), "
+    *expect = "a size (every device together) and/or DEVICE:SIZE items (DEVICE 0 to " VS_STR(VS_LIMIT_DEVICE_LAST) "), "
               "comma-separated, as in 8G or 0:8G,1:4G";
     uint64_t dev[VS_LIMIT_DEVICES];
     if (_vs_parse_limit(text, v, dev) != 0) return -1;
@@ -327,6 +330,101 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
 /* Messages found while parsing wait until the log is open (its destination is an option). */
 static char vs_config_msgs[VS_OPT_COUNT][320];
 
+/* ---- VMMSHIM_* variables that are no option: a misspelt one would otherwise be ignored
+ * without a word (LIMT for LIMIT: no cap). Read once at init, from the environment itself. */
+
+/* Read by the launcher and the tools, not by the shim: known, so no warning (man/variables.txt). */
+static const char *const vs_other_vars[] = {"VMMSHIM_LIB", "VMMSHIM_PROGRESS_DELAY", "VMMSHIM_DEPS_APT",
+                                            "VMMSHIM_DEPS_INCLUDE", "VMMSHIM_DEPS_LIBDIRS"};
+#define VS_OTHER_VARS (sizeof vs_other_vars / sizeof vs_other_vars[0])
+#define VS_UNKNOWN_MSGS 8 /* lines; more unknown variables are counted in one last line */
+#define VS_NAME_CMP 64    /* characters of a name compared; no option is longer */
+static char vs_unknown_msgs[VS_UNKNOWN_MSGS][200];
+static unsigned vs_unknown_count;
+
+static char upper(char c) { return c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c; }
+
+/* Edits (insert, delete, change, swap two neighbours) from a[0..na) to b[0..nb), letter case
+ * ignored: LIMT and LIMTI are both one from LIMIT. */
+static unsigned edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+  /* three rows of the table (the swap looks two back): init may run on a small thread stack */
+  unsigned rows[3][VS_NAME_CMP + 1];
+  if (na > VS_NAME_CMP) na = VS_NAME_CMP;
+  if (nb > VS_NAME_CMP) nb = VS_NAME_CMP;
+  for (size_t j = 0; j <= nb; j++) rows[0][j] = (unsigned)j;
+  for (size_t i = 1; i <= na; i++) {
+    unsigned *cur = rows[i % 3], *up = rows[(i - 1) % 3], *up2 = rows[(i - 2) % 3];
+    cur[0] = (unsigned)i;
+    for (size_t j = 1; j <= nb; j++) {
+      unsigned m = up[j - 1] + (upper(a[i - 1]) != upper(b[j - 1]));
+      if (up[j] + 1 < m) m = up[j] + 1;
+      if (cur[j - 1] + 1 < m) m = cur[j - 1] + 1;
+      if (i > 1 && j > 1 && upper(a[i - 1]) == upper(b[j - 2]) && upper(a[i - 2]) == upper(b[j - 1]) &&
+          up2[j - 2] + 1 < m)
+        m = up2[j - 2] + 1;
+      cur[j] = m;
+    }
+  }
+  return rows[na % 3][nb];
+}
+
+/* How far the token t (the name past VMMSHIM_) is from the known token k. A token that is one
+ * of k's last parts is one edit away: STACKS is near TRACE_STACKS. */
+static unsigned name_distance(const char *t, size_t nt, const char *k) {
+  unsigned best = edit_distance(t, nt, k, strlen(k));
+  for (const char *u = strchr(k, '_'); u; u = strchr(u + 1, '_')) {
+    unsigned d = edit_distance(t, nt, u + 1, strlen(u + 1)) + 1;
+    if (d < best) best = d;
+  }
+  return best;
+}
+
+static bool known_name(const char *name, size_t n) {
+  for (int i = 0; i < VS_OPT_COUNT; i++)
+    if (strlen(vs_options[i].name) == n && !memcmp(vs_options[i].name, name, n)) return true;
+  for (size_t i = 0; i < VS_OTHER_VARS; i++)
+    if (strlen(vs_other_vars[i]) == n && !memcmp(vs_other_vars[i], name, n)) return true;
+  return false;
+}
+
+/* The known name nearest to name (VMMSHIM_ and all), or NULL when none is near enough to be
+ * what was meant: at most a third of the token's letters edited, and at least one. */
+static const char *nearest_name(const char *name, size_t n) {
+  static const size_t pre = sizeof "VMMSHIM_" - 1;
+  const char *t = name + pre, *best = NULL;
+  size_t nt = n - pre;
+  unsigned best_d = nt / 3 > 1 ? (unsigned)(nt / 3) : 1;
+  for (int i = 0; i < VS_OPT_COUNT + (int)VS_OTHER_VARS; i++) {
+    const char *k = i < VS_OPT_COUNT ? vs_options[i].name : vs_other_vars[i - VS_OPT_COUNT];
+    unsigned d = name_distance(t, nt, k + pre);
+    if (d <= best_d && (!best || d < best_d)) {
+      best = k;
+      best_d = d;
+    }
+  }
+  return best;
+}
+
+static void unknown_read(void) {
+  vs_unknown_count = 0;
+  for (char **e = environ; e && *e; e++) {
+    if (strncmp(*e, "VMMSHIM_", 8)) continue;
+    size_t n = strcspn(*e, "=");
+    if (known_name(*e, n)) continue;
+    if (vs_unknown_count < VS_UNKNOWN_MSGS) {
+      const char *near = n > 8 ? nearest_name(*e, n) : NULL;
+      char *m = vs_unknown_msgs[vs_unknown_count];
+      if (near)
+        snprintf(m, sizeof vs_unknown_msgs[0], "%.*s is not a vmmshim variable; did you mean %s?", (int)(n > 80 ? 80 : n),
+                 *e, near);
+      else
+        snprintf(m, sizeof vs_unknown_msgs[0], "%.*s is not a vmmshim variable (ignored; man 7 vmmshim lists them)",
+                 (int)(n > 80 ? 80 : n), *e);
+    }
+    vs_unknown_count++;
+  }
+}
+
 static void config_read(void) {
   memset(vs_limit_dev, 0, sizeof vs_limit_dev);
   for (int i = 0; i < VS_OPT_COUNT; i++) {
@@ -377,16 +475,21 @@ static void config_read(void) {
                     vs_options[VS_OPT_ON_LIMIT].value == VS_ON_LIMIT_WAIT;
   if (vs_limit_budget) lim->value = 0;
   if (vs_options[VS_OPT_GRANULARITY].value == 0) {
+    char dbuf[32];
     snprintf(vs_config_msgs[VS_OPT_GRANULARITY], sizeof vs_config_msgs[0],
-             "VMMSHIM_GRANULARITY=0 is not valid (a pool cannot grow by 0 bytes); using the default %llu",
-             (unsigned long long)vs_options[VS_OPT_GRANULARITY].init);
+             "VMMSHIM_GRANULARITY=0 is not valid (a pool cannot grow by 0 bytes); using the default %s",
+             default_text(&vs_options[VS_OPT_GRANULARITY], dbuf, sizeof dbuf));
     vs_options[VS_OPT_GRANULARITY].value = vs_options[VS_OPT_GRANULARITY].init;
   }
+  unknown_read();
 }
 
 static void config_report(void) {
   for (int i = 0; i < VS_OPT_COUNT; i++)
     if (vs_config_msgs[i][0]) _vs_warn("%s", vs_config_msgs[i]);
+  for (unsigned i = 0; i < vs_unknown_count && i < VS_UNKNOWN_MSGS; i++) _vs_warn("%s", vs_unknown_msgs[i]);
+  if (vs_unknown_count > VS_UNKNOWN_MSGS)
+    _vs_warn("%u more VMMSHIM_ variables that vmmshim does not know", vs_unknown_count - VS_UNKNOWN_MSGS);
 }
 
 static pthread_once_t vs_config_once = PTHREAD_ONCE_INIT;
@@ -415,7 +518,7 @@ void _vs_config_print(void) {
     }
     case VS_KIND_STRING:
     case VS_KIND_NAME: shown = o->text ? o->text : "(unset)"; break;
-    case VS_KIND_TAG: shown = o->text ? o->text : "default"; break;
+    case VS_KIND_TAG: shown = o->text ? o->text : "tag 'default'"; break;
     case VS_KIND_LIMIT:
       if (!o->text) shown = "0 (off)";
       else {

@@ -4,16 +4,20 @@
 # path printed first with the program's pid, -q; a malformed value of any option (or of a
 # variable already set) stops it before the program starts, with one line and status 125; a
 # missing program (127), a directory or a file without execute permission (126) get one line
-# each; the last line says the trace's size, and that the cap cut it. Uses a dummy preload
-# library, so it needs neither CUDA nor a built shim (tests/scripts/test_launcher_values.sh
-# checks the launcher's values against the shim's). Ends with "N passed, N failed".
+# each; the last line says the trace's size, and that the cap cut it, or that the shim served
+# no allocation and why; a misspelt option gets the nearest one; a library that cannot be
+# preloaded (missing, not ELF, not shared, not the shim) stops it with 125 and its path; the
+# default trace gets a default cap. Uses a dummy preload library (exporting the shim's
+# vmmshim_get_stats, which the launcher looks for), so it needs neither CUDA nor a built shim
+# (tests/scripts/test_launcher_values.sh checks the launcher's values against the shim's).
+# Ends with "N passed, N failed".
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 L="$ROOT/scripts/vmmshim"
 . "$(dirname "$0")/harness.sh"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/vmmshim-launcher-test.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-echo 'void vmmshim_launcher_test_dummy(void) {}' > "$tmp/d.c"
+echo 'int vmmshim_get_stats(void) { return -1; }' > "$tmp/d.c"
 ${CC:-cc} -shared -fPIC -o "$tmp/libdummy.so" "$tmp/d.c" || { echo "cannot build a dummy library"; echo "0 passed, 1 failed"; exit 1; }
 echo 'void other_preload_dummy(void) {}' > "$tmp/o.c"
 ${CC:-cc} -shared -fPIC -o "$tmp/libother.so" "$tmp/o.c"
@@ -137,7 +141,7 @@ out=$("$L" -q sh -c 'echo "$VMMSHIM_TRACE"')
 check "default trace path vmmshim.<program>.%p.trace" test "$out" = "vmmshim.sh.%p.trace"
 
 # messages: the trace path first (with the program's own pid), the next command last
-"$L" -o "t.%p.trace" sh -c 'echo $$ > pid; : > "t.$$.trace"' 2> err
+"$L" -o "t.%p.trace" sh -c 'echo $$ > pid; echo "a 1 2 3 4 5" > "t.$$.trace"' 2> err
 pid=$(cat pid)
 first=$(head -n 1 err)
 last=$(tail -n 1 err)
@@ -147,18 +151,107 @@ case $last in *"vmmshim-report t.$pid.trace") ok "last message is the report com
 check "-q prints nothing" test ! -s err
 
 # the trace's size at exit, and that the cap cut it (a native trace cut ends "e T MAX")
-"$L" -o "t3.%p.trace" sh -c 'printf "v 2 vmmshim 0.1.0\ne 5\n" > "t3.$$.trace"' 2> err
+"$L" -o "t3.%p.trace" sh -c 'printf "v 2 vmmshim 0.1.0\na 1 2 3 4 5\ne 5\n" > "t3.$$.trace"' 2> err
 last=$(tail -n 1 err)
-case $last in "vmmshim: done (exit status 0); trace: 22 B; next: "*) ok "the last line says the trace's size" ;; *) ko "the last line says the trace's size: $last" ;; esac
+case $last in "vmmshim: done (exit status 0); trace: 34 B; next: "*) ok "the last line says the trace's size" ;; *) ko "the last line says the trace's size: $last" ;; esac
 "$L" --trace-max 2K -o "t4.%p.trace" sh -c 'awk "BEGIN { for (i = 0; i < 200; i++) print \"a 1 2 3 4 5\"; print \"e 5 800\" }" > "t4.$$.trace"' 2> err
 last=$(tail -n 1 err)
 case $last in "vmmshim: done (exit status 0); trace: 2.4 KiB, cut at --trace-max; next: "*) ok "a trace the cap cut: said so" ;; *) ko "a trace the cap cut: said so: $last" ;; esac
+
+# The default trace gets a cap of 1G; one given with -o, or a cap given, keeps what was asked.
+out=$(env -u VMMSHIM_TRACE_MAX "$L" -q sh -c 'echo "[${VMMSHIM_TRACE_MAX-unset}]"')
+check "the default trace is capped at 1G [$out]" test "$out" = "[1G]"
+out=$(env -u VMMSHIM_TRACE_MAX "$L" -q -o x.%p.trace sh -c 'echo "[${VMMSHIM_TRACE_MAX-unset}]"')
+check "a trace path given: no default cap [$out]" test "$out" = "[unset]"
+out=$(env -u VMMSHIM_TRACE_MAX "$L" -q --trace-max 0 sh -c 'echo "[${VMMSHIM_TRACE_MAX-unset}]"')
+check "--trace-max 0 keeps no cap [$out]" test "$out" = "[0]"
+out=$(VMMSHIM_TRACE_MAX=0 "$L" -q sh -c 'echo "[${VMMSHIM_TRACE_MAX-unset}]"')
+check "VMMSHIM_TRACE_MAX=0 from the environment keeps no cap [$out]" test "$out" = "[0]"
+env -u VMMSHIM_TRACE_MAX "$L" sh -c 'awk "BEGIN { for (i = 0; i < 20; i++) print \"a 1 2 3 4 5\"; print \"e 5 800\" }" > "vmmshim.sh.$$.trace"' 2> err
+last=$(tail -n 1 err)
+case $last in "vmmshim: done (exit status 0); trace: "*", cut at the default cap of 1G (--trace-max 0: no cap); next: "*) ok "the default cap named when it cut the trace" ;; *) ko "the default cap named when it cut the trace: $last" ;; esac
+rm -f vmmshim.sh.*.trace
+
+# A misspelt option: the nearest one named; one near none: no guess.
+one_line "--limt" 125 "vmmshim: error: unknown option --limt (see --help); did you mean --limit?" --limt 1G true
+one_line "--limt=1G" 125 "vmmshim: error: unknown option --limt=1G (see --help); did you mean --limit?" --limt=1G true
+one_line "--stack" 125 "vmmshim: error: unknown option --stack (see --help); did you mean --stacks?" --stack 8 true
+one_line "--trace-mx" 125 "vmmshim: error: unknown option --trace-mx (see --help); did you mean --trace-max?" --trace-mx 1G true
+one_line "-limit" 125 "vmmshim: error: unknown option -limit (see --help); did you mean --limit?" -limit 1G true
+one_line "--stast" 125 "vmmshim: error: unknown option --stast (see --help); did you mean --stats?" --stast true
+one_line "--zzz" 125 "vmmshim: error: unknown option --zzz (see --help)" --zzz true
+
+# A library the loader would skip: status 125, the path and why, and the program not run.
+bad_lib() { # description, library, why
+  rm -f ran
+  out=$(VMMSHIM_LIB="$2" "$L" -q --no-trace sh -c ': > ran' 2>&1); rc=$?
+  check "VMMSHIM_LIB $1: status 125, '$3', the program not run [$rc: $out]" \
+    test "$rc:$out:$(test -e ran && echo ran)" = "125:vmmshim: error: VMMSHIM_LIB=$2: $3:"
+}
+printf 'root:x:0:0:root:/root:/bin/sh\n' > passwd
+echo 'int main(void) { return 0; }' > m.c
+${CC:-cc} -c -o m.o m.c
+mkdir -p libdir
+bad_lib "missing" "$tmp/no-such-lib.so" "no such file"
+bad_lib "a text file" "$tmp/passwd" "not a shared library (not an ELF file: it does not start with 7f 'ELF')"
+: > empty.so
+bad_lib "an empty file" "$tmp/empty.so" "not a shared library (not an ELF file: it does not start with 7f 'ELF')"
+bad_lib "a directory" "$tmp/libdir" "is a directory, not a library"
+bad_lib "an object file" "$tmp/m.o" "an ELF file but not a shared library (an executable or object file?)"
+bad_lib "another library" "$tmp/libother.so" "a shared library, but not libvmmshim.so (it does not export vmmshim_get_stats)"
+if [ "$(id -u)" != 0 ]; then
+  cp libdummy.so unreadable.so && chmod 000 unreadable.so
+  bad_lib "unreadable" "$tmp/unreadable.so" "cannot be read (no read permission)"
+fi
+out=$(env -u VMMSHIM_LIB "$tmp/tree/scripts/vmmshim" -q true 2>&1); rc=$?
+check "no library next to the launcher: 125 and both paths looked at [$rc: $out]" \
+  test "$rc:$out" = "125:vmmshim: error: libvmmshim.so not found: neither $tmp/tree/scripts/../build/libvmmshim.so nor $tmp/tree/scripts/../lib/libvmmshim.so exists (build it with make, or set VMMSHIM_LIB)"
+
+# The shim served nothing: said, with why, and no report suggested of an empty trace.
+mkdir -p drv nodrv
+: > drv/libcuda.so.1
+served_nothing() { # description, the reason wanted, launcher arguments...
+  d=$1; why=$2; shift 2
+  "$@" 2> err
+  last=$(tail -n 2 err)
+  check "$d: the shim served nothing, why, no report suggested [$last]" \
+    sh -c 'printf "%s\n" "$1" | head -n 1 | grep -qxF "vmmshim: the shim served no allocation: $2" && ! grep -q "next:" "$3"' - "$last" "$why" err
+}
+served_nothing "a header-only trace, a driver on the path" \
+  "the program made none (or its framework keeps a cache of its own: see --stats and the README)" \
+  env LD_LIBRARY_PATH="$tmp/drv" "$L" -o n1.%p.trace sh -c 'printf "v 3 vmmshim 0.1.0\ne 5\n" > "n1.$$.trace"'
+served_nothing "no trace written, a driver on the path" "no CUDA call reached it (not a CUDA program?)" \
+  env LD_LIBRARY_PATH="$tmp/drv" "$L" -o n2.%p.trace true
+served_nothing "--disable" "--disable passes every call through" \
+  env LD_LIBRARY_PATH="$tmp/drv" "$L" --disable -o n3.%p.trace true
+served_nothing "VMMSHIM_DISABLE=yes" "VMMSHIM_DISABLE=yes passes every call through" \
+  env VMMSHIM_DISABLE=yes LD_LIBRARY_PATH="$tmp/drv" "$L" -o n4.%p.trace true
+if ! { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  served_nothing "no driver on the path" \
+    "no CUDA driver was loaded (libcuda.so.1 is neither in LD_LIBRARY_PATH nor in ldconfig's cache; without a GPU, try make demo-emu)" \
+    env LD_LIBRARY_PATH="$tmp/nodrv" "$L" -o n5.%p.trace sh -c 'printf "v 3 vmmshim 0.1.0\ne 5\n" > "n5.$$.trace"'
+fi
+# The first process served nothing, a child did (a wrapper, torchrun's workers): the child's
+# trace is named, not the first's empty one; a trace older than the run is not counted.
+echo "a 1 2 3 4 5" > w.1.trace
+touch -t 200001010000 w.1.trace
+"$L" -o w.%p.trace sh -c 'sh -c "echo \"a 1 2 3 4 5\" > w.\$\$.trace; echo \$\$ > child"; true' 2> err
+last=$(tail -n 1 err)
+child=$(cat child)
+check "a child's trace with allocations: named, the first process's emptiness said [$last]" \
+  sh -c 'case $1 in "vmmshim: done (exit status 0); the program'"'"'s first process served no allocation; 1 other process wrote traces (1 with allocations); next: "*"vmmshim-report w.$2.trace") ;; *) exit 1 ;; esac' - "$last" "$child"
+check "a child's trace: no 'served no allocation' line" sh -c '! grep -q "^vmmshim: the shim served no allocation" err'
+"$L" --trace-format rmm -o r.%p.trace sh -c 'printf "Thread,Time,Action,Pointer,Size,Stream\n12,10:00:00.000001,allocate,0x7f,256,0x0\n" > "r.$$.trace"' 2> err
+check "an rmm trace with an allocation: the report suggested" grep -q "next: .*vmmshim-report r\." err
+"$L" -q -o n6.%p.trace true 2> err
+check "-q: nothing said when nothing was served" test ! -s err
 
 # --help: what sizes take, the defaults as they are typed, where the rest is
 out=$("$L" --help)
 check "--help: sizes take K, M, G or T, and an i or a B" sh -c 'case $1 in *"K, M, G or T"*"an i, a B"*) ;; *) exit 1 ;; esac' - "$out"
 check "--help: the dump signal's default is USR2" sh -c 'printf "%s\n" "$1" | grep -A1 -e "--dump-signal" | grep -q "USR2, the default"' - "$out"
 check "--help: --trace-max" has "$out" "--trace-max SIZE"
+check "--help: the default trace's cap" sh -c 'printf "%s\n" "$1" | grep -A2 -e "--trace-max SIZE" | grep -q "default: 1G for the default"' - "$out"
 check "--help points at vmmshim(7), not at a file of the sources" sh -c 'case $1 in *README*) exit 1 ;; *"vmmshim(7)"*) ;; *) exit 1 ;; esac' - "$out"
 check "--help: exit statuses 127, 126, 125" sh -c 'case $1 in *"127 when the program is not"*"126 when it cannot be run"*125*) ;; *) exit 1 ;; esac' - "$out"
 
