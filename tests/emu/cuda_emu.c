@@ -281,6 +281,11 @@ static CUresult injected(int fn) {
   return g_fault[fn].err;
 }
 
+/* emu_hold_next: the function whose next call is parked, and whether one is parked now. */
+static pthread_mutex_t g_hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_hold_cv = PTHREAD_COND_INITIALIZER;
+static int g_hold_fn = -1, g_holding;
+
 static CUresult enter(int fn) {
   unsigned delay = 0;
   {
@@ -291,6 +296,14 @@ static CUresult enter(int fn) {
     }
   }
   if (delay) usleep(delay); /* outside the lock: other threads' calls go on meanwhile */
+  pthread_mutex_lock(&g_hold_mu);
+  if (g_hold_fn == fn) { /* parked outside the lock too, until emu_release_hold */
+    g_hold_fn = -1;
+    g_holding = 1;
+    pthread_cond_broadcast(&g_hold_cv);
+    while (g_holding) pthread_cond_wait(&g_hold_cv, &g_hold_mu);
+  }
+  pthread_mutex_unlock(&g_hold_mu);
   LOCKED();
   g_calls[fn]++;
   return injected(fn);
@@ -3367,6 +3380,39 @@ static int fn_index(const char *name) {
   for (int i = 0; i < FN_COUNT; i++)
     if (strcmp(g_fn_names[i], buf) == 0) return i;
   return -1;
+}
+
+API void emu_hold_next(const char *function_name) {
+  int i = fn_index(function_name);
+  if (i < 0) {
+    fprintf(stderr, "emu: emu_hold_next: unknown function %s\n", function_name ? function_name : "(null)");
+    return;
+  }
+  pthread_mutex_lock(&g_hold_mu);
+  g_hold_fn = i;
+  pthread_mutex_unlock(&g_hold_mu);
+}
+
+API int emu_wait_held(unsigned timeout_ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += timeout_ms / 1000;
+  until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&g_hold_mu);
+  int r = 0;
+  while (!g_holding && r == 0) r = pthread_cond_timedwait(&g_hold_cv, &g_hold_mu, &until);
+  int held = g_holding;
+  pthread_mutex_unlock(&g_hold_mu);
+  return held;
+}
+
+API void emu_release_hold(void) {
+  pthread_mutex_lock(&g_hold_mu);
+  g_hold_fn = -1;
+  g_holding = 0;
+  pthread_cond_broadcast(&g_hold_cv);
+  pthread_mutex_unlock(&g_hold_mu);
 }
 
 API void emu_fail_next(const char *function_name, CUresult err, int count) {

@@ -232,6 +232,12 @@ size_t emu_host_used(void);              /* bytes of live host-location handles 
 int emu_host_mapped(CUdeviceptr addr);
 /* The next count calls of function_name sleep usec first (outside the emulation's lock). */
 void emu_delay_next(const char *function_name, unsigned usec, int count);
+/* The next call of function_name is parked on entry (outside the emulation's lock, before it
+ * does anything) until emu_release_hold(); emu_wait_held waits up to timeout_ms for a call to
+ * be parked there and returns 1 when one is (0 on timeout). */
+void emu_hold_next(const char *function_name);
+int emu_wait_held(unsigned timeout_ms);
+void emu_release_hold(void);
 
 #ifdef __cplusplus
 }
