@@ -25,6 +25,9 @@
  *            connection sees the end at once, the client exits 7.
  *   off      VMMSHIM_CONTROL=0: the process uses CUDA, yet no socket listens (none in
  *            /proc/net/unix either), and the client exits 4 naming the variable.
+ *   conns    exactly 8 controllers at once are each served, the 9th is refused (EBUSY); after
+ *            one leaves, a new one is served.
+ *   wakeone  two tags asleep: a wake of one wakes that one only, bytes intact.
  *   serve    not a test: a program for tests/scripts/test_ctl.py (weights and kv tags filled with
  *            patterns; reads commands on standard input: check, alloc [MiB], quit).
  * test_static_control.c builds the verbs scenario with the runtime linked statically. */
@@ -1107,6 +1110,65 @@ static int run_serve(void) {
   return 0;
 }
 
+/* ------------------------------------------------------------------ conns, wakeone */
+
+/* Exactly VS_CTL_MAX_CONNS (8) controllers at once: each of the 8 is served, the 9th is refused
+ * with EBUSY; once one leaves, a new one is served. */
+static void scenario_conns(void) {
+  cudaSetDevice(0);
+  void *x = must_malloc(MiB); /* the shim starts its server as it first serves CUDA */
+  int fd[9];
+  char reply[512];
+  int served = 0;
+  for (int i = 0; i < 8; i++) {
+    fd[i] = ctl_connect(getpid(), geteuid());
+    reply[0] = 0;
+    if (fd[i] >= 0 && send_all(fd[i], "{\"v\":1,\"cmd\":\"status\"}\n", 23) == 0) read_line(fd[i], reply, sizeof reply);
+    if (is_ok(reply)) served++;
+    else CHECK(0, "connection %d of 8 at once not served: %.200s", i + 1, reply);
+  }
+  CHECK(served == 8, "8 controllers at once served (%d)", served);
+  fd[8] = ctl_connect(getpid(), geteuid());
+  reply[0] = 0;
+  CHECK(fd[8] >= 0 && read_line(fd[8], reply, sizeof reply) > 0 && strstr(reply, "\"error\":\"EBUSY\""),
+        "the 9th is refused: %s", reply);
+  if (fd[8] >= 0) close(fd[8]);
+  close(fd[0]);
+  /* the server sees the close when it polls next: a new controller is served once it has */
+  const char *r = "";
+  for (int tries = 0; tries < 100 && !is_ok(r); tries++) {
+    r = ctl("{\"v\":1,\"cmd\":\"status\"}");
+    if (!is_ok(r)) sleep_ms(20);
+  }
+  CHECK(is_ok(r), "a controller after one left is served: %.200s", r);
+  for (int i = 1; i < 8; i++)
+    if (fd[i] >= 0) close(fd[i]);
+  cudaFree(x);
+}
+
+/* A wake of one tag wakes that tag only. */
+static void scenario_wakeone(void) {
+  cudaSetDevice(0);
+  size_t n = 8 * MiB;
+  char *a = tagged_malloc("first", n), *b = tagged_malloc("second", n);
+  if (!a || !b) return;
+  pat_fill_sparse(a, n, 81);
+  pat_fill_sparse(b, n, 82);
+  const char *r = ctl("{\"v\":1,\"cmd\":\"sleep\",\"tag\":\"first\",\"mode\":\"host\"}");
+  CHECK(is_ok(r), "sleep first: %s", r);
+  r = ctl("{\"v\":1,\"cmd\":\"sleep\",\"tag\":\"second\",\"mode\":\"host\"}");
+  CHECK(is_ok(r), "sleep second: %s", r);
+  CHECK(mapped_as(a, n) == -1 && mapped_as(b, n) == -1, "both asleep");
+  r = ctl("{\"v\":1,\"cmd\":\"wake\",\"tag\":\"first\"}");
+  CHECK(is_ok(r) && json_num(r, "restored") >= (long long)n, "wake first: %s", r);
+  CHECK(mapped_as(a, n) == 0 && pat_check_sparse(a, n, 81) == (size_t)-1, "first awake and intact");
+  CHECK(mapped_as(b, n) == -1 && tag_stats("second", NULL).asleep, "the wake of first left second asleep");
+  r = ctl("{\"v\":1,\"cmd\":\"wake\",\"tag\":\"second\"}");
+  CHECK(is_ok(r) && mapped_as(b, n) == 0 && pat_check_sparse(b, n, 82) == (size_t)-1, "wake second: %s", r);
+  cudaFree(a);
+  cudaFree(b);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void run_scenario(const char *name) {
@@ -1115,6 +1177,8 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "users")) scenario_users();
   else if (!strcmp(name, "gone")) scenario_gone();
   else if (!strcmp(name, "off")) scenario_off();
+  else if (!strcmp(name, "conns")) scenario_conns();
+  else if (!strcmp(name, "wakeone")) scenario_wakeone();
   else CHECK(0, "unknown scenario %s", name);
 }
 
@@ -1141,6 +1205,8 @@ int main(int argc, char **argv) {
   check_run_child("users", NULL);
   check_run_child("gone", NULL);
   check_run_child("off", "VMMSHIM_CONTROL=0", NULL);
+  check_run_child("conns", NULL);
+  check_run_child("wakeone", NULL);
 #endif
   return check_summary();
 }
