@@ -1330,6 +1330,13 @@ static void scenario_freecost(void) {
   for (int i = 0; i < NX; i++) bad += cudaIpcGetMemHandle(&h, x[i]) != cudaSuccess;
   CHECK(bad == 0, "%d of %d blocks not allocated or exported", bad, NX);
   double many = pairs_s(pairs, 1000);
+  /* A stall of this process under load (other programs on the CPUs) only ever adds time: the best
+   * of more runs, while the comparison fails. A free that looks through every export stays slow in
+   * all of them. */
+  for (int again = 0; again < 6 && many >= 3 * none + 0.005; again++) {
+    double m = pairs_s(pairs, 1000);
+    if (m < many) many = m;
+  }
   printf("%d pairs: %.1f ms with no export, %.1f ms with %d exports\n", pairs, none * 1e3, many * 1e3, NX);
   CHECK(many < 3 * none + 0.005, "a free pays nothing for other blocks' exports: %.1f ms, %.1f ms without",
         many * 1e3, none * 1e3);

@@ -375,8 +375,9 @@ static void scenario_gate(void) {
   pthread_join(t, NULL);
   CHECK(g_launch_done >= sleep_done - 0.001, "the launch waited for the move (%.3f s after it)", g_launch_done - sleep_done);
   double t0 = now_s();
+  /* (a gate left closed holds for good: a bound well above a stall under load still sees it) */
   CHECK(cuLaunchKernel((CUfunction)(uintptr_t)0x1234, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS &&
-            now_s() - t0 < 0.05,
+            now_s() - t0 < 1.0,
         "an open gate does not hold");
   CHECK(do_wake("weights", 0) == 0, "wake");
 
@@ -890,8 +891,18 @@ static void scenario_ipc(const char *self) {
   waitpid(pid, &st, 0);
   while (in && fgets(line, sizeof line, in)) fputs(line, stdout); /* the importer's checks */
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the importer ran clean: status %d", st);
-  CHECK(do_sleep("shared", VMMSHIM_SLEEP_HOST) == 0 && g_res.skipped == 0, "closed: everything sleeps (%llu skipped)",
-        (unsigned long long)g_res.skipped);
+  /* The exporter's server sees the importer's connection end in its own time (its thread, under
+   * load later than the importer's exit): a sleep that still finds the block held is woken and
+   * tried again, for up to 10 s. */
+  int rc;
+  double until = now_s() + 10;
+  for (;;) {
+    rc = do_sleep("shared", VMMSHIM_SLEEP_HOST);
+    if ((rc == 0 && g_res.skipped == 0) || now_s() > until) break;
+    do_wake("shared", 0);
+    sleep_ms(20);
+  }
+  CHECK(rc == 0 && g_res.skipped == 0, "closed: everything sleeps (%llu skipped)", (unsigned long long)g_res.skipped);
   CHECK(do_wake("shared", 0) == 0 && pat_check_sparse(x, n, 71) == (size_t)-1, "intact");
   if (in) fclose(in);
   close(to_child[1]);
