@@ -66,7 +66,8 @@
  *   guess     export ids are random: requests for ids 1-64 and for each real id +-1..16 get no
  *             descriptor.
  *   freecost  with 3000 blocks exported, a free of a block that is not costs what it costs with
- *             none (under 3 x: it once looked through every export, under a lock of the process). */
+ *             none (under 3 x: it once looked through every export, under a lock of the process;
+ *             while the comparison fails the measurement is repeated, as load only adds time). */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dirent.h>
