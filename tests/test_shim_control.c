@@ -989,6 +989,23 @@ static int exiter_end(exiter_t *x) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* Waits until the program's server is in the middle of a request (answers one at a time: a status
+ * asked on another connection gets no reply within 200 ms), for up to 20 s. Rather than a fixed
+ * pause: a client started under load may take long to send its request. */
+static bool server_busy(pid_t pid) {
+  double until = now_s() + 20;
+  while (now_s() < until) {
+    int fd = ctl_connect(pid, geteuid());
+    if (fd < 0) return false;
+    struct pollfd p = {fd, POLLIN, 0};
+    bool answered = send_all(fd, "{\"v\":1,\"cmd\":\"status\"}\n", 23) == 0 && poll(&p, 1, 200) > 0;
+    close(fd);
+    if (!answered) return true;
+    sleep_ms(50);
+  }
+  return false;
+}
+
 static void scenario_gone(void) {
   if (!g_client[0]) {
     CHECK(0, "scripts/python/vmmshim_ctl.py not found");
@@ -1025,7 +1042,7 @@ static void scenario_gone(void) {
   int fd = ctl_connect(x.pid, geteuid());
   const char *req = "{\"v\":1,\"cmd\":\"sleep\",\"tag\":\"weights\"}\n";
   CHECK(fd >= 0 && send_all(fd, req, strlen(req)) == 0, "request sent");
-  sleep_ms(300); /* it waits for the capture, up to 8 s */
+  CHECK(server_busy(x.pid), "the sleep waits for the capture (up to 8 s)");
   t0 = now_s();
   int st = exiter_end(&x);
   char reply[512];
@@ -1041,7 +1058,7 @@ static void scenario_gone(void) {
   CHECK(pipe(fds) == 0, "pipe");
   pid_t c = client_spawn(fds[1], (uid_t)-1, (gid_t)-1, WORDS(spid, "sleep", "weights"));
   close(fds[1]);
-  sleep_ms(700);
+  CHECK(server_busy(x.pid), "the client's sleep waits for the capture (up to 8 s)");
   t0 = now_s();
   st = exiter_end(&x);
   rc = client_wait(c, fds[0]);
