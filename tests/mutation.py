@@ -93,7 +93,7 @@ MUTATIONS = [
     M("group-limit-without-growth", "the group's limit checked without the growth: one growth past it",
       [("if (la && (ta > la || len > la - ta)) return false;", "if (la && ta > la) return false;")]),
     M("group-device-limit-ignored", "a per-device group limit is never checked",
-      [("if (ld && (td > ld || len > ld - td)) return false;", "if (0 && ld) return false;")]),
+      [("if (ld && (td > ld || len > ld - td)) return false;", "if (0 && ld && (td > ld || len > ld - td)) return false;")]),
     M("group-dead-kept", "a member that died keeps its bytes counted",
       [("if (!ok && reclaim_dead(h, vs_b.me)) ok = fits(h, dev, len);", "(void)reclaim_dead;")]),
     # ---- the control channel (control.c)
@@ -109,8 +109,8 @@ MUTATIONS = [
     # ---- the stream-ordered pool's attributes (mempool.c)
     M("mempool-used-high-current", "CU_MEMPOOL_ATTR_USED_MEM_HIGH adds the shim's current use, not its high mark",
       [("default: *v += sum.used_high; break;", "default: *v += sum.used; break;")]),
-    M("mempool-trim-keeps-all", "cuMemPoolTrimTo leaves the driver its whole keep, beside what the shim reserves",
-      [("return keep > t.reserved ? keep - t.reserved : 0;", "return keep;")]),
+    M("mempool-used-high-reset-wrong", "resetting CU_MEMPOOL_ATTR_USED_MEM_HIGH resets the reserved high mark",
+      [("_vs_visit_device_arenas(dev, reset_used_high, NULL);", "_vs_visit_device_arenas(dev, reset_reserved_high, NULL);")]),
     # ---- CUDA IPC and the pool (older code)
     M("ipc-same-user-removed", "the exporter serves a process of another user",
       [(" || cred.uid != geteuid()) {", ") {")]),
