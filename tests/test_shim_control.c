@@ -25,8 +25,9 @@
  *            connection sees the end at once, the client exits 7.
  *   off      VMMSHIM_CONTROL=0: the process uses CUDA, yet no socket listens (none in
  *            /proc/net/unix either), and the client exits 4 naming the variable.
- *   conns    exactly 8 controllers at once are each served, the 9th is refused (EBUSY); after
- *            one leaves, a new one is served.
+ *   conns    exactly 8 controllers at once are each served, and still are once all 8 are open; a
+ *            9th is refused (EBUSY) or served in an idle one's place; after one leaves, a new one
+ *            is served.
  *   wakeone  two tags asleep: a wake of one wakes that one only, bytes intact.
  *   serve    not a test: a program for tests/scripts/test_ctl.py (weights and kv tags filled with
  *            patterns; reads commands on standard input: check, alloc [MiB], quit).
@@ -1129,14 +1130,15 @@ static int run_serve(void) {
 
 /* ------------------------------------------------------------------ conns, wakeone */
 
-/* Exactly VS_CTL_MAX_CONNS (8) controllers at once: each of the 8 is served, the 9th is refused
- * with EBUSY; once one leaves, a new one is served. */
+/* Exactly VS_CTL_MAX_CONNS (8) controllers at once: each of the 8 is served, and each is still
+ * served once all 8 are open (none was closed to make room for a later one). A 9th is refused
+ * with EBUSY, or served in the place of an idle one; after one leaves, a new one is served. */
 static void scenario_conns(void) {
   cudaSetDevice(0);
   void *x = must_malloc(MiB); /* the shim starts its server as it first serves CUDA */
   int fd[9];
-  char reply[512];
-  int served = 0;
+  static char reply[1 << 17]; /* a whole status reply */
+  int served = 0, again = 0;
   for (int i = 0; i < 8; i++) {
     fd[i] = ctl_connect(getpid(), geteuid());
     reply[0] = 0;
@@ -1145,10 +1147,22 @@ static void scenario_conns(void) {
     else CHECK(0, "connection %d of 8 at once not served: %.200s", i + 1, reply);
   }
   CHECK(served == 8, "8 controllers at once served (%d)", served);
+  for (int i = 0; i < 8; i++) {
+    reply[0] = 0;
+    if (fd[i] >= 0 && send_all(fd[i], "{\"v\":1,\"cmd\":\"status\"}\n", 23) == 0) read_line(fd[i], reply, sizeof reply);
+    if (is_ok(reply)) again++;
+    else CHECK(0, "connection %d of 8 no longer served once all 8 are open: %.200s", i + 1, reply);
+  }
+  CHECK(again == 8, "all 8 still served together (%d)", again);
   fd[8] = ctl_connect(getpid(), geteuid());
   reply[0] = 0;
-  CHECK(fd[8] >= 0 && read_line(fd[8], reply, sizeof reply) > 0 && strstr(reply, "\"error\":\"EBUSY\""),
-        "the 9th is refused: %s", reply);
+  if (fd[8] >= 0) { /* a refusal comes unasked; a connection served answers its request */
+    struct pollfd p = {fd[8], POLLIN, 0};
+    if (poll(&p, 1, 500) <= 0) send_all(fd[8], "{\"v\":1,\"cmd\":\"status\"}\n", 23);
+    read_line(fd[8], reply, sizeof reply);
+  }
+  CHECK(fd[8] >= 0 && (strstr(reply, "\"error\":\"EBUSY\"") || is_ok(reply)),
+        "the 9th is refused with EBUSY or served in an idle one's place: %s", reply);
   if (fd[8] >= 0) close(fd[8]);
   close(fd[0]);
   /* the server sees the close when it polls next: a new controller is served once it has */

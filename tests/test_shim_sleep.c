@@ -19,7 +19,7 @@
  *            sleeping tag are served from new device memory and stay awake, a second sleep
  *            takes them; the woken pools serve allocations again.
  *   nowake   the device has no room at the wake (cuMemCreate fails): -ENOMEM, nothing lost,
- *            still asleep; the next wake restores every byte.
+ *            still asleep, counted as skipped; the next wake restores every byte.
  *   capture  a capture in progress: the sleep waits VMMSHIM_SLEEP_WAIT ms and refuses (-EBUSY)
  *            without invalidating the capture; after it ends, the sleep goes through.
  *   gate     a launch submitted while memory moves waits until the move is done.
@@ -316,6 +316,8 @@ static void scenario_nowake(void) {
   emu_fail_next("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, 1);
   CHECK(do_wake("weights", 0) == -ENOMEM, "no room: -ENOMEM (%d) %s", g_res.error, g_res.reason);
   CHECK(strstr(g_res.reason, "no room") != NULL, "the reason says so: %s", g_res.reason);
+  CHECK(g_res.skipped >= n && g_res.restored == 0, "the answer counts what is still asleep: skipped %llu, restored %llu",
+        (unsigned long long)g_res.skipped, (unsigned long long)g_res.restored);
   CHECK(mapped_as(w, n) == -1 && tag_stats("weights").asleep, "still asleep");
   CHECK(do_wake("weights", 0) == 0, "the next wake: %s", g_res.reason);
   CHECK(pat_check_sparse(w, n, 11) == (size_t)-1, "nothing lost");
