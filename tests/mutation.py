@@ -118,7 +118,7 @@ MUTATIONS = [
     M("mempool-used-high-current", "CU_MEMPOOL_ATTR_USED_MEM_HIGH adds the shim's current use, not its high mark",
       [("default: *v += sum.used_high; break;", "default: *v += sum.used; break;")]),
     M("mempool-used-high-reset-wrong", "resetting CU_MEMPOOL_ATTR_USED_MEM_HIGH resets the reserved high mark",
-      [("_vs_visit_device_arenas(dev, reset_used_high, NULL);", "_vs_visit_device_arenas(dev, reset_reserved_high, NULL);")]),
+      [("_vs_pool_reset_high(pool, false, true);", "_vs_pool_reset_high(pool, true, false);")]),
     # ---- the pool (older code)
     M("deferred-never-reclaimed", "deferred frees stay pending after a synchronisation",
       [("    release_before(p, &p->deferred, done);\n", "")]),
