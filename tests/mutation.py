@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Planted bugs (make mutation): each one applied alone to a copy of the tree, the library and the
 tests that concern it rebuilt there, those tests run (tests/run.sh with ONLY), and the bug counted
-as caught when one of them fails, or as survived when they all pass. The working tree is never
+as caught when one of them fails, or as survived when they all pass. The tests of a mutation are
+those of the files it changes (FILE_TESTS: every test that exercises the file, not only the one
+known to catch the bug; every shim and unit test for a file not listed there). The working tree is never
 touched: the copy lives in a scratch directory (MUTATION_DIR, else a new one under $TMPDIR), built
 with BUILD=build there.
 
@@ -31,104 +33,105 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class M:
-    def __init__(self, name, what, edits, tests):
+    def __init__(self, name, what, edits, tests=None):
         self.name = name
         self.what = what
         self.edits = edits  # [(snippet, replacement)]
-        self.tests = tests  # names as tests/run.sh prints them
+        self.tests = tests  # names as tests/run.sh prints them; None: those of the files it changes
 
+
+# The tests that exercise each file (paths as in the tree): a mutation runs those of every file it
+# changes. A file not listed here gets every CPU test of the shim and the units (DEFAULT_TESTS).
+FILE_TESTS = {
+    "src/base/order.c": ["test_shim_env", "test_shim_api", "test_shim_reuse", "test_shim_threads"],
+    "src/hook/hook_drv.c": ["test_shim_gate", "test_shim_env", "test_shim_api", "test_shim_sleep",
+                            "test_shim_stats"],
+    "src/alloc/sleep.c": ["test_shim_sleep", "test_shim_gate", "test_shim_control", "test_shim_group"],
+    "src/pool/asleep.c": ["test_shim_sleep", "test_shim_control", "test_shim_group"],
+    "src/handle/group.c": ["test_shim_group"],
+    "src/hook/control.c": ["test_shim_control", "test_static_control"],
+    "src/base/gate.c": ["test_shim_gate", "test_shim_sleep"],
+    "src/handle/host.c": ["test_shim_sleep", "test_shim_group", "test_shim_control"],
+    "src/alloc/mempool.c": ["test_shim_mempool", "test_static_mempool"],
+    "src/share/ipc.c": ["test_shim_ipc", "test_shim_sleep"],
+    "src/handle/handles.c": ["test_shim_env", "test_shim_stats", "test_shim_api"],
+    "src/pool/pool_streams.c": ["test_shim_api", "test_shim_reuse", "test_shim_env"],
+    "src/pool/reclaim.c": ["test_shim_env", "test_shim_api", "test_shim_reuse", "test_shim_stats"],
+    # where code of the files above is moving to (the server of control.c and ipc.c, the sleep
+    # and wake halves of asleep.c, the gated hooks of hook_drv.c)
+    "src/base/server.c": ["test_shim_control", "test_static_control", "test_shim_ipc"],
+    "src/pool/sleep.c": ["test_shim_sleep", "test_shim_control", "test_shim_group"],
+    "src/pool/wake.c": ["test_shim_sleep", "test_shim_control", "test_shim_group"],
+    "src/hook/hook_gated.c": ["test_shim_gate", "test_shim_env", "test_shim_api", "test_shim_sleep",
+                              "test_shim_stats"],
+}
+DEFAULT_TESTS = "every test_shim_*, test_static_* and test_unit_* program"
 
 MUTATIONS = [
-    M("interior-free", "a free of a pointer inside a block frees the block",
-      [("  if (!ptr) return VS_POOL_NOT_OWNED; /* address 0 is the map's anchor */\n",
-        "  if (!ptr) return VS_POOL_NOT_OWNED; /* address 0 is the map's anchor */\n"
-        "  CUdeviceptr mut_base;\n  size_t mut_len;\n"
-        "  if (_vs_pool_range(p, ptr, &mut_base, &mut_len)) ptr = mut_base;\n")],
-      ["test_shim_api"]),
-    M("merges-skipped", "a freed block never merges with its free neighbours",
-      [("  b->state = B_FREE;\n  if (_vs_block_mergeable(p, b->prev, b, B_FREE)) {",
-        "  b->state = B_FREE;\n  if (0 && _vs_block_mergeable(p, b->prev, b, B_FREE)) {"),
-       ("  if (_vs_block_mergeable(p, b, b->next, B_FREE)) {\n    vs_block_t *c = b->next;\n    _vs_bin_remove(p, c);",
-        "  if (0 && _vs_block_mergeable(p, b, b->next, B_FREE)) {\n    vs_block_t *c = b->next;\n    _vs_bin_remove(p, c);")],
-      ["test_unit_pool", "test_shim_api"]),
+    # ---- the one-stream order (order.c, the hooks that feed it)
+    M("waitvalue-stays-in-order", "cuStreamWaitValue32 counted as work on its own stream, not as a wait on another's",
+      [("cuStreamWaitValue32_v2, VS_ORDER_ELSEWHERE", "cuStreamWaitValue32_v2, h")]),
+    M("elsewhere-not-ending-order", "work that waits on another stream leaves the one-stream order on",
+      [("_vs_order_leave(\"work that spans contexts, or waits on another stream's\", true);", "(void)0;")]),
+    M("second-stream-kept", "a submission to a second stream does not end the one-stream order",
+      [("if (st == VS_ORDER_ONE) _vs_order_leave(\"a second stream\", false);", "(void)0;")]),
+    M("leave-no-host-wait", "a leave that cannot wait on a stream (a capture) does not wait on the host",
+      [("if (host || !vs_leave_event) wait_on_host_locked();", "if (!vs_leave_event) wait_on_host_locked();")]),
+    # ---- sleep and wake (sleep.c, asleep.c, host.c)
+    M("skipped-overwritten", "the bytes a sleep skipped: each pool's overwrites the sum",
+      [("res->skipped += mv->skipped;", "res->skipped = mv->skipped;")]),
+    M("nohost-skip-per-segment", "a pool's skipped bytes (no host-location VMM): each segment's overwrites the sum",
+      [("out->skipped += a.size;", "out->skipped = a.size;")]),
+    M("wake-skipped-zero", "a wake that could not bring everything back says nothing is left asleep",
+      [("mv.skipped = left;", "mv.skipped = 0;")]),
+    M("capture-not-waited", "a sleep does not wait for a stream capture in progress",
+      [("while (atomic_load(&_vs_captures_active) > 0) {", "while (0 && atomic_load(&_vs_captures_active) > 0) {")]),
+    M("held-block-slept", "a block an importer holds open is moved by a sleep",
+      [("    if (overlaps(sg.va, sg.size, skip_va, skip_len, nskip)) {\n      out->skipped += sg.size;",
+        "    if (0 && overlaps(sg.va, sg.size, skip_va, skip_len, nskip)) {\n      out->skipped += sg.size;")]),
+    M("host-cache-any-size", "a cached host buffer is reused for a block of another size",
+      [("((*pp)->buf.size != size || (*pp)->buf.dev != (int)caps->device)", "((*pp)->buf.dev != (int)caps->device)")]),
+    M("host-limit-ignores-lent", "VMMSHIM_HOST_LIMIT checked against the new buffer alone, not what is in use",
+      [("(vs_host_cached + vs_host_lent <= limit && need <= limit - vs_host_cached - vs_host_lent)", "need <= limit")]),
+    # ---- the gate (gate.c, the gated list of hook_drv.c)
+    M("memset8-ungated", "cuMemsetD8 (cudaMemset) missing from the gated entry points",
+      [("  X(MEMSET8, \"cuMemsetD8\", 3020, 0, cuMemsetD8_v2, NULL, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n))    \\\n",
+        "")]),
+    M("gate-never-closes", "closing the gate stores 0: submissions run while memory moves",
+      [("atomic_store(&_vs_gate_closed, 1);", "atomic_store(&_vs_gate_closed, 0);")]),
+    # ---- the group budget (group.c)
+    M("group-limit-without-growth", "the group's limit checked without the growth: one growth past it",
+      [("if (la && (ta > la || len > la - ta)) return false;", "if (la && ta > la) return false;")]),
+    M("group-device-limit-ignored", "a per-device group limit is never checked",
+      [("if (ld && (td > ld || len > ld - td)) return false;", "if (0 && ld && (td > ld || len > ld - td)) return false;")]),
+    M("group-dead-kept", "a member that died keeps its bytes counted",
+      [("if (!ok && reclaim_dead(h, vs_b.me)) ok = fits(h, dev, len);", "(void)reclaim_dead;")]),
+    # ---- the control channel (control.c)
+    M("control-conns-7", "7 controllers at once instead of 8",
+      [("#define VS_CTL_MAX_CONNS 8", "#define VS_CTL_MAX_CONNS 7")]),
+    M("control-wake-every-tag", "the wake verb ignores its tag and wakes every tag",
+      [("vmmshim_wake(tag, zero ? VMMSHIM_WAKE_ZERO : 0, &r, sizeof r);",
+        "vmmshim_wake(NULL, zero ? VMMSHIM_WAKE_ZERO : 0, &r, sizeof r);")]),
+    M("control-tag-and-all", "a sleep given both a tag and all: true is taken",
+      [("if (*tag && *all) {", "if (0) {")]),
+    # ---- the stream-ordered pool's attributes (mempool.c)
+    M("mempool-used-high-current", "CU_MEMPOOL_ATTR_USED_MEM_HIGH adds the shim's current use, not its high mark",
+      [("default: *v += sum.used_high; break;", "default: *v += sum.used; break;")]),
+    M("mempool-used-high-reset-wrong", "resetting CU_MEMPOOL_ATTR_USED_MEM_HIGH resets the reserved high mark",
+      [("_vs_pool_reset_high(pool, false, true);", "_vs_pool_reset_high(pool, true, false);")]),
+    # ---- the pool (older code)
+    M("deferred-never-reclaimed", "deferred frees stay pending after a synchronisation",
+      [("    release_before(p, &p->deferred, done);\n", "")]),
     M("limit-one-growth-over", "VMMSHIM_LIMIT checked without the growth: one growth past the cap",
       [("if (limit && (cur + len < cur || cur + len > limit)) return false;",
-        "if (limit && (cur + len < cur || cur > limit)) return false;")],
-      ["test_shim_env", "test_shim_stats"]),
-    M("owner-access-read", "the owning device gets READ access to new mappings, not READWRITE",
-      [("  desc[n].location.id = caps->device;\n  desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;",
-        "  desc[n].location.id = caps->device;\n  desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READ;")],
-      ["test_shim_api"]),
-    M("trace-drops-frees", "every 100th free is left out of the trace",
-      [("  if (vs_unlikely(_vs_trace_on)) at = _vs_trace_place();\n",
-        "  static unsigned mut_frees;\n"
-        "  if (vs_unlikely(_vs_trace_on) && ++mut_frees % 100) at = _vs_trace_place();\n")],
-      ["test_trace_shim"]),
-    M("align-128", "blocks rounded and aligned to 128 bytes instead of 256",
-      [("size_t size = (req + 255) / 256 * 256;", "size_t size = (req + 127) / 128 * 128;"),
-       ("(2ull << 20) : 256u; }", "(2ull << 20) : 128u; }")],
-      ["test_shim_api"]),
-    M("meminfo-ignores-limit", "cudaMemGetInfo reports the device, not VMMSHIM_LIMIT",
-      [("  if (limit) {\n    size_t mapped = _vs_mapped_total();",
-        "  if (0 && limit) {\n    size_t mapped = _vs_mapped_total();")],
-      ["test_shim_env"]),
-    M("deferred-never-reclaimed", "deferred frees stay pending after a synchronisation",
-      [("    release_before(p, &p->deferred, done);\n", "")],
-      ["test_shim_env"]),
+        "if (limit && (cur + len < cur || cur > limit)) return false;")]),
     M("ipc-same-user-removed", "the exporter serves a process of another user",
       [("  return !*foreign || (s->ops.root_too && cred.uid == 0);",
-        "  return !*foreign || (s->ops.root_too && cred.uid == 0) || 1;")],
-      ["test_shim_ipc"]),
+        "  return !*foreign || (s->ops.root_too && cred.uid == 0) || 1;")]),
     M("ipc-importer-same-user-removed", "an importer takes handles from a socket of another user",
-      [("(cred.uid != geteuid() || (uint32_t)cred.pid", "((uint32_t)cred.pid")],
-      ["test_shim_ipc"]),
+      [("(cred.uid != geteuid() || (uint32_t)cred.pid", "((uint32_t)cred.pid")]),
     M("other-stream-reused", "a request reuses the pending blocks of another stream",
-      [("if (vs_likely(s && s->key == key)) return s;", "if (vs_likely(s)) return s;")],
-      ["test_shim_api", "test_shim_reuse"]),
-    M("event-not-ready-done", "an event not yet complete is taken as complete",
-      [("    if (q == CUDA_SUCCESS) {\n", "    if (q == CUDA_SUCCESS || q == CUDA_ERROR_NOT_READY) {\n")],
-      ["test_shim_api", "test_shim_reuse"]),
-    M("sync-free-no-sync", "a sync-mode cudaFree does not synchronise",
-      [("atomic_load(&_vs_captures_active) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : _vs_pool_sync_and_reclaim(p);",
-        "atomic_load(&_vs_captures_active) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;")],
-      ["test_shim_api", "test_shim_stats"]),
-    M("wrong-address-range", "cuMemGetAddressRange gives the served size, not the requested one",
-      [("    *base_out = b->addr;\n    *size_out = b->requested;", "    *base_out = b->addr;\n    *size_out = b->size;")],
-      ["test_shim_api"]),
-    M("peak-mapped-never-updated", "peak_bytes_mapped is not updated when the pool grows",
-      [("    _vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);\n  }\n  return r;\n}",
-        "    (void)m;\n  }\n  return r;\n}")],
-      ["test_shim_stats"]),
-    M("vmm-calls-never-counted", "vmm_calls is never counted",
-      [("  VS_STAT_ADD(vmm_calls, 1);\n", "")],
-      ["test_shim_stats"]),
-    M("pools-never-counted", "pools is never counted up",
-      [("  VS_STAT_ADD(pools, 1);\n", "")],
-      ["test_shim_stats"]),
-    # The other counters of vmmshim_get_stats, each left alone once.
-    M("vmm-ns-never-counted", "vmm_ns is never counted",
-      [("  VS_STAT_ADD(vmm_ns, dt);\n", "")],
-      ["test_shim_stats"]),
-    M("syncs-never-counted", "syncs is never counted",
-      [("  VS_STAT_ADD(syncs, 1);\n", "")],
-      ["test_shim_stats"]),
-    M("trims-never-counted", "a handle released when idle is not counted in trims",
-      [("      VS_STAT_ADD(trims, 1);\n", "")],
-      ["test_shim_stats"]),
-    M("failures-never-counted", "alloc_failures is never counted",
-      [("  VS_STAT_ADD(alloc_failures, 1);\n", "")],
-      ["test_shim_stats"]),
-    M("capture-passthrough-not-counted", "an allocation in a capture is not counted in passthrough_allocs",
-      [("    /* Graph memory nodes: addresses fixed for the graph's life, GPU-ordered; the runtime's. */\n"
-        "    VS_STAT_ADD(passthrough_allocs, 1);\n",
-        "    /* Graph memory nodes: addresses fixed for the graph's life, GPU-ordered; the runtime's. */\n")],
-      ["test_shim_stats"]),
-    M("peak-in-use-never-updated", "peak_bytes_in_use only follows bytes_in_use",
-      [("_vs_stat_peak(&_vs_stats_data.peak_bytes_in_use, (uint64_t)(folded + d));", "(void)folded;")],
-      ["test_shim_stats"]),
-    M("requested-never-counted", "bytes_requested_in_use does not count allocations",
-      [("OWN_ADD(t->requested, (int64_t)requested);", "OWN_ADD(t->requested, 0 * (int64_t)requested);")],
-      ["test_shim_stats"]),
+      [("if (vs_likely(s && s->key == key)) return s;", "if (vs_likely(s)) return s;")]),
 ]
 
 ALL_TESTS = None  # every CPU test, filled in when MUTATION_TESTS=all
@@ -224,6 +227,28 @@ def run_tests(tree, tests):
     return failed, missing, out
 
 
+def default_tests(tree):
+    """Every CPU test program of the shim and the units (no sanitizers, no scripts)."""
+    d = os.path.join(tree, "build", "tests")
+    return sorted(n for n in os.listdir(d) if re.match(r"^test_(shim|static|unit)_\w+$", n))
+
+
+def tests_of(tree, m):
+    """The tests of the files m's snippets are in (FILE_TESTS), in the order first named; every
+    shim and unit test for a file FILE_TESTS does not list. [] when a snippet is not found once
+    (the mutation is reported as not applied, and runs nothing)."""
+    tests = []
+    for snippet, _ in m.edits:
+        hits = locate(tree, snippet)
+        if len(hits) != 1 or hits[0][1] != 1:
+            return []
+        rel = os.path.relpath(hits[0][0], tree)
+        for t in FILE_TESTS.get(rel) or default_tests(tree):
+            if t not in tests:
+                tests.append(t)
+    return tests
+
+
 def cpu_tests(tree):
     names = []
     for d, pre in (("build/tests", "test_"),):
@@ -279,6 +304,8 @@ def mutate_all(tree, chosen, jobs, t_start):
     for m in chosen:
         if every:
             m.tests = every
+        elif m.tests is None:
+            m.tests = tests_of(tree, m)
     baseline = sorted({t for m in chosen for t in m.tests})
     log("mutation: the unchanged copy, tests: %s" % " ".join(baseline))
     failed, missing, out = run_tests(tree, baseline)

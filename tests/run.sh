@@ -24,6 +24,18 @@ total_fail=0
 logdir="$BUILD/test-logs"
 mkdir -p "$logdir"
 
+# Group segments of test processes that are gone: the tests name their groups t<pid>-... and remove
+# them as they end; one a test left (killed by the timeout, crashed) goes after it. A segment whose
+# process still runs (another run beside this one) stays.
+sweep_segments() {
+  for f in /dev/shm/vmmshim-*-t[0-9]*-*; do
+    [ -e "$f" ] || continue
+    pid=${f#/dev/shm/vmmshim-*-t}
+    pid=${pid%%-*}
+    [ -d "/proc/$pid" ] || rm -f "$f" 2>/dev/null
+  done
+}
+
 run_one() { # name, command...
   name=$1; shift
   if [ -n "$ONLY" ]; then
@@ -32,6 +44,7 @@ run_one() { # name, command...
   log="$logdir/$name.log"
   timeout "$TEST_TIMEOUT" "$@" >"$log" 2>&1
   rc=$?
+  sweep_segments
   line=$(grep -E '^([A-Za-z_-]+: )?[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
   p=$(echo "$line" | sed -nE 's/^([A-Za-z_-]+: )?([0-9]+) passed, ([0-9]+) failed.*/\2/p')
   f=$(echo "$line" | sed -nE 's/^([A-Za-z_-]+: )?([0-9]+) passed, ([0-9]+) failed.*/\3/p')

@@ -25,6 +25,10 @@
  *            connection sees the end at once, the client exits 7.
  *   off      VMMSHIM_CONTROL=0: the process uses CUDA, yet no socket listens (none in
  *            /proc/net/unix either), and the client exits 4 naming the variable.
+ *   conns    exactly 8 controllers at once are each served, and still are once all 8 are open; a
+ *            9th is refused (EBUSY) or served in an idle one's place; after one leaves, a new one
+ *            is served.
+ *   wakeone  two tags asleep: a wake of one wakes that one only, bytes intact.
  *   serve    not a test: a program for tests/scripts/test_ctl.py (weights and kv tags filled with
  *            patterns; reads commands on standard input: check, alloc [MiB], quit).
  * test_static_control.c builds the verbs scenario with the runtime linked statically. */
@@ -1141,6 +1145,23 @@ static int exiter_end(exiter_t *x) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* Waits until the program's server is in the middle of a request (answers one at a time: a status
+ * asked on another connection gets no reply within 200 ms), for up to 20 s. Rather than a fixed
+ * pause: a client started under load may take long to send its request. */
+static bool server_busy(pid_t pid) {
+  double until = now_s() + 20;
+  while (now_s() < until) {
+    int fd = ctl_connect(pid, geteuid());
+    if (fd < 0) return false;
+    struct pollfd p = {fd, POLLIN, 0};
+    bool answered = send_all(fd, "{\"v\":1,\"cmd\":\"status\"}\n", 23) == 0 && poll(&p, 1, 200) > 0;
+    close(fd);
+    if (!answered) return true;
+    sleep_ms(50);
+  }
+  return false;
+}
+
 static void scenario_gone(void) {
   if (!g_client[0]) {
     CHECK(0, "scripts/python/vmmshim_ctl.py not found");
@@ -1177,7 +1198,7 @@ static void scenario_gone(void) {
   int fd = ctl_connect(x.pid, geteuid());
   const char *req = "{\"v\":1,\"cmd\":\"sleep\",\"tag\":\"weights\"}\n";
   CHECK(fd >= 0 && send_all(fd, req, strlen(req)) == 0, "request sent");
-  sleep_ms(300); /* it waits for the capture, up to 8 s */
+  CHECK(server_busy(x.pid), "the sleep waits for the capture (up to 8 s)");
   t0 = now_s();
   int st = exiter_end(&x);
   char reply[512];
@@ -1193,7 +1214,7 @@ static void scenario_gone(void) {
   CHECK(pipe(fds) == 0, "pipe");
   pid_t c = client_spawn(fds[1], (uid_t)-1, (gid_t)-1, WORDS(spid, "sleep", "weights"));
   close(fds[1]);
-  sleep_ms(700);
+  CHECK(server_busy(x.pid), "the client's sleep waits for the capture (up to 8 s)");
   t0 = now_s();
   st = exiter_end(&x);
   rc = client_wait(c, fds[0]);
@@ -1262,6 +1283,78 @@ static int run_serve(void) {
   return 0;
 }
 
+/* ------------------------------------------------------------------ conns, wakeone */
+
+/* Exactly VS_CTL_MAX_CONNS (8) controllers at once: each of the 8 is served, and each is still
+ * served once all 8 are open (none was closed to make room for a later one). A 9th is refused
+ * with EBUSY, or served in the place of an idle one; after one leaves, a new one is served. */
+static void scenario_conns(void) {
+  cudaSetDevice(0);
+  void *x = must_malloc(MiB); /* the shim starts its server as it first serves CUDA */
+  int fd[9];
+  static char reply[1 << 17]; /* a whole status reply */
+  int served = 0, again = 0;
+  for (int i = 0; i < 8; i++) {
+    fd[i] = ctl_connect(getpid(), geteuid());
+    reply[0] = 0;
+    if (fd[i] >= 0 && send_all(fd[i], "{\"v\":1,\"cmd\":\"status\"}\n", 23) == 0) read_line(fd[i], reply, sizeof reply);
+    if (is_ok(reply)) served++;
+    else CHECK(0, "connection %d of 8 at once not served: %.200s", i + 1, reply);
+  }
+  CHECK(served == 8, "8 controllers at once served (%d)", served);
+  for (int i = 0; i < 8; i++) {
+    reply[0] = 0;
+    if (fd[i] >= 0 && send_all(fd[i], "{\"v\":1,\"cmd\":\"status\"}\n", 23) == 0) read_line(fd[i], reply, sizeof reply);
+    if (is_ok(reply)) again++;
+    else CHECK(0, "connection %d of 8 no longer served once all 8 are open: %.200s", i + 1, reply);
+  }
+  CHECK(again == 8, "all 8 still served together (%d)", again);
+  fd[8] = ctl_connect(getpid(), geteuid());
+  reply[0] = 0;
+  if (fd[8] >= 0) { /* a refusal comes unasked; a connection served answers its request */
+    struct pollfd p = {fd[8], POLLIN, 0};
+    if (poll(&p, 1, 500) <= 0) send_all(fd[8], "{\"v\":1,\"cmd\":\"status\"}\n", 23);
+    read_line(fd[8], reply, sizeof reply);
+  }
+  CHECK(fd[8] >= 0 && (strstr(reply, "\"error\":\"EBUSY\"") || is_ok(reply)),
+        "the 9th is refused with EBUSY or served in an idle one's place: %s", reply);
+  if (fd[8] >= 0) close(fd[8]);
+  close(fd[0]);
+  /* the server sees the close when it polls next: a new controller is served once it has */
+  const char *r = "";
+  for (int tries = 0; tries < 100 && !is_ok(r); tries++) {
+    r = ctl("{\"v\":1,\"cmd\":\"status\"}");
+    if (!is_ok(r)) sleep_ms(20);
+  }
+  CHECK(is_ok(r), "a controller after one left is served: %.200s", r);
+  for (int i = 1; i < 8; i++)
+    if (fd[i] >= 0) close(fd[i]);
+  cudaFree(x);
+}
+
+/* A wake of one tag wakes that tag only. */
+static void scenario_wakeone(void) {
+  cudaSetDevice(0);
+  size_t n = 8 * MiB;
+  char *a = tagged_malloc("first", n), *b = tagged_malloc("second", n);
+  if (!a || !b) return;
+  pat_fill_sparse(a, n, 81);
+  pat_fill_sparse(b, n, 82);
+  const char *r = ctl("{\"v\":1,\"cmd\":\"sleep\",\"tag\":\"first\",\"mode\":\"host\"}");
+  CHECK(is_ok(r), "sleep first: %s", r);
+  r = ctl("{\"v\":1,\"cmd\":\"sleep\",\"tag\":\"second\",\"mode\":\"host\"}");
+  CHECK(is_ok(r), "sleep second: %s", r);
+  CHECK(mapped_as(a, n) == -1 && mapped_as(b, n) == -1, "both asleep");
+  r = ctl("{\"v\":1,\"cmd\":\"wake\",\"tag\":\"first\"}");
+  CHECK(is_ok(r) && json_num(r, "restored") >= (long long)n, "wake first: %s", r);
+  CHECK(mapped_as(a, n) == 0 && pat_check_sparse(a, n, 81) == (size_t)-1, "first awake and intact");
+  CHECK(mapped_as(b, n) == -1 && tag_stats("second", NULL).asleep, "the wake of first left second asleep");
+  r = ctl("{\"v\":1,\"cmd\":\"wake\",\"tag\":\"second\"}");
+  CHECK(is_ok(r) && mapped_as(b, n) == 0 && pat_check_sparse(b, n, 82) == (size_t)-1, "wake second: %s", r);
+  cudaFree(a);
+  cudaFree(b);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void run_scenario(const char *name) {
@@ -1271,6 +1364,8 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "gone")) scenario_gone();
   else if (!strcmp(name, "off")) scenario_off();
   else if (!strcmp(name, "server")) scenario_server();
+  else if (!strcmp(name, "conns")) scenario_conns();
+  else if (!strcmp(name, "wakeone")) scenario_wakeone();
   else CHECK(0, "unknown scenario %s", name);
 }
 
@@ -1299,6 +1394,8 @@ int main(int argc, char **argv) {
   check_run_child("off", "VMMSHIM_CONTROL=0", NULL);
   check_run_child("server", "VMMSHIM_LOG=info", NULL);
   server_output();
+  check_run_child("conns", NULL);
+  check_run_child("wakeone", NULL);
 #endif
   return check_summary();
 }

@@ -16,6 +16,9 @@
  *             capture waits for that work before it begins, and ends the order. Per-thread
  *             streams: a thread started after the first one exited has a stream of its own. A
  *             first launch on a destroyed stream gets the driver's error, and changes nothing.
+ *             A wait on the legacy stream for a value another stream writes later
+ *             (cuStreamWaitValue32/64, cuStreamBatchMemOp) ends the order before it is queued:
+ *             no deadlock with the other stream, and frees behind it wait again.
  *   deferred-bound  VMMSHIM_FREE_MODE=deferred: a program that frees and allocates again
  *             while the GPU is busy (work of 300 us) keeps what the pool maps within 2 x what it
  *             has in use (4 x without waiting): once a long sync has been seen, a request that
@@ -231,6 +234,61 @@ static void scenario_one_stream_capture(void) {
   CHECK(r2.ran || c != b, "after the capture, b's range handed out while its reader was pending");
   emu_complete(NULL, -1);
   CHECK(cudaFree(c) == cudaSuccess && cudaStreamDestroy(x) == cudaSuccess, "free c, destroy x");
+  CHECK(emu_violations() == 0, "%d violations", emu_violations());
+}
+
+/* A wait on the one stream S for a value that a later submission to another stream writes
+ * (cuStreamWaitValue32/64, or a wait in cuStreamBatchMemOp; WAIT_FORM picks): the order ends
+ * before the wait is queued. Were it still on, the other stream's first submission would wait on
+ * the GPU for S's work, the wait included: a deadlock (the emulation's wait reports it as a
+ * hang); and a block freed behind the wait would be reused at once. */
+static CUresult wait_value_on(CUstream s, CUdeviceptr flag, const char *form) {
+  if (!strcmp(form, "wait64")) return cuStreamWaitValue64(s, flag, 1, CU_STREAM_WAIT_VALUE_EQ);
+  if (!strcmp(form, "batch")) {
+    CUstreamBatchMemOpParams op;
+    memset(&op, 0, sizeof op);
+    op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    op.waitValue.address = flag;
+    op.waitValue.value = 1;
+    op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    return cuStreamBatchMemOp(s, 1, &op, 0);
+  }
+  return cuStreamWaitValue32(s, flag, 1, CU_STREAM_WAIT_VALUE_EQ);
+}
+
+static void scenario_one_stream_waitvalue(void) {
+  const char *form = getenv("WAIT_FORM") ? getenv("WAIT_FORM") : "wait32";
+  CHECK(cudaFree(NULL) == cudaSuccess, "init");
+  unsigned long long *flag = NULL;
+  CHECK(cudaMalloc((void **)&flag, 4096) == cudaSuccess && flag, "alloc flag");
+  if (!flag) return;
+  *flag = 0;
+  reader_t r1;
+  void *a = block_read_later(4 * MiB, &r1); /* fixes S: the legacy stream */
+  CHECK(cudaFree(a) == cudaSuccess, "free a");
+  void *a2 = NULL;
+  CHECK(cudaMalloc(&a2, 4 * MiB) == cudaSuccess && a2 == a, "one stream: a not reused at once");
+  CHECK(wait_value_on(NULL, (CUdeviceptr)flag, form) == CUDA_SUCCESS, "%s on S", form);
+  CHECK(r1.ran && r1.intact, "%s: the order ended without waiting for S's earlier work", form);
+  reader_t r2;
+  void *c = block_read_later(4 * MiB, &r2); /* behind the wait */
+  CHECK(cudaFree(c) == cudaSuccess, "free c");
+  void *d = NULL;
+  CHECK(cudaMalloc(&d, 4 * MiB) == cudaSuccess, "alloc d");
+  CHECK(d != c || __atomic_load_n(&r2.ran, __ATOMIC_ACQUIRE),
+        "%s: the order did not end: c's range handed out while its reader waits behind the wait", form);
+  cudaStream_t x;
+  CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  CHECK(launch_on((CUstream)x) == CUDA_SUCCESS, "launch on x");
+  CHECK(cuStreamWriteValue32((CUstream)x, (CUdeviceptr)flag, 1, 0) == CUDA_SUCCESS, "write the value on x");
+  int v0 = emu_violations();
+  CHECK(cudaStreamSynchronize(x) == cudaSuccess, "x completes");
+  CHECK(emu_violations() == v0, "%s: x waited for S, which waits for x (%d violations)", form, emu_violations() - v0);
+  CHECK(*flag == 1, "the value was written (%llu)", *flag);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "sync");
+  CHECK(r2.ran && r2.intact, "the reader behind the wait ran and saw its bytes (ran %d)", r2.ran);
+  CHECK(cudaFree(d) == cudaSuccess && cudaFree(a2) == cudaSuccess && cudaFree(flag) == cudaSuccess, "free");
+  CHECK(cudaStreamDestroy(x) == cudaSuccess, "destroy x");
   CHECK(emu_violations() == 0, "%d violations", emu_violations());
 }
 
@@ -814,6 +872,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(sc, "one-stream-capture")) scenario_one_stream_capture();
     else if (!strcmp(sc, "one-stream-threads")) scenario_one_stream_threads();
     else if (!strcmp(sc, "one-stream-badstream")) scenario_one_stream_badstream();
+    else if (!strcmp(sc, "one-stream-waitvalue")) scenario_one_stream_waitvalue();
     else if (!strcmp(sc, "async-bound")) scenario_async_bound();
     else if (!strcmp(sc, "gran2m")) scenario_gran2m();
     else if (!strcmp(sc, "limit")) scenario_limit();
@@ -837,6 +896,9 @@ int main(int argc, char **argv) {
   check_run_child("one-stream-capture", "VMMSHIM_FREE_MODE=deferred", NULL);
   check_run_child("one-stream-threads", "VMMSHIM_FREE_MODE=deferred", NULL);
   check_run_child("one-stream-badstream", "VMMSHIM_FREE_MODE=deferred", NULL);
+  check_run_child("one-stream-waitvalue", "VMMSHIM_FREE_MODE=deferred", "WAIT_FORM=wait32", NULL);
+  check_run_child("one-stream-waitvalue", "VMMSHIM_FREE_MODE=deferred", "WAIT_FORM=wait64", NULL);
+  check_run_child("one-stream-waitvalue", "VMMSHIM_FREE_MODE=deferred", "WAIT_FORM=batch", NULL);
   check_run_child("async-bound", NULL);
   check_run_child("gran2m", "VMMSHIM_GRANULARITY=2M", NULL);
   check_run_child("limit", "VMMSHIM_LIMIT=64M", NULL);

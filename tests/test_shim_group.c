@@ -57,6 +57,7 @@
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1223,13 +1224,53 @@ static void scenario_perdevice(void) {
   cudaFree(a);
 }
 
+/* ------------------------------------------------------------------ cleanup, watchdog */
+
+/* The segments of this run (every group name carries the test's pid: t<pid>-...), of any user,
+ * go when the test ends, also when a scenario failed half-way or the runner stopped it. */
+static pid_t g_main_pid;
+static void remove_segments(void) {
+  if (getpid() != g_main_pid) return; /* not in the scenario processes and agents it starts */
+  char pattern[96];
+  snprintf(pattern, sizeof pattern, "/dev/shm/vmmshim-*-t%d-*", (int)g_main_pid);
+  glob_t g;
+  if (glob(pattern, 0, NULL, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc; i++) unlink(g.gl_pathv[i]);
+    globfree(&g);
+  }
+}
+static void stopped(int sig) {
+  remove_segments();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* A scenario that does not end in time (a group lock held by a member that is gone, a member
+ * that never answers) fails with a message instead of running into the runner's timeout. */
+#define GROUP_WATCHDOG_S 180
+static const char *g_scenario = "";
+static int g_watchdog_s = GROUP_WATCHDOG_S; /* GROUP_WATCHDOG=seconds changes it (to see it fire) */
+static void watchdog(int sig) {
+  (void)sig;
+  char msg[256];
+  int n = snprintf(msg, sizeof msg,
+                   "FAIL %s: watchdog: scenario %s still running after %d s (a group lock held, or a member that "
+                   "does not answer)\n%s: %d passed, %d failed\n",
+                   __FILE__, g_scenario, g_watchdog_s, g_scenario, check_passed, check_failed + 1);
+  if (n > 0 && write(1, msg, (size_t)n) < 0) _exit(3);
+  _exit(1);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *sc = check_child_main(argc, argv);
   if (sc && !strcmp(sc, "agent")) return agent_main();
   if (sc) {
     signal(SIGPIPE, SIG_IGN);
-    alarm(240);
+    g_scenario = sc;
+    signal(SIGALRM, watchdog);
+    if (getenv("GROUP_WATCHDOG")) g_watchdog_s = atoi(getenv("GROUP_WATCHDOG"));
+    alarm((unsigned)g_watchdog_s);
     if (!strcmp(sc, "scattered") || !strcmp(sc, "perdevice")) {
       emu_set_device_count(2);
       emu_set_device_memory(0, 16 * GiB);
@@ -1250,6 +1291,10 @@ int main(int argc, char **argv) {
     else CHECK(0, "unknown scenario %s", sc);
     return check_child_summary(sc);
   }
+  g_main_pid = getpid();
+  atexit(remove_segments);
+  signal(SIGTERM, stopped);
+  signal(SIGINT, stopped);
   check_run_child("four", NULL);
   check_run_child("kill", NULL);
   check_run_child("sequential", NULL);

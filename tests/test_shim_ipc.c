@@ -66,7 +66,8 @@
  *   guess     export ids are random: requests for ids 1-64 and for each real id +-1..16 get no
  *             descriptor.
  *   freecost  with 3000 blocks exported, a free of a block that is not costs what it costs with
- *             none (under 3 x: it once looked through every export, under a lock of the process). */
+ *             none (under 3 x: it once looked through every export, under a lock of the process;
+ *             while the comparison fails the measurement is repeated, as load only adds time). */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dirent.h>
@@ -1344,6 +1345,13 @@ static void scenario_freecost(void) {
   for (int i = 0; i < NX; i++) bad += cudaIpcGetMemHandle(&h, x[i]) != cudaSuccess;
   CHECK(bad == 0, "%d of %d blocks not allocated or exported", bad, NX);
   double many = pairs_s(pairs, 1000);
+  /* A stall of this process under load (other programs on the CPUs) only ever adds time: the best
+   * of more runs, while the comparison fails. A free that looks through every export stays slow in
+   * all of them. */
+  for (int again = 0; again < 6 && many >= 3 * none + 0.005; again++) {
+    double m = pairs_s(pairs, 1000);
+    if (m < many) many = m;
+  }
   printf("%d pairs: %.1f ms with no export, %.1f ms with %d exports\n", pairs, none * 1e3, many * 1e3, NX);
   CHECK(many < 3 * none + 0.005, "a free pays nothing for other blocks' exports: %.1f ms, %.1f ms without",
         many * 1e3, none * 1e3);

@@ -19,7 +19,7 @@
  *            sleeping tag are served from new device memory and stay awake, a second sleep
  *            takes them; the woken pools serve allocations again.
  *   nowake   the device has no room at the wake (cuMemCreate fails): -ENOMEM, nothing lost,
- *            still asleep; the next wake restores every byte.
+ *            still asleep, counted as skipped; the next wake restores every byte.
  *   capture  a capture in progress: the sleep waits VMMSHIM_SLEEP_WAIT ms and refuses (-EBUSY)
  *            without invalidating the capture; after it ends, the sleep goes through.
  *   gate     a launch submitted while memory moves waits until the move is done.
@@ -36,6 +36,9 @@
  *            the woken bytes (access given again).
  *   nohost   a device without host-location VMM: host and mapped modes leave everything on the
  *            device with the reason; discard works.
+ *   skipsum  two devices without host-location VMM, a tag on each (two segments on device 1): a
+ *            mapped sleep skips every byte and the answer's skipped is their sum over the pools
+ *            and segments; a discard skips nothing.
  *   ipc      a block another process holds open through CUDA IPC stays on the device (the answer
  *            says why), the rest of the tag sleeps; once the importer closed it, it sleeps too.
  *   big      a block on one 150 MiB handle (three host buffers of 64 MiB and one of the rest):
@@ -313,6 +316,8 @@ static void scenario_nowake(void) {
   emu_fail_next("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, 1);
   CHECK(do_wake("weights", 0) == -ENOMEM, "no room: -ENOMEM (%d) %s", g_res.error, g_res.reason);
   CHECK(strstr(g_res.reason, "no room") != NULL, "the reason says so: %s", g_res.reason);
+  CHECK(g_res.skipped >= n && g_res.restored == 0, "the answer counts what is still asleep: skipped %llu, restored %llu",
+        (unsigned long long)g_res.skipped, (unsigned long long)g_res.restored);
   CHECK(mapped_as(w, n) == -1 && tag_stats("weights").asleep, "still asleep");
   CHECK(do_wake("weights", 0) == 0, "the next wake: %s", g_res.reason);
   CHECK(pat_check_sparse(w, n, 11) == (size_t)-1, "nothing lost");
@@ -372,8 +377,9 @@ static void scenario_gate(void) {
   pthread_join(t, NULL);
   CHECK(g_launch_done >= sleep_done - 0.001, "the launch waited for the move (%.3f s after it)", g_launch_done - sleep_done);
   double t0 = now_s();
+  /* (a gate left closed holds for good: a bound well above a stall under load still sees it) */
   CHECK(cuLaunchKernel((CUfunction)(uintptr_t)0x1234, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS &&
-            now_s() - t0 < 0.05,
+            now_s() - t0 < 1.0,
         "an open gate does not hold");
   CHECK(do_wake("weights", 0) == 0, "wake");
 
@@ -538,6 +544,35 @@ static void scenario_nohost(void) {
   CHECK(do_sleep("weights", VMMSHIM_SLEEP_DISCARD) == 0 && mapped_as(w, 8 * MiB) == -1, "discard works");
   CHECK(do_wake("weights", 0) == 0, "wake");
   cudaFree(w);
+}
+
+/* Two devices without host-location VMM, a tag on each: a mapped sleep leaves every byte of both
+ * pools on the device, and the answer's skipped counts both (the sum over the pools, not the
+ * last pool's); a discard then moves both and skips nothing. */
+static void scenario_skipsum(void) {
+  cudaSetDevice(0);
+  char *a = tagged_malloc("weights", 8 * MiB);
+  cudaSetDevice(1);
+  char *b = tagged_malloc("weights", 40 * MiB), *c = tagged_malloc("weights", 100 * MiB); /* two segments */
+  cudaSetDevice(0);
+  if (!a || !b || !c) return;
+  vmmshim_tag_stats_t t = tag_stats("weights");
+  CHECK(t.device >= 148 * MiB, "the tag maps both blocks: %llu", (unsigned long long)t.device);
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_MAPPED) == 0, "sleep: %s", g_res.reason);
+  CHECK(g_res.skipped == t.device && g_res.released == 0,
+        "both pools skipped: %llu of %llu bytes (released %llu)", (unsigned long long)g_res.skipped,
+        (unsigned long long)t.device, (unsigned long long)g_res.released);
+  CHECK(mapped_as(a, 8 * MiB) == 0 && mapped_as(b, 40 * MiB) == 0 && mapped_as(c, 100 * MiB) == 0,
+        "all still on their devices");
+  CHECK(do_sleep("weights", VMMSHIM_SLEEP_DISCARD) == 0 && g_res.skipped == 0 && g_res.discarded == t.device,
+        "discard: skipped %llu, discarded %llu of %llu", (unsigned long long)g_res.skipped,
+        (unsigned long long)g_res.discarded, (unsigned long long)t.device);
+  CHECK(do_wake("weights", 0) == 0, "wake: %s", g_res.reason);
+  cudaFree(a);
+  cudaSetDevice(1);
+  cudaFree(b), cudaFree(c);
+  cudaSetDevice(0);
+  CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());
 }
 
 /* A block on one handle larger than a host buffer: its bytes span several buffers. */
@@ -858,8 +893,18 @@ static void scenario_ipc(const char *self) {
   waitpid(pid, &st, 0);
   while (in && fgets(line, sizeof line, in)) fputs(line, stdout); /* the importer's checks */
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the importer ran clean: status %d", st);
-  CHECK(do_sleep("shared", VMMSHIM_SLEEP_HOST) == 0 && g_res.skipped == 0, "closed: everything sleeps (%llu skipped)",
-        (unsigned long long)g_res.skipped);
+  /* The exporter's server sees the importer's connection end in its own time (its thread, under
+   * load later than the importer's exit): a sleep that still finds the block held is woken and
+   * tried again, for up to 10 s. */
+  int rc;
+  double until = now_s() + 10;
+  for (;;) {
+    rc = do_sleep("shared", VMMSHIM_SLEEP_HOST);
+    if ((rc == 0 && g_res.skipped == 0) || now_s() > until) break;
+    do_wake("shared", 0);
+    sleep_ms(20);
+  }
+  CHECK(rc == 0 && g_res.skipped == 0, "closed: everything sleeps (%llu skipped)", (unsigned long long)g_res.skipped);
   CHECK(do_wake("shared", 0) == 0 && pat_check_sparse(x, n, 71) == (size_t)-1, "intact");
   if (in) fclose(in);
   close(to_child[1]);
@@ -867,8 +912,8 @@ static void scenario_ipc(const char *self) {
 }
 
 static void run_scenario(const char *name) {
-  if (!strcmp(name, "peers")) emu_set_device_count(2);
-  if (!strcmp(name, "nohost")) emu_set_host_vmm(0);
+  if (!strcmp(name, "peers") || !strcmp(name, "skipsum")) emu_set_device_count(2);
+  if (!strcmp(name, "nohost") || !strcmp(name, "skipsum")) emu_set_host_vmm(0);
   CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
   CHECK(shim_active() == 1 && vmmshim_sleep, "the shim is active");
   if (!vmmshim_sleep) return;
@@ -884,6 +929,7 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "limit")) scenario_limit();
   else if (!strcmp(name, "peers")) scenario_peers();
   else if (!strcmp(name, "nohost")) scenario_nohost();
+  else if (!strcmp(name, "skipsum")) scenario_skipsum();
   else if (!strcmp(name, "big")) scenario_big();
   else if (!strcmp(name, "copyfail")) scenario_copyfail();
   else if (!strcmp(name, "merge")) scenario_merge();
@@ -915,6 +961,7 @@ int main(int argc, char **argv) {
   check_run_child("limit", "VMMSHIM_HOST_LIMIT=128M", NULL);
   check_run_child("peers", NULL);
   check_run_child("nohost", NULL);
+  check_run_child("skipsum", NULL);
   check_run_child("big", NULL);
   check_run_child("copyfail", "VMMSHIM_WAKE_MERGE=0", NULL);
   check_run_child("alias", "VMMSHIM_WAKE_MERGE=0", NULL);

@@ -38,8 +38,16 @@
 /* ------------------------------------------------------------------ state */
 
 static pthread_mutex_t g_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
-static void lock_mu(void) { pthread_mutex_lock(&g_mu); }
-static void unlock_cb(int *unused) { (void)unused; pthread_mutex_unlock(&g_mu); }
+static _Thread_local int tl_mu_depth; /* how deep this thread holds g_mu (wait_value lets go of it) */
+static void lock_mu(void) {
+  pthread_mutex_lock(&g_mu);
+  tl_mu_depth++;
+}
+static void unlock_cb(int *unused) {
+  (void)unused;
+  tl_mu_depth--;
+  pthread_mutex_unlock(&g_mu);
+}
 #define LOCKED() __attribute__((cleanup(unlock_cb), unused)) int lk_ = (lock_mu(), 0)
 
 enum {
@@ -122,7 +130,7 @@ static struct CUmemPoolHandle_st g_pools[EMU_MAXDEV] = {
     {.magic = MAGIC_POOL, .dev = 0}, {.magic = MAGIC_POOL, .dev = 1}, {.magic = MAGIC_POOL, .dev = 2},
     {.magic = MAGIC_POOL, .dev = 3}};
 
-enum { K_USER = 0, K_MARK, K_FREE, K_WAIT, K_COPY, K_SET };
+enum { K_USER = 0, K_MARK, K_FREE, K_WAIT, K_COPY, K_SET, K_WAITVAL, K_WRITEVAL };
 typedef struct item_s {
   struct item_s *next;
   int kind;
@@ -132,9 +140,12 @@ typedef struct item_s {
   CUdeviceptr ptr;             /* K_FREE */
   struct CUstream_st *wstream; /* K_WAIT */
   uint64_t wtarget;
-  CUdeviceptr dst, src; /* K_COPY (src, dst), K_SET (dst) */
+  CUdeviceptr dst, src; /* K_COPY (src, dst), K_SET (dst), K_WAITVAL and K_WRITEVAL (dst) */
   size_t n;
-  unsigned char byte; /* K_SET */
+  unsigned char byte; /* K_SET of 1-byte elements */
+  int width;          /* K_SET: element size (0 or 1, 2, 4); K_WAITVAL, K_WRITEVAL: 4 or 8 */
+  uint64_t val;       /* K_SET of 2- and 4-byte elements, K_WAITVAL, K_WRITEVAL */
+  unsigned vflags;    /* K_WAITVAL: CU_STREAM_WAIT_VALUE_* */
 } item_t;
 
 enum { S_USER = 0, S_LEGACY, S_PTS };
@@ -148,6 +159,8 @@ struct CUstream_st {
   item_t *head, *tail;
   uint64_t enq, done; /* items enqueued / completed, all kinds */
   int n_user;         /* pending emu_launch items */
+  int waiting;        /* its head is being completed through its dependencies (complete_head, wait_value) */
+  int waiter;         /* by this thread (my_tid) */
   /* capture */
   int cap; /* 0 none, 1 active, 2 invalidated */
   CUstreamCaptureMode cap_mode;
@@ -268,6 +281,11 @@ static CUresult injected(int fn) {
   return g_fault[fn].err;
 }
 
+/* emu_hold_next: the function whose next call is parked, and whether one is parked now. */
+static pthread_mutex_t g_hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_hold_cv = PTHREAD_COND_INITIALIZER;
+static int g_hold_fn = -1, g_holding;
+
 static CUresult enter(int fn) {
   unsigned delay = 0;
   {
@@ -278,6 +296,14 @@ static CUresult enter(int fn) {
     }
   }
   if (delay) usleep(delay); /* outside the lock: other threads' calls go on meanwhile */
+  pthread_mutex_lock(&g_hold_mu);
+  if (g_hold_fn == fn) { /* parked outside the lock too, until emu_release_hold */
+    g_hold_fn = -1;
+    g_holding = 1;
+    pthread_cond_broadcast(&g_hold_cv);
+    while (g_holding) pthread_cond_wait(&g_hold_cv, &g_hold_mu);
+  }
+  pthread_mutex_unlock(&g_hold_mu);
   LOCKED();
   g_calls[fn]++;
   return injected(fn);
@@ -285,6 +311,12 @@ static CUresult enter(int fn) {
 #define ENTER(name)                                 \
   do {                                              \
     CUresult fault_ = enter(FN_##name);             \
+    if (fault_ != CUDA_SUCCESS) return fault_;      \
+  } while (0)
+/* ENTER for a function whose name cuda.h defines as a macro (pasted, never expanded). */
+#define ENTER_FN(fn)                                \
+  do {                                              \
+    CUresult fault_ = enter(fn);                    \
     if (fault_ != CUDA_SUCCESS) return fault_;      \
   } while (0)
 #define NEED_INIT()                                      \
@@ -514,24 +546,48 @@ static void plain_free(plain_t *a) {
 static void complete_head(struct CUstream_st *s);
 static int device_copy(int dev, int kind, CUdeviceptr dst, CUdeviceptr src, size_t n, unsigned char byte);
 
+/* Lets go of g_mu for a moment (a thread blocked in wait_value, or one waiting for it). */
+static void let_go(void) {
+  int depth = tl_mu_depth;
+  for (int i = 0; i < depth; i++) unlock_cb(NULL);
+  usleep(1000);
+  for (int i = 0; i < depth; i++) lock_mu();
+}
+
+/* Whether s is being completed further up this thread's stack (then it is not forced from
+ * inside); while another thread completes it (blocked in a value wait), waits for that. */
+static int held_here(struct CUstream_st *s) {
+  while (s->waiting && s->waiter != my_tid()) let_go();
+  return s->waiting != 0;
+}
+
 static void force(struct CUstream_st *s, uint64_t target) {
-  while (s && s->head && s->done < target) complete_head(s);
+  while (s && s->head && s->done < target && !held_here(s)) complete_head(s);
 }
 static void force_gseq(struct CUstream_st *s, uint64_t g) {
-  while (s && s->head && s->head->gseq < g) complete_head(s);
+  while (s && s->head && s->head->gseq < g && !held_here(s)) complete_head(s);
 }
+
+static void wait_value(struct CUstream_st *s, item_t *it);
+static void value_write(struct CUstream_st *s, item_t *it);
+static void device_fill(int dev, CUdeviceptr dst, size_t n, int width, uint64_t val);
 
 static void complete_head(struct CUstream_st *s) {
   item_t *it = s->head;
   if (!it) return;
+  if (held_here(s)) return; /* being completed further up: not from inside */
+  s->waiting++;
+  s->waiter = my_tid();
   if (it->kind == K_WAIT && it->wstream) force(it->wstream, it->wtarget);
+  s->waiting--;
+  if (it->kind == K_WAITVAL) wait_value(s, it);
   if (s->kind == S_LEGACY) {
     for (struct CUstream_st *p = g_streams; p; p = p->next)
       if (p != s && p->ctx == s->ctx && is_blocking(p)) force_gseq(p, it->gseq);
   } else if (is_blocking(s)) {
     force_gseq(s->ctx->legacy, it->gseq);
   }
-  if (s->head != it) return; /* completed while forcing its dependencies (cannot happen) */
+  if (s->head != it) return; /* completed by another thread while a value wait let go of the lock */
   s->head = it->next;
   if (!s->head) s->tail = NULL;
   s->done++;
@@ -541,8 +597,12 @@ static void complete_head(struct CUstream_st *s) {
   } else if (it->kind == K_FREE) {
     plain_t *a = find_plain_base(it->ptr);
     if (a) plain_free(a);
+  } else if (it->kind == K_SET && it->width > 1) {
+    device_fill(s->ctx->dev, it->dst, it->n, it->width, it->val);
   } else if (it->kind == K_COPY || it->kind == K_SET) {
     device_copy(s->ctx->dev, it->kind, it->dst, it->src, it->n, it->byte);
+  } else if (it->kind == K_WRITEVAL) {
+    value_write(s, it);
   }
   free(it);
 }
@@ -1788,6 +1848,277 @@ static CUresult e_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, un
   return launch(f, h, 1);
 }
 
+/* ------------------------------------------------------------------ 16- and 32-bit memsets */
+
+/* cuMemsetD16 / cuMemsetD32 (and Async): n elements of 2 or 4 bytes, the address aligned to
+ * the element as the driver requires; stream-ordered like cuMemsetD8. */
+static CUresult enqueue_fill(CUstream h, int ptsz, CUdeviceptr dst, size_t n, int width, uint64_t val,
+                             const char *what) {
+  if (dst % (CUdeviceptr)width) return CUDA_ERROR_INVALID_VALUE;
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  if ((r = check_legacy_use(s, what))) return r;
+  if (s->cap) {
+    s->cap_items++;
+    return CUDA_SUCCESS;
+  }
+  item_t *it = enqueue(s, K_SET);
+  if (!it) return CUDA_ERROR_OUT_OF_MEMORY;
+  it->dst = dst;
+  it->n = n * (size_t)width;
+  it->width = width;
+  it->val = val;
+  return CUDA_SUCCESS;
+}
+/* The synchronous forms: on the legacy stream (or, _ptds, the thread's own), done on return. */
+static CUresult sync_fill(int ptsz, CUdeviceptr dst, size_t n, int width, uint64_t val, const char *what) {
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if ((r = check_unsafe(what))) return r;
+  struct CUstream_st *s;
+  if ((r = resolve_stream(NULL, ptsz, &s))) return r;
+  if (width == 1) r = enqueue_copy(NULL, ptsz, K_SET, dst, 0, n, (unsigned char)val);
+  else r = enqueue_fill(NULL, ptsz, dst, n, width, val, what);
+  if (r) return r;
+  force(s, s->enq);
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char uc, size_t n) {
+  ENTER(cuMemsetD8);
+  NEED_INIT();
+  LOCKED();
+  return sync_fill(1, dst, n, 1, uc, "cuMemsetD8");
+}
+#define EMU_MEMSET(bits, T)                                                                         \
+  static CUresult e_cuMemsetD##bits##_v2(CUdeviceptr dst, T v, size_t n) {                          \
+    ENTER_FN(FN_cuMemsetD##bits);                                                                         \
+    NEED_INIT();                                                                                    \
+    LOCKED();                                                                                       \
+    return sync_fill(0, dst, n, bits / 8, v, "cuMemsetD" #bits);                                    \
+  }                                                                                                 \
+  static CUresult e_cuMemsetD##bits##_v2_ptds(CUdeviceptr dst, T v, size_t n) {                     \
+    ENTER_FN(FN_cuMemsetD##bits);                                                                         \
+    NEED_INIT();                                                                                    \
+    LOCKED();                                                                                       \
+    return sync_fill(1, dst, n, bits / 8, v, "cuMemsetD" #bits);                                    \
+  }                                                                                                 \
+  static CUresult e_cuMemsetD##bits##Async(CUdeviceptr dst, T v, size_t n, CUstream h) {            \
+    ENTER_FN(FN_cuMemsetD##bits##Async);                                                                  \
+    NEED_INIT();                                                                                    \
+    LOCKED();                                                                                       \
+    return enqueue_fill(h, 0, dst, n, bits / 8, v, "cuMemsetD" #bits "Async");                      \
+  }                                                                                                 \
+  static CUresult e_cuMemsetD##bits##Async_ptsz(CUdeviceptr dst, T v, size_t n, CUstream h) {       \
+    ENTER_FN(FN_cuMemsetD##bits##Async);                                                                  \
+    NEED_INIT();                                                                                    \
+    LOCKED();                                                                                       \
+    return enqueue_fill(h, 1, dst, n, bits / 8, v, "cuMemsetD" #bits "Async");                      \
+  }
+EMU_MEMSET(16, unsigned short)
+EMU_MEMSET(32, unsigned int)
+#undef EMU_MEMSET
+
+/* ------------------------------------------------------------------ stream memory operations */
+
+/* cuStreamWaitValue32/64, cuStreamWriteValue32/64 and cuStreamBatchMemOp, in the forms the
+ * driver exports (the original ones, _v2 from CUDA 11.7 with the same arguments, each with a
+ * _ptsz variant). A write stores the value when its stream reaches it; a wait holds its
+ * stream's queue: nothing behind it runs until the word at the address meets the condition.
+ * As on a GPU, where other streams run meanwhile, forcing a stream past a wait runs the work
+ * of the other streams until a write there meets it; a wait that nothing pending can meet
+ * would hang a GPU for good: it is a contract violation here, and the stream goes on. */
+static int valid_wait_flags(unsigned fl) {
+  return (fl & ~(unsigned)CU_STREAM_WAIT_VALUE_FLUSH) <= CU_STREAM_WAIT_VALUE_NOR;
+}
+
+static CUresult memop_check(CUdeviceptr addr, int width, int wait, unsigned fl, const char *what) {
+  if (!addr || addr % (CUdeviceptr)width) {
+    violation("%s: address 0x%llx is not %d-byte aligned device memory", what, (unsigned long long)addr, width);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (wait ? !valid_wait_flags(fl) : fl > CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) {
+    violation("%s: bad flags 0x%x", what, fl);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* One operation queued on s (already resolved and checked); kind K_WAITVAL, K_WRITEVAL or K_MARK. */
+static CUresult memop_enqueue(struct CUstream_st *s, int kind, CUdeviceptr addr, int width, uint64_t val, unsigned fl) {
+  if (s->cap) {
+    s->cap_items++;
+    return CUDA_SUCCESS;
+  }
+  item_t *it = enqueue(s, kind);
+  if (!it) return CUDA_ERROR_OUT_OF_MEMORY;
+  it->dst = addr;
+  it->width = width;
+  it->val = val;
+  it->vflags = fl;
+  return CUDA_SUCCESS;
+}
+
+static CUresult stream_value(CUstream h, int ptsz, int kind, CUdeviceptr addr, int width, uint64_t val, unsigned fl,
+                             const char *what) {
+  CUresult r = memop_check(addr, width, kind == K_WAITVAL, fl, what);
+  if (r) return r;
+  struct CUstream_st *s;
+  if ((r = resolve_stream(h, ptsz, &s))) return r;
+  if ((r = check_legacy_use(s, what))) return r;
+  return memop_enqueue(s, kind, addr, width, val, fl);
+}
+
+static CUresult batch_memop(CUstream h, int ptsz, unsigned n, CUstreamBatchMemOpParams *ops, unsigned fl) {
+  if (n == 0 || n > 256 || !ops || fl) {
+    violation("cuStreamBatchMemOp: bad arguments (%u operations, flags 0x%x)", n, fl);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (unsigned i = 0; i < n; i++) { /* all checked before any is queued */
+    CUresult r = CUDA_SUCCESS;
+    switch (ops[i].operation) {
+    case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+    case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+      r = memop_check(ops[i].waitValue.address, ops[i].operation == CU_STREAM_MEM_OP_WAIT_VALUE_32 ? 4 : 8, 1,
+                      ops[i].waitValue.flags, "cuStreamBatchMemOp");
+      break;
+    case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+    case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+      r = memop_check(ops[i].writeValue.address, ops[i].operation == CU_STREAM_MEM_OP_WRITE_VALUE_32 ? 4 : 8, 0,
+                      ops[i].writeValue.flags, "cuStreamBatchMemOp");
+      break;
+    case CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES:
+    case CU_STREAM_MEM_OP_BARRIER:
+      break;
+    default:
+      violation("cuStreamBatchMemOp: unknown operation %d", (int)ops[i].operation);
+      r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r) return r;
+  }
+  struct CUstream_st *s;
+  CUresult r = resolve_stream(h, ptsz, &s);
+  if (r) return r;
+  if ((r = check_legacy_use(s, "cuStreamBatchMemOp"))) return r;
+  for (unsigned i = 0; i < n && !r; i++) {
+    const CUstreamBatchMemOpParams *o = &ops[i];
+    switch (o->operation) {
+    case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+      r = memop_enqueue(s, K_WAITVAL, o->waitValue.address, 4, o->waitValue.value, o->waitValue.flags);
+      break;
+    case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+      r = memop_enqueue(s, K_WAITVAL, o->waitValue.address, 8, o->waitValue.value64, o->waitValue.flags);
+      break;
+    case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+      r = memop_enqueue(s, K_WRITEVAL, o->writeValue.address, 4, o->writeValue.value, o->writeValue.flags);
+      break;
+    case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+      r = memop_enqueue(s, K_WRITEVAL, o->writeValue.address, 8, o->writeValue.value64, o->writeValue.flags);
+      break;
+    default: /* a flush or a barrier: ordered on the stream, nothing to do on the host */
+      r = memop_enqueue(s, K_MARK, 0, 0, 0, 0);
+    }
+  }
+  return r;
+}
+
+#define EMU_VALUE_OP(name, counter, kind, width, T)                                               \
+  static CUresult e_##name(CUstream h, CUdeviceptr a, T v, unsigned int fl) {                    \
+    ENTER_FN(FN_##counter);                                                                               \
+    NEED_INIT();                                                                                  \
+    LOCKED();                                                                                     \
+    return stream_value(h, 0, kind, a, width, v, fl, #counter);                                   \
+  }                                                                                               \
+  static CUresult e_##name##_ptsz(CUstream h, CUdeviceptr a, T v, unsigned int fl) {             \
+    ENTER_FN(FN_##counter);                                                                               \
+    NEED_INIT();                                                                                  \
+    LOCKED();                                                                                     \
+    return stream_value(h, 1, kind, a, width, v, fl, #counter);                                   \
+  }
+EMU_VALUE_OP(cuStreamWaitValue32_v1, cuStreamWaitValue32, K_WAITVAL, 4, cuuint32_t)
+EMU_VALUE_OP(cuStreamWaitValue32_v2, cuStreamWaitValue32, K_WAITVAL, 4, cuuint32_t)
+EMU_VALUE_OP(cuStreamWaitValue64_v1, cuStreamWaitValue64, K_WAITVAL, 8, cuuint64_t)
+EMU_VALUE_OP(cuStreamWaitValue64_v2, cuStreamWaitValue64, K_WAITVAL, 8, cuuint64_t)
+EMU_VALUE_OP(cuStreamWriteValue32_v1, cuStreamWriteValue32, K_WRITEVAL, 4, cuuint32_t)
+EMU_VALUE_OP(cuStreamWriteValue32_v2, cuStreamWriteValue32, K_WRITEVAL, 4, cuuint32_t)
+EMU_VALUE_OP(cuStreamWriteValue64_v1, cuStreamWriteValue64, K_WRITEVAL, 8, cuuint64_t)
+EMU_VALUE_OP(cuStreamWriteValue64_v2, cuStreamWriteValue64, K_WRITEVAL, 8, cuuint64_t)
+#undef EMU_VALUE_OP
+
+#define EMU_BATCH_OP(name)                                                                        \
+  static CUresult e_##name(CUstream h, unsigned n, CUstreamBatchMemOpParams *ops, unsigned fl) { \
+    ENTER_FN(FN_cuStreamBatchMemOp);                                                                    \
+    NEED_INIT();                                                                                  \
+    LOCKED();                                                                                     \
+    return batch_memop(h, 0, n, ops, fl);                                                         \
+  }                                                                                               \
+  static CUresult e_##name##_ptsz(CUstream h, unsigned n, CUstreamBatchMemOpParams *ops, unsigned fl) { \
+    ENTER_FN(FN_cuStreamBatchMemOp);                                                                    \
+    NEED_INIT();                                                                                  \
+    LOCKED();                                                                                     \
+    return batch_memop(h, 1, n, ops, fl);                                                         \
+  }
+EMU_BATCH_OP(cuStreamBatchMemOp_v1)
+EMU_BATCH_OP(cuStreamBatchMemOp_v2)
+#undef EMU_BATCH_OP
+
+/* Whether the word at it->dst meets the wait's condition now (an address the stream's device
+ * cannot read counts as met, after the device fault is counted). */
+static int value_reached(struct CUstream_st *s, item_t *it) {
+  if (emu_device_access(s->ctx->dev, it->dst, (size_t)it->width, 0) != 0) return 1;
+  uint64_t cur, v = it->val;
+  if (it->width == 4) {
+    cur = *(volatile uint32_t *)(uintptr_t)it->dst;
+    v = (uint32_t)v;
+  } else {
+    cur = *(volatile uint64_t *)(uintptr_t)it->dst;
+  }
+  uint64_t mask = it->width == 4 ? 0xffffffffull : ~0ull;
+  switch (it->vflags & ~(unsigned)CU_STREAM_WAIT_VALUE_FLUSH) {
+  case CU_STREAM_WAIT_VALUE_GEQ: return it->width == 4 ? (int32_t)((uint32_t)cur - (uint32_t)v) >= 0 : (int64_t)(cur - v) >= 0;
+  case CU_STREAM_WAIT_VALUE_EQ: return cur == v;
+  case CU_STREAM_WAIT_VALUE_AND: return (cur & v) != 0;
+  default: return (~(cur | v) & mask) != 0; /* NOR */
+  }
+}
+
+/* How long a wait that no pending work meets blocks (letting other threads queue the work
+ * that meets it, as the host would) before it counts as a hang. */
+#define EMU_WAIT_VALUE_MS 10000
+
+/* Forces the other streams, one item at a time, until the wait at the head of s is met; while
+ * none has work that could meet it, blocks with the lock let go. Returns with s's head possibly
+ * completed by another thread meanwhile (the caller checks). */
+static void wait_value(struct CUstream_st *s, item_t *it) {
+  s->waiting++;
+  s->waiter = my_tid();
+  int waited_ms = 0;
+  while (s->head == it && !value_reached(s, it)) {
+    struct CUstream_st *p;
+    for (p = g_streams; p; p = p->next)
+      if (p != s && p->head && !p->waiting) break; /* (one another thread completes: not ours to run) */
+    if (p) {
+      complete_head(p);
+      continue;
+    }
+    if (waited_ms >= EMU_WAIT_VALUE_MS) {
+      violation("a cuStreamWaitValue%d at 0x%llx that nothing met in %d ms (the stream would hang)", it->width * 8,
+                (unsigned long long)it->dst, EMU_WAIT_VALUE_MS);
+      break;
+    }
+    let_go();
+    waited_ms++;
+  }
+  s->waiting--;
+}
+
+static void value_write(struct CUstream_st *s, item_t *it) {
+  if (emu_device_access(s->ctx->dev, it->dst, (size_t)it->width, 1) != 0) return;
+  if (it->width == 4) *(volatile uint32_t *)(uintptr_t)it->dst = (uint32_t)it->val;
+  else *(volatile uint64_t *)(uintptr_t)it->dst = it->val;
+}
+
 /* ------------------------------------------------------------------ peer access */
 
 static int peer_capable(int dev, int peer) {
@@ -2698,10 +3029,24 @@ static const sym_t g_syms[] = {
     SYM("cuGraphDestroy", 10000, e_cuGraphDestroy),
     SYM("cuMemcpyDtoD", 3020, e_cuMemcpyDtoD_v2),
     SYMP("cuMemcpyDtoDAsync", 3020, e_cuMemcpyDtoDAsync_v2, e_cuMemcpyDtoDAsync_v2_ptsz),
-    SYM("cuMemsetD8", 3020, e_cuMemsetD8_v2),
+    SYMP("cuMemsetD8", 3020, e_cuMemsetD8_v2, e_cuMemsetD8_v2_ptds),
     SYMP("cuMemsetD8Async", 3020, e_cuMemsetD8Async, e_cuMemsetD8Async_ptsz),
     SYM("cuMemsetD2D8", 3020, e_cuMemsetD2D8_v2),
     SYMP("cuMemsetD2D8Async", 3020, e_cuMemsetD2D8Async, e_cuMemsetD2D8Async_ptsz),
+    SYMP("cuMemsetD16", 3020, e_cuMemsetD16_v2, e_cuMemsetD16_v2_ptds),
+    SYMP("cuMemsetD16Async", 3020, e_cuMemsetD16Async, e_cuMemsetD16Async_ptsz),
+    SYMP("cuMemsetD32", 3020, e_cuMemsetD32_v2, e_cuMemsetD32_v2_ptds),
+    SYMP("cuMemsetD32Async", 3020, e_cuMemsetD32Async, e_cuMemsetD32Async_ptsz),
+    SYMP("cuStreamWaitValue32", 8000, e_cuStreamWaitValue32_v1, e_cuStreamWaitValue32_v1_ptsz),
+    SYMP("cuStreamWaitValue32", 11070, e_cuStreamWaitValue32_v2, e_cuStreamWaitValue32_v2_ptsz),
+    SYMP("cuStreamWaitValue64", 9000, e_cuStreamWaitValue64_v1, e_cuStreamWaitValue64_v1_ptsz),
+    SYMP("cuStreamWaitValue64", 11070, e_cuStreamWaitValue64_v2, e_cuStreamWaitValue64_v2_ptsz),
+    SYMP("cuStreamWriteValue32", 8000, e_cuStreamWriteValue32_v1, e_cuStreamWriteValue32_v1_ptsz),
+    SYMP("cuStreamWriteValue32", 11070, e_cuStreamWriteValue32_v2, e_cuStreamWriteValue32_v2_ptsz),
+    SYMP("cuStreamWriteValue64", 9000, e_cuStreamWriteValue64_v1, e_cuStreamWriteValue64_v1_ptsz),
+    SYMP("cuStreamWriteValue64", 11070, e_cuStreamWriteValue64_v2, e_cuStreamWriteValue64_v2_ptsz),
+    SYMP("cuStreamBatchMemOp", 8000, e_cuStreamBatchMemOp_v1, e_cuStreamBatchMemOp_v1_ptsz),
+    SYMP("cuStreamBatchMemOp", 11070, e_cuStreamBatchMemOp_v2, e_cuStreamBatchMemOp_v2_ptsz),
     SYMP("cuLaunchKernel", 4000, e_cuLaunchKernel, e_cuLaunchKernel_ptsz),
     SYM("cuGetErrorName", 6000, e_cuGetErrorName),
     SYM("cuGetErrorString", 6000, e_cuGetErrorString),
@@ -2763,6 +3108,35 @@ EXPORT(cuMemsetD8Async_ptsz, e_cuMemsetD8Async_ptsz)
 EXPORT(cuMemsetD2D8_v2, e_cuMemsetD2D8_v2)
 EXPORT(cuMemsetD2D8Async, e_cuMemsetD2D8Async)
 EXPORT(cuMemsetD2D8Async_ptsz, e_cuMemsetD2D8Async_ptsz)
+EXPORT(cuMemsetD8_v2_ptds, e_cuMemsetD8_v2_ptds)
+EXPORT(cuMemsetD16_v2, e_cuMemsetD16_v2)
+EXPORT(cuMemsetD16_v2_ptds, e_cuMemsetD16_v2_ptds)
+EXPORT(cuMemsetD16Async, e_cuMemsetD16Async)
+EXPORT(cuMemsetD16Async_ptsz, e_cuMemsetD16Async_ptsz)
+EXPORT(cuMemsetD32_v2, e_cuMemsetD32_v2)
+EXPORT(cuMemsetD32_v2_ptds, e_cuMemsetD32_v2_ptds)
+EXPORT(cuMemsetD32Async, e_cuMemsetD32Async)
+EXPORT(cuMemsetD32Async_ptsz, e_cuMemsetD32Async_ptsz)
+EXPORT(cuStreamWaitValue32, e_cuStreamWaitValue32_v1)
+EXPORT(cuStreamWaitValue32_ptsz, e_cuStreamWaitValue32_v1_ptsz)
+EXPORT(cuStreamWaitValue32_v2, e_cuStreamWaitValue32_v2)
+EXPORT(cuStreamWaitValue32_v2_ptsz, e_cuStreamWaitValue32_v2_ptsz)
+EXPORT(cuStreamWaitValue64, e_cuStreamWaitValue64_v1)
+EXPORT(cuStreamWaitValue64_ptsz, e_cuStreamWaitValue64_v1_ptsz)
+EXPORT(cuStreamWaitValue64_v2, e_cuStreamWaitValue64_v2)
+EXPORT(cuStreamWaitValue64_v2_ptsz, e_cuStreamWaitValue64_v2_ptsz)
+EXPORT(cuStreamWriteValue32, e_cuStreamWriteValue32_v1)
+EXPORT(cuStreamWriteValue32_ptsz, e_cuStreamWriteValue32_v1_ptsz)
+EXPORT(cuStreamWriteValue32_v2, e_cuStreamWriteValue32_v2)
+EXPORT(cuStreamWriteValue32_v2_ptsz, e_cuStreamWriteValue32_v2_ptsz)
+EXPORT(cuStreamWriteValue64, e_cuStreamWriteValue64_v1)
+EXPORT(cuStreamWriteValue64_ptsz, e_cuStreamWriteValue64_v1_ptsz)
+EXPORT(cuStreamWriteValue64_v2, e_cuStreamWriteValue64_v2)
+EXPORT(cuStreamWriteValue64_v2_ptsz, e_cuStreamWriteValue64_v2_ptsz)
+EXPORT(cuStreamBatchMemOp, e_cuStreamBatchMemOp_v1)
+EXPORT(cuStreamBatchMemOp_ptsz, e_cuStreamBatchMemOp_v1_ptsz)
+EXPORT(cuStreamBatchMemOp_v2, e_cuStreamBatchMemOp_v2)
+EXPORT(cuStreamBatchMemOp_v2_ptsz, e_cuStreamBatchMemOp_v2_ptsz)
 EXPORT(cuLaunchKernel, e_cuLaunchKernel)
 EXPORT(cuLaunchKernel_ptsz, e_cuLaunchKernel_ptsz)
 EXPORT(cuDriverGetVersion, e_cuDriverGetVersion)
@@ -2913,7 +3287,7 @@ API int emu_complete(CUstream h, int n) {
   struct CUstream_st *s = ctl_stream(h, "emu_complete");
   if (!s) return 0;
   int count = 0;
-  while (s->head) {
+  while (s->head && !held_here(s)) {
     if (s->head->kind == K_USER) {
       if (n >= 0 && count == n) break;
       count++;
@@ -3006,6 +3380,39 @@ static int fn_index(const char *name) {
   for (int i = 0; i < FN_COUNT; i++)
     if (strcmp(g_fn_names[i], buf) == 0) return i;
   return -1;
+}
+
+API void emu_hold_next(const char *function_name) {
+  int i = fn_index(function_name);
+  if (i < 0) {
+    fprintf(stderr, "emu: emu_hold_next: unknown function %s\n", function_name ? function_name : "(null)");
+    return;
+  }
+  pthread_mutex_lock(&g_hold_mu);
+  g_hold_fn = i;
+  pthread_mutex_unlock(&g_hold_mu);
+}
+
+API int emu_wait_held(unsigned timeout_ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += timeout_ms / 1000;
+  until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&g_hold_mu);
+  int r = 0;
+  while (!g_holding && r == 0) r = pthread_cond_timedwait(&g_hold_cv, &g_hold_mu, &until);
+  int held = g_holding;
+  pthread_mutex_unlock(&g_hold_mu);
+  return held;
+}
+
+API void emu_release_hold(void) {
+  pthread_mutex_lock(&g_hold_mu);
+  g_hold_fn = -1;
+  g_holding = 0;
+  pthread_cond_broadcast(&g_hold_cv);
+  pthread_mutex_unlock(&g_hold_mu);
 }
 
 API void emu_fail_next(const char *function_name, CUresult err, int count) {
@@ -3183,6 +3590,15 @@ static int device_copy(int dev, int kind, CUdeviceptr dst, CUdeviceptr src, size
   if (kind == K_COPY) memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
   else memset((void *)(uintptr_t)dst, byte, n);
   return 0;
+}
+
+/* A K_SET of 2- or 4-byte elements: the same access rule, then n bytes of the pattern. */
+static void device_fill(int dev, CUdeviceptr dst, size_t n, int width, uint64_t val) {
+  if (emu_device_access(dev, dst, n, 1) != 0) return;
+  for (size_t i = 0; i + (size_t)width <= n; i += (size_t)width) {
+    if (width == 2) *(uint16_t *)(uintptr_t)(dst + i) = (uint16_t)val;
+    else *(uint32_t *)(uintptr_t)(dst + i) = (uint32_t)val;
+  }
 }
 
 API void emu_set_host_vmm(int on) {

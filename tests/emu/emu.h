@@ -112,7 +112,9 @@ extern "C" {
   X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuMemPoolSetAccess)                   \
   X(cuMemPoolGetAccess) X(cuMemPoolGetAttribute) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo)      \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)                                \
-  X(cuMemcpyDtoD) X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD8Async) X(cuMemsetD2D8) X(cuMemsetD2D8Async) X(cuLaunchKernel)
+  X(cuMemcpyDtoD) X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD8Async) X(cuMemsetD2D8) X(cuMemsetD2D8Async) X(cuLaunchKernel) \
+  X(cuMemsetD16) X(cuMemsetD16Async) X(cuMemsetD32) X(cuMemsetD32Async) X(cuStreamWaitValue32)            \
+  X(cuStreamWaitValue64) X(cuStreamWriteValue32) X(cuStreamWriteValue64) X(cuStreamBatchMemOp)
 
 typedef struct emu_counters_s {
   /* ---- call counts (reset by emu_reset_counters) ---- */
@@ -217,7 +219,12 @@ size_t emu_device_used(int dev);
  * reservation; cuPointerGetAttribute answers CU_MEMORYTYPE_HOST for it, as the driver does.
  * cuMemcpyDtoD(Async) and cuMemsetD8(Async) run when their stream reaches them (the device
  * access rules apply then: an address unmapped meanwhile is a device fault); cuLaunchKernel
- * enqueues a launch that does nothing (any non-NULL function). */
+ * enqueues a launch that does nothing (any non-NULL function). cuMemsetD16/D32(Async) fill
+ * elements of 2 and 4 bytes the same way. The stream memory operations (cuStreamWaitValue32/64,
+ * cuStreamWriteValue32/64, cuStreamBatchMemOp; original, _v2 and _ptsz forms) run when their
+ * stream reaches them: a write stores its word, a wait holds everything behind it on its stream
+ * until the word meets the condition (forcing the stream runs the other streams' work until one
+ * meets it; a wait nothing pending meets is a contract violation, as it would hang a GPU). */
 void emu_set_host_vmm(int on);           /* HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, default 1 */
 void emu_set_host_memory(size_t bytes);  /* host budget for host-location handles */
 size_t emu_host_used(void);              /* bytes of live host-location handles */
@@ -225,6 +232,12 @@ size_t emu_host_used(void);              /* bytes of live host-location handles 
 int emu_host_mapped(CUdeviceptr addr);
 /* The next count calls of function_name sleep usec first (outside the emulation's lock). */
 void emu_delay_next(const char *function_name, unsigned usec, int count);
+/* The next call of function_name is parked on entry (outside the emulation's lock, before it
+ * does anything) until emu_release_hold(); emu_wait_held waits up to timeout_ms for a call to
+ * be parked there and returns 1 when one is (0 on timeout). */
+void emu_hold_next(const char *function_name);
+int emu_wait_held(unsigned timeout_ms);
+void emu_release_hold(void);
 
 #ifdef __cplusplus
 }

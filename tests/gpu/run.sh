@@ -77,6 +77,7 @@ for rt in static shared; do
   run_prog "$rt/free-sync" "$BIN/t_free.$rt" VMMSHIM_FREE_MODE=sync
   run_prog "$rt/free-deferred" "$BIN/t_free.$rt" VMMSHIM_FREE_MODE=deferred
   run_prog "$rt/onestream" "$BIN/t_onestream.$rt" VMMSHIM_FREE_MODE=deferred
+  run_prog "$rt/waitvalue" "$BIN/t_waitvalue.$rt" VMMSHIM_FREE_MODE=deferred
   run_prog "$rt/streams" "$BIN/t_streams.$rt"
   run_prog "$rt/capture" "$BIN/t_capture.$rt"
   run_prog "$rt/sleep-graph" "$BIN/t_sleep.$rt" SLEEP_MODE=graph
