@@ -1,0 +1,190 @@
+"""Tags in a trace (docs/sleep.md): their sleeps and wakes, the time each spent asleep, and the
+allocations that can be put down to them.
+
+A trace names a tag only in the `g` record before a sleep or a wake of it, and an allocation's
+record carries no tag. But each tag has pools of its own, each pool its own reserved address
+ranges, and a sleep or a wake unmaps or maps the tag's memory from the calling thread inside
+those ranges. So a reservation (a successful `m` reserve) belongs to the tag whose successful
+sleep or wake is the first to map or unmap device memory inside it, on the sleeping thread,
+between that thread's previous event and the `w` record, within the call's duration; its
+allocations are then counted under the tag. The rest (tags that never slept, and reservations
+no sleep touched: a pool's second heap with nothing on it at the sleep) make one row."""
+
+import bisect
+
+from .reading import ALIAS, HOST_MEMORY
+
+SLEEP_MODES = ["discard", "host", "mapped"]
+EVERY_TAG = (1 << 64) - 1
+OTHERS = "(not put down to a tag)"  # the row of allocations in ranges no sleep or wake touched
+
+
+def mode_name(mode):
+    return SLEEP_MODES[mode] if 0 <= mode < len(SLEEP_MODES) else "mode %d" % mode
+
+
+class TagRow:
+    """One tag's figures. Allocations, requested bytes and live bytes cover the reservations put
+    down to the tag (counted from the start of the trace, also before the tag's first sleep)."""
+
+    __slots__ = ("name", "allocs", "requested", "live", "live_at_sleep", "sleeps", "wakes", "failed", "slept_bytes",
+                 "host_bytes", "woken_bytes", "asleep_ns", "asleep_since", "first")
+
+    def __init__(self, name, first):
+        self.name = name
+        self.first = first  # order of appearance: rows keep it
+        self.allocs = self.requested = self.live = 0
+        self.live_at_sleep = 0  # the largest live bytes of the tag at one of its sleeps
+        self.sleeps = self.wakes = self.failed = 0
+        self.slept_bytes = self.host_bytes = self.woken_bytes = 0
+        self.asleep_ns = 0
+        self.asleep_since = None  # the time the current sleep ended, while asleep
+
+
+class Tags:
+    """Fed by the analysis's reading loop: reservations (reserve, address-free), device mappings
+    (map, unmap), allocations, frees and `w` records. bands and moves are what the HTML page draws:
+    bands [t_from, t_to, tag, mode, device bytes, host bytes, open at the end] from the end of a
+    sleep to the end of its wake (or the trace's end); moves [t_from, t_to, kind, tag, mode, device
+    bytes, host bytes, result], each sleep and wake call itself."""
+
+    def __init__(self):
+        self.starts = []  # reservation starts, sorted
+        self.resv = []  # parallel: [va, end, row or None, allocs, requested, live]
+        self.touched = {}  # tid -> {start: t of the last map or unmap} since the thread's last event
+        self.rows = {}  # tag index (EVERY_TAG too) -> TagRow
+        self.others = TagRow(OTHERS, 1 << 62)
+        self.open = {}  # tag index -> [band, row] while asleep
+        self.bands = []
+        self.moves = []
+
+    # ---- address ranges
+    def _at(self, va):
+        i = bisect.bisect_right(self.starts, va) - 1
+        if i >= 0 and va < self.resv[i][1]:
+            return self.resv[i]
+        return None
+
+    def reserve(self, va, size):
+        if size == 0 or self._at(va) is not None:
+            return
+        i = bisect.bisect_left(self.starts, va)
+        if i < len(self.starts) and self.starts[i] < va + size:
+            return  # overlaps a later one: a malformed trace
+        self.starts.insert(i, va)
+        self.resv.insert(i, [va, va + size, None, 0, 0, 0])
+
+    def address_free(self, va):
+        i = bisect.bisect_left(self.starts, va)
+        if i < len(self.starts) and self.starts[i] == va and self.resv[i][5] == 0:
+            del self.starts[i]
+            del self.resv[i]
+
+    def mapping(self, t, tid, va, flags):
+        """A map or unmap of device memory (host memory and aliases live in ranges of their own)."""
+        if flags & (HOST_MEMORY | ALIAS):
+            return
+        r = self._at(va)
+        if r is not None and r[2] is None:
+            self.touched.setdefault(tid, {})[r[0]] = t
+
+    def event(self, tid):
+        """Any other event of a thread: its mappings so far were not a sleep's."""
+        if self.touched:
+            self.touched.pop(tid, None)
+
+    # ---- allocations
+    def alloc(self, ptr, req, srv):
+        r = self._at(ptr)
+        if r is not None:
+            r[3] += 1
+            r[4] += req
+            r[5] += srv
+        row = self.others if r is None or r[2] is None else r[2]
+        row.allocs += 1
+        row.requested += req
+        row.live += srv
+
+    def free(self, ptr, srv):
+        """The free of a live allocation of served bytes srv."""
+        r = self._at(ptr)
+        if r is not None:
+            r[5] -= srv
+        row = self.others if r is None or r[2] is None else r[2]
+        row.live -= srv
+
+    # ---- sleeps and wakes
+    def _row(self, tag, name):
+        row = self.rows.get(tag)
+        if row is None:
+            row = self.rows[tag] = TagRow(name, len(self.rows))
+        row.name = name
+        return row
+
+    def _claim(self, row, t_from, tid):
+        for start, t in self.touched.pop(tid, {}).items():
+            if t < t_from:
+                continue
+            r = self.resv[bisect.bisect_left(self.starts, start)]
+            if r[0] != start or r[2] is not None:
+                continue
+            r[2] = row
+            row.allocs += r[3]
+            row.requested += r[4]
+            row.live += r[5]
+            o = self.others
+            o.allocs -= r[3]
+            o.requested -= r[4]
+            o.live -= r[5]
+
+    def _close(self, tag, t):
+        band, row = self.open.pop(tag)
+        band[1] = t
+        band[6] = False
+        row.asleep_ns += max(0, t - row.asleep_since)
+        row.asleep_since = None
+
+    def sleep_or_wake(self, t, tid, kind, tag, name, mode, dbytes, hbytes, res, dur):
+        row = self._row(tag, name)
+        t_from = max(0, t - dur)
+        if res == 0 and tag != EVERY_TAG:
+            self._claim(row, t_from, tid)
+        else:
+            self.touched.pop(tid, None)
+        self.moves.append([t_from, t, kind, name, mode, dbytes, hbytes, res])
+        if res != 0:
+            row.failed += 1
+            return
+        if kind == 0:
+            row.sleeps += 1
+            row.slept_bytes += dbytes
+            row.host_bytes += hbytes
+            row.live_at_sleep = max(row.live_at_sleep, row.live if tag != EVERY_TAG else 0)
+            if tag not in self.open:
+                band = [t, None, name, mode, dbytes, hbytes, True]
+                self.bands.append(band)
+                self.open[tag] = [band, row]
+                row.asleep_since = t
+        else:
+            row.wakes += 1
+            row.woken_bytes += dbytes
+            for k in ([tag] if tag != EVERY_TAG else list(self.open)):
+                if k in self.open:
+                    self._close(k, t)
+
+    def finish(self, t_end):
+        """At the end of the trace: sleeps without a wake run to its end (still asleep)."""
+        for band, row in self.open.values():
+            band[1] = t_end
+            row.asleep_ns += max(0, t_end - row.asleep_since)
+
+    def table(self):
+        """The rows in order of appearance, the tags' own first, then (every tag), then the rest."""
+        rows = sorted(self.rows.items(), key=lambda kv: (kv[0] == EVERY_TAG, kv[1].first))
+        out = [row for _, row in rows]
+        if self.others.allocs:
+            out.append(self.others)
+        return out
+
+    def asleep_at_end(self, row):
+        return any(r is row for _, r in self.open.values())
