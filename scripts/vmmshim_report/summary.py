@@ -89,7 +89,7 @@ class Analysis:
         self.vmm_fail = 0
         self.sleeps = []  # (t, kind, tag, mode, device bytes, host bytes, result, duration)
         self.tags = Tags()
-        self.vmm_events = []  # (t, op, size, va, duration, result), the first VMM_EVENTS_KEPT
+        self.vmm_events = []  # (t, op, size, va, duration, result, flags), the first VMM_EVENTS_KEPT
         self.n_vmm = 0
         self.mapped = {}  # va -> (size, dev)
         self.series = Series()
@@ -221,7 +221,7 @@ class Analysis:
                     self.vmm_ns[op] += dur
                 self.n_vmm += 1
                 if len(self.vmm_events) < VMM_EVENTS_KEPT:
-                    self.vmm_events.append((t, op, size, va, dur, res))
+                    self.vmm_events.append((t, op, size, va, dur, res, flags))
                 if res != 0:
                     self.vmm_fail += 1
                 elif op == 0:
