@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Tests of scripts/vmmshim-report: golden text on hand-built traces (native and rmm),
-format-version refusal, partial last line, memory_viz pickle, Perfetto JSON, a 100k
+"""Tests of scripts/vmmshim-report: golden text on hand-built traces (native and rmm) and on
+examples/sample.trace (version 3, made by the shim on the emulation), the by-tag table on a
+hand-built version-3 trace, format-version refusal, partial last line, memory_viz pickle, Perfetto JSON, a 100k
 event synthetic trace, and the HTML page rendered by headless chromium (each chart
 screenshotted on its own and checked for drawn pixels). Ends with "N passed, N failed"."""
 import json
@@ -31,6 +32,76 @@ def test_golden():
     r = golden(os.path.join(DATA, "small.trace"), os.path.join(DATA, "small.expected"))
     check(r.stderr.count("unknown record type 'z'") == 1, "unknown record type: one warning")
     golden(os.path.join(DATA, "small.csv"), os.path.join(DATA, "small-csv.expected"))
+    r = golden(os.path.join("examples", "sample.trace"), os.path.join(DATA, "sample.expected"))
+    check(r.stderr == "", "examples/sample.trace: read without a warning %r" % r.stderr[:200])
+
+
+# Two tags and one that never sleeps, in reservations of their own (times are hexadecimal ns). Thread 2
+# unmaps in the third reservation (a trim) during kv's sleep, and thread 1 unmaps a mapping of it
+# before its sleep starts (0x2000 - 0x800): neither makes it kv's. kv sleeps in mapped mode (its host mapping, flag 80, is not kv's device memory), weights in
+# discard mode and stays asleep; a wake of kv fails (-ENOMEM), the next one succeeds.
+TAGS_TRACE = """v 3 vmmshim 0.1.0
+p 1 0 0
+s 0 0
+m 10 1 0 0 7e0000000000 40000000 0 0 0 10
+m 20 1 0 0 7f0000000000 40000000 0 0 0 10
+m 30 1 0 0 7d0000000000 40000000 0 0 0 10
+m 40 1 2 0 7e0000000000 4000000 1 0 0 10
+m 50 1 2 0 7f0000000000 4000000 2 0 0 10
+m 60 1 2 0 7d0000000000 4000000 3 0 0 10
+m 70 1 2 0 7d0004000000 4000000 4 0 0 10
+a 100 1 0 0 - 7e0000000000 1000000 1000000 0
+a 110 1 0 0 - 7f0000000000 800000 800000 0
+a 120 1 0 0 - 7f0000800000 800000 800000 0
+a 130 1 0 0 - 7d0000000000 100000 100000 0
+f 140 1 0 0 - 7f0000800000 800000
+m 900 1 4 0 7d0004000000 4000000 0 0 0 10
+m 1900 1 4 0 7f0000000000 4000000 0 0 0 10
+m 1950 2 4 0 7d0000000000 4000000 0 0 0 10
+m 1a00 1 2 0 7f0000000000 4000000 9 80 0 10
+g 2000 1 0 - 1 kv
+w 2000 1 0 - 1 2 4000000 4000000 0 800
+m 3050 1 4 0 7e0000000000 4000000 0 0 0 10
+g 3100 1 0 - 0 weights
+w 3100 1 0 - 0 0 4000000 0 0 100
+g 4000 1 0 - 1 kv
+w 4000 1 1 - 1 0 0 0 fffffff4 10
+m 5900 1 2 0 7f0000000000 4000000 5 0 0 10
+g 6000 1 0 - 1 kv
+w 6000 1 1 - 1 0 4000000 4000000 0 800
+a 6100 1 0 0 - 7f0000800000 400000 400000 0
+e 10000
+"""
+
+
+def test_by_tag(tmp):
+    path = os.path.join(tmp, "tags.trace")
+    with open(path, "w") as f:
+        f.write(TAGS_TRACE)
+    r = report(path)
+    lines = r.stdout.splitlines()
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("by tag")), None)
+    rows = {}
+    if at is not None:
+        head = lines[at + 1].split()
+        check(head[:4] == ["tag", "allocs", "requested", "live"], "by tag: the column heads %s" % head)
+        for ln in lines[at + 2:]:
+            if not ln.startswith("  "):
+                break
+            m = re.match(r"  (\S+(?: \S+)*?)  +(\d+) +(.*)$", ln)
+            if m:
+                rows[m.group(1)] = [m.group(2)] + re.split(r"  +", m.group(3).strip())
+    check(list(rows) == ["kv", "weights", "(not put down to a tag)"], "by tag: kv, weights, then the rest %s"
+          % list(rows))
+    # allocs, requested, live at end, live at sleep, sleeps, wakes, failed, to sleep, to host, woken, asleep
+    check(rows.get("kv") == ["3", "20 MiB", "12 MiB", "8 MiB", "1", "1", "1", "64 MiB", "64 MiB", "64 MiB",
+                             "0.000016 s"], "by tag: kv's row %s" % rows.get("kv"))
+    check(rows.get("weights") == ["1", "16 MiB", "16 MiB", "16 MiB", "1", "0", "0", "64 MiB", "0 B", "0 B",
+                                  "0.000053 s, asleep at the end"], "by tag: weights' row %s" % rows.get("weights"))
+    check(rows.get("(not put down to a tag)") == ["1", "1 MiB", "1 MiB"] + ["-"] * 8,
+          "by tag: the allocations of ranges no sleep touched, on their own row %s"
+          % rows.get("(not put down to a tag)"))
+    check(r.returncode == 0 and r.stderr == "", "by tag: no warning %r" % r.stderr[:200])
 
 
 def test_refusals(tmp):
@@ -179,6 +250,7 @@ def test_html_render(page, tmp):
 def main():
     with scratch("vmmshim-report-test-") as tmp:
         test_golden()
+        test_by_tag(tmp)
         test_refusals(tmp)
         page = test_exports(tmp)
         test_synthetic(tmp)
