@@ -126,6 +126,8 @@ class Analysis:
         epoch = 0
         pf = self.pf_max > 0
         tags = self.tags
+        touched = tags.touched  # threads' mappings since their last event (a sleep's, at its w record)
+        resv = tags.starts  # reservations known: only then can an allocation be a tag's
         t = 0
         for ev in self.trace.events():
             kind = ev[0]
@@ -134,11 +136,13 @@ class Analysis:
             if kind == "a":
                 _, t, tid, api, dev, st, ptr, req, srv, stk = ev
                 old = live.get(ptr)
-                tags.event(tid)
+                if touched:
+                    touched.pop(tid, None)
                 if old is not None:
                     self.double_allocs += 1
                     self.live_bytes -= old[0]
-                    tags.free(ptr, old[0])
+                    if resv:
+                        tags.free(ptr, old[0])
                     if track:
                         s = per_stack[old[6]]
                         if s[4] != epoch:
@@ -146,7 +150,8 @@ class Analysis:
                             s[4] = epoch
                         s[2] -= old[0]
                 live[ptr] = (srv, req, t, api, dev, st, stk)
-                tags.alloc(ptr, req, srv)
+                if resv:
+                    tags.alloc(ptr, req, srv)
                 self.n_alloc += 1
                 self.bytes_req += req
                 self.bytes_served += srv
@@ -185,12 +190,14 @@ class Analysis:
                 per_api[api][1] += 1
                 self.n_free += 1
                 rec = live.pop(ptr, None)
-                tags.event(tid)
+                if touched:
+                    touched.pop(tid, None)
                 if rec is None:
                     self.unknown_frees += 1
                 else:
                     self.live_bytes -= rec[0]
-                    tags.free(ptr, rec[0])
+                    if resv:
+                        tags.free(ptr, rec[0])
                     if track:
                         s = per_stack[rec[6]]
                         if s[4] != epoch:
@@ -255,7 +262,8 @@ class Analysis:
                 tags.sleep_or_wake(*ev[1:])
             elif kind == "o":
                 _, t, tid, api, dev, st, req, err = ev
-                tags.event(tid)
+                if touched:
+                    touched.pop(tid, None)
                 self.n_fail += 1
                 per_api[api][2] += 1
                 if viz is not None:
@@ -297,7 +305,8 @@ class Analysis:
 
     def tag_rows(self):
         """The by-tag table as text cells, one list a row (TAG_COLUMNS), and the rows themselves."""
-        rows = self.tags.table()
+        leaked = sum(v[0] for v in self.live.values())
+        rows = self.tags.table(self.n_alloc, self.bytes_req, leaked)
         cells = []
         for r in rows:
             head = [r.name, "%d" % r.allocs, fmt_size(r.requested), fmt_size(r.live)]

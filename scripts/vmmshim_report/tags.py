@@ -88,30 +88,29 @@ class Tags:
         if r is not None and r[2] is None:
             self.touched.setdefault(tid, {})[r[0]] = t
 
-    def event(self, tid):
-        """Any other event of a thread: its mappings so far were not a sleep's."""
-        if self.touched:
-            self.touched.pop(tid, None)
-
-    # ---- allocations
+    # Called only while a reservation is known (the reading loop tests `starts`): what no tag has
+    # is the analysis's totals less the tags' (table()).
     def alloc(self, ptr, req, srv):
         r = self._at(ptr)
-        if r is not None:
-            r[3] += 1
-            r[4] += req
-            r[5] += srv
-        row = self.others if r is None or r[2] is None else r[2]
-        row.allocs += 1
-        row.requested += req
-        row.live += srv
+        if r is None:
+            return
+        r[3] += 1
+        r[4] += req
+        r[5] += srv
+        row = r[2]
+        if row is not None:
+            row.allocs += 1
+            row.requested += req
+            row.live += srv
 
     def free(self, ptr, srv):
         """The free of a live allocation of served bytes srv."""
         r = self._at(ptr)
-        if r is not None:
-            r[5] -= srv
-        row = self.others if r is None or r[2] is None else r[2]
-        row.live -= srv
+        if r is None:
+            return
+        r[5] -= srv
+        if r[2] is not None:
+            r[2].live -= srv
 
     # ---- sleeps and wakes
     def _row(self, tag, name):
@@ -132,10 +131,6 @@ class Tags:
             row.allocs += r[3]
             row.requested += r[4]
             row.live += r[5]
-            o = self.others
-            o.allocs -= r[3]
-            o.requested -= r[4]
-            o.live -= r[5]
 
     def _close(self, tag, t):
         band, row = self.open.pop(tag)
@@ -178,12 +173,17 @@ class Tags:
             band[1] = t_end
             row.asleep_ns += max(0, t_end - row.asleep_since)
 
-    def table(self):
-        """The rows in order of appearance, the tags' own first, then (every tag), then the rest."""
+    def table(self, allocs, requested, live):
+        """The rows in order of appearance, the tags' own first, then (every tag), then the rest:
+        of the trace's allocations, requested bytes and live bytes at the end, what no tag has."""
         rows = sorted(self.rows.items(), key=lambda kv: (kv[0] == EVERY_TAG, kv[1].first))
         out = [row for _, row in rows]
-        if self.others.allocs:
-            out.append(self.others)
+        o = self.others
+        o.allocs = allocs - sum(r.allocs for r in out)
+        o.requested = requested - sum(r.requested for r in out)
+        o.live = live - sum(r.live for r in out)
+        if o.allocs:
+            out.append(o)
         return out
 
     def asleep_at_end(self, row):
