@@ -186,7 +186,9 @@
       var what = b[2] + " asleep (" + modeName(b[3]) + ")";
       el("rect", {x: x[0].toFixed(1), y: YT, width: Math.max(x[1] - x[0], 1).toFixed(1), height: YB - YT, fill: col,
                   "fill-opacity": 0.15, "class": "sleep-band", "data-tag": b[2]}, svg);
-      var lab = el("text", {x: (x[0] + 3).toFixed(1), y: YT + 30, "font-size": 11, "font-weight": "bold",
+      // one row of labels per tag (four at most), so that neighbouring bands' labels do not overlap
+      var lab = el("text", {x: (x[0] + 3).toFixed(1), y: YT + 30 + 13 * (tagNames.indexOf(b[2]) % 4),
+                            "font-size": 11, "font-weight": "bold",
                             "class": "sleep-label", fill: "#333"}, null, b[2] + " \u00b7 " + modeName(b[3]) + (b[6] ? " (still asleep)" : ""));
       el("title", {}, lab, what);
       bandLabels.push(lab);

@@ -301,7 +301,7 @@ class Analysis:
         return self.stacks
 
     TAG_COLUMNS = ("tag", "allocs", "requested", "live at end", "at sleep", "sleeps", "wakes", "failed",
-                   "to sleep", "to host", "woken", "asleep")
+                   "to sleep", "to host", "woken", "asleep", "at end")
 
     def tag_rows(self):
         """The by-tag table as text cells, one list a row (TAG_COLUMNS), and the rows themselves."""
@@ -313,10 +313,10 @@ class Analysis:
             if r is self.tags.others:  # no tag: nothing slept
                 cells.append(head + ["-"] * (len(self.TAG_COLUMNS) - len(head)))
                 continue
-            state = ", asleep at the end" if self.tags.asleep_at_end(r) else ""
             cells.append(head + [fmt_size(r.live_at_sleep), "%d" % r.sleeps, "%d" % r.wakes, "%d" % r.failed,
                                  fmt_size(r.slept_bytes), fmt_size(r.host_bytes), fmt_size(r.woken_bytes),
-                                 "%.6f s%s" % (r.asleep_ns / 1e9, state)])
+                                 "%.6f s" % (r.asleep_ns / 1e9),
+                                 "asleep" if self.tags.asleep_at_end(r) else "awake"])
         return cells, rows
 
     def tag_text(self):

@@ -93,12 +93,13 @@ def test_by_tag(tmp):
                 rows[m.group(1)] = [m.group(2)] + re.split(r"  +", m.group(3).strip())
     check(list(rows) == ["kv", "weights", "(not put down to a tag)"], "by tag: kv, weights, then the rest %s"
           % list(rows))
-    # allocs, requested, live at end, live at sleep, sleeps, wakes, failed, to sleep, to host, woken, asleep
+    # allocs, requested, live at end, live at sleep, sleeps, wakes, failed, to sleep, to host, woken, asleep,
+    # at end
     check(rows.get("kv") == ["3", "20 MiB", "12 MiB", "8 MiB", "1", "1", "1", "64 MiB", "64 MiB", "64 MiB",
-                             "0.000016 s"], "by tag: kv's row %s" % rows.get("kv"))
+                             "0.000016 s", "awake"], "by tag: kv's row %s" % rows.get("kv"))
     check(rows.get("weights") == ["1", "16 MiB", "16 MiB", "16 MiB", "1", "0", "0", "64 MiB", "0 B", "0 B",
-                                  "0.000053 s, asleep at the end"], "by tag: weights' row %s" % rows.get("weights"))
-    check(rows.get("(not put down to a tag)") == ["1", "1 MiB", "1 MiB"] + ["-"] * 8,
+                                  "0.000053 s", "asleep"], "by tag: weights' row %s" % rows.get("weights"))
+    check(rows.get("(not put down to a tag)") == ["1", "1 MiB", "1 MiB"] + ["-"] * 9,
           "by tag: the allocations of ranges no sleep touched, on their own row %s"
           % rows.get("(not put down to a tag)"))
     check(r.returncode == 0 and r.stderr == "", "by tag: no warning %r" % r.stderr[:200])
