@@ -236,7 +236,7 @@ class Analysis:
                 elif op == 6:
                     tags.address_free(va)
                 if res == 0 and (op == 2 or op == 4):
-                    tags.mapping(t, tid, va, flags)
+                    tags.mapping(t, tid, va)
                 if res != 0:
                     pass
                 elif flags & (HOST_MEMORY | ALIAS):  # host memory, or device memory mapped twice

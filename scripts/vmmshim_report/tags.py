@@ -5,14 +5,12 @@ A trace names a tag only in the `g` record before a sleep or a wake of it, and a
 record carries no tag. But each tag has pools of its own, each pool its own reserved address
 ranges, and a sleep or a wake unmaps or maps the tag's memory from the calling thread inside
 those ranges. So a reservation (a successful `m` reserve) belongs to the tag whose successful
-sleep or wake is the first to map or unmap device memory inside it, on the sleeping thread,
+sleep or wake is the first to map or unmap inside it, on the sleeping thread,
 between that thread's previous event and the `w` record, within the call's duration; its
 allocations are then counted under the tag. The rest (tags that never slept, and reservations
 no sleep touched: a pool's second heap with nothing on it at the sleep) make one row."""
 
 import bisect
-
-from .reading import ALIAS, HOST_MEMORY
 
 SLEEP_MODES = ["discard", "host", "mapped"]
 EVERY_TAG = (1 << 64) - 1
@@ -80,10 +78,9 @@ class Tags:
             del self.starts[i]
             del self.resv[i]
 
-    def mapping(self, t, tid, va, flags):
-        """A map or unmap of device memory (host memory and aliases live in ranges of their own)."""
-        if flags & (HOST_MEMORY | ALIAS):
-            return
+    def mapping(self, t, tid, va):
+        """A successful map or unmap. One of host memory or of an alias is in a range without
+        allocations (host buffers and aliases are reserved apart), or in the sleeping tag's own."""
         r = self._at(va)
         if r is not None and r[2] is None:
             self.touched.setdefault(tid, {})[r[0]] = t

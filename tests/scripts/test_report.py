@@ -36,10 +36,11 @@ def test_golden():
     check(r.stderr == "", "examples/sample.trace: read without a warning %r" % r.stderr[:200])
 
 
-# Two tags and one that never sleeps, in reservations of their own (times are hexadecimal ns). Thread 2
-# unmaps in the third reservation (a trim) during kv's sleep, and thread 1 unmaps a mapping of it
-# before its sleep starts (0x2000 - 0x800): neither makes it kv's. kv sleeps in mapped mode (its host mapping, flag 80, is not kv's device memory), weights in
-# discard mode and stays asleep; a wake of kv fails (-ENOMEM), the next one succeeds.
+# Two tags and one that never sleeps, in reservations of their own (times are hexadecimal ns).
+# Thread 2 unmaps in the third reservation (a trim) during kv's sleep, and thread 1 unmaps a
+# mapping of it before its sleep starts (0x2000 - 0x800): neither makes it kv's. kv sleeps in
+# mapped mode (host memory, flag 80, mapped at its blocks' addresses), weights in discard mode and
+# stays asleep; a wake of kv fails (-ENOMEM), the next one succeeds.
 TAGS_TRACE = """v 3 vmmshim 0.1.0
 p 1 0 0
 s 0 0
@@ -103,6 +104,16 @@ def test_by_tag(tmp):
           "by tag: the allocations of ranges no sleep touched, on their own row %s"
           % rows.get("(not put down to a tag)"))
     check(r.returncode == 0 and r.stderr == "", "by tag: no warning %r" % r.stderr[:200])
+    # A wake of every tag (vmmshim_wake(NULL)) ends weights' sleep, and has a row of its own, last.
+    every = os.path.join(tmp, "every.trace")
+    with open(every, "w") as f:
+        f.write(TAGS_TRACE.replace("e 10000\n", "w 8000 1 1 - ffffffffffffffff 0 4000000 0 0 100\ne 10000\n"))
+    r = report(every)
+    table = r.stdout[r.stdout.find("\nby tag"):]
+    got = [(m.group(1), m.group(2).split()) for m in re.finditer(r"^  (kv|weights|every tag) +(.*)$", table, re.M)]
+    check([g[0] for g in got] == ["kv", "weights", "every tag"] and got[1][1][-3:] == ["0.000020", "s", "awake"]
+          and got[2][1][:9] == ["0", "0", "B", "0", "B", "0", "B", "0", "1"],
+          "by tag: a wake of every tag ends weights' sleep and has its own row %s" % got)
 
 
 def test_refusals(tmp):
