@@ -47,7 +47,8 @@ def parser():
     ap.add_argument("--viz-events", type=whole_number, default=100000, metavar="N",
                     help="events kept in the memory_viz snapshot's device_traces (the last N; default 100000)")
     ap.add_argument("--perfetto", metavar="OUT.json",
-                    help="write a Chrome/Perfetto trace: counter tracks and the largest allocations as slices")
+                    help="write a Chrome/Perfetto trace: counter tracks, and the largest allocations and the tags' "
+                         "sleeps as slices")
     ap.add_argument("--perfetto-allocs", type=whole_number, default=10000, metavar="N",
                     help="the N largest allocations go into the Perfetto trace as slices named by call site, "
                          "with the stack in their args (default 10000; 0: none)")

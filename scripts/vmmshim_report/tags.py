@@ -44,7 +44,7 @@ class Tags:
     (map, unmap), allocations, frees and `w` records. bands and moves are what the HTML page draws:
     bands [t_from, t_to, tag, mode, device bytes, host bytes, open at the end] from the end of a
     sleep to the end of its wake (or the trace's end); moves [t_from, t_to, kind, tag, mode, device
-    bytes, host bytes, result], each sleep and wake call itself."""
+    bytes, host bytes, result, thread], each sleep and wake call itself."""
 
     def __init__(self):
         self.starts = []  # reservation starts, sorted
@@ -143,7 +143,7 @@ class Tags:
             self._claim(row, t_from, tid)
         else:
             self.touched.pop(tid, None)
-        self.moves.append([t_from, t, kind, name, mode, dbytes, hbytes, res])
+        self.moves.append([t_from, t, kind, name, mode, dbytes, hbytes, res, tid])
         if res != 0:
             row.failed += 1
             return

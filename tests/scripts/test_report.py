@@ -36,6 +36,21 @@ def test_golden():
     check(r.stderr == "", "examples/sample.trace: read without a warning %r" % r.stderr[:200])
 
 
+def test_sleep_slices(tmp):
+    """The Perfetto trace of examples/sample.trace: kv asleep as an async slice, the sleep and the
+    wake calls as slices of the thread that made them."""
+    pf = os.path.join(tmp, "sample.json")
+    r = report(os.path.join("examples", "sample.trace"), "--perfetto", pf)
+    ev = json.load(open(pf))["traceEvents"] if r.returncode == 0 else []
+    asleep = [(e["ph"], e["name"]) for e in ev if e.get("cat") == "sleep" and e["ph"] in "be"]
+    calls = [e for e in ev if e.get("cat") == "sleep" and e["ph"] == "X"]
+    check(asleep == [("b", "kv asleep (host)"), ("e", "kv asleep (host)")],
+          "perfetto: kv's time asleep is one slice %s" % asleep)
+    check([e["name"] for e in calls] == ["sleep kv (host)", "wake kv"] and all(e["dur"] > 0 for e in calls)
+          and calls[0]["args"]["host_bytes"] == 24 << 20 and calls[0]["tid"] == 0x128e,
+          "perfetto: the sleep and the wake calls, with what they moved %s" % [(e["name"], e["args"]) for e in calls])
+
+
 # Two tags and one that never sleeps, in reservations of their own (times are hexadecimal ns).
 # Thread 2 unmaps in the third reservation (a trim) during kv's sleep, and thread 1 unmaps a
 # mapping of it before its sleep starts (0x2000 - 0x800): neither makes it kv's. kv sleeps in
@@ -263,6 +278,7 @@ def main():
     with scratch("vmmshim-report-test-") as tmp:
         test_golden()
         test_by_tag(tmp)
+        test_sleep_slices(tmp)
         test_refusals(tmp)
         page = test_exports(tmp)
         test_synthetic(tmp)
