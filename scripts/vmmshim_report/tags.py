@@ -103,7 +103,7 @@ class Tags:
     def free(self, ptr, srv):
         """The free of a live allocation of served bytes srv."""
         r = self._at(ptr)
-        if r is None:
+        if r is None or r[5] < srv:  # allocated before its range was reserved: a malformed trace
             return
         r[5] -= srv
         if r[2] is not None:
@@ -121,8 +121,11 @@ class Tags:
         for start, t in self.touched.pop(tid, {}).items():
             if t < t_from:
                 continue
-            r = self.resv[bisect.bisect_left(self.starts, start)]
-            if r[0] != start or r[2] is not None:
+            i = bisect.bisect_left(self.starts, start)
+            if i == len(self.starts) or self.starts[i] != start:
+                continue  # freed since (a mapped sleep's alias)
+            r = self.resv[i]
+            if r[2] is not None:
                 continue
             r[2] = row
             row.allocs += r[3]

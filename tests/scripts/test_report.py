@@ -54,8 +54,9 @@ def test_sleep_slices(tmp):
 # Two tags and one that never sleeps, in reservations of their own (times are hexadecimal ns).
 # Thread 2 unmaps in the third reservation (a trim) during kv's sleep, and thread 1 unmaps a
 # mapping of it before its sleep starts (0x2000 - 0x800): neither makes it kv's. kv sleeps in
-# mapped mode (host memory, flag 80, mapped at its blocks' addresses), weights in discard mode and
-# stays asleep; a wake of kv fails (-ENOMEM), the next one succeeds.
+# mapped mode (copies from an alias, flag 40, in a range reserved and freed by the sleep; host
+# memory, flag 80, mapped at its blocks' addresses), weights in discard mode and stays asleep; a
+# wake of kv fails (-ENOMEM), the next one succeeds.
 TAGS_TRACE = """v 3 vmmshim 0.1.0
 p 1 0 0
 s 0 0
@@ -74,6 +75,10 @@ f 140 1 0 0 - 7f0000800000 800000
 m 900 1 4 0 7d0004000000 4000000 0 0 0 10
 m 1900 1 4 0 7f0000000000 4000000 0 0 0 10
 m 1950 2 4 0 7d0000000000 4000000 0 0 0 10
+m 1960 1 0 0 7f8000000000 4000000 0 0 0 10
+m 1970 1 2 0 7f8000000000 4000000 2 40 0 10
+m 1980 1 4 0 7f8000000000 4000000 0 40 0 10
+m 1990 1 6 0 7f8000000000 4000000 0 0 0 10
 m 1a00 1 2 0 7f0000000000 4000000 9 80 0 10
 g 2000 1 0 - 1 kv
 w 2000 1 0 - 1 2 4000000 4000000 0 800
