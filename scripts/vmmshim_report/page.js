@@ -208,7 +208,7 @@
                          : "wake " + m[3] + ": device memory mapped again " + fmtBytes(m[5]) +
                            (m[6] ? ", copied back from the host " + fmtBytes(m[6]) : "")) +
          ", " + (Math.max(m[1] - m[0], 0) / 1e6).toFixed(3) + " ms, done at " + fmtT(m[1], 6) +
-         (m[7] ? ", FAILED (" + m[7] + ")" : ""));
+         (m[7] ? ", FAILED: " + m[9] : ""));
       nm++;
     }
     svg.setAttribute("data-bands-shown", nb);

@@ -46,7 +46,7 @@ def perfetto(an, rule=None):
                                       "host_bytes": hbytes, "asleep_at_end": still}})
         ev.append({"name": name, "cat": "sleep", "ph": "e", "id": "0x%x" % (n + 1), "ts": t1 / 1000.0, "pid": pid,
                    "tid": 0})
-    for t0, t1, kind, tag, mode, dbytes, hbytes, res, tid in an.tags.moves:
+    for t0, t1, kind, tag, mode, dbytes, hbytes, res, tid, _ in an.tags.moves:
         ev.append({"name": ("sleep %s (%s)" % (tag, mode_name(mode))) if kind == 0 else "wake %s" % tag,
                    "cat": "sleep", "ph": "X", "ts": t0 / 1000.0, "dur": (t1 - t0) / 1000.0, "pid": pid, "tid": tid,
                    "args": {"device_bytes": dbytes, "host_bytes": hbytes, "result": res}})

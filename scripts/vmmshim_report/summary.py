@@ -7,7 +7,7 @@ import heapq
 from .common import fmt_bytes, fmt_pow2, fmt_size, plural
 from .reading import ALIAS, HOST_MEMORY
 from .sites import NO_STACKS, Stacks
-from .tags import SLEEP_MODES, Tags
+from .tags import SLEEP_MODES, Tags, result_name
 
 API_NAMES = ["runtime", "runtime-async", "driver", "driver-async"]
 VMM_OPS = ["reserve", "create", "map", "set-access", "unmap", "release", "address-free"]
@@ -413,7 +413,7 @@ class Analysis:
                     what = ("sleep (%s)" % SLEEP_MODES[mode]) if kind == 0 and 0 <= mode < 3 else "wake"
                     w("  %10.3f s  %-14s %-12s device %s%s, %.1f ms%s" % (
                         t / 1e9, what, tag, fmt_bytes(dbytes), (", host %s" % fmt_bytes(hbytes)) if hbytes else "",
-                        dur / 1e6, (", error %d" % res) if res else ""))
+                        dur / 1e6, (", error %s" % result_name(res)) if res else ""))
                 if len(self.sleeps) > 20:
                     w("  ... %d more" % (len(self.sleeps) - 20))
                 w("")

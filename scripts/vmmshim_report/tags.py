@@ -11,10 +11,17 @@ allocations are then counted under the tag. The rest (tags that never slept, and
 no sleep touched: a pool's second heap with nothing on it at the sleep) make one row."""
 
 import bisect
+import errno
 
 SLEEP_MODES = ["discard", "host", "mapped"]
 EVERY_TAG = (1 << 64) - 1
 OTHERS = "(not put down to a tag)"  # the row of allocations in ranges no sleep or wake touched
+
+
+def result_name(res):
+    """A sleep's or wake's result: 0, or a negative errno value named ("-12 (ENOMEM)")."""
+    name = errno.errorcode.get(-res) if res < 0 else None
+    return "%d (%s)" % (res, name) if name else "%d" % res
 
 
 def mode_name(mode):
@@ -44,7 +51,7 @@ class Tags:
     (map, unmap), allocations, frees and `w` records. bands and moves are what the HTML page draws:
     bands [t_from, t_to, tag, mode, device bytes, host bytes, open at the end] from the end of a
     sleep to the end of its wake (or the trace's end); moves [t_from, t_to, kind, tag, mode, device
-    bytes, host bytes, result, thread], each sleep and wake call itself."""
+    bytes, host bytes, result, thread, result's name], each sleep and wake call itself."""
 
     def __init__(self):
         self.starts = []  # reservation starts, sorted
@@ -146,7 +153,7 @@ class Tags:
             self._claim(row, t_from, tid)
         else:
             self.touched.pop(tid, None)
-        self.moves.append([t_from, t, kind, name, mode, dbytes, hbytes, res, tid])
+        self.moves.append([t_from, t, kind, name, mode, dbytes, hbytes, res, tid, result_name(res)])
         if res != 0:
             row.failed += 1
             return

@@ -124,6 +124,8 @@ def test_by_tag(tmp):
           "by tag: the allocations of ranges no sleep touched, on their own row %s"
           % rows.get("(not put down to a tag)"))
     check(r.returncode == 0 and r.stderr == "", "by tag: no warning %r" % r.stderr[:200])
+    check(re.search(r"^ +0\.000 s  wake +kv +device 0 B, 0\.0 ms, error -12 \(ENOMEM\)$", r.stdout, re.M),
+          "sleeps and wakes: the failed wake's error is named %s" % re.findall(r".*error.*", r.stdout))
     # A wake of every tag (vmmshim_wake(NULL)) ends weights' sleep, and has a row of its own, last.
     every = os.path.join(tmp, "every.trace")
     with open(every, "w") as f:

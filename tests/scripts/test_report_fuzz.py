@@ -173,8 +173,8 @@ def synthetic_v3():
                                                  (1, "1", "weights", 1)]):
         t += 5000
         # a sleep unmaps a block mapped at the start, a wake maps a new one
-        body.append("m %x 4d2 %x 0 %x 200000 0 0 0 10" % (t - 100, 4 if kind == 0 else 2,
-                                                          (0x7f0010000000 if kind == 0 else 0x7f0020000000) + i * 0x200000))
+        va = (0x7f0010000000 if kind == 0 else 0x7f0020000000) + i * 0x200000
+        body.append("m %x 4d2 %x 0 %x 200000 0 0 0 10" % (t - 100, 4 if kind == 0 else 2, va))
         if mode == 2 and kind == 0:
             body.extend("m %x 4d2 %s 0 7f8000000000 200000 0 %s 0 10" % (t - 90 + k, op, fl)
                         for k, (op, fl) in enumerate([(0, 0), (2, 40), (4, 40), (6, 0)]))

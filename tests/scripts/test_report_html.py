@@ -19,6 +19,7 @@ import sys
 
 from harness import (REPORT, ROOT, browser, check, colour_mask, dump_dom, png_pixels, report, scratch, screenshot,
                      summary)
+from test_report import TAGS_TRACE
 
 TiB, MiB = 1 << 40, 1 << 20
 HUGE = 21734369280000  # 19.77 TiB
@@ -126,7 +127,8 @@ def x_ticks(dom):
     steps = {round(b - a, 9) for a, b in zip(v, v[1:])}
     step = steps.pop() if len(steps) == 1 else 0
     mant = step / 10 ** math.floor(math.log10(step)) if step > 0 else 0
-    round_ = any(abs(mant - k) < 1e-6 for k in (1, 2, 2.5, 5)) and all(abs(x / step - round(x / step)) < 1e-6 for x in v)
+    round_ = (any(abs(mant - k) < 1e-6 for k in (1, 2, 2.5, 5))
+              and all(abs(x / step - round(x / step)) < 1e-6 for x in v))
     return labels, round_
 
 
@@ -165,6 +167,22 @@ def test_sleeps(tmp):
     ticks, ok = x_ticks(zoomed)
     check(ok and ticks[0] == "70 ms" and ticks[-1] == "90 ms", "html: zoomed, the ticks stay round %s" % ticks)
     check('data-bands-shown="1"' in zoomed, "html: zoomed into kv's sleep, its band is drawn")
+    # Two tags (test_report's hand-built trace): a band each, their labels on rows of their own, a
+    # failed wake marked with its error named.
+    tags_trace = os.path.join(tmp, "tags.trace")
+    with open(tags_trace, "w") as f:
+        f.write(TAGS_TRACE)
+    tags_page = os.path.join(tmp, "tags.html")
+    report(tags_trace, "--html", tags_page)
+    dom2 = dump_dom(b, "file://" + tags_page, tmp, size=(1040, 800))
+    bands = re.findall(r'<rect [^>]*class="sleep-band" data-tag="([^"]*)"', dom2)
+    rows = re.findall(r'<text x="[\d.]+" y="([\d.]+)"[^>]*class="sleep-label"[^>]*>([^<]*)<', dom2)
+    check(bands == ["kv", "weights"]
+          and [t for _, t in rows] == ["kv \u00b7 mapped", "weights \u00b7 discard (still asleep)"]
+          and len({y for y, _ in rows}) == 2, "html: two tags, two bands, labels on two rows %s %s" % (bands, rows))
+    failed = re.findall(r'stroke="#000" class="sleep-marker" data-tag="kv"><title>([^<]*)</title>', dom2)
+    check(len(failed) == 1 and failed[0].endswith("FAILED: -12 (ENOMEM)"),
+          "html: the failed wake is outlined, its error named %s" % failed)
     png = os.path.join(tmp, "sleep-band.png")
     if screenshot(b, url + "?only=chart-timeline-section", png, (1040, 420), tmp):
         # kv's colour (#e15759) at 15 % (asleep) and 30 % (moving) over the page: red above green and
