@@ -150,7 +150,8 @@ def html_tags(an):
                "<th%s>%s</th>" % (" class=\"site\"" if i == 0 else "", esc(h))
                for i, h in enumerate(Analysis.TAG_COLUMNS))]
     for c, r in zip(cells, rows):
-        titles = {2: r.requested, 3: r.live, 4: r.live_at_sleep, 8: r.slept_bytes, 9: r.host_bytes, 10: r.woken_bytes}
+        titles = {2: r.requested, 3: r.peak, 4: r.live, 5: r.live_at_sleep, 9: r.slept_bytes, 10: r.host_bytes,
+                  11: r.woken_bytes}
         tds = []
         for i, v in enumerate(c):
             if i == 0:

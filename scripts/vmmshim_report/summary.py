@@ -5,7 +5,8 @@ import collections
 import heapq
 
 from .common import fmt_bytes, fmt_pow2, fmt_size, plural
-from .reading import ALIAS, HOST_MEMORY
+from .common import TraceError
+from .reading import ALIAS, HOST_MEMORY, Trace
 from .sites import NO_STACKS, Stacks
 from .tags import SLEEP_MODES, Tags, result_name
 
@@ -272,6 +273,11 @@ class Analysis:
             series_add(t, self.live_bytes, self.mapped_bytes)
         self.t_last = t if self.trace.end_t is None else max(t, self.trace.end_t)
         tags.finish(self.t_last)
+        if self.trace.path != "-" and self.trace.size is not None and tags.claimed():
+            try:  # the tags' peaks need a second reading, which knows the tags from the start
+                tags.peaks(Trace(self.trace.path, quiet=True), self.n_events)
+            except (OSError, TraceError):
+                pass  # the file is gone or changed: the peaks stay unknown
         for s in per_stack.values():  # stacks unchanged since the last peak: their live bytes then are now's
             if s[4] != epoch:
                 s[3] = s[2]
@@ -300,7 +306,7 @@ class Analysis:
             self.stacks = Stacks(self.trace, symboliser, progress)
         return self.stacks
 
-    TAG_COLUMNS = ("tag", "allocs", "requested", "live at end", "at sleep", "sleeps", "wakes", "failed",
+    TAG_COLUMNS = ("tag", "allocs", "requested", "peak live", "live at end", "at sleep", "sleeps", "wakes", "failed",
                    "to sleep", "to host", "woken", "asleep", "at end")
 
     def tag_rows(self):
@@ -309,7 +315,8 @@ class Analysis:
         rows = self.tags.table(self.n_alloc, self.bytes_req, leaked)
         cells = []
         for r in rows:
-            head = [r.name, "%d" % r.allocs, fmt_size(r.requested), fmt_size(r.live)]
+            head = [r.name, "%d" % r.allocs, fmt_size(r.requested), "-" if r.peak is None else fmt_size(r.peak),
+                    fmt_size(r.live)]
             if r is self.tags.others:  # no tag: nothing slept
                 cells.append(head + ["-"] * (len(self.TAG_COLUMNS) - len(head)))
                 continue

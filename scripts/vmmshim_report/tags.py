@@ -8,7 +8,8 @@ those ranges. So a reservation (a successful `m` reserve) belongs to the tag who
 sleep or wake is the first to map or unmap inside it, on the sleeping thread,
 between that thread's previous event and the `w` record, within the call's duration; its
 allocations are then counted under the tag. The rest (tags that never slept, and reservations
-no sleep touched: a pool's second heap with nothing on it at the sleep) make one row."""
+no sleep touched: a pool's second heap with nothing on it at the sleep) make one row. A tag's peak
+of live bytes needs the tags from the start: a second reading of the file (peaks())."""
 
 import bisect
 import errno
@@ -32,13 +33,14 @@ class TagRow:
     """One tag's figures. Allocations, requested bytes and live bytes cover the reservations put
     down to the tag (counted from the start of the trace, also before the tag's first sleep)."""
 
-    __slots__ = ("name", "allocs", "requested", "live", "live_at_sleep", "sleeps", "wakes", "failed", "slept_bytes",
-                 "host_bytes", "woken_bytes", "asleep_ns", "asleep_since", "first")
+    __slots__ = ("name", "allocs", "requested", "live", "peak", "live_at_sleep", "sleeps", "wakes", "failed",
+                 "slept_bytes", "host_bytes", "woken_bytes", "asleep_ns", "asleep_since", "first")
 
     def __init__(self, name, first):
         self.name = name
         self.first = first  # order of appearance: rows keep it
         self.allocs = self.requested = self.live = 0
+        self.peak = None  # the largest live bytes, from a second reading (peaks()); None: not known
         self.live_at_sleep = 0  # the largest live bytes of the tag at one of its sleeps
         self.sleeps = self.wakes = self.failed = 0
         self.slept_bytes = self.host_bytes = self.woken_bytes = 0
@@ -53,9 +55,12 @@ class Tags:
     sleep to the end of its wake (or the trace's end); moves [t_from, t_to, kind, tag, mode, device
     bytes, host bytes, result, thread, result's name], each sleep and wake call itself."""
 
-    def __init__(self):
+    def __init__(self, preset=None):
+        # preset: reservation number -> row, for a second reading (peaks()) that knows the tags
+        self.preset = preset
+        self.n_resv = 0  # reservations taken so far: their numbers
         self.starts = []  # reservation starts, sorted
-        self.resv = []  # parallel: [va, end, row or None, allocs, requested, live]
+        self.resv = []  # parallel: [va, end, row or None, allocs, requested, live, number]
         self.touched = {}  # tid -> {start: t of the last map or unmap} since the thread's last event
         self.rows = {}  # tag index (EVERY_TAG too) -> TagRow
         self.others = TagRow(OTHERS, 1 << 62)
@@ -77,7 +82,9 @@ class Tags:
         if i < len(self.starts) and self.starts[i] < va + size:
             return  # overlaps a later one: a malformed trace
         self.starts.insert(i, va)
-        self.resv.insert(i, [va, va + size, None, 0, 0, 0])
+        self.resv.insert(i, [va, va + size, self.preset.get(self.n_resv) if self.preset else None, 0, 0, 0,
+                             self.n_resv])
+        self.n_resv += 1
 
     def address_free(self, va):
         i = bisect.bisect_left(self.starts, va)
@@ -106,6 +113,8 @@ class Tags:
             row.allocs += 1
             row.requested += req
             row.live += srv
+            if row.peak is not None and row.live > row.peak:
+                row.peak = row.live
 
     def free(self, ptr, srv):
         """The free of a live allocation of served bytes srv."""
@@ -192,6 +201,45 @@ class Tags:
         if o.allocs:
             out.append(o)
         return out
+
+    def claimed(self):
+        """Reservation number -> row, of the reservations put down to a tag."""
+        return {r[6]: r[2] for r in self.resv if r[2] is not None}
+
+    def peaks(self, trace, n_events):
+        """Each tag's peak of live bytes, from a second reading of the trace's file (the first n_events
+        events: a file still being written may have grown): the reservations are taken in the same
+        order, so their numbers name the same ones, now put down to their tags from the start. Rows
+        stay without a peak when the file cannot be read again."""
+        rows = self.claimed()
+        if not rows:
+            return
+        shadow = {id(row): TagRow(row.name, 0) for row in rows.values()}
+        for s in shadow.values():
+            s.peak = 0
+        again = Tags({k: shadow[id(row)] for k, row in rows.items()})
+        live = {}
+        for n, ev in enumerate(trace.events()):
+            if n >= n_events:
+                break
+            kind = ev[0]
+            if kind == "a":
+                ptr, req, srv = ev[6], ev[7], ev[8]
+                if ptr in live:
+                    again.free(ptr, live[ptr])
+                live[ptr] = srv
+                again.alloc(ptr, req, srv)
+            elif kind == "f":
+                srv = live.pop(ev[6], None)
+                if srv is not None:
+                    again.free(ev[6], srv)
+            elif kind == "m" and ev[9] == 0:
+                if ev[3] == 0:
+                    again.reserve(ev[5], ev[6])
+                elif ev[3] == 6:
+                    again.address_free(ev[5])
+        for row in rows.values():
+            row.peak = shadow[id(row)].peak
 
     def asleep_at_end(self, row):
         return any(r is row for _, r in self.open.values())

@@ -140,8 +140,9 @@ def test_sleeps(tmp):
     table = re.search(r'<table class="tags" id="tags">(.*?)</table>', page, re.S)
     rows = re.findall(r"<tr>(.*?)</tr>", table.group(1) if table else "", re.S)
     cells = [re.findall(r"<t[dh][^>]*>([^<]*)</t[dh]>", row) for row in rows]
-    check(len(cells) == 3 and cells[0][:4] == ["tag", "allocs", "requested", "live at end"]
-          and cells[1][:2] == ["kv", "12"] and cells[1][5:7] == ["1", "1"] and cells[1][-2:] == ["0.070252 s", "awake"]
+    check(len(cells) == 3 and cells[0][:5] == ["tag", "allocs", "requested", "peak live", "live at end"]
+          and cells[1][:4] == ["kv", "12", "24.3 MiB", "24.3 MiB"] and cells[1][6:8] == ["1", "1"]
+          and cells[1][-2:] == ["0.070252 s", "awake"]
           and cells[2][:2] == ["(not put down to a tag)", "5"],
           "html: the by-tag table has kv (12 allocations, one sleep, one wake) and the rest %s" % cells[1:])
     b = browser()
