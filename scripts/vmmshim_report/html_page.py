@@ -7,7 +7,8 @@ import os
 
 from .common import fmt_bytes, fmt_pow2, fmt_size, plural
 from .sites import EMPTY_STACK, SiteRule, no_stack_line, site_tables, stackless_name, stacks_note, text_sites
-from .summary import LIFETIME_LABELS, VMM_OPS
+from .summary import LIFETIME_LABELS, VMM_OPS, Analysis
+from .tags import SLEEP_MODES
 
 # The page's script: draws the zoomable timeline with the pool events and the icicle graph from
 # the JSON in #vmmshim-data. URL parameters (for links and tests): zoom=T0,T1 opens the timeline
@@ -77,7 +78,8 @@ def page(an, rule=None, top=25):
     pts = an.series.points()
     native = an.trace.format == "native"
     data = {"series": pts, "native": native, "tmax": max(an.t_last, pts[-1][0] if pts else 0, 1),
-            "ops": VMM_OPS, "vmm": an.vmm_events, "vmm_total": an.n_vmm, "flame": None}
+            "ops": VMM_OPS, "vmm": an.vmm_events, "vmm_total": an.n_vmm, "flame": None,
+            "bands": an.tags.bands, "moves": an.tags.moves, "modes": SLEEP_MODES}
     note = stacks_note(an)
     if note is None:
         data["flame"] = flame(an)
@@ -103,6 +105,8 @@ def page(an, rule=None, top=25):
         "</svg>\n</section>\n" % (" and mapped" if native else "",
                                 "; pool (VMM) events are marked below the chart, hover for details"
                                 if native else ""))
+    if an.sleeps:
+        parts.append(html_tags(an))
     if note is None:
         parts.append(
             "<section id=\"chart-flame-section\"><h2>Where live memory was at the peak (%s at %.6f s), "
@@ -133,6 +137,32 @@ def page(an, rule=None, top=25):
     parts.append("<script>%s</script>\n" % PAGE_JS)
     parts.append("</body></html>\n")
     return "".join(parts)
+
+
+def html_tags(an):
+    """The by-tag table (the text summary's, with exact byte counts in the cells' titles)."""
+    esc = html.escape
+    cells, rows = an.tag_rows()
+    out = ["<section id=\"by-tag-section\"><h2>By tag</h2>\n<p class=\"ctl\">Sleeps, wakes and the time asleep of "
+           "each tag the trace names; allocations are put down to a tag by the address ranges its sleeps and wakes "
+           "touched (the rest: one row). Asleep tags are the bands over the chart above.</p>\n"
+           "<table class=\"tags\" id=\"tags\"><tr>%s</tr>\n" % "".join(
+               "<th%s>%s</th>" % (" class=\"site\"" if i == 0 else "", esc(h))
+               for i, h in enumerate(Analysis.TAG_COLUMNS))]
+    for c, r in zip(cells, rows):
+        titles = {2: r.requested, 3: r.peak, 4: r.live, 5: r.live_at_sleep, 9: r.slept_bytes, 10: r.host_bytes,
+                  11: r.woken_bytes}
+        tds = []
+        for i, v in enumerate(c):
+            if i == 0:
+                tds.append("<td class=\"site\">%s</td>" % esc(v))
+            elif i in titles and v != "-":
+                tds.append("<td title=\"%d B\">%s</td>" % (titles[i], esc(v)))
+            else:
+                tds.append("<td>%s</td>" % esc(v))
+        out.append("<tr>%s</tr>\n" % "".join(tds))
+    out.append("</table>\n</section>\n")
+    return "".join(out)
 
 
 def size_cell(n):

@@ -38,6 +38,21 @@
     return Math.max(0, Math.min(9, Math.ceil(-Math.log10(step)) + 1));
   }
   function fmtT(t, d) { return (t / 1e9).toFixed(d) + " s"; }
+  // The time axis: ticks at whole multiples of a round step (1, 2, 2.5 or 5 times a power of ten)
+  // between t0 and t1, about five, all labelled in one unit: the largest that t1 reaches
+  // ("8 ms", "10 ms", "12 ms"; "0 s", "0.5 s", "1 s").
+  var TUNITS = [["s", 1e9], ["ms", 1e6], ["\u00b5s", 1e3], ["ns", 1]];
+  function timeTicks(t0, t1) {
+    var unit = TUNITS[TUNITS.length - 1];
+    for (var i = 0; i < TUNITS.length; i++) if (t1 >= TUNITS[i][1]) { unit = TUNITS[i]; break; }
+    var raw = (t1 - t0) / unit[1] / 5, p = Math.pow(10, Math.floor(Math.log10(raw))), step = 10 * p;
+    var ms = unit[1] === 1 ? [1, 2, 5] : [1, 2, 2.5, 5];  // no fractions of a nanosecond
+    for (i = 0; i < ms.length; i++) if (ms[i] * p >= raw * (1 - 1e-9)) { step = ms[i] * p; break; }
+    if (unit[1] === 1) step = Math.max(1, Math.round(step));
+    var k0 = Math.ceil(t0 / unit[1] / step - 1e-9), k1 = Math.floor(t1 / unit[1] / step + 1e-9), out = [];
+    for (var k = k0; k <= k1; k++) out.push([k * step * unit[1], parseFloat((k * step).toPrecision(12)) + " " + unit[0]]);
+    return out;
+  }
 
   // ---------------------------------------------------------------- timeline
   var W = 1000, X0 = 80, X1 = 980, YT = 20, YB = 240, LANE0 = 268, LANEH = 11;
@@ -80,12 +95,15 @@
       el("line", {x1: X0, y1: y, x2: X1, y2: y, stroke: "#ddd"}, svg);
       el("text", {x: X0 - 4, y: y + 4, "font-size": 11, "text-anchor": "end"}, svg, ticks[i][1]);
     }
-    var d = decimals(t1 - t0);
-    for (i = 0; i < 5; i++) {
-      var t = t0 + (t1 - t0) * i / 4;
-      el("text", {x: sx(t), y: YB + 16, "font-size": 11, "text-anchor": i < 4 ? "middle" : "end", "class": "xlabel"},
-         svg, fmtT(t, d));  // the last one ends at the plot's edge: centred there it would be cut
+    var d = decimals(t1 - t0), xt = timeTicks(t0, t1);
+    for (i = 0; i < xt.length; i++) {
+      var xx = sx(xt[i][0]);
+      el("line", {x1: xx, y1: YB, x2: xx, y2: YB + 4, stroke: "#333"}, svg);
+      // one that ends near the plot's edge is drawn inside it: centred there it would be cut
+      el("text", {x: xx, y: YB + 16, "font-size": 11, "text-anchor": xx > X1 - 20 ? "end" : xx < X0 + 20 ? "start" :
+                  "middle", "class": "xlabel"}, svg, xt[i][1]);
     }
+    drawSleeps(svg, t0, t1, sx);
     var series = D.native ? [[2, "#59a14f"], [1, "#4e79a7"]] : [[1, "#4e79a7"]];
     for (var s = 0; s < series.length; s++) {
       var idx = series[s][0], col = series[s][1];
@@ -101,6 +119,7 @@
       el("polygon", {points: path.join(" "), fill: col, "fill-opacity": 0.45, stroke: col, "stroke-width": 1.5,
                      "class": "series"}, svg);
     }
+    for (i = 0; i < bandLabels.length; i++) svg.appendChild(bandLabels[i]);  // over the series, readable
     el("rect", {x: X1 - 140, y: YT, width: 12, height: 12, fill: "#4e79a7"}, svg);
     el("text", {x: X1 - 124, y: YT + 11, "font-size": 12}, svg, "live");
     if (D.native) {
@@ -118,10 +137,12 @@
         var m = D.vmm[i];
         if (m[0] < t0 || m[0] > t1 || laneOf[m[1]] === undefined) continue;  // (an op of a newer writer: no lane)
         var name = D.ops[m[1]] || ("op " + m[1]);
-        var r = el("rect", {x: (sx(m[0]) - 1).toFixed(1), y: LANE0 + laneOf[m[1]] * LANEH, width: 3, height: 9,
-                            fill: OPCOL[m[1] % OPCOL.length], "class": "vmm"}, svg);
+        var host = m[6] & 0x80, r = el("rect", {x: (sx(m[0]) - 1).toFixed(1), y: LANE0 + laneOf[m[1]] * LANEH,
+                                                width: 3, height: 9, fill: host ? "#17becf" : OPCOL[m[1] % OPCOL.length],
+                                                "class": "vmm"}, svg);
         if (m[5]) { r.setAttribute("stroke", "#000"); r.setAttribute("stroke-width", 1); }
-        el("title", {}, r, name + " " + fmtBytes(m[2]) + (m[3] ? " at 0x" + m[3].toString(16) : "") +
+        el("title", {}, r, name + (host ? " of host memory" : m[6] & 0x40 ? " (a second mapping)" : "") + " " +
+           fmtBytes(m[2]) + (m[3] ? " at 0x" + m[3].toString(16) : "") +
            ", " + (m[4] / 1e6).toFixed(3) + " ms, at " + fmtT(m[0], 6) + (m[5] ? ", FAILED (CUresult " + m[5] + ")" : ""));
         shown++;
       }
@@ -140,6 +161,70 @@
     var rng = document.getElementById("timeline-range");
     if (rng) rng.textContent = "showing " + fmtT(t0, d) + " to " + fmtT(t1, d) + " of " + fmtT(D.tmax, 6) +
       (D.vmm_total > D.vmm.length ? " (the first " + D.vmm.length + " of " + D.vmm_total + " pool events marked)" : "");
+  }
+  // Sleeps and wakes (D.bands, D.moves): a tag asleep is a band of its colour over the plot, from
+  // the end of its sleep to the end of its wake, labelled with the tag and the mode; each sleep
+  // and wake call (the move of the bytes: given back, copied to or from the host) is a darker
+  // band, with a marker above the plot to hover (the plot itself takes the mouse for zooming).
+  var TAGCOL = ["#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#f28e2b", "#bab0ac"];
+  var tagNames = [], bandLabels = [];
+  (function () {
+    var seen = {}, add = function (n) { if (!seen[n]) { seen[n] = 1; tagNames.push(n); } };
+    for (var i = 0; i < D.bands.length; i++) add(D.bands[i][2]);
+    for (i = 0; i < D.moves.length; i++) add(D.moves[i][3]);
+  })();
+  function tagColour(name) { return TAGCOL[tagNames.indexOf(name) % TAGCOL.length]; }
+  function modeName(m) { return D.modes[m] || ("mode " + m); }
+  function drawSleeps(svg, t0, t1, sx) {
+    bandLabels = [];
+    var clip = function (a, b) { return [sx(Math.max(a, t0)), sx(Math.min(b, t1))]; };
+    var nb = 0, nm = 0, i;
+    for (i = 0; i < D.bands.length; i++) {
+      var b = D.bands[i];
+      if (b[1] < t0 || b[0] > t1) continue;
+      var x = clip(b[0], b[1]), col = tagColour(b[2]);
+      var what = b[2] + " asleep (" + modeName(b[3]) + ")";
+      el("rect", {x: x[0].toFixed(1), y: YT, width: Math.max(x[1] - x[0], 1).toFixed(1), height: YB - YT, fill: col,
+                  "fill-opacity": 0.15, "class": "sleep-band", "data-tag": b[2]}, svg);
+      // one row of labels per tag (four at most), so that neighbouring bands' labels do not overlap
+      var lab = el("text", {x: (x[0] + 3).toFixed(1), y: YT + 30 + 13 * (tagNames.indexOf(b[2]) % 4),
+                            "font-size": 11, "font-weight": "bold",
+                            "class": "sleep-label", fill: "#333"}, null, b[2] + " \u00b7 " + modeName(b[3]) + (b[6] ? " (still asleep)" : ""));
+      el("title", {}, lab, what);
+      bandLabels.push(lab);
+      nb++;
+    }
+    for (i = 0; i < D.moves.length; i++) {
+      var m = D.moves[i];
+      if (m[1] < t0 || m[0] > t1) continue;
+      var xm = clip(m[0], m[1]), cm = tagColour(m[3]), mid = (xm[0] + xm[1]) / 2;
+      el("rect", {x: xm[0].toFixed(1), y: YT, width: Math.max(xm[1] - xm[0], 1.5).toFixed(1), height: YB - YT,
+                  fill: cm, "fill-opacity": 0.3, "class": "sleep-move"}, svg);
+      var sleep = m[2] === 0, pts = sleep ? [mid - 5, 4, mid + 5, 4, mid, 14] : [mid - 5, 14, mid + 5, 14, mid, 4];
+      var mk = el("polygon", {points: pts.join(" "), fill: cm, stroke: m[7] ? "#000" : cm, "class": "sleep-marker",
+                              "data-tag": m[3]}, svg);
+      el("title", {}, mk, (sleep ? "sleep " + m[3] + " (" + modeName(m[4]) + "): device memory given back " +
+                           fmtBytes(m[5]) + (m[6] ? ", copied to the host " + fmtBytes(m[6]) : "")
+                         : "wake " + m[3] + ": device memory mapped again " + fmtBytes(m[5]) +
+                           (m[6] ? ", copied back from the host " + fmtBytes(m[6]) : "")) +
+         ", " + (Math.max(m[1] - m[0], 0) / 1e6).toFixed(3) + " ms, done at " + fmtT(m[1], 6) +
+         (m[7] ? ", FAILED: " + m[9] : ""));
+      nm++;
+    }
+    svg.setAttribute("data-bands-shown", nb);
+    svg.setAttribute("data-moves-shown", nm);
+    if (!tagNames.length) return;
+    // The legend: a swatch per tag (its bands), and what the darker bands and markers are.
+    var lg = el("g", {id: "timeline-legend"}, null), lx = X0 + 6;
+    for (i = 0; i < tagNames.length; i++) {
+      el("rect", {x: lx, y: YT + 2, width: 12, height: 12, fill: tagColour(tagNames[i]), "fill-opacity": 0.35}, lg);
+      var tx = el("text", {x: lx + 16, y: YT + 12, "font-size": 11, "class": "legend-tag"}, lg, tagNames[i] + " asleep");
+      lx += 16 + 6.5 * tx.textContent.length + 12;
+    }
+    el("rect", {x: lx, y: YT + 2, width: 12, height: 12, fill: "#888", "fill-opacity": 0.6}, lg);
+    el("text", {x: lx + 16, y: YT + 12, "font-size": 11}, lg,
+       "sleep \u25bc / wake \u25b2 (bytes moving)");
+    bandLabels.push(lg);
   }
   function svgX(ev) {
     var r = document.getElementById("chart-timeline").getBoundingClientRect();

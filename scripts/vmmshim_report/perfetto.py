@@ -1,11 +1,15 @@
-"""The Chrome/Perfetto trace (--perfetto): counter tracks and the largest allocations as slices."""
+"""The Chrome/Perfetto trace (--perfetto): counter tracks, the largest allocations and the tags'
+sleeps as slices."""
 
 from .sites import SiteRule, stackless_name
+from .tags import mode_name
 
 
 def perfetto(an, rule=None):
-    """Counter tracks of live and mapped bytes, and the largest allocations (--perfetto-allocs)
-    as async slices from allocation to free, named by call site, with the stack in args."""
+    """Counter tracks of live and mapped bytes, the largest allocations (--perfetto-allocs) as
+    async slices from allocation to free, named by call site, with the stack in args; each tag's
+    time asleep as an async slice (category sleep), and each sleep and wake call as a slice on
+    the thread that made it."""
     pid = an.trace.pid or 1
     ev = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
            "args": {"name": "vmmshim %s" % (an.trace.exe or an.trace.path)}}]
@@ -35,4 +39,15 @@ def perfetto(an, rule=None):
                    "pid": pid, "tid": tid, "args": args})
         ev.append({"name": site, "cat": "allocation", "ph": "e", "id": "0x%x" % (n + 1),
                    "ts": (an.t_last if t1 is None else t1) / 1000.0, "pid": pid, "tid": tid})
+    for n, (t0, t1, tag, mode, dbytes, hbytes, still) in enumerate(an.tags.bands):
+        name = "%s asleep (%s)" % (tag, mode_name(mode))
+        ev.append({"name": name, "cat": "sleep", "ph": "b", "id": "0x%x" % (n + 1), "ts": t0 / 1000.0, "pid": pid,
+                   "tid": 0, "args": {"tag": tag, "mode": mode_name(mode), "device_bytes": dbytes,
+                                      "host_bytes": hbytes, "asleep_at_end": still}})
+        ev.append({"name": name, "cat": "sleep", "ph": "e", "id": "0x%x" % (n + 1), "ts": t1 / 1000.0, "pid": pid,
+                   "tid": 0})
+    for t0, t1, kind, tag, mode, dbytes, hbytes, res, tid, _ in an.tags.moves:
+        ev.append({"name": ("sleep %s (%s)" % (tag, mode_name(mode))) if kind == 0 else "wake %s" % tag,
+                   "cat": "sleep", "ph": "X", "ts": t0 / 1000.0, "dur": (t1 - t0) / 1000.0, "pid": pid, "tid": tid,
+                   "args": {"device_bytes": dbytes, "host_bytes": hbytes, "result": res}})
     return {"traceEvents": ev, "displayTimeUnit": "ms"}

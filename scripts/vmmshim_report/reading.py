@@ -73,8 +73,9 @@ class Trace:
     MAX_DEVICE, a time of day past 23:59:60), is skipped and counted in `malformed` (the first
     three with a warning): nothing of it reaches the analysis."""
 
-    def __init__(self, path):
+    def __init__(self, path, quiet=False):
         self.path = path
+        self.quiet = quiet  # no warnings: a second reading of a file read before
         self.format = None
         self.version = None
         self.tool = ""
@@ -141,7 +142,7 @@ class Trace:
 
     def _bad(self, line):
         self.malformed += 1
-        if self.malformed <= 3:
+        if self.malformed <= 3 and not self.quiet:
             warn("%s: malformed line skipped: %r" % (self.path, line[:120]))
 
     def events(self):
@@ -287,7 +288,7 @@ class Trace:
                 elif c == "v":
                     self._bad(line)
                 else:
-                    if c not in unknown:
+                    if c not in unknown and not self.quiet:
                         warn("%s: unknown record type %r skipped (written by a newer vmmshim?)" % (self.path, c))
                     unknown[c] += 1
             except (ValueError, IndexError):

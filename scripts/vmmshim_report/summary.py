@@ -4,11 +4,11 @@ stack sums, the time series) and the text summary."""
 import collections
 import heapq
 
-from .common import fmt_bytes, fmt_pow2, plural
-from .reading import ALIAS, HOST_MEMORY
-
-SLEEP_MODES = ["discard", "host", "mapped"]
+from .common import fmt_bytes, fmt_pow2, fmt_size, plural
+from .common import TraceError
+from .reading import ALIAS, HOST_MEMORY, Trace
 from .sites import NO_STACKS, Stacks
+from .tags import SLEEP_MODES, Tags, result_name
 
 API_NAMES = ["runtime", "runtime-async", "driver", "driver-async"]
 VMM_OPS = ["reserve", "create", "map", "set-access", "unmap", "release", "address-free"]
@@ -89,7 +89,8 @@ class Analysis:
         self.vmm_ns = [0] * len(VMM_OPS)
         self.vmm_fail = 0
         self.sleeps = []  # (t, kind, tag, mode, device bytes, host bytes, result, duration)
-        self.vmm_events = []  # (t, op, size, va, duration, result), the first VMM_EVENTS_KEPT
+        self.tags = Tags()
+        self.vmm_events = []  # (t, op, size, va, duration, result, flags), the first VMM_EVENTS_KEPT
         self.n_vmm = 0
         self.mapped = {}  # va -> (size, dev)
         self.series = Series()
@@ -125,6 +126,9 @@ class Analysis:
         per_stack = self.per_stack
         epoch = 0
         pf = self.pf_max > 0
+        tags = self.tags
+        touched = tags.touched  # threads' mappings since their last event (a sleep's, at its w record)
+        resv = tags.starts  # reservations known: only then can an allocation be a tag's
         t = 0
         for ev in self.trace.events():
             kind = ev[0]
@@ -133,9 +137,13 @@ class Analysis:
             if kind == "a":
                 _, t, tid, api, dev, st, ptr, req, srv, stk = ev
                 old = live.get(ptr)
+                if touched:
+                    touched.pop(tid, None)
                 if old is not None:
                     self.double_allocs += 1
                     self.live_bytes -= old[0]
+                    if resv:
+                        tags.free(ptr, old[0])
                     if track:
                         s = per_stack[old[6]]
                         if s[4] != epoch:
@@ -143,6 +151,8 @@ class Analysis:
                             s[4] = epoch
                         s[2] -= old[0]
                 live[ptr] = (srv, req, t, api, dev, st, stk)
+                if resv:
+                    tags.alloc(ptr, req, srv)
                 self.n_alloc += 1
                 self.bytes_req += req
                 self.bytes_served += srv
@@ -181,10 +191,14 @@ class Analysis:
                 per_api[api][1] += 1
                 self.n_free += 1
                 rec = live.pop(ptr, None)
+                if touched:
+                    touched.pop(tid, None)
                 if rec is None:
                     self.unknown_frees += 1
                 else:
                     self.live_bytes -= rec[0]
+                    if resv:
+                        tags.free(ptr, rec[0])
                     if track:
                         s = per_stack[rec[6]]
                         if s[4] != epoch:
@@ -215,9 +229,17 @@ class Analysis:
                     self.vmm_ns[op] += dur
                 self.n_vmm += 1
                 if len(self.vmm_events) < VMM_EVENTS_KEPT:
-                    self.vmm_events.append((t, op, size, va, dur, res))
+                    self.vmm_events.append((t, op, size, va, dur, res, flags))
                 if res != 0:
                     self.vmm_fail += 1
+                elif op == 0:
+                    tags.reserve(va, size)
+                elif op == 6:
+                    tags.address_free(va)
+                if res == 0 and (op == 2 or op == 4):
+                    tags.mapping(t, tid, va)
+                if res != 0:
+                    pass
                 elif flags & (HOST_MEMORY | ALIAS):  # host memory, or device memory mapped twice
                     pass
                 elif op == 2:  # map
@@ -238,8 +260,11 @@ class Analysis:
                                              "frames": [], "time_us": t // 1000}))
             elif kind == "w":
                 self.sleeps.append(ev[1:2] + ev[3:4] + ev[5:])
+                tags.sleep_or_wake(*ev[1:])
             elif kind == "o":
                 _, t, tid, api, dev, st, req, err = ev
+                if touched:
+                    touched.pop(tid, None)
                 self.n_fail += 1
                 per_api[api][2] += 1
                 if viz is not None:
@@ -247,6 +272,12 @@ class Analysis:
                                          "frames": [], "time_us": t // 1000}))
             series_add(t, self.live_bytes, self.mapped_bytes)
         self.t_last = t if self.trace.end_t is None else max(t, self.trace.end_t)
+        tags.finish(self.t_last)
+        if self.trace.path != "-" and self.trace.size is not None and tags.claimed():
+            try:  # the tags' peaks need a second reading, which knows the tags from the start
+                tags.peaks(Trace(self.trace.path, quiet=True), self.n_events)
+            except (OSError, TraceError):
+                pass  # the file is gone or changed: the peaks stay unknown
         for s in per_stack.values():  # stacks unchanged since the last peak: their live bytes then are now's
             if s[4] != epoch:
                 s[3] = s[2]
@@ -274,6 +305,35 @@ class Analysis:
         if self.stacks is None:
             self.stacks = Stacks(self.trace, symboliser, progress)
         return self.stacks
+
+    TAG_COLUMNS = ("tag", "allocs", "requested", "peak live", "live at end", "at sleep", "sleeps", "wakes", "failed",
+                   "to sleep", "to host", "woken", "asleep", "at end")
+
+    def tag_rows(self):
+        """The by-tag table as text cells, one list a row (TAG_COLUMNS), and the rows themselves."""
+        leaked = sum(v[0] for v in self.live.values())
+        rows = self.tags.table(self.n_alloc, self.bytes_req, leaked)
+        cells = []
+        for r in rows:
+            head = [r.name, "%d" % r.allocs, fmt_size(r.requested), "-" if r.peak is None else fmt_size(r.peak),
+                    fmt_size(r.live)]
+            if r is self.tags.others:  # no tag: nothing slept
+                cells.append(head + ["-"] * (len(self.TAG_COLUMNS) - len(head)))
+                continue
+            cells.append(head + [fmt_size(r.live_at_sleep), "%d" % r.sleeps, "%d" % r.wakes, "%d" % r.failed,
+                                 fmt_size(r.slept_bytes), fmt_size(r.host_bytes), fmt_size(r.woken_bytes),
+                                 "%.6f s" % (r.asleep_ns / 1e9),
+                                 "asleep" if self.tags.asleep_at_end(r) else "awake"])
+        return cells, rows
+
+    def tag_text(self):
+        cells, _ = self.tag_rows()
+        out = ["by tag (allocations put down to a tag by the address ranges its sleeps and wakes touched):"]
+        widths = [max(len(c[i]) for c in cells + [list(self.TAG_COLUMNS)]) for i in range(len(self.TAG_COLUMNS))]
+        for c in [list(self.TAG_COLUMNS)] + cells:
+            out.append("  " + "  ".join(c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i])
+                                        for i in range(len(c))).rstrip())
+        return out
 
     def text(self, top=5, hint=True):
         tr = self.trace
@@ -360,9 +420,11 @@ class Analysis:
                     what = ("sleep (%s)" % SLEEP_MODES[mode]) if kind == 0 and 0 <= mode < 3 else "wake"
                     w("  %10.3f s  %-14s %-12s device %s%s, %.1f ms%s" % (
                         t / 1e9, what, tag, fmt_bytes(dbytes), (", host %s" % fmt_bytes(hbytes)) if hbytes else "",
-                        dur / 1e6, (", error %d" % res) if res else ""))
+                        dur / 1e6, (", error %s" % result_name(res)) if res else ""))
                 if len(self.sleeps) > 20:
                     w("  ... %d more" % (len(self.sleeps) - 20))
+                w("")
+                out.extend(self.tag_text())
         if tr.format == "native" and (tr.version or 0) >= 2 and hint:
             w("")
             if self.has_stacks():

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Tests of scripts/vmmshim-report: golden text on hand-built traces (native and rmm),
-format-version refusal, partial last line, memory_viz pickle, Perfetto JSON, a 100k
+"""Tests of scripts/vmmshim-report: golden text on hand-built traces (native and rmm) and on
+examples/sample.trace (version 3, made by the shim on the emulation), the by-tag table on a
+hand-built version-3 trace, format-version refusal, partial last line, memory_viz pickle, Perfetto JSON, a 100k
 event synthetic trace, and the HTML page rendered by headless chromium (each chart
 screenshotted on its own and checked for drawn pixels). Ends with "N passed, N failed"."""
 import json
@@ -9,6 +10,7 @@ import pickle
 import pickletools
 import random
 import re
+import subprocess
 import sys
 import time
 
@@ -31,6 +33,124 @@ def test_golden():
     r = golden(os.path.join(DATA, "small.trace"), os.path.join(DATA, "small.expected"))
     check(r.stderr.count("unknown record type 'z'") == 1, "unknown record type: one warning")
     golden(os.path.join(DATA, "small.csv"), os.path.join(DATA, "small-csv.expected"))
+    r = golden(os.path.join("examples", "sample.trace"), os.path.join(DATA, "sample.expected"))
+    check(r.stderr == "", "examples/sample.trace: read without a warning %r" % r.stderr[:200])
+
+
+def test_sleep_slices(tmp):
+    """The Perfetto trace of examples/sample.trace: kv asleep as an async slice, the sleep and the
+    wake calls as slices of the thread that made them."""
+    pf = os.path.join(tmp, "sample.json")
+    r = report(os.path.join("examples", "sample.trace"), "--perfetto", pf)
+    ev = json.load(open(pf))["traceEvents"] if r.returncode == 0 else []
+    asleep = [(e["ph"], e["name"]) for e in ev if e.get("cat") == "sleep" and e["ph"] in "be"]
+    calls = [e for e in ev if e.get("cat") == "sleep" and e["ph"] == "X"]
+    check(asleep == [("b", "kv asleep (host)"), ("e", "kv asleep (host)")],
+          "perfetto: kv's time asleep is one slice %s" % asleep)
+    check([e["name"] for e in calls] == ["sleep kv (host)", "wake kv"] and all(e["dur"] > 0 for e in calls)
+          and calls[0]["args"]["host_bytes"] == 24 << 20 and calls[0]["tid"] == 0x128e,
+          "perfetto: the sleep and the wake calls, with what they moved %s" % [(e["name"], e["args"]) for e in calls])
+
+
+# Two tags and one that never sleeps, in reservations of their own (times are hexadecimal ns).
+# Thread 2 unmaps in the third reservation (a trim) during kv's sleep, and thread 1 unmaps a
+# mapping of it before its sleep starts (0x2000 - 0x800): neither makes it kv's. kv sleeps in
+# mapped mode (copies from an alias, flag 40, in a range reserved and freed by the sleep; host
+# memory, flag 80, mapped at its blocks' addresses), weights in discard mode and stays asleep; a
+# wake of kv fails (-ENOMEM), the next one succeeds.
+TAGS_TRACE = """v 3 vmmshim 0.1.0
+p 1 0 0
+s 0 0
+m 10 1 0 0 7e0000000000 40000000 0 0 0 10
+m 20 1 0 0 7f0000000000 40000000 0 0 0 10
+m 30 1 0 0 7d0000000000 40000000 0 0 0 10
+m 40 1 2 0 7e0000000000 4000000 1 0 0 10
+m 50 1 2 0 7f0000000000 4000000 2 0 0 10
+m 60 1 2 0 7d0000000000 4000000 3 0 0 10
+m 70 1 2 0 7d0004000000 4000000 4 0 0 10
+a 100 1 0 0 - 7e0000000000 1000000 1000000 0
+a 110 1 0 0 - 7f0000000000 800000 800000 0
+a 120 1 0 0 - 7f0000800000 800000 800000 0
+a 130 1 0 0 - 7d0000000000 100000 100000 0
+f 140 1 0 0 - 7f0000800000 800000
+m 900 1 4 0 7d0004000000 4000000 0 0 0 10
+m 1900 1 4 0 7f0000000000 4000000 0 0 0 10
+m 1950 2 4 0 7d0000000000 4000000 0 0 0 10
+m 1960 1 0 0 7f8000000000 4000000 0 0 0 10
+m 1970 1 2 0 7f8000000000 4000000 2 40 0 10
+m 1980 1 4 0 7f8000000000 4000000 0 40 0 10
+m 1990 1 6 0 7f8000000000 4000000 0 0 0 10
+m 1a00 1 2 0 7f0000000000 4000000 9 80 0 10
+g 2000 1 0 - 1 kv
+w 2000 1 0 - 1 2 4000000 4000000 0 800
+m 3050 1 4 0 7e0000000000 4000000 0 0 0 10
+g 3100 1 0 - 0 weights
+w 3100 1 0 - 0 0 4000000 0 0 100
+g 4000 1 0 - 1 kv
+w 4000 1 1 - 1 0 0 0 fffffff4 10
+m 5900 1 2 0 7f0000000000 4000000 5 0 0 10
+g 6000 1 0 - 1 kv
+w 6000 1 1 - 1 0 4000000 4000000 0 800
+a 6100 1 0 0 - 7f0000800000 400000 400000 0
+e 10000
+"""
+
+
+def tag_table(out):
+    """The by-tag table of a text report: {tag: [cells after the name]}, in order."""
+    lines = out.splitlines()
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("by tag")), None)
+    rows = {}
+    if at is not None:
+        head = lines[at + 1].split()
+        check(head[:5] == ["tag", "allocs", "requested", "peak", "live"], "by tag: the column heads %s" % head)
+        for ln in lines[at + 2:]:
+            if not ln.startswith("  "):
+                break
+            m = re.match(r"  (\S+(?: \S+)*?)  +(\d+) +(.*)$", ln)
+            if m:
+                rows[m.group(1)] = [m.group(2)] + re.split(r"  +", m.group(3).strip())
+    return rows
+
+
+def test_by_tag(tmp):
+    path = os.path.join(tmp, "tags.trace")
+    with open(path, "w") as f:
+        f.write(TAGS_TRACE)
+    r = report(path)
+    rows = tag_table(r.stdout)
+    check(list(rows) == ["kv", "weights", "(not put down to a tag)"], "by tag: kv, weights, then the rest %s"
+          % list(rows))
+    # allocs, requested, peak live, live at end, live at sleep, sleeps, wakes, failed, to sleep, to host,
+    # woken, asleep, at end
+    check(rows.get("kv") == ["3", "20 MiB", "16 MiB", "12 MiB", "8 MiB", "1", "1", "1", "64 MiB", "64 MiB",
+                             "64 MiB", "0.000016 s", "awake"], "by tag: kv's row %s" % rows.get("kv"))
+    check(rows.get("weights") == ["1", "16 MiB", "16 MiB", "16 MiB", "16 MiB", "1", "0", "0", "64 MiB", "0 B",
+                                  "0 B", "0.000053 s", "asleep"], "by tag: weights' row %s" % rows.get("weights"))
+    check(rows.get("(not put down to a tag)") == ["1", "1 MiB", "-", "1 MiB"] + ["-"] * 9,
+          "by tag: the allocations of ranges no sleep touched, on their own row %s"
+          % rows.get("(not put down to a tag)"))
+    check(r.returncode == 0 and r.stderr == "", "by tag: no warning %r" % r.stderr[:200])
+    # From a pipe, the trace cannot be read twice: no peak per tag, the rest as from the file.
+    cat = subprocess.Popen(["cat", path], stdout=subprocess.PIPE)
+    piped = subprocess.run([sys.executable, REPORT, "-"], stdin=cat.stdout, cwd=ROOT, capture_output=True, text=True)
+    cat.stdout.close()
+    cat.wait()
+    prow, frow = tag_table(piped.stdout).get("kv"), rows.get("kv") or []
+    check(prow is not None and len(prow) > 3 and prow[2] == "-" and prow[:2] + prow[3:] == frow[:2] + frow[3:],
+          "by tag: read from a pipe, no peak, the same other figures %s" % prow)
+    check(re.search(r"^ +0\.000 s  wake +kv +device 0 B, 0\.0 ms, error -12 \(ENOMEM\)$", r.stdout, re.M),
+          "sleeps and wakes: the failed wake's error is named %s" % re.findall(r".*error.*", r.stdout))
+    # A wake of every tag (vmmshim_wake(NULL)) ends weights' sleep, and has a row of its own, last.
+    every = os.path.join(tmp, "every.trace")
+    with open(every, "w") as f:
+        f.write(TAGS_TRACE.replace("e 10000\n", "w 8000 1 1 - ffffffffffffffff 0 4000000 0 0 100\ne 10000\n"))
+    r = report(every)
+    table = r.stdout[r.stdout.find("\nby tag"):]
+    got = [(m.group(1), m.group(2).split()) for m in re.finditer(r"^  (kv|weights|every tag) +(.*)$", table, re.M)]
+    check([g[0] for g in got] == ["kv", "weights", "every tag"] and got[1][1][-3:] == ["0.000020", "s", "awake"]
+          and got[2][1][:10] == ["0", "0", "B", "-", "0", "B", "0", "B", "0", "1"],
+          "by tag: a wake of every tag ends weights' sleep and has its own row %s" % got)
 
 
 def test_refusals(tmp):
@@ -179,6 +299,8 @@ def test_html_render(page, tmp):
 def main():
     with scratch("vmmshim-report-test-") as tmp:
         test_golden()
+        test_by_tag(tmp)
+        test_sleep_slices(tmp)
         test_refusals(tmp)
         page = test_exports(tmp)
         test_synthetic(tmp)

@@ -158,15 +158,26 @@ def synthetic_v2():
 def synthetic_v3():
     """Version 3 adds tags and sleeps: the version-2 records, plus tag names, sleeps and wakes in
     every mode and of every tag, a failed wake, and host memory mapped at device addresses
-    (map and unmap records with FLAGS 80)."""
+    (map and unmap records with FLAGS 80). The allocations lie in a reserved range that the sleeps
+    unmap and the wakes map (the report puts them down to a tag), and a mapped sleep copies from
+    an alias (FLAGS 40) in a range it reserves and frees."""
     v2 = synthetic_v2().splitlines()
     body = [ln for ln in v2[1:] if not ln.startswith("e ")]
+    first = next(i for i, ln in enumerate(body) if ln[:2] in ("a ", "m "))
+    body[first:first] = ["m 10 4d2 0 0 7f0000000000 40000000 0 0 0 10"] + [
+        "m %x 4d2 2 0 %x 200000 %x 0 0 10" % (20 + k, 0x7f0010000000 + k * 0x200000, 100 + k) for k in range(6)]
     end = int(v2[-1].split()[1], 16)
     t = end
     for i, (kind, tag, name, mode) in enumerate([(0, "1", "weights", 1), (0, "2", "kv", 0), (1, "2", "kv", 0),
                                                  (0, "1", "weights", 2), (1, "ffffffffffffffff", None, 0),
                                                  (1, "1", "weights", 1)]):
         t += 5000
+        # a sleep unmaps a block mapped at the start, a wake maps a new one
+        va = (0x7f0010000000 if kind == 0 else 0x7f0020000000) + i * 0x200000
+        body.append("m %x 4d2 %x 0 %x 200000 0 0 0 10" % (t - 100, 4 if kind == 0 else 2, va))
+        if mode == 2 and kind == 0:
+            body.extend("m %x 4d2 %s 0 7f8000000000 200000 0 %s 0 10" % (t - 90 + k, op, fl)
+                        for k, (op, fl) in enumerate([(0, 0), (2, 40), (4, 40), (6, 0)]))
         if name:
             body.append("g %x 4d2 0 - %s %s" % (t, tag, name))
         result = 2 if i == 4 else 0
