@@ -62,11 +62,12 @@ int vmmshim_dump(void);
 
 /* ---- tags, sleep and wake ----
  *
- * Every allocation belongs to a tag: "default" unless one is set (VMMSHIM_TAG at start, a
- * thread's own with vmmshim_set_tag, or the process's from outside with vmmshim ctl). A tag's
- * memory lives on physical handles of that tag only. Sleeping a tag gives its device memory
- * back and keeps its addresses: pointers held anywhere and captured CUDA graphs stay valid;
- * waking maps device memory at the same addresses again.
+ * Every allocation belongs to a tag: "untagged" unless one is set (VMMSHIM_TAG at start, a
+ * thread's own with vmmshim_set_tag, or the process's from outside with vmmshim ctl); "untagged"
+ * is never "default", the tag of a region that names none, and no pause of regions takes it
+ * (docs/sleep.md, "Untagged memory"). A tag's memory lives on physical handles of that tag only.
+ * Sleeping a tag gives its device memory back and keeps its addresses: pointers held anywhere
+ * and captured CUDA graphs stay valid; waking maps device memory at the same addresses again.
  *
  * VMMSHIM_API_VERSION counts changes to what follows; vmmshim_api_version() says which the
  * loaded shim implements. The functions return 0, or a negative errno value:
@@ -79,7 +80,7 @@ int vmmshim_dump(void);
 int vmmshim_api_version(void);
 
 #define VMMSHIM_TAG_MAX 32   /* bytes of a tag name, its terminating zero included */
-#define VMMSHIM_MAX_TAGS 16  /* tags in a process, "default" included */
+#define VMMSHIM_MAX_TAGS 16  /* tags in a process, "untagged" included */
 
 /* The calling thread's allocations go to tag (created on first use) from now on; NULL: back to
  * the process's tag. */
@@ -112,9 +113,10 @@ typedef struct vmmshim_sleep_result_s {
   char reason[160];     /* why bytes were skipped or the call failed, "" when neither */
 } vmmshim_sleep_result_t;
 
-/* Sleeps tag (NULL: every tag) in mode. First waits for the GPU work that may touch the tag
- * (the contexts that own it are synchronised; a capture in progress is waited for, up to
- * VMMSHIM_SLEEP_WAIT milliseconds, then -EBUSY), and holds new kernel launches, copies and
+/* Sleeps tag (NULL: every tag, "untagged" included: the whole process) in mode. First waits
+ * for the GPU work that may touch the tag (the contexts that own it are synchronised; a
+ * capture in progress is waited for, up to VMMSHIM_SLEEP_WAIT milliseconds, then -EBUSY), and
+ * holds new kernel launches, copies and
  * memsets of the process at their driver entry until the move is done. out may be NULL;
  * size = sizeof(vmmshim_sleep_result_t). */
 int vmmshim_sleep(const char *tag, vmmshim_sleep_mode_t mode, vmmshim_sleep_result_t *out, size_t size);
