@@ -76,7 +76,7 @@ int vmmshim_dump(void);
  *   (or VMMSHIM_LIMIT) has no room to wake, -ENOTSUP the device cannot do it (mapped mode needs
  *   host-location VMM), -EALREADY nothing to do (asleep already, or awake), -ENODEV the shim
  *   is not active. A result says what moved, also when the call failed part way. */
-#define VMMSHIM_API_VERSION 3
+#define VMMSHIM_API_VERSION 4
 int vmmshim_api_version(void);
 
 #define VMMSHIM_TAG_MAX 32   /* bytes of a tag name, its terminating zero included */
@@ -145,6 +145,13 @@ int vmmshim_tag_stats(vmmshim_tag_stats_t *out, int max, size_t size);
 int vmmshim_host_memory(uint64_t *in_use, uint64_t *cached);
 /* Gives the kept host memory back (keep: bytes to keep); returns the bytes given back. */
 size_t vmmshim_release_host(size_t keep);
+/* Where the bytes at addr are while its memory sleeps in host or mapped mode: *home, the address
+ * in the host buffer that holds them, and *len, the bytes that follow it there (a range longer
+ * than *len continues in another buffer: ask again at addr + *len). *home is a device address,
+ * in host memory, that the device reads: copy from it with cuMemcpyDtoH or cudaMemcpy; it stays
+ * valid until the memory wakes. Returns 0, -ENOENT (not asleep, discarded, or not the shim's),
+ * -EINVAL, -ENODEV. Since API version 4. */
+int vmmshim_host_copy(const void *addr, void **home, size_t *len);
 
 /* ---- past the limit (docs/limits.md) ----
  * With VMMSHIM_ON_LIMIT=host, growths the limit (VMMSHIM_LIMIT, a group's) refuses are served

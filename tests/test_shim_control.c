@@ -429,7 +429,7 @@ static void scenario_verbs(void) {
 
   /* tag: the threads without a tag of their own follow it */
   r = ctl("{\"v\":1,\"cmd\":\"tag\",\"tag\":\"phase2\"}");
-  CHECK(is_ok(r) && strstr(r, "\"previous\":\"default\""), "tag phase2: %s", r);
+  CHECK(is_ok(r) && strstr(r, "\"previous\":\"untagged\""), "tag phase2: %s", r);
   workers_progress(2000);
   CHECK(tag_stats("phase2", NULL).live > 0, "the threads without a tag allocate in phase2 now");
   r = ctl("{\"v\":1,\"cmd\":\"tag\",\"tag\":\"bad name!\"}");

@@ -59,6 +59,8 @@
  *            when that fails too the block is discarded (said, wakes to zeros).
  *   untagged memory allocated with no tag set is "untagged": a sleep of "default" (a region's
  *            tag) leaves it on the device, intact; naming "untagged" sleeps it alone.
+ *            vmmshim_host_copy finds a host-mode sleeping block's bytes (at any offset), and
+ *            answers ENOENT for awake memory.
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -92,6 +94,7 @@
 #pragma weak vmmshim_release_host
 #pragma weak vmmshim_api_version
 #pragma weak vmmshim_trim
+#pragma weak vmmshim_host_copy
 
 static vmmshim_sleep_result_t g_res;
 static const char *g_self;
@@ -886,6 +889,16 @@ static void scenario_untagged(void) {
   CHECK(mapped_as(outside, 1 * MiB) == 0 && pat_check(outside, 1 * MiB, 41) == (size_t)-1,
         "the untagged block stayed on the device with its bytes");
   CHECK(!tag_stats("untagged").asleep, "untagged is awake");
+  void *home = NULL;
+  size_t len = 0;
+  CHECK(vmmshim_host_copy(inside, &home, &len) == 0 && home && len >= 4 * MiB &&
+            pat_check(home, 4 * MiB, 42) == (size_t)-1,
+        "host_copy: the sleeping block's bytes in a host buffer (%zu bytes there)", len);
+  CHECK(vmmshim_host_copy(inside + 1 * MiB, &home, &len) == 0 && len >= 3 * MiB &&
+            ((unsigned char *)home)[0] == pat_byte(42, 1 * MiB) &&
+            ((unsigned char *)home)[3 * MiB - 1] == pat_byte(42, 4 * MiB - 1),
+        "host_copy inside the block: from that offset");
+  CHECK(vmmshim_host_copy(outside, &home, &len) == -ENOENT && !home && !len, "host_copy of awake memory: ENOENT");
   CHECK(do_wake("default", 0) == 0 && pat_check(inside, 4 * MiB, 42) == (size_t)-1, "wake default: bytes back");
   CHECK(do_sleep("untagged", VMMSHIM_SLEEP_HOST) == 0 && mapped_as(outside, 1 * MiB) == -1 &&
             mapped_as(inside, 4 * MiB) == 0,
