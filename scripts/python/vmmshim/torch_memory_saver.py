@@ -123,7 +123,8 @@ class TorchMemorySaver:
         region never serve it, and its blocks never serve allocations outside it (their tags
         would be wrong: untagged memory paused, or a region's not)."""
         torch = _torch()
-        if torch is None or not hasattr(torch.cuda, "MemPool") or not torch.cuda.is_available():
+        if (torch is None or not hasattr(torch.cuda, "MemPool") or not torch.cuda.is_available()
+                or os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"):  # no cache: nothing to cross
             return None, contextlib.nullcontext()
         key = key + (torch.cuda.current_device(),)
         with self._lock:
