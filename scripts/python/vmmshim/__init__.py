@@ -31,6 +31,24 @@ import threading
 
 from .client import Control, ControlError, reachable  # noqa: F401  (the public API)
 
+
+def _source_version():
+    """VMMSHIM_VERSION of include/vmmshim.h, for the sources (pip install writes _version.py)."""
+    import re
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        with open(os.path.join(here, "..", "..", "..", "include", "vmmshim.h")) as f:
+            m = re.search(r'^#define VMMSHIM_VERSION "([^"]+)"', f.read(), re.M)
+        return m.group(1) if m else "unknown"
+    except OSError:
+        return "unknown"
+
+
+try:
+    from ._version import __version__
+except ImportError:
+    __version__ = _source_version()
+
 __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
            "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "host_copy", "stats", "trim", "dump",
            "control", "reachable", "loaded", "library_path", "UNTAGGED", "SleepResult", "Error", "NotPreloaded",
