@@ -223,7 +223,8 @@ def region(tag="default", enable_cpu_backup=False):
 
 
 def pause(tag=None):
-    """Gives the device memory of tag back (every tag region() has seen, when None): its bytes
+    """Gives the device memory of tag back (every tag region() has seen, when None: never
+    "untagged", the memory allocated outside regions, unless a region named it): its bytes
     are copied to host memory when the region was made with enable_cpu_backup, else discarded.
     Pausing a paused tag does nothing."""
     for t in ([tag] if tag is not None else sorted(_backup)):
@@ -250,7 +251,7 @@ def _moved(what, call, *args):
 
 
 def sleep(tag=None, mode="host"):
-    """Sleeps tag (None: every tag) in mode "discard", "host" or "mapped" (docs/sleep.md). Returns
+    """Sleeps tag (None: every tag, "untagged" included: the whole process) in mode "discard", "host" or "mapped" (docs/sleep.md). Returns
     a SleepResult; raises Error when the shim refused (EBUSY: a stream capture in progress,
     ENOENT: no such tag, ...). Nothing to do (asleep already) is not an error: result.error is
     -EALREADY."""
