@@ -1,8 +1,9 @@
 """The build step of `pip install .` (pyproject.toml): runs make for build/libvmmshim.so and puts
 it in the package (vmmshim/lib/libvmmshim.so), with the launcher and the replay and report
-scripts (vmmshim/bin/, run by the console scripts of vmmshim/_entry.py) and the version of
-include/vmmshim.h (vmmshim/_version.py). The Python sources stay where they are: the vmmshim
-package is scripts/python/vmmshim, vmmshim.report is scripts/vmmshim_report."""
+scripts (vmmshim/bin/, run by the console scripts of vmmshim/_entry.py). The package's version
+is include/vmmshim.h's (vmmshim.__version__ is a copy that tests/scripts/test_docs_code.py
+checks). The Python sources stay where they are: the vmmshim package is scripts/python/vmmshim,
+vmmshim.report is scripts/vmmshim_report."""
 import os
 import re
 import shutil
@@ -24,7 +25,7 @@ def version():
 
 
 class BuildWithLibrary(build_py):
-    """build_py, then make's library, the scripts and the version into the built package."""
+    """build_py, then make's library and the scripts into the built package."""
 
     def run(self):
         build_py.run(self)
@@ -39,8 +40,6 @@ class BuildWithLibrary(build_py):
             os.makedirs(os.path.dirname(out), exist_ok=True)
             shutil.copyfile(src, out)
             os.chmod(out, mode)
-        with open(os.path.join(pkg, "_version.py"), "w") as f:
-            f.write('"""Written by setup.py from include/vmmshim.h."""\n__version__ = "%s"\n' % version())
 
 
 class WithLibrary(Distribution):

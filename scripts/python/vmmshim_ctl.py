@@ -14,5 +14,3 @@ if __name__ == "__main__":
         sys.exit(cli.main(sys.argv[1:]))
     except KeyboardInterrupt:
         sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)

@@ -18,12 +18,13 @@ from .symbols import Symboliser
 from .tool import Output, OutputError, ToolParser, milliseconds, positive_number, whole_number
 
 PARAGRAPHS = [
-    "Reads TRACE, a trace written by vmmshim (native format, versions 1 and 2) or in RAPIDS RMM's "
-    "logging_resource_adaptor CSV format (vmmshim --trace-format rmm), or - for standard input, and "
-    "prints peak live and mapped bytes, fragmentation at the peak, allocations by size class, leaks, "
-    "short-lived allocations, time spent growing pools and counts per API. With the call stacks of a "
-    "version-2 trace (vmmshim --stacks N) it lists where memory went by call site. It can also write a "
-    "self-contained HTML page, a snapshot for PyTorch's memory_viz and a Chrome/Perfetto trace.",
+    "Reads TRACE, a trace written by vmmshim (native format, versions 1 to 3; the shim writes 3) or "
+    "in RAPIDS RMM's logging_resource_adaptor CSV format (vmmshim --trace-format rmm), or - for "
+    "standard input, and prints peak live and mapped bytes, fragmentation at the peak, allocations by "
+    "size class, leaks, short-lived allocations, time spent growing pools and counts per API. With the "
+    "call stacks of a trace of version 2 or later (vmmshim --stacks N) it lists where memory went by "
+    "call site. It can also write a self-contained HTML page, a snapshot for PyTorch's memory_viz and "
+    "a Chrome/Perfetto trace.",
     "The trace is streamed: traces of tens of millions of events fit in memory. A line that is "
     "malformed or holds a value out of range is skipped and counted (the first three with a warning). "
     "The output files and the numbers given are checked before the trace is read.",

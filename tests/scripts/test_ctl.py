@@ -6,13 +6,17 @@ kv (4 MiB) filled with patterns; it checks them, or allocates 1 MiB, when asked 
 input. Through scripts/vmmshim (the launcher's ctl and top dispatch):
   - every verb's output and exit status; the bytes of weights survive a host sleep made from
     outside; discarded kv wakes as zeros;
-  - the exit statuses: 2 bad usage, 1 refused, 0 for nothing to do, 3 dead pid, 4 a process not
+  - the exit statuses: 2 bad usage (a bad PID too), 1 refused, 0 for nothing to do, 3 dead pid, 4 a process not
     under the shim (and a socket held by another pid), 5 another user's process, 6 no answer in
     time, 7 connection closed or a reply that is not one (fake servers on this process's name);
   - the --group hook: the group verbs' errors, dispatch to a registered handler;
+  - messages: no such tag, the help's order, usage errors on standard error with a usage line,
+    exit 2 for every bad PID, "did you mean", a closed pipe ending the client by SIGPIPE;
   - vmmshim top --once (80 columns, the processes and their tags), top without a terminal, and
     top in a real terminal (tmux, 80x24): the frame's content, a refresh, q quits; list and top
-    look only at the processes the test started (--pid);
+    look only at the processes the test started (--pid); with 10 processes: sorted by mapped
+    bytes, --sort pid, --once in pseudo-terminals of 80x24 and 200x50 (names of 14, then whole),
+    and in tmux "... N more (sorted by mem)" at 80x24, the key p, a resize to 200x50;
   - replies that are not the shim's (fake servers, each a process of its own: {"v":1,"ok":true},
     100,000 nested '[', members of the wrong type, names with escape sequences, endless bytes, no
     answer): list, top --once and status exit normally with a row or a line giving the reason,
@@ -28,6 +32,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -248,6 +253,10 @@ def statuses(sv):
               "usage error: exit 2 for ctl %s [%s]" % (" ".join(map(str, args)), out.strip()[:120]))
     rc, out = ctl(pid, "sleep", "nosuch")
     check(rc == 1 and "ENOENT" in out and out.count("\n") == 1, "refused: exit 1, one line [%s]" % out.strip())
+    for verb in ("sleep", "wake"):
+        rc, out = ctl(pid, verb, "nosuch")
+        check(rc == 1 and out == "vmmshim: error: pid %d: %s: ENOENT: no such tag: nosuch\n" % (pid, verb),
+              "%s of an unknown tag: 'no such tag: nosuch', exit 1 (docs/control.md) [%s]" % (verb, out.strip()))
     rc, out = ctl(pid, "tag", "bad name")
     check(rc == 1 and "EINVAL" in out, "a bad tag name: exit 1 [%s]" % out.strip())
     dead = subprocess.Popen(["true"])
@@ -290,6 +299,80 @@ def statuses(sv):
         fake.close()
         check(rc == status_want and words in out and took < 10,
               "a server that does '%s': exit %d in %.1f s [%s]" % (how, status_want, took, out.strip()))
+
+
+def ctl_split(*args):
+    """(exit status, standard output, standard error) of `vmmshim ctl ARGS`."""
+    r = subprocess.run(["sh", LAUNCHER, "ctl"] + [str(a) for a in args], capture_output=True, text=True,
+                       timeout=60, env=PLAIN_ENV)
+    return r.returncode, r.stdout, r.stderr
+
+
+def messages(sv):
+    """The help's order, usage errors on standard error, one exit status for a bad PID, "did you
+    mean", a closed pipe."""
+    pid = sv.pid
+    rc, out, err = ctl_split("--help")
+    at = {what: out.find(what) for what in ("Usage: vmmshim ctl list", "vmmshim ctl --group NAME limit",
+                                            "vmmshim top [", "  list ", "Exit status:")}
+    check(rc == 0 and not err and at["Usage: vmmshim ctl list"] == 0 and -1 not in at.values()
+          and at["vmmshim ctl --group NAME limit"] < at["  list "] < at["Exit status:"]
+          and at["vmmshim top ["] < at["  list "],
+          "ctl --help on standard output: every usage line (--group's too) first, then the verbs, then the exit "
+          "statuses %r" % at)
+    rc, out, err = ctl_split()
+    lines = err.splitlines()
+    check(rc == 2 and not out and len(lines) == 2 and lines[0].startswith("vmmshim: error: ")
+          and lines[1].startswith("usage: vmmshim ctl list | PID VERB"),
+          "ctl alone: a usage error, the reason and a usage line on standard error, nothing on standard output "
+          "[%s|%s]" % (out[:80], err.strip()))
+    rc, out, err = ctl_split(pid, "sleep", "kv", "--mode", "fast")
+    lines = err.splitlines()
+    check(rc == 2 and not out and len(lines) == 2 and lines[1].startswith("usage: vmmshim ctl PID sleep TAG|--all"),
+          "a verb's usage error: the reason, then that verb's usage line [%s]" % err.strip())
+    for word in ("-5", "0", "abc", "+7", "1e3", "٣"):
+        rc, out, err = ctl_split(word, "status")
+        check(rc == 2 and not out and ("'%s' is not a process id (a number above 0)" % word in err
+                                       or "'%s' is neither list nor a process id" % word in err),
+              "a bad PID '%s': exit 2, as every bad PID [%s]" % (word, err.strip()))
+    for word in ("+%d" % pid, "%d_0" % pid, "-5"):
+        for args in (["ctl", "list", "--pid", word], ["top", "--once", "--pid", word]):
+            r = subprocess.run(["sh", LAUNCHER] + args, capture_output=True, text=True, timeout=60, env=PLAIN_ENV)
+            check(r.returncode == 2 and "is not a list of process ids" in r.stderr,
+                  "%s: not a process id, exit 2 [%s]" % (" ".join(args), r.stderr.strip()))
+    for args, near in (([pid, "slep"], "sleep"), ([pid, "stauts"], "status"), ([pid, "releasehost"], "release-host"),
+                       (["lsit"], "list"), (["--grup", "g", "status"], "--group"),
+                       (["--group", "g", "stauts"], "status")):
+        rc, out, err = ctl_split(*args)
+        check(rc == 2 and "did you mean %s?" % near in err,
+              "ctl %s: did you mean %s? [%s]" % (" ".join(map(str, args)), near, err.strip()))
+    rc, out, err = ctl_split("sleep", pid)
+    check(rc == 2 and "needs a process first: vmmshim ctl PID sleep" in err,
+          "the verb before the PID: says where the PID goes [%s]" % err.strip())
+    r = subprocess.run(["sh", LAUNCHER, "top", "--sort", "nmae"], capture_output=True, text=True, timeout=60,
+                       env=PLAIN_ENV)
+    check(r.returncode == 2 and "did you mean name?" in r.stderr and "usage: vmmshim top" in r.stderr,
+          "top --sort nmae: exit 2, did you mean name? [%s]" % r.stderr.strip())
+
+    # A reader that went away: the client ends as cat does, by SIGPIPE, and says nothing.
+    group = "vs-test-ctl-pipe-%d" % os.getpid()
+    ctl("--group", group, "limit", "1G")
+    try:
+        for args in (["ctl", "list", "--pid", pid], ["ctl", "--help"], ["ctl", pid, "status"], ["ctl", pid, "dump"],
+                     ["ctl", "--group", group, "status"], ["top", "--once", "--pid", pid]):
+            rd, wr = os.pipe()
+            os.close(rd)
+            r = subprocess.run(["sh", LAUNCHER] + [str(a) for a in args], stdout=wr, stderr=subprocess.PIPE,
+                               text=True, timeout=60, env=PLAIN_ENV)
+            os.close(wr)
+            check(r.returncode == -signal.SIGPIPE and not r.stderr,
+                  "%s into a closed pipe: ended by SIGPIPE, nothing said (exit %d) [%s]"
+                  % (" ".join(map(str, args)), r.returncode, r.stderr.strip()))
+    finally:
+        try:
+            os.unlink("/dev/shm/vmmshim-%d-%s" % (os.geteuid(), group))
+        except OSError:
+            pass
 
 
 def group_hook():
@@ -397,6 +480,126 @@ def top(sv):
         check("top-exited" in tm("capture-pane", "-p").stdout, "q quits")
     finally:
         tm("kill-server")
+
+
+def once_in_pty(cols, rows, *args):
+    """The output of `vmmshim top --once ARGS` in a pseudo-terminal of cols x rows."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    env = {k: v for k, v in PLAIN_ENV.items() if k not in ("COLUMNS", "LINES")}
+    p = subprocess.Popen(["sh", LAUNCHER, "top", "--once"] + [str(a) for a in args], stdin=slave, stdout=slave,
+                         stderr=slave, env=env)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's last holder closed it
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    p.wait(timeout=60)
+    return out.decode("utf-8", "replace").replace("\r\n", "\n")
+
+
+def mapped_column(lines, pids):
+    """(pid, MAPPED) of the process rows among lines, in their order."""
+    got = []
+    for line in lines:
+        w = line.split()
+        if w[:1] and w[0].isdigit() and int(w[0]) in pids and len(w) >= 5:
+            got.append((int(w[0]), w[4]))
+    return got
+
+
+def top_layout(sv):
+    """top with 10 processes: sorted by mapped bytes, the terminal's width for the names, a line
+    counting the processes that do not fit its height; a sort key, by option and by key press."""
+    more = [Serve() for _ in range(9)]
+    try:
+        check(all(m.pid > 0 for m in more), "9 more target programs run")
+        for i, m in enumerate(more):  # mapped bytes that differ: 1 to 9 MiB more
+            m.ask("alloc %d" % (i + 1))
+        every = [sv.pid] + [m.pid for m in more]
+        figures = {p: status(p) for p in every}
+        by_mapped = sorted(every, key=lambda p: (-figures[p]["mapped"], -sum(d["live"] for d in figures[p]["devices"]),
+                                                 p))
+        arg = ",".join(map(str, every))
+        r = subprocess.run(["sh", LAUNCHER, "top", "--once", "--pid", arg], capture_output=True, text=True,
+                           timeout=60, env=PLAIN_ENV)
+        order = [pid for pid, _ in mapped_column(r.stdout.splitlines(), set(every))]
+        check(r.returncode == 0 and order == by_mapped,
+              "top --once: sorted by mapped bytes, most first, by default (%r, want %r)" % (order, by_mapped))
+        r = subprocess.run(["sh", LAUNCHER, "top", "--once", "--sort", "pid", "--pid", arg], capture_output=True,
+                           text=True, timeout=60, env=PLAIN_ENV)
+        order = [pid for pid, _ in mapped_column(r.stdout.splitlines(), set(every))]
+        check(r.returncode == 0 and order == sorted(every), "top --once --sort pid: by pid (%r)" % order)
+        narrow = once_in_pty(80, 24, "--pid", arg)
+        wide = once_in_pty(200, 50, "--pid", arg)
+        n_rows = [line for line in narrow.splitlines() if line.split()[:1] == [str(sv.pid)]]
+        w_rows = [line for line in wide.splitlines() if line.split()[:1] == [str(sv.pid)]]
+        check(n_rows and n_rows[0].split()[1] == "test_shim_cont" and max(map(len, narrow.splitlines())) <= 79
+              and len(mapped_column(narrow.splitlines(), set(every))) == 10,
+              "top --once in a terminal of 80x24: 79 columns, names of 14, every process [%s]"
+              % (n_rows[0] if n_rows else narrow[-300:]))
+        check(w_rows and w_rows[0].split()[1] == "test_shim_control",
+              "top --once in a terminal of 200x50: the whole name [%s]" % (w_rows[0] if w_rows else wide[-300:]))
+
+        tmux = shutil.which("tmux")
+        if not tmux:
+            check(os.environ.get("CI") != "true", "tmux is needed to test vmmshim top's layout in a terminal")
+            print("SKIP top's layout in a terminal: no tmux; not counted")
+            return
+        sock = "vmmshim-test-layout-%d" % os.getpid()
+        tm = lambda *a: subprocess.run([tmux, "-L", sock] + list(a), capture_output=True, text=True,  # noqa: E731
+                                       timeout=30, env=PLAIN_ENV)
+
+        def screen_with(words):
+            t0 = time.monotonic()
+            screen = ""
+            while time.monotonic() - t0 < 15 and words not in screen:
+                time.sleep(0.2)
+                screen = tm("capture-pane", "-p").stdout
+            return screen
+        try:
+            tm("new-session", "-d", "-x", "80", "-y", "24", "sh %s top --pid %s; echo top-exited; sleep 30"
+               % (LAUNCHER, arg))
+            screen = screen_with("sorted by mem")
+            lines = screen.splitlines()
+            shown = mapped_column(lines, set(every))
+            m = re.search(r"^\.\.\. (\d+) more \(sorted by mem\)$", screen, re.M)
+            check(m and shown and len(shown) + int(m.group(1)) == 10 and [p for p, _ in shown] == by_mapped[:len(shown)]
+                  and max(len(x.rstrip()) for x in lines) <= 79 and len(lines) <= 24,
+                  "top at 80x24 with 10 processes: those with the most mapped first, '... N more (sorted by mem)' "
+                  "for the others\n" + screen)
+            tm("send-keys", "p")
+            screen = screen_with("sorted by pid")
+            shown = [p for p, _ in mapped_column(screen.splitlines(), set(every))]
+            check("sorted by pid" in screen and shown == sorted(every)[:len(shown)],
+                  "the key p sorts by pid\n" + screen)
+            tm("resize-window", "-x", "200", "-y", "50")
+            screen = screen_with("test_shim_control ")
+            lines = screen.splitlines()
+            check("test_shim_control " in screen and len(mapped_column(lines, set(every))) == 10
+                  and " more (sorted by" not in screen and first_line_keys(lines),
+                  "resized to 200x50: the whole names, every process, no 'more' line\n" + screen)
+            tm("send-keys", "q")
+            check("top-exited" in screen_with("top-exited"), "q quits")
+        finally:
+            tm("kill-server")
+    finally:
+        for m in more:
+            m.stop()
+
+
+def first_line_keys(lines):
+    return bool(lines) and lines[0].rstrip().endswith("sort pid (s)  q quits")
 
 
 # ---------------------------------------------------------------- replies that are not the shim's
@@ -698,8 +901,8 @@ def module(sv):
         check(o["level1"] and o["level1_bytes"], "sleep_level(1) and wake(): bytes kept")
         check(o["zero"], "wake(zero=True) after a discard: zeros")
         check(o["host"] == [0, True] and o["released"], "host_memory and release_host %r" % o["host"])
-        check(isinstance(o["enoent"], list) and o["enoent"][0] and "ENOENT" in o["enoent"][1],
-              "an unknown tag raises vmmshim.Error ENOENT %r" % o["enoent"])
+        check(isinstance(o["enoent"], list) and o["enoent"][0] and "ENOENT: no such tag: nosuch" in o["enoent"][1],
+              "an unknown tag raises vmmshim.Error ENOENT, 'no such tag: nosuch' %r" % o["enoent"])
         check("discard, host or mapped" in o["badmode"], "a bad mode raises ValueError")
         check(o["stats"], "stats(): the allocations went through the shim")
         check(o["control_self"], "vmmshim.control(own pid) answers from the shim's thread")
@@ -731,9 +934,11 @@ def main():
     try:
         verbs(sv)
         statuses(sv)
+        messages(sv)
         group_hook()
         group_segment_checks()
         top(sv)
+        top_layout(sv)
         bad_replies()
         module(sv)
     finally:

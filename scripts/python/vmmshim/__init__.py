@@ -19,7 +19,8 @@ allocator, blocks cached before the region was entered keep the tag they were fi
 Memory allocated with no tag set is tag "untagged", never "default" (region()'s tag): pause() and
 resume() with no tag take every tag a region used, never "untagged" (docs/sleep.md, "Untagged
 memory"). Programs written for torch_memory_saver: vmmshim.torch_memory_saver.
-Without the shim, every function raises NotPreloaded (one line saying how to run under it).
+Without the shim, every function that calls it (region, pause and resume included) raises
+NotPreloaded, with one line saying how to run under it. Reference: docs/sleep.md, "From Python".
 
 vmmshim.control(pid) steers another process under the shim from this one, with the verbs of
 `vmmshim ctl` (vmmshim/client.py); it does not need the shim in this process."""
@@ -31,24 +32,6 @@ import threading
 
 from .client import Control, ControlError, reachable  # noqa: F401  (the public API)
 
-
-def _source_version():
-    """VMMSHIM_VERSION of include/vmmshim.h, for the sources (pip install writes _version.py)."""
-    import re
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        with open(os.path.join(here, "..", "..", "..", "include", "vmmshim.h")) as f:
-            m = re.search(r'^#define VMMSHIM_VERSION "([^"]+)"', f.read(), re.M)
-        return m.group(1) if m else "unknown"
-    except OSError:
-        return "unknown"
-
-
-try:
-    from ._version import __version__
-except ImportError:
-    __version__ = _source_version()
-
 __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
            "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "host_copy", "stats", "trim", "dump",
            "control", "reachable", "loaded", "library_path", "UNTAGGED", "SleepResult", "Error", "NotPreloaded",
@@ -58,11 +41,18 @@ TAG_MAX = 32
 UNTAGGED = "untagged"  # the tag of memory allocated with no tag set
 MAX_TAGS = 16
 MODES = {"discard": 0, "host": 1, "mapped": 2}
+__version__ = "0.1.0"  # a copy of VMMSHIM_VERSION of include/vmmshim.h (test_docs_code.py checks)
 API_VERSION = 2  # the library's VMMSHIM_API_VERSION this module was written for (at least)
 
 
+# What NotPreloaded says when the library is not in the process: one line, how to get it there.
+NOT_PRELOADED = "vmmshim: the shim is not preloaded: run under `vmmshim` or LD_PRELOAD=.../libvmmshim.so"
+
+
 class NotPreloaded(RuntimeError):
-    """The shim is not in this process."""
+    """The shim is not in this process (or is older than this module): raised by every function
+    that calls it, region(), pause() and resume() included, with one line saying how to run under
+    it. control() and reachable() do not need the shim here and never raise it."""
 
 
 class Error(RuntimeError):
@@ -124,8 +114,8 @@ def _shim():
             try:
                 version = lib.vmmshim_api_version
             except AttributeError:
-                raise NotPreloaded("vmmshim: the shim is not preloaded: run under `vmmshim` or "
-                                   "LD_PRELOAD=.../libvmmshim.so")
+                # from None: the ctypes lookup that failed says nothing the message does not.
+                raise NotPreloaded(NOT_PRELOADED) from None
             version.restype = ctypes.c_int
             if version() < API_VERSION:
                 raise NotPreloaded("vmmshim: the preloaded shim has API %d; this module needs %d or later"
@@ -213,6 +203,7 @@ def region(tag="default", enable_cpu_backup=False):
     back at the end. enable_cpu_backup: pause() keeps the tag's bytes (host mode) rather than
     discarding them."""
     _name(tag)
+    _shim()  # NotPreloaded on entering the with block, before the tag is remembered for pause()
     _backup[tag] = bool(enable_cpu_backup) or _backup.get(tag, False)
     before = getattr(_thread, "tag", None)
     set_tag(tag)
@@ -227,12 +218,14 @@ def pause(tag=None):
     "untagged", the memory allocated outside regions, unless a region named it): its bytes
     are copied to host memory when the region was made with enable_cpu_backup, else discarded.
     Pausing a paused tag does nothing."""
+    _shim()  # NotPreloaded even when there is no tag to pause: silence would hide the mistake
     for t in ([tag] if tag is not None else sorted(_backup)):
         sleep(t, "host" if _backup.get(t) else "discard")
 
 
 def resume(tag=None):
     """Maps device memory at the same addresses again (every tag region() has seen, when None)."""
+    _shim()
     for t in ([tag] if tag is not None else sorted(_backup)):
         wake(t)
 
@@ -245,6 +238,10 @@ def _moved(what, call, *args):
     r = _SleepResult()
     rc = call(*args, ctypes.byref(r), ctypes.sizeof(r))
     res = SleepResult(r)
+    if rc == -errno.ENOENT and args and isinstance(args[0], bytes):
+        # The shim's only ENOENT here is a tag it does not know; its reason, the errno's text,
+        # names no tag.
+        raise Error(what, errno.ENOENT, "no such tag: %s" % args[0].decode(errors="replace"), res)
     if rc != -errno.EALREADY:
         _check(rc, what, res)
     return res

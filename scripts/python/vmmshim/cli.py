@@ -1,5 +1,8 @@
 """`vmmshim ctl` and `vmmshim top`: the command lines (scripts/vmmshim hands them here)."""
+import difflib
 import json
+import os
+import signal
 import sys
 
 from . import client, groups, text
@@ -17,7 +20,10 @@ Usage: vmmshim ctl list [--json] [--pid PID[,PID...]]
        vmmshim ctl PID dump
        vmmshim ctl PID release-host [--keep SIZE]
        vmmshim ctl PID promote
-       vmmshim top [--once] [--interval SECONDS] [--pid PID[,PID...]]
+"""
+
+ABOUT = """\
+       vmmshim top [--once] [--interval SECONDS] [--pid PID[,PID...]] [--sort KEY]
 See and steer a program running under vmmshim, from outside (docs/control.md).
 
   list          the processes under vmmshim this user can reach (root: all);
@@ -37,13 +43,45 @@ See and steer a program running under vmmshim, from outside (docs/control.md).
   release-host  give back host memory kept for the next sleep
   promote       memory served from host memory past a limit (VMMSHIM_ON_LIMIT=
                 host) back to the device, as far as the limit allows now
+  --group NAME  the limit and status of a group of processes (VMMSHIM_LIMIT_GROUP)
 Options: --json (the reply as JSON), --timeout SECONDS (default 10; 300 for sleep,
-wake and trim). SIZE takes K, M, G suffixes.
+wake and trim). SIZE takes K, M, G suffixes. PID: a process id, a number above 0.
 Exit status: 0 done (or nothing to do), 1 the process refused (the message says
-why), 2 bad usage, 3 no such process, 4 not under vmmshim (or no CUDA use yet,
-or VMMSHIM_CONTROL=0), 5 another user's process, 6 no answer in time, 7 the
-process exited or closed the connection before answering.
+why: ENOENT no such tag, EBUSY, ENOMEM, EINVAL, ENOSPC), or a group command
+failed, 2 bad usage (a PID that is not a number above 0 included), 3 no such
+process, 4 not under vmmshim (or no CUDA use yet, or VMMSHIM_CONTROL=0), 5
+another user's process, 6 no answer in time, 7 the process exited or closed the
+connection before answering (or sent a bad reply).
 """
+
+SHORT = "vmmshim ctl list | PID VERB [ARGS...] | --group NAME VERB [ARGS...]"
+VERBS = ("status", "tag", "sleep", "wake", "trim", "limit", "dump", "release-host", "promote")
+
+
+def help_text():
+    """The whole help: the usage lines (the group verbs' too) first, then the verbs, then the
+    exit statuses."""
+    return USAGE + "".join("       %s\n" % line for line in groups.usage_lines()) + ABOUT
+
+
+def usage_of(verb):
+    """The usage line of a verb, for the line after a usage error; the short one for None."""
+    for line in USAGE.splitlines():
+        words = line.replace("Usage:", "").split()
+        if verb and verb in words[2:4]:
+            return " ".join(words)
+    return SHORT
+
+
+def suggest(word, choices):
+    """'; did you mean X?' for a near miss of one of choices, else ''."""
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return "; did you mean %s?" % near[0] if near else ""
+
+
+def is_pid(word):
+    """A process id as the command line takes it: decimal digits, above 0."""
+    return word.isdigit() and word.isascii() and int(word) > 0
 
 
 def _err(msg):
@@ -52,7 +90,11 @@ def _err(msg):
 
 
 class Usage(Exception):
-    pass
+    """A bad command line; verb: whose usage line to print after the message (None: the short one)."""
+
+    def __init__(self, message, verb=None):
+        Exception.__init__(self, message)
+        self.verb = verb
 
 
 def _take(args, flag, has_value):
@@ -209,6 +251,16 @@ def _pid_command(pid, args):
     if not args:
         raise Usage("a verb is missing after the pid")
     verb, rest = args[0], args[1:]
+    if verb not in VERBS:
+        raise Usage("unknown verb '%s'%s" % (verb, suggest(verb, VERBS) or " (%s)" % ", ".join(VERBS)), "")
+    try:
+        return _verb(pid, verb, rest, as_json, timeout)
+    except Usage as e:
+        e.verb = verb if e.verb is None else e.verb
+        raise
+
+
+def _verb(pid, verb, rest, as_json, timeout):
     ctl = Control(pid, timeout or client.TIMEOUT, timeout or client.MOVE_TIMEOUT)
     if verb == "status":
         if rest:
@@ -274,49 +326,79 @@ def _pid_command(pid, args):
             raise Usage("promote takes no argument")
         r = ctl.promote()
         out = _moved(pid, r)
-    else:
-        raise Usage("unknown verb '%s'" % verb)
     print(json.dumps(r, separators=(",", ":")) if as_json else out)
     return EXIT_OK
 
 
 def ctl_main(args):
     args = list(args)
-    if not args or args[0] in ("-h", "--help", "help"):
-        sys.stdout.write(USAGE)
-        for line in groups.usage_lines():
-            print("       " + line)
-        return EXIT_OK if args else EXIT_USAGE
-    if args[0] == "--python-path":
-        import os
+    if args and args[0] in ("-h", "--help", "help"):
+        sys.stdout.write(help_text())
+        return EXIT_OK
+    if args and args[0] == "--python-path":
         print(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         return EXIT_OK
     try:
+        if not args:
+            raise Usage("no command")
         if args[0] == "--group":
             if len(args) < 3:
-                raise Usage("--group NAME VERB [ARGS...]")
+                raise Usage("--group needs a NAME and a verb", "--group")
             return groups.dispatch(args[1], args[2], args[3:])
         if args[0] == "list":
-            return _list(args[1:])
-        try:
-            pid = int(args[0])
-        except ValueError:
-            raise Usage("'%s' is neither list nor a process id" % args[0])
-        return _pid_command(pid, args[1:])
+            try:
+                return _list(args[1:])
+            except Usage as e:
+                e.verb = "list"
+                raise
+        if not is_pid(args[0]):
+            word = args[0]
+            if word in VERBS:
+                why = "'%s' needs a process first: vmmshim ctl PID %s" % (word, word)
+            elif word.lstrip("-+").isdigit():
+                why = "'%s' is not a process id (a number above 0)" % word
+            else:
+                why = "'%s' is neither list nor a process id%s" % (
+                    word, suggest(word, ("list", "--group", "--help", "--python-path")))
+            raise Usage(why)
+        return _pid_command(int(args[0]), args[1:])
     except Usage as e:
-        _err("%s (see vmmshim ctl --help)" % e)
+        # The reason, then the usage of what was asked: standard error only, standard output
+        # stays empty for whoever reads it.
+        _err(str(e))
+        usage = usage_of(e.verb) if e.verb != "--group" else "vmmshim ctl --group NAME VERB [ARGS...]"
+        print("usage: %s (vmmshim ctl --help: the verbs)" % usage, file=sys.stderr)
         return EXIT_USAGE
     except ControlError as e:
         _err(str(e))
         return e.status
 
 
-def main(argv):
-    """argv without the program name: ["top", ...] for vmmshim top, else vmmshim ctl's words."""
+def _run(argv):
     if argv and argv[0] == "top":
         from . import top
         return top.main(argv[1:])
     return ctl_main(argv)
+
+
+def main(argv):
+    """argv without the program name: ["top", ...] for vmmshim top, else vmmshim ctl's words.
+    Output into a pipe its reader closed (`vmmshim ctl list | head -1`) ends the command as it
+    ends cat: quietly, by SIGPIPE. Python ignores the signal, so that a control socket's peer
+    that goes away is an error to report (client.request), not the end of the client; standard
+    output's BrokenPipeError is the one that gets here."""
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        pass
+    # What is still buffered for the closed pipe would fail again at exit, loudly.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.stdout.flush()
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGPIPE)
+    return 128 + signal.SIGPIPE  # where the signal could not end the process
 
 
 __all__ = ["main", "ctl_main", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "EXIT_NOT_SHIM", "EXIT_OTHER_USER",

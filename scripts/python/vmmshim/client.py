@@ -110,7 +110,7 @@ def reachable():
 
 def _connect(pid, timeout):
     if pid <= 0:
-        raise ControlError(EXIT_NO_PROCESS, "%d is not a process id" % pid)
+        raise ControlError(EXIT_USAGE, "%d is not a process id (a number above 0)" % pid)
     uid = process_uid(pid)
     if uid is None:
         raise ControlError(EXIT_NO_PROCESS, "no process %d" % pid, reason="exited")
@@ -344,8 +344,11 @@ class Control:
     def call(self, cmd, timeout=None, tolerate=(), **args):
         reply = request(self.pid, cmd, timeout or self.timeout, **args)
         if not reply["ok"] and reply.get("error") not in tolerate:
-            raise ControlError(EXIT_REFUSED, "pid %d: %s: %s: %s" % (self.pid, cmd, reply.get("error", "?"),
-                                                                     reply.get("message", "")),
+            message = reply.get("message", "")
+            if reply.get("error") == "ENOENT" and isinstance(args.get("tag"), str):
+                # The shim answers an unknown tag with its errno's text alone, which names no tag.
+                message = "no such tag: %s" % args["tag"]
+            raise ControlError(EXIT_REFUSED, "pid %d: %s: %s: %s" % (self.pid, cmd, reply.get("error", "?"), message),
                                reply.get("error"), reply)
         return reply
 

@@ -414,6 +414,8 @@ def main(argv):
     except GroupError as e:
         sys.stderr.write("vmmshim: error: %s\n" % e)
         return 1
+    except BrokenPipeError:
+        raise  # standard output closed by its reader: cli.main ends quietly
     except OSError as e:
         sys.stderr.write("vmmshim: error: %s\n" % (e.strerror or errno.errorcode.get(e.errno, str(e))))
         return 1

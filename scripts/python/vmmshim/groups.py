@@ -5,6 +5,7 @@ here: a module of this package calls register(verb, handler, usage) when it is i
 names itself in PROVIDERS so that dispatch() imports it on first use. handler(group, args) gets
 the group's NAME and the words after VERB, prints what it has to say, and returns the exit status
 (vmmshim.control's EXIT_* values)."""
+import difflib
 import importlib
 import sys
 
@@ -34,7 +35,9 @@ def dispatch(group, verb, args):
         print("vmmshim: error: group commands are not available in this version of vmmshim", file=sys.stderr)
         return EXIT_USAGE
     if verb not in COMMANDS:
-        print("vmmshim: error: --group %s: unknown verb '%s' (%s)" % (group, verb, ", ".join(sorted(COMMANDS))),
+        near = difflib.get_close_matches(verb, sorted(COMMANDS), n=1, cutoff=0.6)
+        print("vmmshim: error: --group %s: unknown verb '%s' (%s)%s" % (group, verb, ", ".join(sorted(COMMANDS)),
+                                                                       "; did you mean %s?" % near[0] if near else ""),
               file=sys.stderr)
         return EXIT_USAGE
     return COMMANDS[verb][0](group, args)

@@ -51,11 +51,13 @@ def parse_size(text):
 
 
 def parse_pids(text):
-    """The set of process ids of "12,34"; None when malformed."""
-    try:
-        pids = {int(x) for x in text.split(",") if x.strip()}
-    except ValueError:
+    """The set of process ids of "12,34"; None when malformed. A process id is decimal digits
+    above 0, as `vmmshim ctl PID` takes it: int() would also take "+7", "1_0" and other scripts'
+    digits."""
+    words = [x.strip() for x in text.split(",") if x.strip()]
+    if not all(w.isascii() and w.isdigit() for w in words):
         return None
+    pids = {int(w) for w in words}
     return pids if pids and min(pids) > 0 else None
 
 
