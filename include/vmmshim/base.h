@@ -44,19 +44,17 @@
 #if VS_DEBUG
 void _vs_assert_fail(const char *cond, const char *file, int line, const char *func) __attribute__((noreturn));
 #define vs_assert(c) ((c) ? (void)0 : _vs_assert_fail(#c, __FILE__, __LINE__, __func__))
-/* Locks of the shim held by this thread (pools, context slots, IPC, peer table): none may be
- * held across a driver call (vmm.c checks). */
+/* Counted locks of the shim held by this thread (lock.h: pools, context slots, IPC, the peer
+ * table, ...): none may be held across a driver call (vmm.c checks). vs_lock_t counts itself;
+ * VS_LOCK_HELD is for a mutex not yet on it (ipc.c). */
 extern _Thread_local int _vs_locks_held;
 #define VS_LOCK_HELD(delta) ((void)(_vs_locks_held += (delta)))
-/* The one lock of a rare path held across driver calls (handles.c's access lock, which says why):
- * counted apart, and never taken with a lock of the first kind held (asserted where it is taken). */
-extern _Thread_local int _vs_slow_locks_held;
-#define VS_SLOW_LOCK_HELD(delta) ((void)(_vs_slow_locks_held += (delta)))
 #else
 #define vs_assert(c) ((void)0)
 #define VS_LOCK_HELD(delta) ((void)0)
-#define VS_SLOW_LOCK_HELD(delta) ((void)0)
 #endif
+
+#include "vmmshim/lock.h" /* every mutex of src/ is a vs_lock_t, ranked in one lock order */
 
 #define vs_likely(x) __builtin_expect(!!(x), 1)
 #define vs_unlikely(x) __builtin_expect(!!(x), 0)

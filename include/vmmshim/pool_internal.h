@@ -134,7 +134,7 @@ typedef struct vs_asleep_s {
 } vs_asleep_t;
 
 struct vs_pool_s {
-  pthread_mutex_t lock;
+  vs_lock_t lock; /* VS_RANK_POOL */
   CUcontext ctx;
   vs_device_caps_t caps;
   const vs_access_state_t *access; /* peers that may access the pool's memory (peer.c); may be NULL */
@@ -194,25 +194,11 @@ struct vs_pool_s {
   bool reclaimer_running, stopping;
 };
 
-/* ---- the pool lock: counted in debug builds, so vmm.c can assert none is held ---- */
-static inline void pool_lock(vs_pool_t *p) {
-  pthread_mutex_lock(&p->lock);
-  VS_LOCK_HELD(1);
-}
-static inline bool pool_trylock(vs_pool_t *p) {
-  if (pthread_mutex_trylock(&p->lock) != 0) return false;
-  VS_LOCK_HELD(1);
-  return true;
-}
-static inline void pool_unlock(vs_pool_t *p) {
-  VS_LOCK_HELD(-1);
-  pthread_mutex_unlock(&p->lock);
-}
-static inline void pool_wait(vs_pool_t *p, pthread_cond_t *cond) {
-  VS_LOCK_HELD(-1);
-  pthread_cond_wait(cond, &p->lock);
-  VS_LOCK_HELD(1);
-}
+/* ---- the pool lock (lock.h: counted, rank VS_RANK_POOL) ---- */
+static inline void pool_lock(vs_pool_t *p) { _vs_lock_take(&p->lock); }
+static inline bool pool_trylock(vs_pool_t *p) { return _vs_lock_try(&p->lock); }
+static inline void pool_unlock(vs_pool_t *p) { _vs_lock_release(&p->lock); }
+static inline void pool_wait(vs_pool_t *p, pthread_cond_t *cond) { _vs_lock_wait(&p->lock, cond); }
 
 /* ---- intrusive FIFO lists (holes, pending, deferred, batches) ---- */
 static inline void list_push(vs_list_t *l, vs_block_t *b) {

@@ -34,7 +34,7 @@ static vs_pool_slot_t vs_slots[VS_MAX_POOLS];
 static atomic_int vs_nslots;      /* slots ever used; dropped ones have ctx NULL */
 static atomic_uint vs_slots_gen;  /* bumped when a pool is dropped: invalidates thread caches */
 static atomic_uint vs_arena_next; /* where the next thread that moves goes */
-static pthread_mutex_t vs_slots_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_slots_lock = VS_LOCK_INITIALIZER(VS_RANK_SLOTS, "context slots");
 
 static _Thread_local CUcontext tl_ctx;
 static _Thread_local vs_pool_slot_t *tl_slot;
@@ -59,15 +59,8 @@ static vs_pool_slot_t *slot_find(CUcontext ctx) {
   return NULL;
 }
 
-static void slots_lock(void) {
-  pthread_mutex_lock(&vs_slots_lock);
-  VS_LOCK_HELD(1);
-}
-
-static void slots_unlock(void) {
-  VS_LOCK_HELD(-1);
-  pthread_mutex_unlock(&vs_slots_lock);
-}
+static void slots_lock(void) { _vs_lock_take(&vs_slots_lock); }
+static void slots_unlock(void) { _vs_lock_release(&vs_slots_lock); }
 
 /* A context's first allocation: its device is queried and its first pool created with no
  * lock held (both are driver calls), then the slot is filled under the lock. A thread that

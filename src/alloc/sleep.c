@@ -25,7 +25,7 @@
 #define VS_MAX_PARKED_ALL 512 /* parked pools of one tag, all contexts */
 #define VS_MAX_HELD 64        /* ranges importers hold, per pool */
 
-static pthread_mutex_t vs_sleep_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_sleep_lock = VS_LOCK_INITIALIZER(VS_RANK_SLEEP, "sleep");
 
 static void result_reason(vmmshim_sleep_result_t *res, const char *fmt, const char *what) {
   if (!res->reason[0] && fmt) snprintf(res->reason, sizeof res->reason, fmt, what ? what : "");
@@ -182,9 +182,9 @@ static int sleep_now(const char *tag, int mode, vmmshim_sleep_result_t *res) {
   _vs_tags_init();
   int id = tag_arg(tag);
   if (tag && id < 0) return id;
-  pthread_mutex_lock(&vs_sleep_lock);
+  _vs_lock_take(&vs_sleep_lock);
   int rc = sleep_tags(id, mode, false, res);
-  pthread_mutex_unlock(&vs_sleep_lock);
+  _vs_lock_release(&vs_sleep_lock);
   return rc;
 }
 
@@ -195,9 +195,9 @@ static int wake_now(const char *tag, unsigned flags, vmmshim_sleep_result_t *res
   _vs_tags_init();
   int id = tag_arg(tag);
   if (tag && id < 0) return id;
-  pthread_mutex_lock(&vs_sleep_lock);
+  _vs_lock_take(&vs_sleep_lock);
   int rc = wake_tags(id, flags & VMMSHIM_WAKE_ZERO, res);
-  pthread_mutex_unlock(&vs_sleep_lock);
+  _vs_lock_release(&vs_sleep_lock);
   return rc;
 }
 
@@ -210,10 +210,10 @@ static int sleep_level_now(int level, int mapped, vmmshim_sleep_result_t *res) {
     return 0;
   }
   _vs_tags_init();
-  pthread_mutex_lock(&vs_sleep_lock);
+  _vs_lock_take(&vs_sleep_lock);
   int rc = level == 1 ? sleep_tags(-1, mapped ? VMMSHIM_SLEEP_MAPPED : VMMSHIM_SLEEP_HOST, false, res)
                       : sleep_tags(-1, VMMSHIM_SLEEP_DISCARD, true, res);
-  pthread_mutex_unlock(&vs_sleep_lock);
+  _vs_lock_release(&vs_sleep_lock);
   return rc;
 }
 
@@ -268,7 +268,7 @@ static void promote_pool(vs_pool_t *pool, void *arg) {
 static int promote_now(vmmshim_sleep_result_t *res) {
   memset(res, 0, sizeof *res);
   if (!_vs_active()) return -ENODEV;
-  pthread_mutex_lock(&vs_sleep_lock);
+  _vs_lock_take(&vs_sleep_lock);
   /* As a wake of memory in mapped mode: no GPU work may touch the host memory while its bytes
    * are copied and the device memory takes its place. */
   int rc = quiet_and_close(res);
@@ -284,7 +284,7 @@ static int promote_now(vmmshim_sleep_result_t *res) {
       rc = job.err == CUDA_ERROR_OUT_OF_MEMORY || job.err == CUDA_SUCCESS ? -ENOMEM : -EIO;
     }
   }
-  pthread_mutex_unlock(&vs_sleep_lock);
+  _vs_lock_release(&vs_sleep_lock);
   return rc;
 }
 
@@ -337,9 +337,9 @@ int _vs_host_copy_at(CUdeviceptr addr, CUdeviceptr *home, size_t *len) {
   if (!_vs_active()) return -ENODEV;
   vs_pool_t *pool = _vs_dir_lookup(addr);
   if (!pool) return -ENOENT;
-  pthread_mutex_lock(&vs_sleep_lock);
+  _vs_lock_take(&vs_sleep_lock);
   bool hit = _vs_pool_host_copy_at(pool, addr, home, len);
-  pthread_mutex_unlock(&vs_sleep_lock);
+  _vs_lock_release(&vs_sleep_lock);
   return hit ? 0 : -ENOENT;
 }
 

@@ -19,7 +19,7 @@ static atomic_int vs_ntags = 1;
 static atomic_bool vs_tag_keep[VS_MAX_TAGS];
 atomic_int _vs_process_tag;
 _Thread_local int _vs_tl_tag1;
-static pthread_mutex_t vs_tags_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_tags_lock = VS_LOCK_INITIALIZER(VS_RANK_TAGS, "tags");
 static pthread_once_t vs_tags_once = PTHREAD_ONCE_INIT;
 
 bool _vs_tag_name_ok(const char *name) { return _vs_name_ok(name); }
@@ -42,7 +42,7 @@ int _vs_tag_find(const char *name, bool create) {
   for (int i = 0; i < n; i++)
     if (!strcmp(vs_tag_names[i], name)) return i;
   if (!create) return -ENOENT;
-  pthread_mutex_lock(&vs_tags_lock);
+  _vs_lock_take(&vs_tags_lock);
   n = atomic_load(&vs_ntags);
   int id = -ENOSPC;
   for (int i = 0; i < n && id < 0; i++)
@@ -52,7 +52,7 @@ int _vs_tag_find(const char *name, bool create) {
     atomic_store_explicit(&vs_ntags, n + 1, memory_order_release);
     id = n;
   }
-  pthread_mutex_unlock(&vs_tags_lock);
+  _vs_lock_release(&vs_tags_lock);
   static atomic_bool said;
   if (id == -ENOSPC && !atomic_exchange(&said, true))
     _vs_warn("more than %d tags: '%s' refused (and any other new tag from now on)", VS_MAX_TAGS, name);

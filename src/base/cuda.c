@@ -30,7 +30,7 @@ VS_NO_SANITIZE void *_vs_real_dlsym(void *handle, const char *symbol) {
 }
 
 static int vs_resolve_status = 1; /* 1: not yet, 0: ok, -1: failed */
-static pthread_mutex_t vs_resolve_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_resolve_lock = VS_LOCK_INITIALIZER(VS_RANK_RESOLVE, "resolve");
 
 static int resolve_locked(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -77,7 +77,7 @@ static int resolve_locked(void) {
 int _vs_cuda_resolve(void) {
   int st = __atomic_load_n(&vs_resolve_status, __ATOMIC_ACQUIRE);
   if (st != 1) return st;
-  pthread_mutex_lock(&vs_resolve_lock);
+  _vs_lock_take(&vs_resolve_lock);
   st = vs_resolve_status;
   if (st == 1) {
     _vs_guard++; /* dlopen may run constructors that call back into CUDA */
@@ -85,7 +85,7 @@ int _vs_cuda_resolve(void) {
     _vs_guard--;
     __atomic_store_n(&vs_resolve_status, st, __ATOMIC_RELEASE);
   }
-  pthread_mutex_unlock(&vs_resolve_lock);
+  _vs_lock_release(&vs_resolve_lock);
   return st;
 }
 

@@ -20,13 +20,13 @@ typedef struct vs_dir_entry_s {
 static vs_dir_entry_t vs_dir[VS_DIR_MAX];
 static unsigned vs_dir_n;
 static atomic_uint vs_dir_seq;
-static pthread_mutex_t vs_dir_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_dir_lock = VS_LOCK_INITIALIZER(VS_RANK_DIR, "directory");
 
 #define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 
 static void write_begin(void) {
-  pthread_mutex_lock(&vs_dir_lock);
+  _vs_lock_take(&vs_dir_lock);
   atomic_store_explicit(&vs_dir_seq, atomic_load_explicit(&vs_dir_seq, memory_order_relaxed) + 1,
                         memory_order_relaxed);
   atomic_thread_fence(memory_order_release);
@@ -35,7 +35,7 @@ static void write_begin(void) {
 static void write_end(void) {
   atomic_store_explicit(&vs_dir_seq, atomic_load_explicit(&vs_dir_seq, memory_order_relaxed) + 1,
                         memory_order_release);
-  pthread_mutex_unlock(&vs_dir_lock);
+  _vs_lock_release(&vs_dir_lock);
 }
 
 static void copy_entry(unsigned to, unsigned from) {
@@ -99,13 +99,13 @@ void _vs_dir_visit_pools(void (*fn)(vs_pool_t *pool, void *arg), void *arg) {
    * growth adds reservations under its pool's lock, so the lock order forbids holding both). */
   vs_pool_t *seen[VS_DIR_MAX];
   unsigned n = 0;
-  pthread_mutex_lock(&vs_dir_lock);
+  _vs_lock_take(&vs_dir_lock);
   for (unsigned i = 0; i < vs_dir_n; i++) {
     vs_pool_t *pool = LD(vs_dir[i].pool);
     unsigned k = 0;
     while (k < n && seen[k] != pool) k++;
     if (k == n) seen[n++] = pool;
   }
-  pthread_mutex_unlock(&vs_dir_lock);
+  _vs_lock_release(&vs_dir_lock);
   for (unsigned k = 0; k < n; k++) fn(seen[k], arg);
 }

@@ -19,7 +19,7 @@
 atomic_int _vs_gate_closed;
 
 static vs_gate_line_t *_Atomic vs_lines; /* push-only */
-static pthread_mutex_t vs_gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_gate_lock = VS_LOCK_INITIALIZER(VS_RANK_GATE, "gate");
 static pthread_cond_t vs_gate_opened = PTHREAD_COND_INITIALIZER;
 static pthread_key_t vs_gate_key;
 static pthread_once_t vs_gate_once = PTHREAD_ONCE_INIT;
@@ -31,7 +31,7 @@ static void key_init(void) { pthread_key_create(&vs_gate_key, line_release); }
 vs_gate_line_t *_vs_gate_line_slow(void) {
   static vs_gate_line_t fallback; /* no host memory: threads share one line (still correct) */
   pthread_once(&vs_gate_once, key_init);
-  pthread_mutex_lock(&vs_gate_lock);
+  _vs_lock_take(&vs_gate_lock);
   vs_gate_line_t *l;
   for (l = atomic_load(&vs_lines); l; l = l->next)
     if (l != &fallback && !atomic_load(&l->owned) && !atomic_load(&l->inside)) break;
@@ -41,16 +41,16 @@ vs_gate_line_t *_vs_gate_line_slow(void) {
     atomic_store(&vs_lines, l);
   }
   if (l) atomic_store(&l->owned, true);
-  pthread_mutex_unlock(&vs_gate_lock);
+  _vs_lock_release(&vs_gate_lock);
   if (!l) {
     l = &fallback;
-    pthread_mutex_lock(&vs_gate_lock);
+    _vs_lock_take(&vs_gate_lock);
     if (!fallback.owned) { /* listed once */
       fallback.owned = true;
       fallback.next = atomic_load(&vs_lines);
       atomic_store(&vs_lines, &fallback);
     }
-    pthread_mutex_unlock(&vs_gate_lock);
+    _vs_lock_release(&vs_gate_lock);
     return l;
   }
   pthread_setspecific(vs_gate_key, l);
@@ -61,26 +61,26 @@ vs_gate_line_t *_vs_gate_line_slow(void) {
 void _vs_gate_wait(vs_gate_line_t *l) {
   for (;;) {
     atomic_fetch_sub_explicit(&l->inside, 1, memory_order_release);
-    pthread_mutex_lock(&vs_gate_lock);
-    while (atomic_load(&_vs_gate_closed)) pthread_cond_wait(&vs_gate_opened, &vs_gate_lock);
-    pthread_mutex_unlock(&vs_gate_lock);
+    _vs_lock_take(&vs_gate_lock);
+    while (atomic_load(&_vs_gate_closed)) _vs_lock_wait(&vs_gate_lock, &vs_gate_opened);
+    _vs_lock_release(&vs_gate_lock);
     atomic_fetch_add(&l->inside, 1);
     if (!atomic_load(&_vs_gate_closed)) return;
   }
 }
 
 void _vs_gate_close(void) {
-  pthread_mutex_lock(&vs_gate_lock);
+  _vs_lock_take(&vs_gate_lock);
   atomic_store(&_vs_gate_closed, 1);
-  pthread_mutex_unlock(&vs_gate_lock);
+  _vs_lock_release(&vs_gate_lock);
   /* Submissions already past the gate finish (a synchronous copy may take a while). */
   for (vs_gate_line_t *l = atomic_load(&vs_lines); l; l = l->next)
     while (atomic_load(&l->inside) > 0 && l != _vs_gate_line) _vs_sleep_us(50);
 }
 
 void _vs_gate_open(void) {
-  pthread_mutex_lock(&vs_gate_lock);
+  _vs_lock_take(&vs_gate_lock);
   atomic_store(&_vs_gate_closed, 0);
   pthread_cond_broadcast(&vs_gate_opened);
-  pthread_mutex_unlock(&vs_gate_lock);
+  _vs_lock_release(&vs_gate_lock);
 }

@@ -174,9 +174,6 @@ void _vs_log_open(const char *spec, vs_log_level_t *level_out) {
 }
 
 #if VS_DEBUG
-_Thread_local int _vs_locks_held;
-_Thread_local int _vs_slow_locks_held;
-
 void _vs_assert_fail(const char *cond, const char *file, int line, const char *func) {
   _vs_error("assertion failed: %s (%s:%d, %s)", cond, file, line, func);
   abort();

@@ -30,7 +30,7 @@ static CUstream vs_one_key;    /* S's key (_vs_stream_key): its handle, NULL (le
 static bool vs_one_implicit;   /* S is a context's legacy stream or a thread's per-thread stream */
 static CUevent vs_leave_event; /* recorded on S as the stream order ended; kept for the process's life */
 static const char *vs_leave_why;
-static pthread_mutex_t vs_order_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_order_lock = VS_LOCK_INITIALIZER(VS_RANK_ORDER, "one-stream order");
 
 /* S's context made current for a driver call on S (its legacy stream is the current
  * context's). Returns whether one was pushed. */
@@ -60,7 +60,7 @@ static void wait_on_host_locked(void) {
 
 void _vs_order_leave(const char *why, bool host) {
   if (atomic_load(&vs_order_state) == VS_ORDER_OFF) return;
-  pthread_mutex_lock(&vs_order_lock);
+  _vs_lock_take(&vs_order_lock);
   int st = atomic_load(&vs_order_state);
   if (st == VS_ORDER_UNSEEN) { /* nothing was reused early: nothing to wait for */
     vs_leave_why = why;
@@ -86,7 +86,7 @@ void _vs_order_leave(const char *why, bool host) {
   } else if (st == VS_ORDER_LEAVING && host) {
     wait_on_host_locked();
   }
-  pthread_mutex_unlock(&vs_order_lock);
+  _vs_lock_release(&vs_order_lock);
 }
 
 /* A submission to stream `named` (not S) while the order ends: it waits for S's earlier work on
@@ -105,7 +105,7 @@ static void wait_for_one_locked(CUstream named) {
 
 /* The first submission of the process names S. */
 static void fix_one(CUstream named, CUstream key, bool implicit, CUcontext ctx) {
-  pthread_mutex_lock(&vs_order_lock);
+  _vs_lock_take(&vs_order_lock);
   if (atomic_load(&vs_order_state) == VS_ORDER_UNSEEN &&
       (implicit || _vs_cu.cuStreamGetCtx(named, &ctx) == CUDA_SUCCESS) && ctx) {
     vs_one_ctx = ctx;
@@ -118,7 +118,7 @@ static void fix_one(CUstream named, CUstream key, bool implicit, CUcontext ctx) 
              implicit ? (key ? "a per-thread stream of context" : "the legacy stream of context") : "stream",
              implicit ? (void *)ctx : (void *)named);
   }
-  pthread_mutex_unlock(&vs_order_lock);
+  _vs_lock_release(&vs_order_lock);
 }
 
 static void see_slow(CUstream s, int ptsz) {
@@ -140,9 +140,9 @@ static void see_slow(CUstream s, int ptsz) {
   if (st == VS_ORDER_UNSEEN || st == VS_ORDER_OFF) return; /* (UNSEEN: a handle the driver does not know) */
   if (key == vs_one_key && (!implicit || ctx == vs_one_ctx)) return; /* S itself */
   if (st == VS_ORDER_ONE) _vs_order_leave("a second stream", false);
-  pthread_mutex_lock(&vs_order_lock); /* a leave in progress is made before this submission */
+  _vs_lock_take(&vs_order_lock); /* a leave in progress is made before this submission */
   if (atomic_load(&vs_order_state) == VS_ORDER_LEAVING) wait_for_one_locked(named);
-  pthread_mutex_unlock(&vs_order_lock);
+  _vs_lock_release(&vs_order_lock);
 }
 
 void _vs_order_see(CUstream s, int ptsz) {

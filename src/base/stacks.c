@@ -31,7 +31,7 @@ static unsigned vs_sample;    /* one in vs_sample smaller ones does */
 static bool vs_python;        /* Python frames wanted and CPython present */
 static uintptr_t vs_self_lo, vs_self_hi;   /* the shim's own text: its frames are dropped */
 static uintptr_t vs_unw_lo, vs_unw_hi;     /* the unwinder's, likewise */
-static pthread_mutex_t vs_stacks_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_stacks_lock = VS_LOCK_INITIALIZER(VS_RANK_STACKS, "stacks");
 
 /* ------------------------------------------------------------------ unwinders */
 
@@ -353,10 +353,10 @@ uint32_t _vs_stack_capture(size_t requested) {
      * allocate: such an allocation gets its native stack only. */
     tl_in_python = 1;
     vs_pyframe_t py[VS_STACK_FRAMES_MAX];
-    pthread_mutex_lock(&vs_stacks_lock);
+    _vs_lock_take(&vs_stacks_lock);
     int npy = _vs_pyframes(py, (int)vs_depth);
     uint32_t id = insert(hash_stack(ips, n, py, npy), ips, n, py, npy);
-    pthread_mutex_unlock(&vs_stacks_lock);
+    _vs_lock_release(&vs_stacks_lock);
     _vs_pyframes_leave(token);
     tl_in_python = 0;
     return id;
@@ -364,9 +364,9 @@ uint32_t _vs_stack_capture(size_t requested) {
   uint64_t h = hash_stack(ips, n, NULL, 0);
   uint32_t id = lookup(h, ips, n, NULL, 0);
   if (vs_likely(id != 0)) return id;
-  pthread_mutex_lock(&vs_stacks_lock);
+  _vs_lock_take(&vs_stacks_lock);
   id = insert(h, ips, n, NULL, 0);
-  pthread_mutex_unlock(&vs_stacks_lock);
+  _vs_lock_release(&vs_stacks_lock);
   return id;
 }
 
@@ -392,9 +392,9 @@ void _vs_stacks_open(void) {
   const char *unwinder = pick_unwinder(unwind_names[_vs_option(VS_OPT_TRACE_UNWIND) & 3]);
   object_range((void *)_vs_stack_capture, &vs_self_lo, &vs_self_hi);
   vs_python = _vs_pyframes_open((int)_vs_option(VS_OPT_TRACE_PYTHON));
-  pthread_mutex_lock(&vs_stacks_lock);
+  _vs_lock_take(&vs_stacks_lock);
   dl_iterate_phdr(add_module, NULL);
-  pthread_mutex_unlock(&vs_stacks_lock);
+  _vs_lock_release(&vs_stacks_lock);
   _vs_stacks_on = 1;
   _vs_info("trace: stacks of %u frames (unwinder %s%s), allocations of %llu bytes and more, one in %u below",
            depth, unwinder, !vs_python ? "" : _vs_pyframes_wait() ? ", Python frames" : ", Python frames of threads holding the GIL", (unsigned long long)vs_min_size, vs_sample);

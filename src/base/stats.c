@@ -33,7 +33,7 @@ typedef struct __attribute__((aligned(128))) vs_tstat_s {
 
 static vs_tstat_t *_Atomic vs_tstats; /* push-only list */
 static atomic_int_least64_t vs_in_use_folded;
-static pthread_mutex_t vs_tstats_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_tstats_lock = VS_LOCK_INITIALIZER(VS_RANK_TSTATS, "thread stats");
 static pthread_key_t vs_tstats_key;
 static pthread_once_t vs_tstats_once = PTHREAD_ONCE_INIT;
 static _Thread_local vs_tstat_t *tl_stat;
@@ -52,7 +52,7 @@ static vs_tstat_t *tstat_slow(void) {
   /* No host memory: one shared block, never worse than a miscount. */
   static vs_tstat_t fallback = {.fold_at = VS_FOLD};
   pthread_once(&vs_tstats_once, tstat_key_init);
-  pthread_mutex_lock(&vs_tstats_lock);
+  _vs_lock_take(&vs_tstats_lock);
   vs_tstat_t *t;
   for (t = atomic_load(&vs_tstats); t; t = t->next)
     if (t != &fallback && !atomic_load(&t->owned)) break;
@@ -65,7 +65,7 @@ static vs_tstat_t *tstat_slow(void) {
     if (t->fold_at < VS_FOLD) t->fold_at = VS_FOLD;
     atomic_store(&t->owned, true);
   }
-  pthread_mutex_unlock(&vs_tstats_lock);
+  _vs_lock_release(&vs_tstats_lock);
   if (!t) return &fallback;
   pthread_setspecific(vs_tstats_key, t);
   tl_stat = t;

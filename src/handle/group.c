@@ -65,7 +65,7 @@ typedef struct vs_budget_s {
 static vs_budget_t vs_b = {.fd = -1};
 static atomic_int vs_budget_state; /* 0 not yet known, 1 on, 2 off */
 static pthread_once_t vs_budget_once = PTHREAD_ONCE_INIT;
-static pthread_mutex_t vs_budget_mutex = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_budget_mutex = VS_LOCK_INITIALIZER(VS_RANK_BUDGET, "budget");
 static atomic_bool vs_budget_forked; /* a fork child that has not joined as itself yet */
 static atomic_size_t vs_spilled;     /* bytes served from host memory past the limit */
 const uint32_t *_Atomic _vs_budget_waiters;
@@ -193,7 +193,7 @@ static void budget_rejoin(void);
 
 /* The process's mutex, then the segment's flock; a change left half done by a death is mended. */
 static void budget_lock(void) {
-  pthread_mutex_lock(&vs_budget_mutex);
+  _vs_lock_take(&vs_budget_mutex);
   if (vs_unlikely(atomic_load_explicit(&vs_budget_forked, memory_order_relaxed))) budget_rejoin();
   lock_fd(vs_b.fd, LOCK_EX);
   if (vs_unlikely(vs_b.h && LD(vs_b.h->busy) != 0)) {
@@ -204,7 +204,7 @@ static void budget_lock(void) {
 
 static void budget_unlock(void) {
   lock_fd(vs_b.fd, LOCK_UN);
-  pthread_mutex_unlock(&vs_budget_mutex);
+  _vs_lock_release(&vs_budget_mutex);
 }
 
 static void futex_wake_all(uint32_t *word) { syscall(SYS_futex, word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0); }
@@ -482,11 +482,11 @@ static vs_group_header_t *private_segment(void) {
 }
 
 static void budget_leave(void);
-static void atfork_prepare(void) { pthread_mutex_lock(&vs_budget_mutex); }
-static void atfork_parent(void) { pthread_mutex_unlock(&vs_budget_mutex); }
+static void atfork_prepare(void) { _vs_lock_take(&vs_budget_mutex); }
+static void atfork_parent(void) { _vs_lock_release(&vs_budget_mutex); }
 static void atfork_child(void) {
   atomic_store(&vs_budget_forked, true);
-  pthread_mutex_unlock(&vs_budget_mutex);
+  _vs_lock_release(&vs_budget_mutex);
 }
 
 /* Joins the group, or makes the process's own budget. Returns false when neither can be had. */

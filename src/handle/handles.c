@@ -248,17 +248,10 @@ void _vs_handles_set_access(const vs_device_caps_t *caps, const vs_seg_t *segs, 
  * around those calls would let two changes apply out of order. It is safe there: only rare paths
  * take it (access changes, and a growth while it records its mappings), never an allocation or a
  * free that the pool serves without growing; it is taken before any other lock of the shim and
- * never with a pool's, a context slot's or IPC's held (asserted in debug builds), so whoever holds
- * it waits for no thread that waits for it. vmm.c's check counts it apart (VS_SLOW_LOCK_HELD). */
-static pthread_mutex_t vs_access_mutex = PTHREAD_MUTEX_INITIALIZER;
+ * never with a pool's, a context slot's or IPC's held (its rank, VS_RANK_ACCESS, is below every
+ * counted lock's: checked in debug builds), so whoever holds it waits for no thread that waits
+ * for it. As an outer lock it is not in the count vmm.c's check reads (lock.h). */
+static vs_lock_t vs_access_mutex = VS_LOCK_INITIALIZER(VS_RANK_ACCESS, "access");
 
-void _vs_access_lock(void) {
-  vs_assert(_vs_locks_held == 0);
-  pthread_mutex_lock(&vs_access_mutex);
-  VS_SLOW_LOCK_HELD(1);
-}
-
-void _vs_access_unlock(void) {
-  VS_SLOW_LOCK_HELD(-1);
-  pthread_mutex_unlock(&vs_access_mutex);
-}
+void _vs_access_lock(void) { _vs_lock_take(&vs_access_mutex); }
+void _vs_access_unlock(void) { _vs_lock_release(&vs_access_mutex); }

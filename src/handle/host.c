@@ -22,18 +22,12 @@ typedef struct vs_host_node_s {
   struct vs_host_node_s *next;
 } vs_host_node_t;
 
-static pthread_mutex_t vs_host_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_host_lock = VS_LOCK_INITIALIZER(VS_RANK_HOST, "host buffers");
 static vs_host_node_t *vs_host_cache; /* buffers at home, free */
 static size_t vs_host_cached, vs_host_lent;
 
-static void host_lock(void) {
-  pthread_mutex_lock(&vs_host_lock);
-  VS_LOCK_HELD(1);
-}
-static void host_unlock(void) {
-  VS_LOCK_HELD(-1);
-  pthread_mutex_unlock(&vs_host_lock);
-}
+static void host_lock(void) { _vs_lock_take(&vs_host_lock); }
+static void host_unlock(void) { _vs_lock_release(&vs_host_lock); }
 
 /* Unmaps a buffer from home, releases it and its reservation. */
 static void destroy(const vs_device_caps_t *caps, const vs_host_buf_t *b) {

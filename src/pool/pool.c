@@ -29,7 +29,7 @@ void _vs_uthash_fatal(const char *msg) {
 vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps, const vs_access_state_t *access) {
   vs_pool_t *p = calloc(1, sizeof *p);
   if (!p) return NULL;
-  pthread_mutex_init(&p->lock, NULL);
+  _vs_lock_init(&p->lock, VS_RANK_POOL, "pool");
   pthread_cond_init(&p->wake, NULL);
   pthread_cond_init(&p->sealed, NULL);
   p->ctx = ctx;
@@ -71,7 +71,7 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps, const vs
     _vs_warn("device %d: cannot reserve %zu bytes of address space; this context is passed through",
              (int)caps->device, resv);
     HASH_CLEAR(hh, p->map); /* the anchor's entry made the map's table */
-    pthread_mutex_destroy(&p->lock);
+    _vs_lock_fini(&p->lock);
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->sealed);
     free(p);
@@ -101,7 +101,7 @@ void _vs_pool_destroy(vs_pool_t *p) {
   _vs_pool_free_batches(p);
   _vs_pool_free_blocks(p);
   _vs_segs_clear(&p->segs);
-  pthread_mutex_destroy(&p->lock);
+  _vs_lock_fini(&p->lock);
   pthread_cond_destroy(&p->wake);
   pthread_cond_destroy(&p->sealed);
   free(p);

@@ -50,17 +50,11 @@ static vs_peer_link_t vs_links[VS_PEER_LINKS];
 /* Per device: the peers its memory pool grants (cuMemPoolSetAccess), for every context on it,
  * also those whose first allocation comes later. */
 static uint64_t vs_pool_rw[VS_MAX_DEVICES], vs_pool_ro[VS_MAX_DEVICES];
-static pthread_mutex_t vs_peer_mutex = PTHREAD_MUTEX_INITIALIZER;
-
 /* Counted like the pools' locks: no driver call is made under it. */
-static void peer_lock(void) {
-  pthread_mutex_lock(&vs_peer_mutex);
-  VS_LOCK_HELD(1);
-}
-static void peer_unlock(void) {
-  VS_LOCK_HELD(-1);
-  pthread_mutex_unlock(&vs_peer_mutex);
-}
+static vs_lock_t vs_peer_mutex = VS_LOCK_INITIALIZER(VS_RANK_PEER, "peer");
+
+static void peer_lock(void) { _vs_lock_take(&vs_peer_mutex); }
+static void peer_unlock(void) { _vs_lock_release(&vs_peer_mutex); }
 
 /* VMMSHIM_PEER_ACCESS=all: the devices that can access device dev (driver calls: asked before the
  * lock is taken). 0 otherwise. */

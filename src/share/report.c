@@ -208,7 +208,7 @@ static void report(const char *first_line, int failed_dev, size_t need, bool aft
            H(st.peak_bytes_mapped));
 }
 
-static pthread_mutex_t vs_report_lock = PTHREAD_MUTEX_INITIALIZER;
+static vs_lock_t vs_report_lock = VS_LOCK_INITIALIZER(VS_RANK_REPORT, "report");
 
 /* ------------------------------------------------------------------ out of memory */
 
@@ -233,18 +233,18 @@ void _vs_report_oom(vmmshim_api_t api, size_t size, int dev, bool limit_reached,
            "frees and giving back idle handles%s; what the shim holds:",
            (unsigned)api < VMMSHIM_API_COUNT ? vs_api_names[api] : "allocation", HX(size), dev,
            limit_reached ? " (VMMSHIM_LIMIT reached)" : "", extra);
-  pthread_mutex_lock(&vs_report_lock);
+  _vs_lock_take(&vs_report_lock);
   report(line, dev, size, true, scattered);
-  pthread_mutex_unlock(&vs_report_lock);
+  _vs_lock_release(&vs_report_lock);
 }
 
 /* ------------------------------------------------------------------ on demand */
 
 int _vs_report_dump(void) {
   if (!_vs_active()) return -1;
-  pthread_mutex_lock(&vs_report_lock);
+  _vs_lock_take(&vs_report_lock);
   report("memory report (vmmshim_dump or VMMSHIM_DUMP_SIGNAL):", -1, 0, false, 0);
-  pthread_mutex_unlock(&vs_report_lock);
+  _vs_lock_release(&vs_report_lock);
   return 0;
 }
 
