@@ -248,10 +248,10 @@ def _moved(what, call, *args):
 
 
 def sleep(tag=None, mode="host"):
-    """Sleeps tag (None: every tag, "untagged" included: the whole process) in mode "discard", "host" or "mapped" (docs/sleep.md). Returns
-    a SleepResult; raises Error when the shim refused (EBUSY: a stream capture in progress,
-    ENOENT: no such tag, ...). Nothing to do (asleep already) is not an error: result.error is
-    -EALREADY."""
+    """Sleeps tag (None: every tag, "untagged" included: the whole process) in mode "discard",
+    "host" or "mapped" (docs/sleep.md). Returns a SleepResult; raises Error when the shim refused
+    (EBUSY: a stream capture in progress, ENOENT: no such tag, ...). Nothing to do (asleep
+    already) is not an error: result.error is -EALREADY."""
     if mode not in MODES:
         raise ValueError("vmmshim: mode '%s': discard, host or mapped" % mode)
     return _moved("sleep %s" % (tag or "(every tag)"), _shim().vmmshim_sleep, _name(tag), MODES[mode])
