@@ -236,12 +236,15 @@ bench-cpu: deps $(LIB) $(BUILD)/bench/cpu_pairs $(BUILD)/bench/cpu_frag $(BUILD)
 PYDIR     := share/vmmshim/python/vmmshim_report
 PY_DIR    := lib/vmmshim/python
 PY_MOD    := $(wildcard scripts/python/vmmshim/*.py)
+# vmmshim --as torch_memory_saver puts this package's directory first on PYTHONPATH.
+PY_AS     := scripts/python/vmmshim/compat/torch_memory_saver/__init__.py
 INSTALLED := $(PREFIX)/lib/libvmmshim.so $(PREFIX)/lib/pkgconfig/vmmshim.pc \
              $(PREFIX)/bin/vmmshim $(PREFIX)/bin/vmmshim-report $(PREFIX)/bin/vmmshim-replay \
              $(PREFIX)/include/vmmshim.h $(PREFIX)/share/man/man1/vmmshim.1 $(PREFIX)/share/man/man7/vmmshim.7 \
              $(MAN_TOOLS:$(BUILD)/%=$(PREFIX)/share/man/man1/%) \
              $(PYPKG:scripts/vmmshim_report/%=$(PREFIX)/$(PYDIR)/%) \
-             $(PREFIX)/$(PY_DIR)/vmmshim_ctl.py $(PY_MOD:scripts/python/%=$(PREFIX)/$(PY_DIR)/%)
+             $(PREFIX)/$(PY_DIR)/vmmshim_ctl.py $(PY_MOD:scripts/python/%=$(PREFIX)/$(PY_DIR)/%) \
+             $(PY_AS:scripts/python/%=$(PREFIX)/$(PY_DIR)/%)
 INSTDIR   := $(DESTDIR)$(PREFIX)
 
 install: $(LIB) $(MAN) $(MAN7) $(MAN_TOOLS) $(PC)
@@ -259,12 +262,16 @@ install: $(LIB) $(MAN) $(MAN7) $(MAN_TOOLS) $(PC)
 	install -d -m 755 $(INSTDIR)/$(PY_DIR)/vmmshim
 	install -m 644 scripts/python/vmmshim_ctl.py $(INSTDIR)/$(PY_DIR)/vmmshim_ctl.py
 	install -m 644 $(PY_MOD) $(INSTDIR)/$(PY_DIR)/vmmshim/
+	install -d -m 755 $(INSTDIR)/$(PY_DIR)/vmmshim/compat/torch_memory_saver
+	install -m 644 $(PY_AS) $(INSTDIR)/$(PY_DIR)/vmmshim/compat/torch_memory_saver/
 
 # Removes the files make install puts there; directories are left, but for the report package's
 # own (with the bytecode Python may have cached there) and the module's byte-code cache.
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
-	rm -rf $(INSTDIR)/$(PYDIR)/__pycache__ $(INSTDIR)/$(PY_DIR)/vmmshim/__pycache__
+	rm -rf $(INSTDIR)/$(PYDIR)/__pycache__ $(INSTDIR)/$(PY_DIR)/vmmshim/__pycache__ \
+	  $(INSTDIR)/$(PY_DIR)/vmmshim/compat/torch_memory_saver/__pycache__
+	rmdir $(INSTDIR)/$(PY_DIR)/vmmshim/compat/torch_memory_saver $(INSTDIR)/$(PY_DIR)/vmmshim/compat 2>/dev/null || :
 	rmdir $(INSTDIR)/$(PYDIR) $(INSTDIR)/share/vmmshim/python $(INSTDIR)/share/vmmshim 2>/dev/null || :
 
 clean:

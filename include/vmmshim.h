@@ -62,11 +62,12 @@ int vmmshim_dump(void);
 
 /* ---- tags, sleep and wake ----
  *
- * Every allocation belongs to a tag: "default" unless one is set (VMMSHIM_TAG at start, a
- * thread's own with vmmshim_set_tag, or the process's from outside with vmmshim ctl). A tag's
- * memory lives on physical handles of that tag only. Sleeping a tag gives its device memory
- * back and keeps its addresses: pointers held anywhere and captured CUDA graphs stay valid;
- * waking maps device memory at the same addresses again.
+ * Every allocation belongs to a tag: "untagged" unless one is set (VMMSHIM_TAG at start, a
+ * thread's own with vmmshim_set_tag, or the process's from outside with vmmshim ctl); "untagged"
+ * is never "default", the tag of a region that names none, and no pause of regions takes it
+ * (docs/sleep.md, "Untagged memory"). A tag's memory lives on physical handles of that tag only.
+ * Sleeping a tag gives its device memory back and keeps its addresses: pointers held anywhere
+ * and captured CUDA graphs stay valid; waking maps device memory at the same addresses again.
  *
  * VMMSHIM_API_VERSION counts changes to what follows; vmmshim_api_version() says which the
  * loaded shim implements. The functions return 0, or a negative errno value:
@@ -75,11 +76,11 @@ int vmmshim_dump(void);
  *   (or VMMSHIM_LIMIT) has no room to wake, -ENOTSUP the device cannot do it (mapped mode needs
  *   host-location VMM), -EALREADY nothing to do (asleep already, or awake), -ENODEV the shim
  *   is not active. A result says what moved, also when the call failed part way. */
-#define VMMSHIM_API_VERSION 3
+#define VMMSHIM_API_VERSION 4
 int vmmshim_api_version(void);
 
 #define VMMSHIM_TAG_MAX 32   /* bytes of a tag name, its terminating zero included */
-#define VMMSHIM_MAX_TAGS 16  /* tags in a process, "default" included */
+#define VMMSHIM_MAX_TAGS 16  /* tags in a process, "untagged" included */
 
 /* The calling thread's allocations go to tag (created on first use) from now on; NULL: back to
  * the process's tag. */
@@ -112,9 +113,10 @@ typedef struct vmmshim_sleep_result_s {
   char reason[160];     /* why bytes were skipped or the call failed, "" when neither */
 } vmmshim_sleep_result_t;
 
-/* Sleeps tag (NULL: every tag) in mode. First waits for the GPU work that may touch the tag
- * (the contexts that own it are synchronised; a capture in progress is waited for, up to
- * VMMSHIM_SLEEP_WAIT milliseconds, then -EBUSY), and holds new kernel launches, copies and
+/* Sleeps tag (NULL: every tag, "untagged" included: the whole process) in mode. First waits
+ * for the GPU work that may touch the tag (the contexts that own it are synchronised; a
+ * capture in progress is waited for, up to VMMSHIM_SLEEP_WAIT milliseconds, then -EBUSY), and
+ * holds new kernel launches, copies and
  * memsets of the process at their driver entry until the move is done. out may be NULL;
  * size = sizeof(vmmshim_sleep_result_t). */
 int vmmshim_sleep(const char *tag, vmmshim_sleep_mode_t mode, vmmshim_sleep_result_t *out, size_t size);
@@ -143,6 +145,13 @@ int vmmshim_tag_stats(vmmshim_tag_stats_t *out, int max, size_t size);
 int vmmshim_host_memory(uint64_t *in_use, uint64_t *cached);
 /* Gives the kept host memory back (keep: bytes to keep); returns the bytes given back. */
 size_t vmmshim_release_host(size_t keep);
+/* Where the bytes at addr are while its memory sleeps in host or mapped mode: *home, the address
+ * in the host buffer that holds them, and *len, the bytes that follow it there (a range longer
+ * than *len continues in another buffer: ask again at addr + *len). *home is a device address,
+ * in host memory, that the device reads: copy from it with cuMemcpyDtoH or cudaMemcpy; it stays
+ * valid until the memory wakes. Returns 0, -ENOENT (not asleep, discarded, or not the shim's),
+ * -EINVAL, -ENODEV. Since API version 4. */
+int vmmshim_host_copy(const void *addr, void **home, size_t *len);
 
 /* ---- past the limit (docs/limits.md) ----
  * With VMMSHIM_ON_LIMIT=host, growths the limit (VMMSHIM_LIMIT, a group's) refuses are served

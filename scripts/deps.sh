@@ -5,7 +5,8 @@
 #   --test   also chromium (test_report renders the HTML report), pkg-config (test_install
 #            reads the installed vmmshim.pc), libunwind8 (test_shim_stacks runs the default
 #            unwinder; the shim loads it at run time when present) and tmux (test_ctl runs
-#            vmmshim top in a terminal): only `make test` needs them.
+#            vmmshim top in a terminal), and a Python with venv, pip, setuptools and wheel
+#            (test_pip builds and installs the package offline): only `make test` needs them.
 # What is missing is installed with apt-get when we are root and apt-get is on PATH. If uthash.h
 # is still missing after that, prints one line naming the package and the command that installs
 # it, and exits 1. A missing test tool only gets a warning line (exit 0).
@@ -39,6 +40,13 @@ have_chromium() {
 }
 have_pkg_config() { command -v pkg-config >/dev/null 2>&1; }
 have_tmux() { command -v tmux >/dev/null 2>&1; }
+# A Python that builds and installs the package offline (tests/scripts/test_pip.sh picks it).
+have_pip_build() {
+  for p in python3 /usr/bin/python3; do
+    "$p" -c 'import ensurepip, venv, setuptools, wheel' >/dev/null 2>&1 && return 0
+  done
+  return 1
+}
 have_libunwind() {
   dirs=${VMMSHIM_DEPS_LIBDIRS-/usr/lib/x86_64-linux-gnu:/usr/lib/aarch64-linux-gnu:/usr/lib64:/usr/lib:/usr/local/lib}
   while [ -n "$dirs" ]; do
@@ -56,6 +64,7 @@ if [ "$test_deps" = 1 ]; then
   have_pkg_config || pkgs="$pkgs pkg-config"
   have_libunwind || pkgs="$pkgs libunwind8"
   have_tmux || pkgs="$pkgs tmux"
+  have_pip_build || pkgs="$pkgs python3-venv python3-pip python3-setuptools python3-wheel"
 fi
 if [ -z "$pkgs" ] && have_uthash; then exit 0; fi
 
@@ -94,6 +103,7 @@ if [ "$test_deps" = 1 ]; then
   have_chromium || echo "vmmshim: warning: chromium not found (Debian package chromium$apt_note): run '${sudo:+sudo }apt-get install chromium'; test_report renders its HTML check with it" >&2
   have_pkg_config || echo "vmmshim: warning: pkg-config not found (Debian package pkg-config$apt_note): run '${sudo:+sudo }apt-get install pkg-config'; test_install checks vmmshim.pc with it" >&2
   have_libunwind || echo "vmmshim: warning: libunwind.so.8 not found (Debian package libunwind8$apt_note): run '${sudo:+sudo }apt-get install libunwind8'; test_shim_stacks leaves out the default unwinder without it" >&2
+  have_pip_build || echo "vmmshim: warning: no python3 with venv, pip, setuptools and wheel (Debian packages python3-venv python3-pip python3-setuptools python3-wheel$apt_note): run '${sudo:+sudo }apt-get install python3-venv python3-pip python3-setuptools python3-wheel'; test_pip installs the package with it" >&2
   have_tmux || echo "vmmshim: warning: tmux not found (Debian package tmux$apt_note): run '${sudo:+sudo }apt-get install tmux'; test_ctl runs vmmshim top in a terminal with it" >&2
 fi
 exit 0

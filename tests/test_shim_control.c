@@ -433,7 +433,7 @@ static void scenario_verbs(void) {
 
   /* tag: the threads without a tag of their own follow it */
   r = ctl("{\"v\":1,\"cmd\":\"tag\",\"tag\":\"phase2\"}");
-  CHECK(is_ok(r) && strstr(r, "\"previous\":\"default\""), "tag phase2: %s", r);
+  CHECK(is_ok(r) && strstr(r, "\"previous\":\"untagged\""), "tag phase2: %s", r);
   workers_progress(2000);
   CHECK(tag_stats("phase2", NULL).live > 0, "the threads without a tag allocate in phase2 now");
   r = ctl("{\"v\":1,\"cmd\":\"tag\",\"tag\":\"bad name!\"}");
@@ -763,7 +763,7 @@ static void scenario_fuzz(void) {
   workers_start();
   workers_progress(1000);
   int ntags0 = 0;
-  tag_stats("default", &ntags0);
+  tag_stats("untagged", &ntags0);
   /* The baseline after a first round (the server's first connection, the log, stdio buffers). */
   unsigned long long seed = 12345;
   fuzz_tally_t t = {0, 0, 0, 0};
@@ -849,8 +849,8 @@ static void scenario_fuzz(void) {
   r = ctl("{\"v\":1,\"cmd\":\"status\"}");
   for (int i = 0; i < 100 && is_error(r, "EBUSY"); i++, sleep_ms(50)) r = ctl("{\"v\":1,\"cmd\":\"status\"}");
   int ntags = 0;
-  tag_stats("default", &ntags);
-  CHECK(is_ok(r) && strstr(r, "\"process_tag\":\"default\"") && json_num(r, "limit") == 0 && ntags == ntags0 &&
+  tag_stats("untagged", &ntags);
+  CHECK(is_ok(r) && strstr(r, "\"process_tag\":\"untagged\"") && json_num(r, "limit") == 0 && ntags == ntags0 &&
             !any_asleep(),
         "nothing changed: process tag, limit, %d tags (%d before), nothing asleep: %.300s", ntags, ntags0, r);
   CHECK(pat_check_sparse(w, 8 * MiB, 5) == (size_t)-1, "the weights are intact");
@@ -917,7 +917,7 @@ static void scenario_users(void) {
   waitpid(pid, NULL, 0);
   CHECK(verdict == 'r', "user nobody is refused: EPERM, then closed (%c)", verdict ? verdict : '?');
   r = ctl("{\"v\":1,\"cmd\":\"status\"}");
-  CHECK(strstr(r, "\"process_tag\":\"default\"") && !strstr(r, "stolen"), "and changed nothing");
+  CHECK(strstr(r, "\"process_tag\":\"untagged\"") && !strstr(r, "stolen"), "and changed nothing");
   char spid[16];
   snprintf(spid, sizeof spid, "%d", (int)me);
   if (g_client[0]) {

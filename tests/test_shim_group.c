@@ -201,7 +201,7 @@ enum {
   A_INFO,      /* -> a free, b total (cudaMemGetInfo), res its error */
   A_MAPPED,    /* -> a the shim's bytes_mapped, b violations */
   A_PROMOTE,   /* -> res vmmshim_promote, a restored, b skipped, c released */
-  A_TAG,       /* -> a host_mapped, b device, c asleep (tag "default") */
+  A_TAG,       /* -> a host_mapped, b device, c asleep (tag "untagged") */
   A_KIND,      /* a -> res emu_host_mapped, b cudaPointerGetAttributes type */
   A_RACE,      /* a seed, b largest -> random sizes until refused: res last error, a count, b last size,
                   c bytes served, d bytes_mapped */
@@ -439,7 +439,7 @@ static int agent_main(void) {
       vmmshim_tag_stats_t ts[VMMSHIM_MAX_TAGS];
       int n = vmmshim_tag_stats ? vmmshim_tag_stats(ts, VMMSHIM_MAX_TAGS, sizeof ts[0]) : 0;
       for (int i = 0; i < n && i < VMMSHIM_MAX_TAGS; i++)
-        if (!strcmp(ts[i].name, "default")) {
+        if (!strcmp(ts[i].name, "untagged")) {
           r.a = ts[i].host_mapped;
           r.b = ts[i].device;
           r.c = (uint64_t)ts[i].asleep;

@@ -59,7 +59,12 @@
  *            and given back by each sleep; without one (reserve or map fails) everything still
  *            sleeps; an unmap that fails keeps its block on the device, a host mapping that
  *            fails keeps its bytes on the host, a failed wait maps the device memory back, and
- *            when that fails too the block is discarded (said, wakes to zeros). */
+ *            when that fails too the block is discarded (said, wakes to zeros).
+ *   untagged memory allocated with no tag set is "untagged": a sleep of "default" (a region's
+ *            tag) leaves it on the device, intact; naming "untagged" sleeps it alone.
+ *            vmmshim_host_copy finds a host-mode sleeping block's bytes (at any offset), and
+ *            answers ENOENT for awake memory.
+ */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dirent.h>
@@ -92,6 +97,7 @@
 #pragma weak vmmshim_release_host
 #pragma weak vmmshim_api_version
 #pragma weak vmmshim_trim
+#pragma weak vmmshim_host_copy
 
 static vmmshim_sleep_result_t g_res;
 static const char *g_self;
@@ -441,13 +447,13 @@ static void scenario_levels(void) {
   CHECK(vmmshim_set_tag_keep("weights", 1) == 0, "keep weights");
   CHECK(vmmshim_sleep_level(2, 0, &g_res, sizeof g_res) == 0, "level 2: %s", g_res.reason);
   CHECK(tag_stats("weights").host_copied >= 16 * MiB && tag_stats("kv").discarded >= 16 * MiB &&
-            tag_stats("default").discarded >= 8 * MiB,
-        "level 2: weights kept on the host, kv and default discarded");
+            tag_stats("untagged").discarded >= 8 * MiB,
+        "level 2: weights kept on the host, kv and untagged discarded");
   CHECK(do_wake(NULL, 0) == 0, "wake all");
   CHECK(pat_check_sparse(w, 16 * MiB, 31) == (size_t)-1, "weights intact");
   CHECK(vmmshim_sleep_level(1, 1, &g_res, sizeof g_res) == 0, "level 1 mapped: %s", g_res.reason);
   CHECK(mapped_as(w, 16 * MiB) == 1 && mapped_as(d, 8 * MiB) == 1, "everything served from host memory");
-  CHECK(pat_check_sparse(d, 8 * MiB, 32) != (size_t)-1 || 1, "default was discarded at level 2 (any bytes)");
+  CHECK(pat_check_sparse(d, 8 * MiB, 32) != (size_t)-1 || 1, "untagged was discarded at level 2 (any bytes)");
   pat_fill_sparse(d, 8 * MiB, 33);
   CHECK(do_wake(NULL, 0) == 0, "wake all");
   CHECK(pat_check_sparse(d, 8 * MiB, 33) == (size_t)-1 && pat_check_sparse(w, 16 * MiB, 31) == (size_t)-1,
@@ -911,6 +917,42 @@ static void scenario_ipc(const char *self) {
   cudaFree(x), cudaFree(y);
 }
 
+/* Memory allocated with no tag set is "untagged", never "default" (the tag of a region that
+ * names none): sleeping "default" leaves it on the device with its bytes; only naming it sleeps it. */
+static void scenario_untagged(void) {
+  char name[VMMSHIM_TAG_MAX];
+  CHECK(vmmshim_get_tag(name, sizeof name) == 0 && !strcmp(name, "untagged"), "no tag set: tag '%s'", name);
+  char *outside = must_malloc(1 * MiB);
+  pat_fill(outside, 1 * MiB, 41);
+  char *inside = tagged_malloc("default", 4 * MiB);
+  pat_fill(inside, 4 * MiB, 42);
+  CHECK(tag_stats("untagged").live >= 1 * MiB && tag_stats("default").live >= 4 * MiB,
+        "the outside block in untagged, the region's in default");
+  CHECK(do_sleep("default", VMMSHIM_SLEEP_HOST) == 0 && g_res.released >= 4 * MiB, "sleep default: %s",
+        g_res.reason);
+  CHECK(mapped_as(inside, 4 * MiB) == -1, "the region's block left the device");
+  CHECK(mapped_as(outside, 1 * MiB) == 0 && pat_check(outside, 1 * MiB, 41) == (size_t)-1,
+        "the untagged block stayed on the device with its bytes");
+  CHECK(!tag_stats("untagged").asleep, "untagged is awake");
+  void *home = NULL;
+  size_t len = 0;
+  CHECK(vmmshim_host_copy(inside, &home, &len) == 0 && home && len >= 4 * MiB &&
+            pat_check(home, 4 * MiB, 42) == (size_t)-1,
+        "host_copy: the sleeping block's bytes in a host buffer (%zu bytes there)", len);
+  CHECK(vmmshim_host_copy(inside + 1 * MiB, &home, &len) == 0 && len >= 3 * MiB &&
+            ((unsigned char *)home)[0] == pat_byte(42, 1 * MiB) &&
+            ((unsigned char *)home)[3 * MiB - 1] == pat_byte(42, 4 * MiB - 1),
+        "host_copy inside the block: from that offset");
+  CHECK(vmmshim_host_copy(outside, &home, &len) == -ENOENT && !home && !len, "host_copy of awake memory: ENOENT");
+  CHECK(do_wake("default", 0) == 0 && pat_check(inside, 4 * MiB, 42) == (size_t)-1, "wake default: bytes back");
+  CHECK(do_sleep("untagged", VMMSHIM_SLEEP_HOST) == 0 && mapped_as(outside, 1 * MiB) == -1 &&
+            mapped_as(inside, 4 * MiB) == 0,
+        "naming untagged sleeps it, and only it");
+  CHECK(do_wake("untagged", 0) == 0 && pat_check(outside, 1 * MiB, 41) == (size_t)-1, "wake untagged: bytes back");
+  cudaFree(outside);
+  cudaFree(inside);
+}
+
 static void run_scenario(const char *name) {
   if (!strcmp(name, "peers") || !strcmp(name, "skipsum")) emu_set_device_count(2);
   if (!strcmp(name, "nohost") || !strcmp(name, "skipsum")) emu_set_host_vmm(0);
@@ -936,6 +978,7 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "alias")) scenario_alias();
   else if (!strcmp(name, "ipc")) scenario_ipc(g_self);
   else if (!strcmp(name, "importer")) scenario_importer();
+  else if (!strcmp(name, "untagged")) scenario_untagged();
   else CHECK(0, "unknown scenario %s", name);
 }
 
@@ -970,5 +1013,6 @@ int main(int argc, char **argv) {
   check_run_child("merge", "VMMSHIM_WAKE_MERGE=0", "MERGE_EXPECT=4", "MERGE_FIRST=1", NULL); /* one per segment */
   check_run_child("merge", "VMMSHIM_MAX_HANDLE=300M", "MERGE_EXPECT=2", "MERGE_FIRST=3", NULL); /* 3 + 1: the cap */
   check_run_child("ipc", NULL);
+  check_run_child("untagged", NULL);
   return check_summary();
 }

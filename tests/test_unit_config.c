@@ -406,7 +406,7 @@ int main(void) {
   unsetenv("VMMSHIM_LIMIT");
   setenv("VMMSHIM_TAG", "no/slash", 1);
   out = reload_capture();
-  CHECK(strstr(out, "VMMSHIM_TAG") && strstr(out, "using the default tag 'default'") && !strstr(out, "default default"),
+  CHECK(strstr(out, "VMMSHIM_TAG") && strstr(out, "using the default tag 'untagged'") && !strstr(out, "default default"),
         "bad tag worded: '%s'", out);
   unsetenv("VMMSHIM_TAG");
   setenv("VMMSHIM_GRANULARITY", "0", 1);
@@ -415,7 +415,7 @@ int main(void) {
   clear_env();
   reload_capture();
   out = capture(true); /* VMMSHIM_VERBOSE's list */
-  CHECK(strstr(out, "option VMMSHIM_TAG = tag 'default' (default)") && !strstr(out, "= default (default)"),
+  CHECK(strstr(out, "option VMMSHIM_TAG = tag 'untagged' (default)") && !strstr(out, "= untagged (default)"),
         "verbose tag worded: '%s'", out);
 
   /* A VMMSHIM_ variable that is no option: one warning, naming the nearest name when one is near. */

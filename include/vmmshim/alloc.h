@@ -72,6 +72,8 @@ int _vs_tag_stats(vmmshim_tag_stats_t *out, int max);
 /* Whether addr is served from host memory at its own address (a tag asleep in mapped mode), and
  * its pool's device: pointer queries then answer device memory, as before the sleep. */
 bool _vs_host_mapped(CUdeviceptr addr, int *dev);
+/* vmmshim_host_copy (vmmshim.h): where the bytes of a sleeping address are kept. */
+int _vs_host_copy_at(CUdeviceptr addr, CUdeviceptr *home, size_t *len);
 
 /* ---------------------------------------------------------------- "tags.c" */
 #define VS_MAX_TAGS VMMSHIM_MAX_TAGS

@@ -115,7 +115,7 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(TRACE_UNWIND, VS_KIND_UNWIND, VS_UNWIND_AUTO) /* auto | libunwind | dwarf | fp */        \
   X(TRACE_PYTHON, VS_KIND_PYTHON, VS_PYTHON_ON)  /* off | held | on: Python frames (pyframes.c) */ \
   X(PEER_ACCESS, VS_KIND_PEER, VS_PEER_AUTO)     /* auto | all | none */            \
-  X(TAG, VS_KIND_TAG, 0)                         /* tag of new allocations at start ("default") */ \
+  X(TAG, VS_KIND_TAG, 0)                         /* tag of new allocations at start ("untagged") */ \
   X(HOST_LIMIT, VS_KIND_SIZE, 0)                 /* cap on host memory of sleeping tags, 0 = none */ \
   X(HOST_RESERVE, VS_KIND_SIZE, 0)               /* host memory made ahead for sleeps */ \
   X(WAKE_MERGE, VS_KIND_SIZE, 1ull << 30)         /* largest handle a wake makes of neighbouring segments */ \

@@ -165,6 +165,10 @@ size_t _vs_pool_drop_idle_spilled(vs_pool_t *pool);
 bool _vs_pool_asleep(vs_pool_t *pool, size_t *bytes, size_t *host_mapped);
 /* Whether addr lies in host memory mapped at its own address (mapped mode). */
 bool _vs_pool_host_mapped_at(vs_pool_t *pool, CUdeviceptr addr);
+/* Where the bytes at addr are while its segment sleeps in host or mapped mode: the address in
+ * the host buffer that holds them (its home mapping, which the device reads) and how many bytes
+ * follow there, to the buffer's end. False when addr is not asleep with its bytes kept. */
+bool _vs_pool_host_copy_at(vs_pool_t *pool, CUdeviceptr addr, CUdeviceptr *home, size_t *len);
 typedef struct vs_sleep_figures_s {
   size_t live;        /* bytes in live blocks */
   size_t device;      /* mapped on the device */

@@ -331,6 +331,18 @@ int _vs_tag_stats(vmmshim_tag_stats_t *out, int max) {
 
 /* ------------------------------------------------------------------ pointer queries */
 
+/* Under the sleep lock: a wake (which gives the host buffers back) cannot run meanwhile; what
+ * the caller then copies from the buffer is its own business, as with any address it holds. */
+int _vs_host_copy_at(CUdeviceptr addr, CUdeviceptr *home, size_t *len) {
+  if (!_vs_active()) return -ENODEV;
+  vs_pool_t *pool = _vs_dir_lookup(addr);
+  if (!pool) return -ENOENT;
+  _vs_lock_take(&vs_sleep_lock);
+  bool hit = _vs_pool_host_copy_at(pool, addr, home, len);
+  _vs_lock_release(&vs_sleep_lock);
+  return hit ? 0 : -ENOENT;
+}
+
 bool _vs_host_mapped(CUdeviceptr addr, int *dev) {
   if (vs_likely(atomic_load_explicit(&_vs_host_mapped_bytes, memory_order_relaxed) == 0)) return false;
   vs_pool_t *pool = _vs_dir_lookup(addr);

@@ -1,6 +1,8 @@
 /* tags.c: the names allocations are grouped by, so that a group can sleep and wake.
  *
- * A tag is an index into a small table of names (0 is "default"). A thread's allocations go to
+ * A tag is an index into a small table of names. 0 is "untagged", the memory of a program that
+ * set no tag: it is not "default", the tag a region takes when it names none, so that a pause of
+ * regions never takes memory allocated outside them (docs/sleep.md). A thread's allocations go to
  * its own tag when it set one (vmmshim_set_tag, a scope in Python), else to the process's
  * (VMMSHIM_TAG at start, vmmshim_set_process_tag, or vmmshim ctl from outside). Reading the
  * current tag costs one thread-local load, and one relaxed atomic load when the thread set
@@ -12,7 +14,7 @@
 
 #include "vmmshim/alloc.h"
 
-static char vs_tag_names[VS_MAX_TAGS][VMMSHIM_TAG_MAX] = {"default"};
+static char vs_tag_names[VS_MAX_TAGS][VMMSHIM_TAG_MAX] = {"untagged"};
 static atomic_int vs_ntags = 1;
 static atomic_bool vs_tag_keep[VS_MAX_TAGS];
 atomic_int _vs_process_tag;
@@ -28,7 +30,8 @@ static void tags_init(void) {
   if (!t) return;
   int id = _vs_tag_find(t, true);
   if (id >= 0) atomic_store(&_vs_process_tag, id);
-  else _vs_warn("VMMSHIM_TAG='%s' is not a tag name (1-31 of A-Z a-z 0-9 _ . -); using \"default\"", t);
+  else
+    _vs_warn("VMMSHIM_TAG='%s' is not a tag name (1-31 of A-Z a-z 0-9 _ . -); using the default, \"untagged\"", t);
 }
 
 void _vs_tags_init(void) { pthread_once(&vs_tags_once, tags_init); }

@@ -231,7 +231,7 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_LOG: return "warn";
   case VS_KIND_TRACE_FORMAT: return "native";
   case VS_KIND_STRING: return "unset";
-  case VS_KIND_TAG: return "tag 'default'"; /* the tag's name is "default": not "the default default" */
+  case VS_KIND_TAG: return "tag 'untagged'";
   case VS_KIND_SIGNAL:
     if (o->init && signal_name(o->init)) return signal_name(o->init);
     /* fall through */
@@ -518,7 +518,7 @@ void _vs_config_print(void) {
     }
     case VS_KIND_STRING:
     case VS_KIND_NAME: shown = o->text ? o->text : "(unset)"; break;
-    case VS_KIND_TAG: shown = o->text ? o->text : "tag 'default'"; break;
+    case VS_KIND_TAG: shown = o->text ? o->text : "tag 'untagged'"; break;
     case VS_KIND_LIMIT:
       if (!o->text) shown = "0 (off)";
       else {

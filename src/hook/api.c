@@ -72,4 +72,13 @@ VS_API int vmmshim_host_memory(uint64_t *in_use, uint64_t *cached) {
   return 0;
 }
 
+VS_API int vmmshim_host_copy(const void *addr, void **home, size_t *len) {
+  if (!home || !len) return -EINVAL;
+  CUdeviceptr h = 0;
+  int rc = _vs_host_copy_at((CUdeviceptr)(uintptr_t)addr, &h, len);
+  *home = rc ? NULL : (void *)(uintptr_t)h;
+  if (rc) *len = 0;
+  return rc;
+}
+
 VS_API size_t vmmshim_release_host(size_t keep) { return _vs_active() ? _vs_release_host(keep) : 0; }

@@ -261,6 +261,24 @@ bool _vs_pool_host_mapped_at(vs_pool_t *p, CUdeviceptr addr) {
   return hit;
 }
 
+bool _vs_pool_host_copy_at(vs_pool_t *p, CUdeviceptr addr, CUdeviceptr *home, size_t *len) {
+  bool hit = false;
+  pool_lock(p);
+  for (size_t i = 0; i < p->asleep.n && !hit; i++) {
+    const vs_asleep_seg_t *s = &p->asleep.v[i];
+    if (s->spilled || !s->nbufs || addr < s->va || addr >= s->va + s->size) continue;
+    size_t off = addr - s->va;
+    for (int b = 0; b < s->nbufs && !hit; off -= s->bufs[b++].size)
+      if (off < s->bufs[b].size) {
+        *home = s->bufs[b].home + off;
+        *len = s->bufs[b].size - off;
+        hit = true;
+      }
+  }
+  pool_unlock(p);
+  return hit;
+}
+
 void _vs_pool_sleep_figures(vs_pool_t *p, vs_sleep_figures_t *f) {
   memset(f, 0, sizeof *f);
   pool_lock(p);

@@ -91,7 +91,7 @@ cd_program() { # RT
   fi
   pid=$(cat "$dir/pid")
   cd_step "$run" list 0 "$pid  t_ctl.$rt" list
-  cd_step "$run" tag-weights 0 "new allocations go to tag 'weights' (was 'default')" "$pid" tag weights
+  cd_step "$run" tag-weights 0 "new allocations go to tag 'weights' (was 'untagged')" "$pid" tag weights
   : >"$dir/go.started"
   if cd_wait "$dir" loaded "$job"; then
     cd_json "$run" weights-loaded "$pid" "tag['weights']['live'] >= 2 * G and st['process_tag'] == 'weights'"

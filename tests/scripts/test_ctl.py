@@ -129,7 +129,7 @@ def verbs(sv):
           "ctl PID status --json: pid, tags' bytes, devices")
 
     rc, out = ctl(pid, "tag", "phase")
-    check(rc == 0 and out.strip() == "pid %d: new allocations go to tag 'phase' (was 'default')" % pid,
+    check(rc == 0 and out.strip() == "pid %d: new allocations go to tag 'phase' (was 'untagged')" % pid,
           "ctl tag: [%s]" % out.strip())
     check(sv.ask("alloc") == "alloc ok" and tag_of(status(pid), "phase").get("live") == 1 << 20,
           "the program's next allocation lands in tag phase")
@@ -888,9 +888,9 @@ def module(sv):
         check(r.returncode == 0 and o, "the module under the shim runs [%s]" % (r.stdout + r.stderr)[-600:])
         if not o:
             return
-        check(o["in_region"] == "weights" and o["after_region"] == "default", "region sets the tag, and restores it")
-        check(o["nested"] == "b" and o["nested_back"] == "a" and o["nested_end"] == "default", "nested regions")
-        check(o["thread"] == "threadtag" and o["main_after_thread"] == "default", "a thread's tag is its own")
+        check(o["in_region"] == "weights" and o["after_region"] == "untagged", "region sets the tag, and restores it")
+        check(o["nested"] == "b" and o["nested_back"] == "a" and o["nested_end"] == "untagged", "nested regions")
+        check(o["thread"] == "threadtag" and o["main_after_thread"] == "untagged", "a thread's tag is its own")
         check(o["live"] == [8 << 20, 4 << 20], "tag_stats: the regions' allocations in their tags %r" % o["live"])
         check(o["paused"] == [8 << 20, 4 << 20, True, True],
               "pause: CPU backup copies to the host, without it discards %r" % o["paused"])

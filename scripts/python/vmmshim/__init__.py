@@ -16,6 +16,9 @@ torch_memory_saver, so code written for it can switch:
 
 A tag's memory sleeps only if it was allocated while the tag was set: with PyTorch's caching
 allocator, blocks cached before the region was entered keep the tag they were first made under.
+Memory allocated with no tag set is tag "untagged", never "default" (region()'s tag): pause() and
+resume() with no tag take every tag a region used, never "untagged" (docs/sleep.md, "Untagged
+memory"). Programs written for torch_memory_saver: vmmshim.torch_memory_saver.
 Without the shim, every function that calls it (region, pause and resume included) raises
 NotPreloaded, with one line saying how to run under it. Reference: docs/sleep.md, "From Python".
 
@@ -30,10 +33,12 @@ import threading
 from .client import Control, ControlError, reachable  # noqa: F401  (the public API)
 
 __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
-           "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "stats", "trim", "dump", "control",
-           "reachable", "SleepResult", "Error", "NotPreloaded", "ControlError", "Control"]
+           "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "host_copy", "stats", "trim", "dump",
+           "control", "reachable", "loaded", "library_path", "UNTAGGED", "SleepResult", "Error", "NotPreloaded",
+           "ControlError", "Control"]
 
 TAG_MAX = 32
+UNTAGGED = "untagged"  # the tag of memory allocated with no tag set
 MAX_TAGS = 16
 MODES = {"discard": 0, "host": 1, "mapped": 2}
 __version__ = "0.1.0"  # a copy of VMMSHIM_VERSION of include/vmmshim.h (test_docs_code.py checks)
@@ -135,6 +140,9 @@ def _shim():
                 "vmmshim_trim": (ctypes.c_size_t, []),
                 "vmmshim_dump": (ctypes.c_int, []),
             }
+            if version() >= 4:
+                sigs["vmmshim_host_copy"] = (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                                                            ctypes.POINTER(ctypes.c_size_t)])
             for name, (res, args) in sigs.items():
                 fn = getattr(lib, name)
                 fn.restype, fn.argtypes = res, args
@@ -206,7 +214,8 @@ def region(tag="default", enable_cpu_backup=False):
 
 
 def pause(tag=None):
-    """Gives the device memory of tag back (every tag region() has seen, when None): its bytes
+    """Gives the device memory of tag back (every tag region() has seen, when None: never
+    "untagged", the memory allocated outside regions, unless a region named it): its bytes
     are copied to host memory when the region was made with enable_cpu_backup, else discarded.
     Pausing a paused tag does nothing."""
     _shim()  # NotPreloaded even when there is no tag to pause: silence would hide the mistake
@@ -239,10 +248,10 @@ def _moved(what, call, *args):
 
 
 def sleep(tag=None, mode="host"):
-    """Sleeps tag (None: every tag) in mode "discard", "host" or "mapped" (docs/sleep.md). Returns
-    a SleepResult; raises Error when the shim refused (EBUSY: a stream capture in progress,
-    ENOENT: no such tag, ...). Nothing to do (asleep already) is not an error: result.error is
-    -EALREADY."""
+    """Sleeps tag (None: every tag, "untagged" included: the whole process) in mode "discard",
+    "host" or "mapped" (docs/sleep.md). Returns a SleepResult; raises Error when the shim refused
+    (EBUSY: a stream capture in progress, ENOENT: no such tag, ...). Nothing to do (asleep
+    already) is not an error: result.error is -EALREADY."""
     if mode not in MODES:
         raise ValueError("vmmshim: mode '%s': discard, host or mapped" % mode)
     return _moved("sleep %s" % (tag or "(every tag)"), _shim().vmmshim_sleep, _name(tag), MODES[mode])
@@ -291,6 +300,50 @@ def host_memory():
 def release_host(keep=0):
     """Gives kept host memory back down to keep bytes; returns the bytes given back."""
     return int(_shim().vmmshim_release_host(int(keep)))
+
+
+def host_copy(addr):
+    """Where the bytes at device address addr are kept while its memory sleeps in host or mapped
+    mode: (home, length), home a device address in a host buffer (the device reads it; copy from
+    it with cuMemcpyDtoH), length the bytes that follow it there. None when addr is awake,
+    discarded, or not the shim's."""
+    lib = _shim()
+    if lib.vmmshim_api_version() < 4:
+        raise NotPreloaded("vmmshim: the preloaded shim has no vmmshim_host_copy (API 4)")
+    home, n = ctypes.c_void_p(), ctypes.c_size_t()
+    rc = lib.vmmshim_host_copy(ctypes.c_void_p(int(addr)), ctypes.byref(home), ctypes.byref(n))
+    if rc == -errno.ENOENT:
+        return None
+    _check(rc, "host_copy 0x%x" % int(addr))
+    return home.value, n.value
+
+
+def loaded():
+    """True when the shim is in this process (preloaded, with an API this module knows)."""
+    try:
+        _shim()
+        return True
+    except NotPreloaded:
+        return False
+
+
+def library_path():
+    """The path of libvmmshim.so: the one loaded in this process, else the one installed with this
+    package, else $VMMSHIM_LIB, else the checkout's build/ (None when none is there)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split(None, 5)[-1].strip()
+                if path.endswith("/libvmmshim.so"):
+                    return path
+    except OSError:
+        pass
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.path.join(here, "lib", "libvmmshim.so"), os.environ.get("VMMSHIM_LIB") or "",
+                 os.path.join(here, "..", "..", "..", "build", "libvmmshim.so")):
+        if cand and os.path.isfile(cand):
+            return os.path.realpath(cand)
+    return None
 
 
 def stats():

@@ -32,7 +32,8 @@ See and steer a program running under vmmshim, from outside (docs/control.md).
   tag NAME      new allocations of the program go to tag NAME from now on
   sleep         give a tag's device memory back, keeping its addresses; --mode
                 host (the default: the bytes are kept in host memory), discard,
-                or mapped (the program runs on, over the link); --all: every tag;
+                or mapped (the program runs on, over the link); --all: every tag,
+                untagged included (memory allocated with no tag set);
                 --level N: the whole process (0 idle memory, 1 host, 2 discard)
   wake          bring it back at the same addresses (--zero: discarded bytes
                 wake as zeros)

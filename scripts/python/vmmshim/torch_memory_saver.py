@@ -1,0 +1,288 @@
+"""torch_memory_saver's Python API, served by the shim: programs written for it run unchanged.
+
+    from vmmshim.torch_memory_saver import torch_memory_saver
+    with torch_memory_saver.region(tag="kv", enable_cpu_backup=True):
+        cache = torch.empty(..., device="cuda")
+    torch_memory_saver.pause("kv")      # host mode: the bytes go to host memory
+    torch_memory_saver.resume("kv")     # same addresses, same bytes
+
+`vmmshim --as torch_memory_saver python app.py` (or VMMSHIM_AS=torch_memory_saver under the
+launcher) makes `import torch_memory_saver` resolve to this module. The process must run under
+the shim; torch is imported only when a call needs it. Memory allocated outside every region is
+tag "untagged" and never paused by pause() (docs/sleep.md, "Untagged memory"); where this module
+differs from torch_memory_saver, docs/sleep.md's table says so."""
+import contextlib
+import ctypes
+import errno
+import os
+import sys
+import threading
+
+from . import (UNTAGGED, Error, NotPreloaded, control, host_copy, library_path, loaded, release_host, set_tag, sleep,
+               wake)
+from . import _backup as _region_tags  # tag -> enable_cpu_backup, of every region() entered
+from . import _thread
+from . import region as _region
+
+__all__ = ["TorchMemorySaver", "torch_memory_saver", "configure_subprocess"]
+
+_TAG_DEFAULT = "default"
+_HOOK_MODES = ("preload", "torch")
+_CPU_BACKENDS = ("pinned", "mmap")
+_DISK = ("vmmshim: disk backup (enable_disk_backup, set_disk_backup_dir) is not supported: use "
+         "enable_cpu_backup=True (the shim's host mode) instead")
+
+
+def _torch():
+    """torch, when the program imported it (a program without it has no tensors to pool)."""
+    return sys.modules.get("torch")
+
+
+def _device_to_host(dst, src, n):
+    """Copies n bytes from device address src (a host buffer's home mapping) to host memory at dst."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    fn = cuda.cuMemcpyDtoH_v2
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+    rc = fn(ctypes.c_void_p(dst), ctypes.c_uint64(src), ctypes.c_size_t(n))
+    if rc != 0:
+        raise Error("get_cpu_backup: cuMemcpyDtoH", errno.EIO, "CUDA error %d" % rc)
+
+
+def _backup_into(addr, nbytes, dst):
+    """Copies the nbytes at device address addr, asleep with their bytes on the host, to host
+    memory at dst. False (nothing copied) when any of them is awake or was discarded."""
+    pieces, off = [], 0
+    while off < nbytes:
+        where = host_copy(addr + off)
+        if where is None:
+            return False
+        home, n = where
+        n = min(n, nbytes - off)
+        pieces.append((off, home, n))
+        off += n
+    for off, home, n in pieces:
+        _device_to_host(dst + off, home, n)
+    return True
+
+
+def _mem_get_info():
+    """(free, total) bytes of the current device, as the program sees them."""
+    torch = _torch()
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.mem_get_info()
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    rc = ctypes.CDLL(None).cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))
+    if rc != 0:
+        raise Error("memory_margin_bytes: cudaMemGetInfo", errno.EIO, "CUDA error %d" % rc)
+    return free.value, total.value
+
+
+def _preload_env(env):
+    """env with the shim first in LD_PRELOAD (once)."""
+    lib = library_path()
+    if lib is None:
+        raise NotPreloaded("vmmshim: libvmmshim.so not found (set VMMSHIM_LIB)")
+    env = dict(env)
+    rest = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and p != lib]
+    env["LD_PRELOAD"] = ":".join([lib] + rest)
+    env["VMMSHIM_LIB"] = lib
+    return env
+
+
+@contextlib.contextmanager
+def configure_subprocess():
+    """Child processes started in the with block run under the shim (LD_PRELOAD set in os.environ,
+    restored at the end)."""
+    before = {k: os.environ.get(k) for k in ("LD_PRELOAD", "VMMSHIM_LIB")}
+    os.environ.update(_preload_env(os.environ))
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class TorchMemorySaver:
+    """torch_memory_saver's TorchMemorySaver on the shim (one per process is enough:
+    torch_memory_saver, below)."""
+
+    def __init__(self):
+        self._hook_mode = "preload"
+        self._margin = 0
+        self._retain = False
+        self._pools = {}  # (tag, device) -> torch.cuda.MemPool of the region's allocations
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ regions
+
+    def _mem_pool(self, key):
+        """A pool of PyTorch's caching allocator of its own for key: blocks cached outside the
+        region never serve it, and its blocks never serve allocations outside it (their tags
+        would be wrong: untagged memory paused, or a region's not)."""
+        torch = _torch()
+        if (torch is None or not hasattr(torch.cuda, "MemPool") or not torch.cuda.is_available()
+                or os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"):  # no cache: nothing to cross
+            return None, contextlib.nullcontext()
+        key = key + (torch.cuda.current_device(),)
+        with self._lock:
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = self._pools[key] = torch.cuda.MemPool()
+        return pool, torch.cuda.use_mem_pool(pool)
+
+    @staticmethod
+    def _check_backup(enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
+        if enable_disk_backup:
+            if enable_cpu_backup:
+                raise ValueError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
+            raise NotImplementedError(_DISK)
+        if cpu_backup_backend is not None:
+            if not enable_cpu_backup:
+                raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+            if cpu_backup_backend not in _CPU_BACKENDS:
+                raise ValueError("cpu_backup_backend: 'pinned' or 'mmap', not %r" % (cpu_backup_backend,))
+
+    @contextlib.contextmanager
+    def region(self, tag=_TAG_DEFAULT, enable_cpu_backup=False, enable_disk_backup=False, cpu_backup_backend=None):
+        """Allocations of this thread in the with block go to tag; pause(tag) gives them back
+        (their bytes kept in host memory when enable_cpu_backup, else discarded)."""
+        self._check_backup(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        _, use_pool = self._mem_pool((tag, bool(enable_cpu_backup)))
+        with use_pool, _region(tag, enable_cpu_backup=enable_cpu_backup):
+            yield
+
+    @contextlib.contextmanager
+    def cuda_graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global", tag=_TAG_DEFAULT,
+                   enable_cpu_backup=False, cpu_backup_backend=None):
+        """torch.cuda.graph(...) whose memory (the graph's pool) belongs to tag, and pauses with it."""
+        self._check_backup(enable_cpu_backup, False, cpu_backup_backend)
+        import torch
+        with torch.cuda.graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
+            with _region(tag, enable_cpu_backup=enable_cpu_backup):
+                yield
+
+    @contextlib.contextmanager
+    def disable(self):
+        """Allocations of this thread in the with block are never paused (tag "untagged", in a
+        pool of PyTorch's caching allocator that is given up at the end)."""
+        pool, use_pool = self._mem_pool(("(disable)", object()))
+        before = getattr(_thread, "tag", None)
+        try:
+            with use_pool:
+                set_tag(UNTAGGED)  # not region(): "untagged" must not join the tags pause() takes
+                try:
+                    yield
+                finally:
+                    set_tag(before)
+        finally:
+            if pool is not None:
+                with self._lock:
+                    self._pools = {k: v for k, v in self._pools.items() if v is not pool}
+                del pool
+
+    # ------------------------------------------------------------ pause and resume
+
+    @staticmethod
+    def _tags(tag):
+        return [tag] if tag is not None else sorted(t for t in _region_tags if t != UNTAGGED)
+
+    def pause(self, tag=None):
+        """Gives back the device memory of tag (None: every tag a region used; never untagged
+        memory). A tag that nothing was allocated in, or a paused one, is left as it is."""
+        for t in self._tags(tag):
+            try:
+                sleep(t, "host" if _region_tags.get(t) else "discard")
+            except Error as e:
+                if e.errno != errno.ENOENT:
+                    raise
+
+    def resume(self, tag=None):
+        """Maps device memory at the same addresses again, with the bytes of regions made with
+        enable_cpu_backup, zeros in the others. Without retain_cpu_backup, the host memory that held
+        the bytes is given back."""
+        for t in self._tags(tag):
+            try:
+                wake(t, zero=not _region_tags.get(t))
+            except Error as e:
+                if e.errno != errno.ENOENT:
+                    raise
+        if not self._retain:
+            release_host(0)
+
+    # ------------------------------------------------------------ settings
+
+    @property
+    def enabled(self):
+        """True when the shim is loaded in this process."""
+        return loaded()
+
+    @property
+    def hook_mode(self):
+        return self._hook_mode
+
+    @hook_mode.setter
+    def hook_mode(self, mode):
+        if mode not in _HOOK_MODES:
+            raise ValueError("hook_mode: 'preload' or 'torch', not %r" % (mode,))
+        self._hook_mode = mode  # both mean the shim, which serves every allocation
+
+    @property
+    def memory_margin_bytes(self):
+        return self._margin
+
+    @memory_margin_bytes.setter
+    def memory_margin_bytes(self, value):
+        """Allocations that would leave less than value bytes of the device free fail as out of
+        memory: the process's limit (VMMSHIM_LIMIT) becomes what it has mapped plus what
+        cudaMemGetInfo says is free, less value; 0 removes the limit."""
+        value = int(value)
+        if value < 0:
+            raise ValueError("memory_margin_bytes: %d is negative" % value)
+        ctl = control(os.getpid())
+        ctl.limit(0)
+        self._margin = value
+        if value == 0:
+            return
+        free, _ = _mem_get_info()
+        st = ctl.status()
+        idle = sum(d.get("idle", 0) for d in st.get("devices", []))
+        ctl.limit(max(1, st["mapped"] + max(0, free - idle) - value))
+
+    @property
+    def retain_cpu_backup(self):
+        return self._retain
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value):
+        """True: the host memory of a CPU backup stays after resume(), for the next pause (the
+        shim's own default); False: resume() gives it back."""
+        self._retain = bool(value)
+
+    def set_disk_backup_dir(self, path):
+        raise NotImplementedError(_DISK)
+
+    def configure_subprocess(self):
+        return configure_subprocess()
+
+    # ------------------------------------------------------------ CPU backup
+
+    def get_cpu_backup(self, x, zero_copy=False):
+        """A CPU tensor with the bytes of x, a contiguous CUDA tensor paused in a region made with
+        enable_cpu_backup; None when x is awake or its bytes were not kept. Always a copy: the
+        shim's host buffers are the device's to read, not the CPU's (zero_copy is accepted)."""
+        import torch
+        if not x.is_cuda:
+            raise ValueError("get_cpu_backup: %s is not a CUDA tensor" % x.device)
+        if not x.is_contiguous():
+            raise ValueError("get_cpu_backup: the tensor is not contiguous")
+        nbytes = x.numel() * x.element_size()
+        out = torch.empty(nbytes, dtype=torch.uint8)
+        if nbytes and not _backup_into(x.data_ptr(), nbytes, out.data_ptr()):
+            return None
+        return out.view(x.dtype).view(x.shape)
+
+
+torch_memory_saver = TorchMemorySaver()

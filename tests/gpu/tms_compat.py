@@ -1,0 +1,156 @@
+"""A torch_memory_saver program on the shim: python3 tests/gpu/tms_compat.py --lib LIB [--no-cache]
+
+The driver (no --child) runs this script again as a program of the launcher, `scripts/vmmshim
+--as torch_memory_saver` with VMMSHIM_LIB=LIB, PyTorch's caching allocator on (with --no-cache:
+off, PYTORCH_NO_CUDA_MEMORY_CACHING=1). The program imports `torch_memory_saver` (the shim's
+compatible module, which the launcher put first) and checks:
+  - tensors made before and after the regions (outside every region) are intact after pause()
+    and resume() with no tag;
+  - a region with enable_cpu_backup: its tensor comes back with every byte; while paused,
+    get_cpu_backup(tensor) equals it (zero_copy too), and the device memory was given back;
+  - a region without backup: its tensor comes back as zeros;
+  - disable() inside a region: its tensor is never paused, and its memory goes back to the device
+    once freed;
+  - cuda_graph(): a graph captured under a region tag replays to the same result after its
+    memory was paused and resumed (caching allocator on only: graphs need it);
+  - memory_margin_bytes: an allocation that would leave less than the margin free fails.
+
+Prints "PASS name" / "FAIL name: why" per check and "tms-compat: N passed, N failed"; exit 0,
+1 when a check failed, 77 (with a "SKIP why" line) when PyTorch or its CUDA is not there."""
+import argparse
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MiB = 1 << 20
+
+passed = failed = 0
+
+
+def check(ok, name, why=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print("PASS %s" % name)
+    else:
+        failed += 1
+        print("FAIL %s: %s" % (name, why))
+    sys.stdout.flush()
+
+
+def free_bytes(torch):
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+
+
+def child():
+    import torch
+    import torch_memory_saver as tms_module
+    from torch_memory_saver import torch_memory_saver as tms
+    import vmmshim.torch_memory_saver as ours
+    check(tms_module.torch_memory_saver is ours.torch_memory_saver and tms.enabled,
+          "import torch_memory_saver is the shim's module, enabled")
+    dev = torch.device("cuda")
+    before = torch.arange(256 * MiB // 4, dtype=torch.int32, device=dev)      # 256 MiB, outside
+    with tms.region(tag="weights", enable_cpu_backup=True):
+        weights = torch.arange(512 * MiB // 4, dtype=torch.int32, device=dev) * 3
+    with tms.region(tag="kv"):
+        kv = torch.full((512 * MiB // 4,), 7, dtype=torch.int32, device=dev)
+        with tms.disable():
+            kept = torch.full((256 * MiB // 4,), 5, dtype=torch.int32, device=dev)
+    after = torch.arange(64 * MiB // 4, dtype=torch.int32, device=dev) + 11   # outside
+    want_before, want_weights, want_after = before.sum().item(), weights.sum().item(), after.sum().item()
+    weights_cpu = weights.cpu()
+
+    free0 = free_bytes(torch)
+    tms.pause()
+    free1 = free_bytes(torch)
+    check(free1 - free0 >= 1000 * MiB, "pause() gave the regions' device memory back",
+          "%d MiB more free" % ((free1 - free0) // MiB))
+    backup = tms.get_cpu_backup(weights)
+    check(backup is not None and backup.device.type == "cpu" and torch.equal(backup, weights_cpu),
+          "get_cpu_backup equals the paused tensor")
+    zc = tms.get_cpu_backup(weights, zero_copy=True)
+    check(zc is not None and torch.equal(zc, weights_cpu), "get_cpu_backup(zero_copy=True) equals it too")
+    check(tms.get_cpu_backup(kv) is None, "no CPU backup of a region without one")
+    check(before.sum().item() == want_before and after.sum().item() == want_after and
+          kept.sum().item() == 5 * (256 * MiB // 4), "memory outside regions and in disable() works while paused")
+    tms.resume()
+    check(weights.sum().item() == want_weights, "the backed-up region's tensor is back, every byte")
+    check(kv.count_nonzero().item() == 0, "the region without backup wakes as zeros")
+    check(before.sum().item() == want_before and after.sum().item() == want_after,
+          "tensors outside the regions intact after pause/resume")
+    check(tms.get_cpu_backup(weights) is None, "no CPU backup once resumed")
+
+    free2 = free_bytes(torch)
+    del kept
+    torch.cuda.empty_cache()
+    free3 = free_bytes(torch)
+    check(free3 - free2 >= 200 * MiB, "disable()'s memory goes back to the device once freed",
+          "%d MiB more free" % ((free3 - free2) // MiB))
+
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+        return finish_margin(torch, tms, dev)
+    static_in = torch.ones(16 * MiB // 4, device=dev)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        static_in.mul(2).sum()   # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    with tms.cuda_graph(graph, tag="graph"):
+        static_out = (static_in * 2).sum()
+    graph.replay()
+    want = static_out.item()
+    tms.pause("graph")
+    tms.resume("graph")
+    graph.replay()
+    check(static_out.item() == want == 2 * (16 * MiB // 4), "a graph captured by cuda_graph() replays after pause")
+    return finish_margin(torch, tms, dev)
+
+
+def finish_margin(torch, tms, dev):
+    tms.memory_margin_bytes = free_bytes(torch) - 512 * MiB
+    try:
+        torch.empty(1024 * MiB, dtype=torch.uint8, device=dev)
+        ok = False
+    except torch.cuda.OutOfMemoryError:
+        ok = True
+    small = torch.empty(64 * MiB, dtype=torch.uint8, device=dev)
+    tms.memory_margin_bytes = 0
+    check(ok and small.numel() == 64 * MiB, "memory_margin_bytes: past the margin is out of memory, below it not")
+    print("tms-compat: %d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+def driver(lib, no_cache):
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            print("SKIP PyTorch finds no CUDA device")
+            return 77
+    except ImportError:
+        print("SKIP PyTorch is not installed")
+        return 77
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTORCH_NO_CUDA_MEMORY_CACHING")}
+    env["VMMSHIM_LIB"] = lib
+    if no_cache:
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    r = subprocess.run([os.path.join(ROOT, "scripts", "vmmshim"), "-q", "--no-trace", "--as", "torch_memory_saver",
+                        sys.executable, os.path.abspath(__file__), "--child"], env=env, timeout=300)
+    return r.returncode
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", default=os.path.join(ROOT, "build", "libvmmshim.so"))
+    ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--child", action="store_true")
+    a = ap.parse_args()
+    sys.exit(child() if a.child else driver(os.path.abspath(a.lib), a.no_cache))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""vmmshim.torch_memory_saver on the emulation (no GPU, no torch): a program under the shim
+allocates through the emulated runtime with ctypes and uses the module as a torch_memory_saver
+program would.
+  - memory allocated outside every region (and in disable()) keeps its bytes through pause() and
+    resume() with no tag; the regions' tags sleep: host mode with enable_cpu_backup, else discard
+    (zeros after resume);
+  - the CPU backup of a paused block: its bytes, read through vmmshim_host_copy; none when awake;
+  - retain_cpu_backup: host memory given back at resume unless set;
+  - memory_margin_bytes: a limit that fails an allocation past the margin, removed by 0;
+  - the options torch_memory_saver takes: hook_mode, cpu_backup_backend, enable_disk_backup
+    (NotImplementedError), a pause of a tag nothing was allocated in;
+  - configure_subprocess(): a child sees LD_PRELOAD with the shim, the parent's is restored;
+  - `vmmshim --as torch_memory_saver` and VMMSHIM_AS=torch_memory_saver: `import
+    torch_memory_saver` is this module, in a program run by the launcher."""
+import json
+import os
+import subprocess
+import sys
+
+from harness import ROOT, check, scratch, summary
+
+BUILD = os.environ.get("BUILD", "build")
+B = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
+LIB = os.path.join(B, "libvmmshim.so")
+EMU = os.path.join(B, "emu")
+PYDIR = os.path.join(ROOT, "scripts", "python")
+LAUNCHER = os.path.join(ROOT, "scripts", "vmmshim")
+SHIM_ENV = dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU, PYTHONPATH=PYDIR)
+
+PROGRAM = r"""
+import ctypes, json, os, subprocess, sys
+ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
+rt = ctypes.CDLL(None)
+rt.cudaSetDevice(0)
+import vmmshim
+from vmmshim import torch_memory_saver as module
+from vmmshim.torch_memory_saver import torch_memory_saver as tms
+MiB = 1 << 20
+def malloc(n):
+    p = ctypes.c_void_p()
+    rc = rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(n))
+    return p.value if rc == 0 else None
+def fill(p, n, c): ctypes.memset(p, c, n)
+def same(p, n, c): return ctypes.string_at(p, n) == bytes([c]) * n
+out = {"enabled": tms.enabled}
+outside = malloc(1 * MiB); fill(outside, 1 * MiB, 0x11)
+with tms.region():
+    dflt = malloc(4 * MiB)
+    with tms.disable():
+        kept = malloc(1 * MiB)
+    out["tag_after_disable"] = vmmshim.get_tag()
+fill(dflt, 4 * MiB, 0x22); fill(kept, 1 * MiB, 0x44)
+with tms.region("kv", enable_cpu_backup=True, cpu_backup_backend="pinned"):
+    kv = malloc(4 * MiB)
+fill(kv, 4 * MiB, 0x33)
+out["tag_after"] = vmmshim.get_tag()
+tms.pause()
+st = vmmshim.tag_stats()
+out["paused"] = [st["default"]["discarded"] >= 4 * MiB, st["kv"]["host_copied"] >= 4 * MiB,
+                 st["untagged"]["asleep"], st["untagged"]["live"] >= 2 * MiB]
+out["outside_kept"] = [same(outside, 1 * MiB, 0x11), same(kept, 1 * MiB, 0x44)]
+# The CPU backup, copied with memmove here: the emulated device's memory is the process's.
+module._device_to_host = lambda dst, src, n: ctypes.memmove(dst, src, n)
+buf = ctypes.create_string_buffer(4 * MiB)
+out["backup"] = module._backup_into(kv + 4096, 4 * MiB - 4096, ctypes.addressof(buf)) and \
+    buf.raw[:4 * MiB - 4096] == b"\x33" * (4 * MiB - 4096)
+out["backup_discarded"] = module._backup_into(dflt, 4096, ctypes.addressof(buf))
+out["backup_awake"] = module._backup_into(outside, 4096, ctypes.addressof(buf))
+tms.pause()                  # paused already: nothing to do
+tms.pause("never-used")      # no such tag: nothing to do
+tms.resume()
+out["resumed"] = [same(kv, 4 * MiB, 0x33), same(dflt, 4 * MiB, 0), same(outside, 1 * MiB, 0x11)]
+out["host_after_resume"] = list(vmmshim.host_memory())
+tms.retain_cpu_backup = True
+tms.pause("kv"); tms.resume("kv")
+out["host_retained"] = vmmshim.host_memory()[1] >= 4 * MiB and same(kv, 4 * MiB, 0x33)
+tms.hook_mode = "torch"
+out["hook_mode"] = tms.hook_mode
+errors = {}
+for name, call in [("hook_mode", lambda: setattr(tms, "hook_mode", "other")),
+                   ("disk", lambda: tms.region(enable_disk_backup=True).__enter__()),
+                   ("disk_dir", lambda: tms.set_disk_backup_dir("/tmp")),
+                   ("backend", lambda: tms.region(cpu_backup_backend="mmap").__enter__())]:
+    try:
+        call()
+        errors[name] = "none"
+    except Exception as e:
+        errors[name] = type(e).__name__
+out["errors"] = errors
+free = ctypes.c_size_t(); total = ctypes.c_size_t()
+rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))
+tms.memory_margin_bytes = free.value - 100 * MiB   # about 100 MiB may still be allocated
+limit = vmmshim.control(os.getpid()).status()["limit"]
+big = malloc(256 * MiB)
+small = malloc(32 * MiB)
+tms.memory_margin_bytes = 0
+out["margin"] = [limit > 0, big is None, small is not None, vmmshim.control(os.getpid()).status()["limit"],
+                 malloc(256 * MiB) is not None, tms.memory_margin_bytes]
+before = os.environ.get("LD_PRELOAD")
+os.environ["LD_PRELOAD"] = "/nonexistent/other.so"
+with module.configure_subprocess():
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ['LD_PRELOAD'])"],
+                           capture_output=True, text=True).stdout.strip()
+out["subprocess"] = [child, os.environ["LD_PRELOAD"], vmmshim.library_path()]
+os.environ["LD_PRELOAD"] = before
+print(json.dumps(out))
+"""
+
+AS_PROGRAM = r"""
+import json, torch_memory_saver
+from torch_memory_saver import torch_memory_saver as tms, TorchMemorySaver
+import vmmshim.torch_memory_saver as ours
+print(json.dumps([torch_memory_saver.torch_memory_saver is ours.torch_memory_saver,
+                  TorchMemorySaver is ours.TorchMemorySaver, tms.enabled]))
+"""
+
+
+def run(script, tmp, env, argv=()):
+    path = os.path.join(tmp, "app.py")
+    with open(path, "w") as f:
+        f.write(script)
+    r = subprocess.run(list(argv) + [sys.executable, path], capture_output=True, text=True, timeout=120, env=env)
+    try:
+        return r, json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return r, None
+
+
+def module():
+    with scratch("vmmshim-tms-") as tmp:
+        r, o = run(PROGRAM, tmp, SHIM_ENV)
+        check(r.returncode == 0 and o,
+              "the program runs under the shim%s" % ("" if o else " [%s]" % (r.stdout + r.stderr)[-800:]))
+        if not o:
+            return
+        check(o["enabled"] is True, "enabled: the shim is loaded")
+        check(o["tag_after_disable"] == "default" and o["tag_after"] == "untagged",
+              "disable() restores the region's tag, a region the untagged one %r" % [o["tag_after_disable"],
+                                                                                    o["tag_after"]])
+        check(o["paused"] == [True, True, False, True], "pause(): region tags asleep, untagged not %r" % o["paused"])
+        check(o["outside_kept"] == [True, True], "memory outside regions and in disable() keeps its bytes")
+        check(o["backup"] is True, "the CPU backup of a paused block: its bytes, from an offset")
+        check(o["backup_discarded"] is False and o["backup_awake"] is False, "no backup: discarded, or awake")
+        check(o["resumed"] == [True, True, True], "resume(): backup bytes back, discarded ones zeros, outside intact")
+        check(o["host_after_resume"] == [0, 0], "host memory given back at resume %r" % o["host_after_resume"])
+        check(o["host_retained"] is True, "retain_cpu_backup: host memory kept")
+        check(o["hook_mode"] == "torch", "hook_mode accepted")
+        check(o["errors"] == {"hook_mode": "ValueError", "disk": "NotImplementedError",
+                              "disk_dir": "NotImplementedError", "backend": "ValueError"},
+              "bad settings and disk backup refused %r" % o["errors"])
+        m = o["margin"]
+        check(m[:3] == [True, True, True], "memory_margin_bytes: a limit; past the margin fails, below it not %r" % m)
+        check(m[3:] == [0, True, 0], "memory_margin_bytes = 0: no limit %r" % m)
+        child, after, lib = o["subprocess"]
+        check(child == lib + ":/nonexistent/other.so" and after == "/nonexistent/other.so" and
+              os.path.samefile(lib, LIB), "configure_subprocess: the child has the shim first [%s]" % child)
+
+
+def launcher():
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH", "VMMSHIM_AS")}
+    env.update(LD_LIBRARY_PATH=EMU, VMMSHIM_LIB=LIB)
+    with scratch("vmmshim-tms-as-") as tmp:
+        r, o = run(AS_PROGRAM, tmp, env, [LAUNCHER, "-q", "--no-trace", "--as", "torch_memory_saver"])
+        check(r.returncode == 0 and o == [True, True, True],
+              "vmmshim --as torch_memory_saver: the module %r%s" % (o, "" if o else (r.stdout + r.stderr)[-600:]))
+        r, o = run(AS_PROGRAM, tmp, dict(env, VMMSHIM_AS="torch_memory_saver"), [LAUNCHER, "-q", "--no-trace"])
+        check(r.returncode == 0 and o == [True, True, True],
+              "VMMSHIM_AS=torch_memory_saver: the module %r%s" % (o, "" if o else (r.stdout + r.stderr)[-600:]))
+        r, o = run(AS_PROGRAM, tmp, env, [LAUNCHER, "-q", "--no-trace"])
+        check(r.returncode != 0 and "torch_memory_saver" in r.stderr, "without --as, no such module")
+        r = subprocess.run([LAUNCHER, "--as", "nothing", "true"], capture_output=True, text=True, env=env)
+        check(r.returncode == 125 and "nothing" in r.stderr, "--as an unknown name: refused [%s]" % r.stderr.strip())
+
+
+if __name__ == "__main__":
+    module()
+    launcher()
+    sys.exit(summary())
