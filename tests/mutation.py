@@ -93,7 +93,7 @@ MUTATIONS = [
       [("((*pp)->buf.size != size || (*pp)->buf.dev != (int)caps->device)", "((*pp)->buf.dev != (int)caps->device)")]),
     M("host-limit-ignores-lent", "VMMSHIM_HOST_LIMIT checked against the new buffer alone, not what is in use",
       [("(vs_host_cached + vs_host_lent <= limit && need <= limit - vs_host_cached - vs_host_lent)", "need <= limit")]),
-    # ---- the gate (gate.c, the gated list of hook_drv.c)
+    # ---- the gate (gate.c, the gated list of hook_gated.c)
     M("memset8-ungated", "cuMemsetD8 (cudaMemset) missing from the gated entry points",
       [("  X(MEMSET8, \"cuMemsetD8\", 3020, 0, cuMemsetD8_v2, NULL, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n))    \\\n",
         "")]),

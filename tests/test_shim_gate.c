@@ -1,5 +1,5 @@
 /* test_shim_gate: every entry point of the shim's gated tables (VS_GATED in
- * src/hook/hook_drv.c: launches, copies, memsets, stream memory operations) is the shim's by
+ * src/hook/hook_gated.c: launches, copies, memsets, stream memory operations) is the shim's by
  * every route a program takes to it, and a call through it waits at the gate while a sleep
  * moves memory.
  *
@@ -252,13 +252,13 @@ static void *sleeper(void *arg) {
  * table, and the other way round. */
 static void compare_with_source(void) {
   static char src[1 << 17];
-  if (!check_read_file("src/hook/hook_drv.c", src, sizeof src)) {
-    CHECK(0, "src/hook/hook_drv.c not found (run from the repository root)");
+  if (!check_read_file("src/hook/hook_gated.c", src, sizeof src)) {
+    CHECK(0, "src/hook/hook_gated.c not found (run from the repository root)");
     return;
   }
   char *start = strstr(src, "#define VS_GATED(X)");
-  char *end = start ? strstr(start, "/* The gated entries as hook-list entries") : NULL;
-  CHECK(start && end, "the gated lists not found in hook_drv.c");
+  char *end = start ? strstr(start, "/* The hooks themselves") : NULL;
+  CHECK(start && end, "the gated lists not found in hook_gated.c");
   if (!start || !end) return;
   *end = 0;
   int named = 0, missing = 0;
@@ -280,11 +280,11 @@ static void compare_with_source(void) {
         if (!strcmp(g_table[i].sym, name)) break;
       if (i == N_ENTRIES) {
         missing++;
-        CHECK(0, "%s is gated in hook_drv.c but not in this test's table", name);
+        CHECK(0, "%s is gated in hook_gated.c but not in this test's table", name);
       }
     }
   }
-  CHECK(named == (int)N_ENTRIES, "hook_drv.c gates %d entry points, the table has %zu (%d not in the table)", named,
+  CHECK(named == (int)N_ENTRIES, "hook_gated.c gates %d entry points, the table has %zu (%d not in the table)", named,
         N_ENTRIES, missing);
 }
 
