@@ -13,4 +13,7 @@ ${CC:-cc} -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O1 -g -fno-omit-frame-po
 rm -f "$OUT"
 LD_PRELOAD="$BUILD/libvmmshim.so" LD_LIBRARY_PATH="$BUILD/emu" VMMSHIM_TRACE="$OUT" VMMSHIM_TRACE_STACKS=8 \
   "$BUILD/examples/sample_trace"
+# The program's path names the machine that made it: the sample names a neutral one instead.
+exe=$(cd "$BUILD/examples" && pwd -P)/sample_trace
+sed "s#$exe#/opt/vmmshim-example/sample_trace#g" "$OUT" > "$OUT.tmp" && mv "$OUT.tmp" "$OUT"
 echo "wrote $OUT"
