@@ -6,12 +6,13 @@
  * lives in mapped host memory, so that the host can release a stuck wait), and a block freed
  * behind the wait is not handed out again while its reader waits there.
  *
- * CUDA does not promise that a stream runs on while another waits for a value (the driver
- * documents that it may serialise them, e.g. streams sharing one hardware queue), so the first
- * run on two H100s hung with no way to tell the GPU from the shim. Hence: more hardware queues
- * (CUDA_DEVICE_MAX_CONNECTIONS, unless set), and the same wait and write repeated once the order
- * is off, where the shim adds nothing to either stream: only when that control completes is a
- * stuck write with the order on the shim's doing. INFO lines say what each phase saw. */
+ * CUDA does not promise that a stream runs on while another waits for a value (the driver's
+ * documentation warns that its scheduler may serialise them; streams sharing a hardware queue
+ * would), so the first run on two H100s hung with no way to tell the GPU from the shim. Hence:
+ * more hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, unless set), and the same wait and write
+ * repeated once the order is off, where the shim adds nothing to either stream: only when that
+ * control completes is a stuck write with the order on the shim's doing. INFO lines say what
+ * each phase saw. */
 #include <stdlib.h>
 
 #include "gpu_test.cuh"
