@@ -279,7 +279,9 @@ static void scenario_one_stream_waitvalue(void) {
         "%s: the order did not end: c's range handed out while its reader waits behind the wait", form);
   cudaStream_t x;
   CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking) == cudaSuccess, "stream");
-  CHECK(launch_on((CUstream)x) == CUDA_SUCCESS, "launch on x");
+  /* As in tests/gpu/t_waitvalue.cu, x's first submission is the write itself; with LAUNCH_FIRST
+   * set, a launch on x goes first (another path into the order's leave). */
+  if (getenv("LAUNCH_FIRST")) CHECK(launch_on((CUstream)x) == CUDA_SUCCESS, "launch on x");
   CHECK(cuStreamWriteValue32((CUstream)x, (CUdeviceptr)flag, 1, 0) == CUDA_SUCCESS, "write the value on x");
   int v0 = emu_violations();
   CHECK(cudaStreamSynchronize(x) == cudaSuccess, "x completes");
@@ -899,6 +901,7 @@ int main(int argc, char **argv) {
   check_run_child("one-stream-waitvalue", "VMMSHIM_FREE_MODE=deferred", "WAIT_FORM=wait32", NULL);
   check_run_child("one-stream-waitvalue", "VMMSHIM_FREE_MODE=deferred", "WAIT_FORM=wait64", NULL);
   check_run_child("one-stream-waitvalue", "VMMSHIM_FREE_MODE=deferred", "WAIT_FORM=batch", NULL);
+  check_run_child("one-stream-waitvalue", "VMMSHIM_FREE_MODE=deferred", "WAIT_FORM=wait32", "LAUNCH_FIRST=1", NULL);
   check_run_child("async-bound", NULL);
   check_run_child("gran2m", "VMMSHIM_GRANULARITY=2M", NULL);
   check_run_child("limit", "VMMSHIM_LIMIT=64M", NULL);

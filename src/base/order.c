@@ -14,7 +14,9 @@
  * never waits, so work on S that waits for the host cannot deadlock), and uses that cannot
  * wait on a stream (an export, a capture, a path the shim cannot see) wait on the host. From
  * then on deferred frees wait for a synchronisation again. Work on S that waits for later work
- * of another stream (cuStreamWaitValue) ends it before it is queued. */
+ * of another stream (cuStreamWaitValue) ends it before it is queued, the event recorded and
+ * waited for on the host first: nothing elsewhere may wait for the wait itself, which could be
+ * for that very submission. */
 #include <pthread.h>
 #include <stdio.h>
 

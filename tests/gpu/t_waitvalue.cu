@@ -3,8 +3,18 @@
  * one-stream order before the wait is queued. Were it still on, the other stream's first
  * submission would wait on the GPU for all of the legacy stream's work, the wait included, and
  * neither stream would ever go on. Checked: the write on the other stream completes (the flag
- * lives in mapped host memory, so that the host can release a deadlock after the check failed),
- * and a block freed behind the wait is not handed out again while its reader waits there. */
+ * lives in mapped host memory, so that the host can release a stuck wait), and a block freed
+ * behind the wait is not handed out again while its reader waits there.
+ *
+ * CUDA does not promise that a stream runs on while another waits for a value (the driver's
+ * documentation warns that its scheduler may serialise them; streams sharing a hardware queue
+ * would), so the first run on two H100s hung with no way to tell the GPU from the shim. Hence:
+ * more hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, unless set), and the same wait and write
+ * repeated once the order is off, where the shim adds nothing to either stream: only when that
+ * control completes is a stuck write with the order on the shim's doing. INFO lines say what
+ * each phase saw. */
+#include <stdlib.h>
+
 #include "gpu_test.cuh"
 
 __global__ void k_read(const uint32_t *p, size_t words, uint32_t seed, unsigned long long *errs) {
@@ -15,8 +25,33 @@ __global__ void k_read(const uint32_t *p, size_t words, uint32_t seed, unsigned 
   if (bad) atomicAdd(errs, bad);
 }
 
+/* Queues the write of v on x, polls x for up to 5 s, then releases the legacy stream's wait from
+ * the host whatever happened (so that the next phase starts clean). Returns whether the write
+ * completed; prints what the host saw. */
+static bool write_completes(const char *phase, cudaStream_t x, volatile uint32_t *flag, uint32_t *d_flag,
+                            uint32_t v) {
+  CUresult r = cuStreamWriteValue32((CUstream)x, (CUdeviceptr)d_flag, v, 0);
+  check(r == CUDA_SUCCESS, v == 1 ? "waitvalue-write-queued" : "waitvalue-control-write-queued",
+        "cuStreamWriteValue32: %d", (int)r);
+  double t0 = now_ms();
+  cudaError_t q;
+  while ((q = cudaStreamQuery(x)) == cudaErrorNotReady && now_ms() - t0 < 5000) {
+  }
+  double ms = now_ms() - t0;
+  uint32_t seen = *flag;
+  cudaError_t legacy = cudaStreamQuery(0);
+  printf("INFO waitvalue: %s: write on x %s after %.1f ms (%s); flag %u (want %u); legacy stream %s\n", phase,
+         q == cudaSuccess ? "completed" : "not completed", ms, cudaGetErrorName(q), seen, v,
+         cudaGetErrorName(legacy));
+  if (q != cudaSuccess) *flag = v; /* let the legacy stream go */
+  CK(cudaDeviceSynchronize());
+  return q == cudaSuccess;
+}
+
 int main(void) {
   g_prog = "waitvalue";
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0); /* read as the context is made: before cudaFree(0) */
+  printf("INFO waitvalue: CUDA_DEVICE_MAX_CONNECTIONS=%s\n", getenv("CUDA_DEVICE_MAX_CONNECTIONS"));
   CK(cudaFree(0));
   if (!require_shim()) return finish();
   const size_t size = 4ull << 20;
@@ -29,7 +64,8 @@ int main(void) {
   uint32_t *d_flag = NULL;
   CK(cudaHostGetDevicePointer((void **)&d_flag, (void *)flag, 0));
 
-  /* A block written on the one stream, the wait, and a reader of the block behind the wait. */
+  /* 1. With the order on: a block written on the one stream, the wait, and a reader of the block
+   * behind the wait; the value, written by another stream. */
   void *c = NULL;
   CK(cudaMalloc(&c, size));
   fill(c, size, 0x7777u, 0);
@@ -42,23 +78,25 @@ int main(void) {
   CK(cudaMalloc(&d, size));
   check(d != c || cudaStreamQuery(0) == cudaSuccess, "waitvalue-free-behind-wait-not-reused",
         "%p handed out again while its reader waits behind the wait", c);
-
-  /* The value, written by another stream. */
   cudaStream_t x;
   CK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
-  r = cuStreamWriteValue32((CUstream)x, (CUdeviceptr)d_flag, 1, 0);
-  check(r == CUDA_SUCCESS, "waitvalue-write-queued", "cuStreamWriteValue32: %d", (int)r);
-  double t0 = now_ms();
-  cudaError_t q;
-  while ((q = cudaStreamQuery(x)) == cudaErrorNotReady && now_ms() - t0 < 5000) {
-  }
-  check(q == cudaSuccess, "waitvalue-no-deadlock", "the write on the other stream did not complete in 5 s (%s)",
-        cudaGetErrorName(q));
-  if (q != cudaSuccess) *flag = 1; /* let the legacy stream go */
-  CK(cudaDeviceSynchronize());
+  bool first = write_completes("order on at the wait", x, flag, d_flag, 1);
   unsigned long long e = 0;
   CK(cudaMemcpy(&e, d_errs, sizeof e, cudaMemcpyDeviceToHost));
   check(e == 0, "waitvalue-reader-intact", "the reader behind the wait saw %llu words of a later owner's", e);
+
+  /* 2. The control: the order is off now, so neither stream gets anything from the shim. */
+  r = cuStreamWaitValue32(CU_STREAM_LEGACY, (CUdeviceptr)d_flag, 2, CU_STREAM_WAIT_VALUE_EQ);
+  check(r == CUDA_SUCCESS, "waitvalue-control-queued", "cuStreamWaitValue32: %d", (int)r);
+  bool control = r == CUDA_SUCCESS && write_completes("control, order off", x, flag, d_flag, 2);
+  if (control)
+    check(first, "waitvalue-no-deadlock",
+          "the write on the other stream did not complete in 5 s with the order on at the wait, yet did "
+          "with it off: the shim held it behind the legacy stream's wait");
+  else
+    printf("INFO waitvalue: waitvalue-no-deadlock not judged: the GPU held the write behind the wait even "
+           "with the order off (the first phase %s)\n",
+           first ? "completed" : "did not complete either");
   CK(cudaFree(d));
   CK(cudaStreamDestroy(x));
   CK(cudaFreeHost((void *)flag));
