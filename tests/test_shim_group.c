@@ -34,8 +34,10 @@
  *              the lock is let go, the next process joins.
  *   hopeless   VMMSHIM_ON_LIMIT=wait that could never end fails at once, with the reason: a
  *              request larger than the group's limit itself, or larger than what is left with no
- *              group and no other thread in the process; with another thread that frees, the
- *              same wait waits and proceeds.
+ *              group and no other thread of the program that allocated or freed (a helper thread
+ *              that never does, like the driver's, does not count); with another thread that
+ *              allocated and frees, the same wait waits and proceeds; once that thread has
+ *              exited, the wait fails at once again.
  *   live       the client lowers the limit below what a member holds: its next growth is refused,
  *              its bytes stay, cudaMemGetInfo says 0 free (never below zero); raised: it grows
  *              again; status lists the member and its share; bad arguments are refused.
@@ -61,6 +63,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,7 +211,10 @@ enum {
   A_FREE_ALL,  /* frees what A_MALLOC and A_RACE allocated, then trims: res failures */
   A_TRIM,      /* -> a vmmshim_trim's bytes */
   A_HOST_USED, /* -> a emu_host_used */
-  A_FREE_LATER, /* a, b: a thread of the agent frees a after b ms */
+  A_FREE_LATER, /* a, b: a thread of the agent allocates a bytes (answered once it has: a the
+                   pointer, res the error), then frees them after b ms */
+  A_JOIN_LATER, /* waits until A_FREE_LATER's thread has exited */
+  A_IDLE,       /* starts a thread that never allocates nor frees (like the driver's helpers) */
   A_EXIT
 };
 
@@ -370,11 +376,54 @@ static int marked(const unsigned char *p, size_t n, unsigned long long seed) {
 static void *g_held[MAX_HELD];
 static int g_nheld;
 
+/* A_FREE_LATER's thread: a second thread of the program that allocates, so a wait for memory
+ * counts on it, and frees after a while. */
+typedef struct later_s {
+  uint64_t bytes, ms;
+  void *p;
+  cudaError_t res;
+  pthread_t t;
+  int running;
+  atomic_int allocated;
+} later_t;
+static later_t g_later;
+
 static void *free_later(void *arg) {
-  const uint64_t *later = arg;
-  sleep_ms((int)later[1]);
-  cudaFree((void *)(uintptr_t)later[0]);
+  later_t *l = arg;
+  l->res = cudaMalloc(&l->p, l->bytes);
+  atomic_store(&l->allocated, 1);
+  sleep_ms((int)l->ms);
+  if (l->res == cudaSuccess) cudaFree(l->p);
   return NULL;
+}
+
+/* An unnamed-by-CUDA thread that never calls the shim: what the real driver and runtime start. */
+static void *idle_thread(void *arg) {
+  (void)arg;
+  for (;;) pause();
+  return NULL;
+}
+
+static void agent_threads(msg_t *r) {
+  if (r->op == A_FREE_LATER) {
+    later_t *l = &g_later;
+    l->bytes = r->a;
+    l->ms = r->b;
+    atomic_store(&l->allocated, 0);
+    r->res = pthread_create(&l->t, NULL, free_later, l);
+    l->running = r->res == 0;
+    while (l->running && !atomic_load(&l->allocated)) sleep_ms(1);
+    if (l->running) r->res = (int32_t)l->res;
+    r->a = (uint64_t)(uintptr_t)l->p;
+  } else if (r->op == A_JOIN_LATER) {
+    r->res = g_later.running ? pthread_join(g_later.t, NULL) : -1;
+    g_later.running = 0;
+  } else {
+    pthread_t t;
+    r->res = pthread_create(&t, NULL, idle_thread, NULL);
+    if (!r->res) pthread_setname_np(t, "helper");
+    if (!r->res) pthread_detach(t);
+  }
 }
 
 static int agent_main(void) {
@@ -482,17 +531,9 @@ static int agent_main(void) {
       break;
     case A_TRIM: r.a = shim_trim(); break;
     case A_HOST_USED: r.a = emu_host_used(); break;
-    case A_FREE_LATER: {
-      static uint64_t later[2];
-      later[0] = m.a;
-      later[1] = m.b;
-      pthread_t t;
-      r.res = pthread_create(&t, NULL, free_later, later);
-      if (!r.res) pthread_detach(t);
-      for (int i = 0; i < g_nheld; i++)
-        if (g_held[i] == p) g_held[i--] = g_held[--g_nheld];
-      break;
-    }
+    case A_FREE_LATER:
+    case A_JOIN_LATER:
+    case A_IDLE: agent_threads(&r); break;
     case A_EXIT: msg_send(out, &r); return 0;
     default: r.res = -1;
     }
@@ -919,22 +960,30 @@ static void scenario_hopeless(void) {
         "with the reason: %.400s", agent_log(&a));
   agent_end(&a);
   unlink(g_path);
-  /* No group, one thread: the only thread that could free is the one waiting. */
+  /* No group, one thread of the program: the only thread that could free is the one waiting. A
+   * thread that never allocates nor frees (the driver's and the runtime's helpers, not named
+   * cuda-... on a real driver) cannot end the wait either. */
   agent_t b = agent_start("VMMSHIM_LIMIT=1G", "VMMSHIM_ON_LIMIT=wait", NULL);
   CHECK(ask(&b, A_MALLOC, 768 * MiB, 0, 0).res == cudaSuccess, "768 MiB");
+  CHECK(ask(&b, A_IDLE, 0, 0, 0).res == 0, "a helper thread that never allocates");
   m = malloc_within(&b, 512 * MiB, 10000, &took);
-  CHECK(m.res == cudaErrorMemoryAllocation && took < 2.0, "512 MiB more, alone and single-threaded: %d after %.2f s", m.res,
+  CHECK(m.res == cudaErrorMemoryAllocation && took < 2.0, "512 MiB more, alone beside a helper: %d after %.2f s", m.res,
         took);
   CHECK(strstr(agent_log(&b), "fails at once") && strstr(agent_log(&b), "no other thread"), "with the reason: %.400s",
         agent_log(&b));
   CHECK(ask(&b, A_MALLOC, 3 * GiB, 0, 0).res == cudaErrorMemoryAllocation && strstr(agent_log(&b), "more than the limit"),
         "alone, more than the limit itself fails at once too");
-  /* Another thread of the program frees a second later: the same wait waits, then proceeds. */
-  msg_t r = ask(&b, A_MALLOC, 128 * MiB, 0, 0);
-  CHECK(r.res == cudaSuccess, "128 MiB");
-  CHECK(ask(&b, A_FREE_LATER, r.a, 1000, 0).res == 0, "a thread that frees them in a second");
+  /* A second thread of the program that allocated frees a second later: the wait waits, then
+   * proceeds. */
+  msg_t r = ask(&b, A_FREE_LATER, 128 * MiB, 1000, 0);
+  CHECK(r.res == cudaSuccess, "a thread that allocates 128 MiB and frees them in a second");
   m = malloc_within(&b, 256 * MiB, 20000, &took);
   CHECK(m.res == cudaSuccess && took >= 0.5, "with another thread, the wait proceeds once it freed: %d after %.2f s", m.res,
+        took);
+  /* That thread has exited: alone again, the wait fails at once. */
+  CHECK(ask(&b, A_JOIN_LATER, 0, 0, 0).res == 0, "the thread exited");
+  m = malloc_within(&b, 512 * MiB, 10000, &took);
+  CHECK(m.res == cudaErrorMemoryAllocation && took < 2.0, "once the other thread exited, alone: %d after %.2f s", m.res,
         took);
   agent_end(&b);
 }

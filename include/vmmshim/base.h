@@ -326,9 +326,9 @@ void _vs_set_activate_handler(void (*fn)(void));
 /* Starts a detached thread of the shim with every signal blocked (the program's signals stay
  * with its own threads); pthread_create's result. */
 int _vs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg);
-/* How many threads of _vs_thread_start run now in this process (a wait for memory tells the
- * program's threads from them); a fork child has none of its parent's. */
-int _vs_threads_own(void);
+/* Whether the calling thread is one of _vs_thread_start's (stats.c leaves them out of the
+ * program's threads that a wait for memory counts on). */
+bool _vs_thread_own_self(void);
 
 /* ---------------------------------------------------------------- "directory.c" */
 /* Address -> owning pool, over every reservation of every pool; lock-free lookups. */
@@ -351,6 +351,9 @@ void _vs_stat_alloc(vmmshim_api_t api, size_t served, size_t requested);
 void _vs_stat_free(vmmshim_api_t api, size_t served, size_t requested);
 void _vs_stat_drop(size_t served, size_t requested); /* live blocks of a dropped pool */
 void _vs_stats_get(vmmshim_stats_t *out); /* vmmshim_get_stats: the counters summed */
+/* The program's threads alive now, besides the caller, that have allocated or freed through the
+ * shim (not the shim's own): those that could free memory a wait waits for. */
+int _vs_stat_threads_others(void);
 void _vs_stats_print(void);
 
 /* ---------------------------------------------------------------- "trace.c" */

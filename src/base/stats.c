@@ -10,7 +10,12 @@
  * it may miss that much per other thread. (Folding every large allocation made threads cycling
  * large blocks share one cache line, several times slower: docs/rationale.md.) Rare events
  * (mappings, syncs, trims) stay shared atomics.
- * A block outlives its thread: the next new thread takes it over, totals intact. */
+ * A block outlives its thread: the next new thread takes it over, totals intact.
+ * The blocks also count the program's threads that can free device memory through the shim: a
+ * thread is counted when it first allocates or frees (its block's slow path, never the hot
+ * path) and uncounted by the key's destructor as it exits. A wait for memory that no such thread
+ * besides the waiter could end fails at once (group.c): counting the process's threads instead
+ * took the driver's and the runtime's unnamed helpers for the program's and waited forever. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +42,8 @@ static vs_lock_t vs_tstats_lock = VS_LOCK_INITIALIZER(VS_RANK_TSTATS, "thread st
 static pthread_key_t vs_tstats_key;
 static pthread_once_t vs_tstats_once = PTHREAD_ONCE_INIT;
 static _Thread_local vs_tstat_t *tl_stat;
+static _Thread_local bool tl_counted; /* this thread is in vs_tstats_live */
+static atomic_int vs_tstats_live;     /* the program's threads counted, alive */
 
 /* Written only by the owning thread; read by anyone. */
 #define OWN_ADD(field, n) __atomic_store_n(&(field), (field) + (n), __ATOMIC_RELAXED)
@@ -44,9 +51,31 @@ static _Thread_local vs_tstat_t *tl_stat;
 static void tstat_release(void *arg) {
   vs_tstat_t *t = arg;
   atomic_store(&t->owned, false);
+  if (tl_counted) atomic_fetch_sub(&vs_tstats_live, 1);
+  tl_counted = false;
 }
 
-static void tstat_key_init(void) { pthread_key_create(&vs_tstats_key, tstat_release); }
+/* A fork child runs only the thread that forked: the others' counts would keep it waiting. */
+static void tstat_forked(void) { atomic_store(&vs_tstats_live, tl_counted ? 1 : 0); }
+
+static void tstat_key_init(void) {
+  pthread_key_create(&vs_tstats_key, tstat_release);
+  pthread_atfork(NULL, NULL, tstat_forked);
+}
+
+/* Once per thread; the shim's own threads free nothing the program waits for. The fallback
+ * block gets the destructor too, so the count still drops when its thread exits. */
+static void tstat_count(vs_tstat_t *t) {
+  if (tl_counted || _vs_thread_own_self()) return;
+  tl_counted = true;
+  atomic_fetch_add(&vs_tstats_live, 1);
+  pthread_setspecific(vs_tstats_key, t);
+}
+
+int _vs_stat_threads_others(void) {
+  int n = atomic_load(&vs_tstats_live) - (tl_counted ? 1 : 0);
+  return n > 0 ? n : 0;
+}
 
 static vs_tstat_t *tstat_slow(void) {
   /* No host memory: one shared block, never worse than a miscount. */
@@ -66,8 +95,12 @@ static vs_tstat_t *tstat_slow(void) {
     atomic_store(&t->owned, true);
   }
   _vs_lock_release(&vs_tstats_lock);
-  if (!t) return &fallback;
+  if (!t) {
+    tstat_count(&fallback);
+    return &fallback;
+  }
   pthread_setspecific(vs_tstats_key, t);
+  tstat_count(t);
   tl_stat = t;
   return t;
 }

@@ -1,11 +1,10 @@
 /* threads.c: the shim's own threads (the reclaimer, the control and IPC servers, the dump
  * thread): started with every signal blocked, so the program's signals stay with its own
- * threads, and counted, so a wait for memory can tell the program's threads from them. Low in
+ * threads, and marked, so a wait for memory can tell the program's threads from them. Low in
  * base: the server and init.c both start threads here. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <unistd.h>
 
 #include "vmmshim/base.h"
 
@@ -15,28 +14,17 @@ typedef struct vs_thread_boot_s {
   atomic_int started;
 } vs_thread_boot_t;
 
-static atomic_int vs_threads_own, vs_threads_pid; /* the count, and the process it counts */
+static _Thread_local bool tl_own; /* the calling thread is one of them */
 
-/* The count is the process's: the first change in a fork child starts it again at zero. */
-static void threads_own_add(int d) {
-  int pid = (int)getpid(), seen = atomic_load(&vs_threads_pid);
-  if (seen != pid && atomic_compare_exchange_strong(&vs_threads_pid, &seen, pid)) atomic_store(&vs_threads_own, 0);
-  atomic_fetch_add(&vs_threads_own, d);
-}
-
-int _vs_threads_own(void) {
-  return atomic_load(&vs_threads_pid) == (int)getpid() ? atomic_load(&vs_threads_own) : 0;
-}
+bool _vs_thread_own_self(void) { return tl_own; }
 
 static void *thread_boot(void *p) {
   vs_thread_boot_t *boot = p;
   void *(*fn)(void *) = boot->fn;
   void *arg = boot->arg;
-  threads_own_add(1);
+  tl_own = true;
   atomic_store_explicit(&boot->started, 1, memory_order_release); /* boot is the creator's: not after this */
-  void *r = fn(arg);
-  threads_own_add(-1);
-  return r;
+  return fn(arg);
 }
 
 /* The creator returns once the thread runs fn: a thread starting up allocates (glibc reads its

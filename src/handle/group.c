@@ -30,7 +30,6 @@
  * A member is its pid and its start time (/proc/PID/stat field 22): a dead member (or one whose
  * pid now names another process) is found when an admission does not fit, and its bytes go back
  * before that admission is decided. Members must share a pid namespace (checked at the join). */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -694,33 +693,6 @@ bool _vs_group_wait(uint64_t deadline_ns) {
   return _vs_now_ns() < deadline_ns;
 }
 
-/* Threads of this process besides the caller that may free device memory: neither the shim's
- * own nor the CUDA driver's (named "cuda-..."). The shim's count is read before and after the
- * walk of /proc/self/task and the smaller taken: a thread starting or ending meanwhile can only
- * make the answer larger. -1: cannot be told. */
-static int other_threads(void) {
-  int own0 = _vs_threads_own();
-  DIR *d = opendir("/proc/self/task");
-  if (!d) return -1;
-  long self = syscall(SYS_gettid);
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d));) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9' || atol(e->d_name) == self) continue;
-    char path[64], comm[32] = "";
-    snprintf(path, sizeof path, "/proc/self/task/%.20s/comm", e->d_name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      ssize_t k = read(fd, comm, sizeof comm - 1);
-      close(fd);
-      comm[k > 0 ? k : 0] = 0;
-    }
-    n += strncmp(comm, "cuda-", 5) != 0;
-  }
-  closedir(d);
-  int own1 = _vs_threads_own();
-  return n - (own0 < own1 ? own0 : own1);
-}
-
 bool _vs_group_hopeless(int dev, size_t len, char *why, size_t n) {
   if (!budget_on()) return false;
   if (vs_b.closed) {
@@ -733,7 +705,9 @@ bool _vs_group_hopeless(int dev, size_t len, char *why, size_t n) {
              vs_b.shared ? " of group '" : "", vs_b.shared ? vs_b.name : "", vs_b.shared ? "'" : "");
     return true;
   }
-  if (!vs_b.shared && other_threads() == 0) {
+  /* Only threads that allocated or freed through the shim count (stats.c): the process's thread
+   * list also holds the driver's and the runtime's helpers, which never free the program's. */
+  if (!vs_b.shared && _vs_stat_threads_others() == 0) {
     snprintf(why, n, "no group, and no other thread of this process could free memory meanwhile");
     return true;
   }

@@ -202,7 +202,9 @@ run_prog "static/sleep-cycles" "$BIN/t_sleep.static" SLEEP_MODE=cycles
 run_prog "static/group-four" "$BIN/t_group.static" GROUP_MODE=four GROUP_BUDGET_MB=8192
 run_prog "shared/group-spill" "$BIN/t_group.shared" GROUP_MODE=spill VMMSHIM_LIMIT_GROUP="gpu-spill-$$" \
   VMMSHIM_LIMIT=2G VMMSHIM_ON_LIMIT=host
-run_prog "static/group-hopeless" "$BIN/t_group.static" GROUP_MODE=hopeless VMMSHIM_LIMIT=1G VMMSHIM_ON_LIMIT=wait
+# A wait that cannot end fails the mode after GROUP_HOPELESS_S, well before run_prog's 90 s.
+run_prog "static/group-hopeless" "$BIN/t_group.static" GROUP_MODE=hopeless GROUP_HOPELESS_S=20 VMMSHIM_LIMIT=1G \
+  VMMSHIM_ON_LIMIT=wait
 
 # ---- steered from outside: vmmshim ctl on tests/gpu/t_ctl.cu, vmmshim.control on PyTorch ----
 . tests/gpu/ctl_drive.sh

@@ -16,11 +16,18 @@
  *   limit raised (vmmshim ctl --group, scripts/python/vmmshim/group_shm.py), promote moves the 3 GiB to the device at the same
  *   addresses, data intact, and kernels run on them at device speed.
  * GROUP_MODE=hopeless: run with VMMSHIM_LIMIT=1G and VMMSHIM_ON_LIMIT=wait, no group, one thread
- *   of the program (the driver's own cuda-* threads are not the program's): 768 MiB fit; 512 MiB
- *   more fail at once (no other thread could free), as do 2 GiB (more than the limit itself);
- *   after a free of 512 MiB, 256 MiB fit. */
+ *   of the program (the driver's and the runtime's helper threads never allocate: not the
+ *   program's): 768 MiB fit; 512 MiB more fail at once (no other thread could free), as do 2 GiB
+ *   (more than the limit itself); a second thread allocates 128 MiB and frees them a second later:
+ *   256 MiB wait for that free, then fit; that thread joined, 512 MiB more fail at once again;
+ *   after a free of 768 MiB, 256 MiB fit. INFO lines say each step's time and the process's
+ *   threads; a helper thread that never calls CUDA (named "helper") runs throughout, like the
+ *   driver's own; the mode fails itself after GROUP_HOPELESS_S (20) seconds, naming the step that
+ *   hung, well before run.sh's 90 s. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -368,28 +375,133 @@ static int mode_spill(void) {
 }
 
 /* A single-threaded program waiting for itself: the wait would never end, so it fails at once. */
+/* A wait that never ends would hang the run until run.sh's 90 s: the mode fails itself sooner,
+ * naming the step that hung (GROUP_HOPELESS_S, 20 s by default). The main thread is stuck in the
+ * shim's wait (a futex), holding no lock of stdio: a snprintf of strings and ints, write, _exit. */
+static const char *volatile g_step = "start";
+
+static void hopeless_watchdog(int sig) {
+  (void)sig;
+  char line[256];
+  int n = snprintf(line, sizeof line,
+                   "FAIL t_group/hopeless-watchdog: step '%s' still blocked after GROUP_HOPELESS_S: a wait that "
+                   "could never end did not fail at once\nt_group: %d passed, %d failed\n",
+                   (const char *)g_step, g_pass, g_fail + 1);
+  if (n > 0 && write(1, line, (size_t)n) < 0) _exit(3);
+  _exit(1);
+}
+
+/* What the next run should show: the process's threads (the driver's and the runtime's helpers,
+ * their names), which the shim must not count as threads that could free. */
+static void info_threads(void) {
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return;
+  char names[1024] = "";
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    char path[64], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%.20s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f && fgets(comm, sizeof comm, f)) comm[strcspn(comm, "\n")] = 0;
+    if (f) fclose(f);
+    size_t len = strlen(names);
+    snprintf(names + len, sizeof names - len, "%s%s", n ? ", " : "", comm);
+    n++;
+  }
+  closedir(d);
+  printf("INFO t_group/hopeless: %d threads in the process: %s\n", n, names);
+}
+
+/* A thread that never calls CUDA, as the runtime's and driver's helpers do not call the shim:
+ * the mode fails on a shim that counts it, whatever the driver names its own threads. */
+static void *idle_helper(void *arg) {
+  (void)arg;
+  for (;;) pause();
+  return NULL;
+}
+
+/* cudaMalloc of bytes, timed; says what it saw. */
+static cudaError_t timed_malloc(const char *step, void **p, size_t bytes, double *ms) {
+  g_step = step;
+  double t0 = now_ms();
+  cudaError_t e = cudaMalloc(p, bytes);
+  *ms = now_ms() - t0;
+  cudaGetLastError();
+  printf("INFO t_group/hopeless: %s: cudaMalloc(%zu MiB) -> %s after %.1f ms\n", step, bytes / MiB,
+         cudaGetErrorName(e), *ms);
+  return e;
+}
+
+/* A second thread of the program that allocates (so the shim counts it) and frees a second later. */
+typedef struct later_s {
+  void *p;
+  cudaError_t res;
+  int allocated;
+} later_t;
+
+static void *free_later(void *arg) {
+  later_t *l = (later_t *)arg;
+  cudaSetDevice(0);
+  l->res = cudaMalloc(&l->p, 128 * MiB);
+  __atomic_store_n(&l->allocated, 1, __ATOMIC_RELEASE);
+  usleep(1000 * 1000);
+  if (l->res == cudaSuccess) cudaFree(l->p);
+  return NULL;
+}
+
+/* With another allocating thread, the wait waits for its free; once it exited, alone again. */
+static void hopeless_two_threads(void) {
+  later_t l = {NULL, cudaSuccess, 0};
+  pthread_t t;
+  if (pthread_create(&t, NULL, free_later, &l) != 0) {
+    check(false, "second-thread", "pthread_create");
+    return;
+  }
+  while (!__atomic_load_n(&l.allocated, __ATOMIC_ACQUIRE)) usleep(1000);
+  check(l.res == cudaSuccess, "second-thread", "a second thread allocates 128 MiB: %s", cudaGetErrorName(l.res));
+  void *b = NULL, *c = NULL;
+  double ms = 0;
+  cudaError_t e = timed_malloc("waits-for-other-thread", &b, 256 * MiB, &ms);
+  check(l.res != cudaSuccess || (e == cudaSuccess && ms >= 500), "waits-for-other-thread",
+        "256 MiB while another thread holds 128 MiB it frees after 1 s: %s after %.0f ms", cudaGetErrorName(e), ms);
+  g_step = "join";
+  pthread_join(t, NULL);
+  e = timed_malloc("alone-again-fails-at-once", &c, 512 * MiB, &ms);
+  check(e == cudaErrorMemoryAllocation && ms < 2000, "alone-again-fails-at-once",
+        "512 MiB more once the other thread exited: %s after %.0f ms", cudaGetErrorName(e), ms);
+  if (b) CK(cudaFree(b));
+}
+
 static int mode_hopeless(void) {
+  const char *lim = getenv("GROUP_HOPELESS_S");
+  signal(SIGALRM, hopeless_watchdog);
+  alarm(lim && atoi(lim) > 0 ? (unsigned)atoi(lim) : 20);
   CK(cudaSetDevice(0));
   void *a = NULL, *b = NULL, *c = NULL;
-  cudaError_t e = cudaMalloc(&a, 768 * MiB);
+  double ms = 0;
+  cudaError_t e = timed_malloc("alloc", &a, 768 * MiB, &ms);
   check(e == cudaSuccess, "alloc", "768 MiB under the 1 GiB limit: %s", cudaGetErrorName(e));
   if (e != cudaSuccess) return finish();
-  double t0 = now_ms();
-  e = cudaMalloc(&b, 512 * MiB);
-  double ms = now_ms() - t0;
-  cudaGetLastError();
+  pthread_t idle;
+  if (pthread_create(&idle, NULL, idle_helper, NULL) == 0) {
+    pthread_setname_np(idle, "helper");
+    pthread_detach(idle);
+  }
+  info_threads();
+  e = timed_malloc("alone-fails-at-once", &b, 512 * MiB, &ms);
   check(e == cudaErrorMemoryAllocation && ms < 2000, "alone-fails-at-once", "512 MiB more: %s after %.0f ms",
         cudaGetErrorName(e), ms);
-  t0 = now_ms();
-  e = cudaMalloc(&b, 2 * GiB);
-  ms = now_ms() - t0;
-  cudaGetLastError();
+  e = timed_malloc("over-limit-fails-at-once", &b, 2 * GiB, &ms);
   check(e == cudaErrorMemoryAllocation && ms < 2000, "over-limit-fails-at-once", "2 GiB: %s after %.0f ms",
         cudaGetErrorName(e), ms);
+  hopeless_two_threads();
+  info_threads();
   CK(cudaFree(a));
-  e = cudaMalloc(&c, 256 * MiB);
+  e = timed_malloc("after-free", &c, 256 * MiB, &ms);
   check(e == cudaSuccess, "after-free", "256 MiB after the free: %s", cudaGetErrorName(e));
   if (e == cudaSuccess) CK(cudaFree(c));
+  alarm(0);
   return finish();
 }
 
