@@ -13,7 +13,9 @@ compatible module, which the launcher put first) and checks:
     once freed;
   - cuda_graph(): a graph captured under a region tag replays to the same result after its
     memory was paused and resumed (caching allocator on only: graphs need it);
-  - memory_margin_bytes: an allocation that would leave less than the margin free fails.
+  - memory_margin_bytes: an allocation that would leave less than the margin free fails (as
+    OutOfMemoryError, or without the cache the RuntimeError of PyTorch's cudaMalloc check), one
+    below it not; INFO lines give the shim's figures (limit, mapped, idle) around it.
 
 Prints "PASS name" / "FAIL name: why" per check and "tms-compat: N passed, N failed"; exit 0,
 1 when a check failed, 77 (with a "SKIP why" line) when PyTorch or its CUDA is not there."""
@@ -111,16 +113,46 @@ def child():
     return finish_margin(torch, tms, dev)
 
 
-def finish_margin(torch, tms, dev):
-    tms.memory_margin_bytes = free_bytes(torch) - 512 * MiB
+def out_of_memory(torch, e):
+    """An allocation refused for memory: the caching allocator raises OutOfMemoryError; without
+    it (PYTORCH_NO_CUDA_MEMORY_CACHING=1) PyTorch's check of cudaMalloc raises a RuntimeError
+    (AcceleratorError) saying "out of memory"."""
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
+
+
+def try_empty(torch, dev, n):
+    """(tensor of n bytes or None, why it failed)."""
     try:
-        torch.empty(1024 * MiB, dtype=torch.uint8, device=dev)
-        ok = False
-    except torch.cuda.OutOfMemoryError:
-        ok = True
-    small = torch.empty(64 * MiB, dtype=torch.uint8, device=dev)
+        return torch.empty(n, dtype=torch.uint8, device=dev), ""
+    except RuntimeError as e:  # OutOfMemoryError is one too
+        if not out_of_memory(torch, e):
+            raise
+        return None, str(e).splitlines()[0][:120]
+
+
+def figures(ctl):
+    """The shim's own figures, in MiB, for the INFO lines: what the next run shows."""
+    st = ctl.status()
+    devs = ["dev %d: live %d mapped %d idle %d pending %d" % (d["device"], d["live"] // MiB, d["mapped"] // MiB,
+                                                                 d["idle"] // MiB, d["pending"] // MiB)
+            for d in st.get("devices", [])]
+    return "limit %d mapped %d (%s)" % (st["limit"] // MiB, st["mapped"] // MiB, "; ".join(devs))
+
+
+def finish_margin(torch, tms, dev):
+    import vmmshim
+    ctl = vmmshim.control(os.getpid())
+    free = free_bytes(torch)
+    tms.memory_margin_bytes = free - 512 * MiB   # about 512 MiB may still be allocated
+    print("INFO margin: free %d MiB, margin %d MiB; %s" % (free // MiB, (free - 512 * MiB) // MiB, figures(ctl)))
+    big, big_why = try_empty(torch, dev, 1024 * MiB)
+    if big is not None:
+        print("INFO margin: 1024 MiB fitted; now free %d MiB, %s" % (free_bytes(torch) // MiB, figures(ctl)))
+    del big
+    small, small_why = try_empty(torch, dev, 64 * MiB)
     tms.memory_margin_bytes = 0
-    check(ok and small.numel() == 64 * MiB, "memory_margin_bytes: past the margin is out of memory, below it not")
+    check(bool(big_why) and small is not None, "memory_margin_bytes: past the margin is out of memory, below it not",
+          "1024 MiB %s, 64 MiB %s" % (big_why or "fitted", small_why or "fitted"))
     print("tms-compat: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
