@@ -9,8 +9,9 @@ compatible module, which the launcher put first) and checks:
   - a region with enable_cpu_backup: its tensor comes back with every byte; while paused,
     get_cpu_backup(tensor) equals it (zero_copy too), and the device memory was given back;
   - a region without backup: its tensor comes back as zeros;
-  - disable() inside a region: its tensor is never paused, and its memory goes back to the device
-    once freed;
+  - a region nested in a region of its own tag, and disable() inside a region (whose pool
+    PyTorch forbids destroying while the region's use_mem_pool is under way: an abort): the
+    disable()'s tensor is never paused, and its memory goes back to the device once freed;
   - cuda_graph(): a graph captured under a region tag replays to the same result after its
     memory was paused and resumed (caching allocator on only: graphs need it);
   - memory_margin_bytes: an allocation that would leave less than the margin free fails (as
@@ -60,8 +61,12 @@ def child():
         weights = torch.arange(512 * MiB // 4, dtype=torch.int32, device=dev) * 3
     with tms.region(tag="kv"):
         kv = torch.full((512 * MiB // 4,), 7, dtype=torch.int32, device=dev)
-        with tms.disable():
+        with tms.region(tag="kv"):  # its own tag again: a pool serves one use_mem_pool at a time
+            kv2 = torch.full((MiB // 4,), 7, dtype=torch.int32, device=dev)
+        with tms.disable():  # its pool ends inside kv's use_mem_pool: PyTorch aborts if it is destroyed
             kept = torch.full((256 * MiB // 4,), 5, dtype=torch.int32, device=dev)
+    print("INFO torch %s, caching allocator %s" % (torch.__version__, "off" if os.environ.get(
+        "PYTORCH_NO_CUDA_MEMORY_CACHING") == "1" else "on"))
     after = torch.arange(64 * MiB // 4, dtype=torch.int32, device=dev) + 11   # outside
     want_before, want_weights, want_after = before.sum().item(), weights.sum().item(), after.sum().item()
     weights_cpu = weights.cpu()
@@ -81,7 +86,8 @@ def child():
           kept.sum().item() == 5 * (256 * MiB // 4), "memory outside regions and in disable() works while paused")
     tms.resume()
     check(weights.sum().item() == want_weights, "the backed-up region's tensor is back, every byte")
-    check(kv.count_nonzero().item() == 0, "the region without backup wakes as zeros")
+    check(kv.count_nonzero().item() == 0 and kv2.count_nonzero().item() == 0,
+          "the region without backup wakes as zeros")
     check(before.sum().item() == want_before and after.sum().item() == want_after,
           "tensors outside the regions intact after pause/resume")
     check(tms.get_cpu_backup(weights) is None, "no CPU backup once resumed")
