@@ -142,7 +142,10 @@ def figures(ctl):
     devs = ["dev %d: live %d mapped %d idle %d pending %d" % (d["device"], d["live"] // MiB, d["mapped"] // MiB,
                                                                  d["idle"] // MiB, d["pending"] // MiB)
             for d in st.get("devices", [])]
-    return "limit %d mapped %d (%s)" % (st["limit"] // MiB, st["mapped"] // MiB, "; ".join(devs))
+    stats = st.get("stats", {})
+    return "limit %d mapped %d (%s); passed to the driver %s, refused %s" % (
+        st["limit"] // MiB, st["mapped"] // MiB, "; ".join(devs), stats.get("passthrough_allocs"),
+        stats.get("alloc_failures"))
 
 
 def finish_margin(torch, tms, dev):
