@@ -6,7 +6,8 @@ program would.
     (zeros after resume);
   - the CPU backup of a paused block: its bytes, read through vmmshim_host_copy; none when awake;
   - retain_cpu_backup: host memory given back at resume unless set;
-  - memory_margin_bytes: a limit that fails an allocation past the margin, removed by 0;
+  - memory_margin_bytes: a limit that fails an allocation past the margin (one the pool's idle
+    memory could serve too), removed by 0;
   - the options torch_memory_saver takes: hook_mode, cpu_backup_backend, enable_disk_backup
     (NotImplementedError), a pause of a tag nothing was allocated in;
   - configure_subprocess(): a child sees LD_PRELOAD with the shim, the parent's is restored;
@@ -87,6 +88,8 @@ for name, call in [("hook_mode", lambda: setattr(tms, "hook_mode", "other")),
     except Exception as e:
         errors[name] = type(e).__name__
 out["errors"] = errors
+hole = malloc(256 * MiB)
+rt.cudaFree(ctypes.c_void_p(hole))   # idle: cudaMemGetInfo counts it free, a reuse maps nothing
 free = ctypes.c_size_t(); total = ctypes.c_size_t()
 rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))
 tms.memory_margin_bytes = free.value - 100 * MiB   # about 100 MiB may still be allocated

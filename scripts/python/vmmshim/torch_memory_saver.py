@@ -277,7 +277,9 @@ class TorchMemorySaver:
     def memory_margin_bytes(self, value):
         """Allocations that would leave less than value bytes of the device free fail as out of
         memory: the process's limit (VMMSHIM_LIMIT) becomes what it has mapped plus what
-        cudaMemGetInfo says is free, less value; 0 removes the limit."""
+        cudaMemGetInfo says is free, less value; 0 removes the limit. The pools' idle memory is
+        given back first (vmmshim_trim): cudaMemGetInfo counts it as free, but an allocation it
+        serves maps nothing, so the limit, a cap on mapped bytes, would not stop it."""
         value = int(value)
         if value < 0:
             raise ValueError("memory_margin_bytes: %d is negative" % value)
@@ -286,6 +288,7 @@ class TorchMemorySaver:
         self._margin = value
         if value == 0:
             return
+        ctl.trim()
         free, _ = _mem_get_info()
         st = ctl.status()
         idle = sum(d.get("idle", 0) for d in st.get("devices", []))
