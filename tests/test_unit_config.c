@@ -438,7 +438,7 @@ int main(void) {
     unsetenv(unknown[i].name);
   }
   /* known names, options or the launcher's and tools' own: no warning */
-  static const char *known[] = {"VMMSHIM_LIMIT", "VMMSHIM_TRACE_STACKS", "VMMSHIM_LIB", "VMMSHIM_PROGRESS_DELAY",
+  static const char *known[] = {"VMMSHIM_LIMIT", "VMMSHIM_TRACE_STACKS", "VMMSHIM_LIB", "VMMSHIM_AS", "VMMSHIM_PROGRESS_DELAY",
                                 "VMMSHIM_DEPS_APT", "VMMSHIM_DEPS_INCLUDE", "VMMSHIM_DEPS_LIBDIRS", "VMMSHIMX",
                                 "XVMMSHIM_LIMT"};
   for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {

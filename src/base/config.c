@@ -334,7 +334,7 @@ static char vs_config_msgs[VS_OPT_COUNT][320];
  * without a word (LIMT for LIMIT: no cap). Read once at init, from the environment itself. */
 
 /* Read by the launcher and the tools, not by the shim: known, so no warning (man/variables.txt). */
-static const char *const vs_other_vars[] = {"VMMSHIM_LIB", "VMMSHIM_PROGRESS_DELAY", "VMMSHIM_DEPS_APT",
+static const char *const vs_other_vars[] = {"VMMSHIM_LIB", "VMMSHIM_AS", "VMMSHIM_PROGRESS_DELAY", "VMMSHIM_DEPS_APT",
                                             "VMMSHIM_DEPS_INCLUDE", "VMMSHIM_DEPS_LIBDIRS"};
 #define VS_OTHER_VARS (sizeof vs_other_vars / sizeof vs_other_vars[0])
 #define VS_UNKNOWN_MSGS 8 /* lines; more unknown variables are counted in one last line */

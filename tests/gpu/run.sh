@@ -228,7 +228,7 @@ tms_case() { # NAME [--no-cache]
     skip "$name: $(sed -n 's/^SKIP //p' "$log" | head -n 1)"
     return
   fi
-  sed -n "s#^\\(PASS\\|FAIL\\) #\\1 $name/#p" "$log" | tee -a "$MAIN_LOG"
+  sed -n "s#^\\(PASS\\|FAIL\\|INFO\\) #\\1 $name/#p" "$log" | tee -a "$MAIN_LOG"
   npass=$((npass + $(grep -c '^PASS ' "$log")))
   f=$(grep -c '^FAIL ' "$log")
   nfail=$((nfail + f))

@@ -9,11 +9,14 @@ compatible module, which the launcher put first) and checks:
   - a region with enable_cpu_backup: its tensor comes back with every byte; while paused,
     get_cpu_backup(tensor) equals it (zero_copy too), and the device memory was given back;
   - a region without backup: its tensor comes back as zeros;
-  - disable() inside a region: its tensor is never paused, and its memory goes back to the device
-    once freed;
+  - a region nested in a region of its own tag, and disable() inside a region (whose pool
+    PyTorch forbids destroying while the region's use_mem_pool is under way: an abort): the
+    disable()'s tensor is never paused, and its memory goes back to the device once freed;
   - cuda_graph(): a graph captured under a region tag replays to the same result after its
     memory was paused and resumed (caching allocator on only: graphs need it);
-  - memory_margin_bytes: an allocation that would leave less than the margin free fails.
+  - memory_margin_bytes: an allocation that would leave less than the margin free fails (as
+    OutOfMemoryError, or without the cache the RuntimeError of PyTorch's cudaMalloc check), one
+    below it not; INFO lines give the shim's figures (limit, mapped, idle) around it.
 
 Prints "PASS name" / "FAIL name: why" per check and "tms-compat: N passed, N failed"; exit 0,
 1 when a check failed, 77 (with a "SKIP why" line) when PyTorch or its CUDA is not there."""
@@ -58,8 +61,12 @@ def child():
         weights = torch.arange(512 * MiB // 4, dtype=torch.int32, device=dev) * 3
     with tms.region(tag="kv"):
         kv = torch.full((512 * MiB // 4,), 7, dtype=torch.int32, device=dev)
-        with tms.disable():
+        with tms.region(tag="kv"):  # its own tag again: a pool serves one use_mem_pool at a time
+            kv2 = torch.full((MiB // 4,), 7, dtype=torch.int32, device=dev)
+        with tms.disable():  # its pool ends inside kv's use_mem_pool: PyTorch aborts if it is destroyed
             kept = torch.full((256 * MiB // 4,), 5, dtype=torch.int32, device=dev)
+    print("INFO torch %s, caching allocator %s" % (torch.__version__, "off" if os.environ.get(
+        "PYTORCH_NO_CUDA_MEMORY_CACHING") == "1" else "on"))
     after = torch.arange(64 * MiB // 4, dtype=torch.int32, device=dev) + 11   # outside
     want_before, want_weights, want_after = before.sum().item(), weights.sum().item(), after.sum().item()
     weights_cpu = weights.cpu()
@@ -79,7 +86,8 @@ def child():
           kept.sum().item() == 5 * (256 * MiB // 4), "memory outside regions and in disable() works while paused")
     tms.resume()
     check(weights.sum().item() == want_weights, "the backed-up region's tensor is back, every byte")
-    check(kv.count_nonzero().item() == 0, "the region without backup wakes as zeros")
+    check(kv.count_nonzero().item() == 0 and kv2.count_nonzero().item() == 0,
+          "the region without backup wakes as zeros")
     check(before.sum().item() == want_before and after.sum().item() == want_after,
           "tensors outside the regions intact after pause/resume")
     check(tms.get_cpu_backup(weights) is None, "no CPU backup once resumed")
@@ -111,16 +119,49 @@ def child():
     return finish_margin(torch, tms, dev)
 
 
-def finish_margin(torch, tms, dev):
-    tms.memory_margin_bytes = free_bytes(torch) - 512 * MiB
+def out_of_memory(torch, e):
+    """An allocation refused for memory: the caching allocator raises OutOfMemoryError; without
+    it (PYTORCH_NO_CUDA_MEMORY_CACHING=1) PyTorch's check of cudaMalloc raises a RuntimeError
+    (AcceleratorError) saying "out of memory"."""
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
+
+
+def try_empty(torch, dev, n):
+    """(tensor of n bytes or None, why it failed)."""
     try:
-        torch.empty(1024 * MiB, dtype=torch.uint8, device=dev)
-        ok = False
-    except torch.cuda.OutOfMemoryError:
-        ok = True
-    small = torch.empty(64 * MiB, dtype=torch.uint8, device=dev)
+        return torch.empty(n, dtype=torch.uint8, device=dev), ""
+    except RuntimeError as e:  # OutOfMemoryError is one too
+        if not out_of_memory(torch, e):
+            raise
+        return None, str(e).splitlines()[0][:120]
+
+
+def figures(ctl):
+    """The shim's own figures, in MiB, for the INFO lines: what the next run shows."""
+    st = ctl.status()
+    devs = ["dev %d: live %d mapped %d idle %d pending %d" % (d["device"], d["live"] // MiB, d["mapped"] // MiB,
+                                                                 d["idle"] // MiB, d["pending"] // MiB)
+            for d in st.get("devices", [])]
+    stats = st.get("stats", {})
+    return "limit %d mapped %d (%s); passed to the driver %s, refused %s" % (
+        st["limit"] // MiB, st["mapped"] // MiB, "; ".join(devs), stats.get("passthrough_allocs"),
+        stats.get("alloc_failures"))
+
+
+def finish_margin(torch, tms, dev):
+    import vmmshim
+    ctl = vmmshim.control(os.getpid())
+    free = free_bytes(torch)
+    tms.memory_margin_bytes = free - 512 * MiB   # about 512 MiB may still be allocated
+    print("INFO margin: free %d MiB, margin %d MiB; %s" % (free // MiB, (free - 512 * MiB) // MiB, figures(ctl)))
+    big, big_why = try_empty(torch, dev, 1024 * MiB)
+    if big is not None:
+        print("INFO margin: 1024 MiB fitted; now free %d MiB, %s" % (free_bytes(torch) // MiB, figures(ctl)))
+    del big
+    small, small_why = try_empty(torch, dev, 64 * MiB)
     tms.memory_margin_bytes = 0
-    check(ok and small.numel() == 64 * MiB, "memory_margin_bytes: past the margin is out of memory, below it not")
+    check(bool(big_why) and small is not None, "memory_margin_bytes: past the margin is out of memory, below it not",
+          "1024 MiB %s, 64 MiB %s" % (big_why or "fitted", small_why or "fitted"))
     print("tms-compat: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 

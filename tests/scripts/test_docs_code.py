@@ -104,6 +104,35 @@ check(not bad, "configuration.md: the details of the shim's variables are under 
 bad = misfiled("## Details\n### VMMSHIM_LIMIT\n## Variables of the build\n### VMMSHIM_TAG, VMMSHIM_DEPS_APT\n")
 check(bad == ["VMMSHIM_TAG under 'Variables of the build'"], "a shim variable under the build's is caught %s" % bad)
 
+# The launcher's, tools' and build's own variables (man/variables.txt) are the shim's list of names
+# that are no option (config.c): one missing there gets "is not a vmmshim variable" when set.
+
+
+def tools_vars(man):
+    """The variables of man/variables.txt's LAUNCHER AND TOOLS and BUILD sections."""
+    out, section = set(), None
+    for line in man.splitlines():
+        if line.startswith("== "):
+            section = line[3:].strip()
+        elif section in ("LAUNCHER AND TOOLS", "BUILD") and re.match(r"VMMSHIM_[A-Z0-9_]+$", line):
+            out.add(line)
+    return out
+
+
+def other_vars(config_c):
+    """The names of config.c's vs_other_vars."""
+    m = re.search(r"vs_other_vars\[\] = \{(.*?)\};", config_c, re.S)
+    return set(re.findall(r'"(VMMSHIM_[A-Z0-9_]+)"', m.group(1))) if m else set()
+
+
+TOOLS, OTHER = tools_vars(read("man/variables.txt")), other_vars(read("src/base/config.c"))
+check(len(TOOLS) >= 6 and "VMMSHIM_AS" in TOOLS and TOOLS == OTHER,
+      "config.c's list of the tools' variables is man/variables.txt's (only there: %s; only in config.c: %s)"
+      % (names_list(sorted(TOOLS - OTHER)), names_list(sorted(OTHER - TOOLS))))
+sample = tools_vars("== LAUNCHER AND TOOLS\nVMMSHIM_AS\n  default: unset\n== TRACE\nVMMSHIM_TRACE\n")
+check(sample == {"VMMSHIM_AS"} and other_vars('vs_other_vars[] = {"VMMSHIM_LIB"};') == {"VMMSHIM_LIB"} and
+      sample != other_vars('vs_other_vars[] = {"VMMSHIM_LIB"};'), "a tools' variable missing from config.c is caught")
+
 # ---------------------------------------------------------------- commands
 
 OPT = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)")

@@ -6,7 +6,8 @@ program would.
     (zeros after resume);
   - the CPU backup of a paused block: its bytes, read through vmmshim_host_copy; none when awake;
   - retain_cpu_backup: host memory given back at resume unless set;
-  - memory_margin_bytes: a limit that fails an allocation past the margin, removed by 0;
+  - memory_margin_bytes: a limit that fails an allocation past the margin (one the pool's idle
+    memory could serve too), removed by 0;
   - the options torch_memory_saver takes: hook_mode, cpu_backup_backend, enable_disk_backup
     (NotImplementedError), a pause of a tag nothing was allocated in;
   - configure_subprocess(): a child sees LD_PRELOAD with the shim, the parent's is restored;
@@ -87,6 +88,8 @@ for name, call in [("hook_mode", lambda: setattr(tms, "hook_mode", "other")),
     except Exception as e:
         errors[name] = type(e).__name__
 out["errors"] = errors
+hole = malloc(256 * MiB)
+rt.cudaFree(ctypes.c_void_p(hole))   # idle: cudaMemGetInfo counts it free, a reuse maps nothing
 free = ctypes.c_size_t(); total = ctypes.c_size_t()
 rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))
 tms.memory_margin_bytes = free.value - 100 * MiB   # about 100 MiB may still be allocated
@@ -105,6 +108,69 @@ out["subprocess"] = [child, os.environ["LD_PRELOAD"], vmmshim.library_path()]
 os.environ["LD_PRELOAD"] = before
 print(json.dumps(out))
 """
+
+# A stand-in for torch with PyTorch 2.11's rules on its caching allocator's pools: one
+# use_mem_pool per pool at a time, all threads together (a RuntimeError), and a MemPool destroyed
+# while any use_mem_pool is under way aborts the process (here: noted in "aborts").
+POOLS_PROGRAM = r"""
+import contextlib, ctypes, json, sys, threading, types
+ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
+ctypes.CDLL(None).cudaSetDevice(0)
+underway, aborts, made, dropped = [], [], [], []
+class MemPool:
+    def __init__(self):
+        self.id = len(made)
+        made.append(self.id)
+    def __del__(self):
+        dropped.append(self.id)
+        if underway:
+            aborts.append("pool %d destroyed while %s under way" % (self.id, underway))
+@contextlib.contextmanager
+def use_mem_pool(pool):
+    if pool.id in underway:
+        raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
+    underway.append(pool.id)
+    try:
+        yield
+    finally:
+        underway.remove(pool.id)
+cuda = types.SimpleNamespace(MemPool=MemPool, use_mem_pool=use_mem_pool, is_available=lambda: True,
+                             current_device=lambda: 0)
+sys.modules["torch"] = types.SimpleNamespace(cuda=cuda)
+from vmmshim.torch_memory_saver import torch_memory_saver as tms
+out = {}
+with tms.region("kv"):
+    with tms.disable():
+        pass
+    with tms.region("kv"):          # nested in its own kind: another pool
+        out["nested"] = list(underway)
+    out["disable_dropped_inside"] = list(dropped)
+out["disable_dropped_after"] = list(dropped)
+with tms.region("kv"):             # the region's pools are kept, and used again
+    pass
+inside, leave = threading.Event(), threading.Event()
+def other():
+    with tms.region("kv"):
+        inside.set()
+        leave.wait(10)
+t = threading.Thread(target=other)
+t.start()
+inside.wait(10)
+with tms.disable():                # another thread's region is under way
+    pass
+out["while_other"] = list(dropped)
+leave.set()
+t.join()
+out["after_other"] = list(dropped)
+try:
+    with tms.disable():
+        raise KeyError("x")
+except KeyError:
+    pass
+out.update(made=list(made), aborts=aborts, underway=list(underway), left=tms._underway)
+print(json.dumps(out))
+"""
+
 
 AS_PROGRAM = r"""
 import json, torch_memory_saver
@@ -156,6 +222,24 @@ def module():
               os.path.samefile(lib, LIB), "configure_subprocess: the child has the shim first [%s]" % child)
 
 
+def pools():
+    with scratch("vmmshim-tms-pools-") as tmp:
+        r, o = run(POOLS_PROGRAM, tmp, SHIM_ENV)
+        check(r.returncode == 0 and o, "the program with PyTorch's pool rules runs%s" % (
+            "" if o else " [%s]" % (r.stdout + r.stderr)[-800:]))
+        if not o:
+            return
+        check(o["aborts"] == [] and o["underway"] == [] and o["left"] == 0,
+              "no pool destroyed while a use_mem_pool is under way %r" % o["aborts"])
+        check(o["nested"] == [0, 2], "a region nested in its own tag routes into another pool %r" % o["nested"])
+        check(o["disable_dropped_inside"] == [] and o["disable_dropped_after"] == [1],
+              "disable()'s pool is dropped once the region around it ends %r" % o)
+        check(o["while_other"] == [1] and o["after_other"] == [1, 3],
+              "... once another thread's region ends %r" % [o["while_other"], o["after_other"]])
+        check(o["made"] == [0, 1, 2, 3, 4], "the regions' pools are kept and used again, disable() makes one "
+              "each, one kept after an exception %r" % o["made"])
+
+
 def launcher():
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH", "VMMSHIM_AS")}
     env.update(LD_LIBRARY_PATH=EMU, VMMSHIM_LIB=LIB)
@@ -174,5 +258,6 @@ def launcher():
 
 if __name__ == "__main__":
     module()
+    pools()
     launcher()
     sys.exit(summary())

@@ -113,25 +113,67 @@ class TorchMemorySaver:
         self._hook_mode = "preload"
         self._margin = 0
         self._retain = False
-        self._pools = {}  # (tag, device) -> torch.cuda.MemPool of the region's allocations
+        self._pools = {}     # (kind, device) -> [torch.cuda.MemPool] that nothing routes into now
+        self._retired = []   # disable()'s pools, dropped once none of this module's blocks routes
+        self._underway = 0   # this module's with blocks (all threads) routing into a pool or capturing
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ regions
 
-    def _mem_pool(self, key):
-        """A pool of PyTorch's caching allocator of its own for key: blocks cached outside the
-        region never serve it, and its blocks never serve allocations outside it (their tags
-        would be wrong: untagged memory paused, or a region's not)."""
+    @staticmethod
+    def _pooling():
+        """torch, when PyTorch's caching allocator is there to route (None: no torch, no device,
+        or no cache, where each tensor is a cudaMalloc of its own and nothing crosses regions)."""
         torch = _torch()
         if (torch is None or not hasattr(torch.cuda, "MemPool") or not torch.cuda.is_available()
-                or os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"):  # no cache: nothing to cross
-            return None, contextlib.nullcontext()
-        key = key + (torch.cuda.current_device(),)
+                or os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"):
+            return None
+        return torch
+
+    def _enter(self):
         with self._lock:
-            pool = self._pools.get(key)
-            if pool is None:
-                pool = self._pools[key] = torch.cuda.MemPool()
-        return pool, torch.cuda.use_mem_pool(pool)
+            self._underway += 1
+
+    def _leave(self):
+        """The end of a with block of _enter() or _routed(). PyTorch destroys a MemPool with an
+        emptyCache that asserts that no use_mem_pool and no graph capture is under way in any
+        thread (captures_underway.empty(): an abort), so the pools given up wait in _retired until
+        none of ours is; the lock is held across the drop so that none begins meanwhile."""
+        with self._lock:
+            self._underway -= 1
+            if not self._underway:
+                self._retired.clear()
+
+    @contextlib.contextmanager
+    def _routed(self, kind, keep):
+        """Allocations of this thread in the with block come from a pool of PyTorch's caching
+        allocator of kind's own: blocks cached outside it never serve it, and its blocks never
+        serve allocations outside it (their tags would be wrong: untagged memory paused, or a
+        region's not). One pool takes one use_mem_pool at a time, all threads together
+        (PyTorch: "already recording to mempool_id"), so a block nested in one of the same kind,
+        or another thread's, gets another pool. keep: the pool is kept for the next block of
+        kind (its cached blocks stay its tag's); else it is dropped, which gives its memory back
+        to the device once its tensors are freed (torch.cuda.empty_cache())."""
+        torch = self._pooling()
+        if torch is None:
+            yield
+            return
+        key = (kind, torch.cuda.current_device())
+        with self._lock:
+            idle = self._pools.setdefault(key, [])
+            pool = idle.pop() if idle else torch.cuda.MemPool()
+            self._underway += 1
+        done = False
+        try:
+            with torch.cuda.use_mem_pool(pool):
+                yield
+            done = True
+        finally:
+            # After an exception, a traceback may hold the pool and drop it at any time: kept.
+            with self._lock:
+                (self._retired if done and not keep else self._pools[key]).append(pool)
+            del pool  # _retired's is the last reference: _leave() drops it
+            self._leave()
 
     @staticmethod
     def _check_backup(enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
@@ -150,8 +192,8 @@ class TorchMemorySaver:
         """Allocations of this thread in the with block go to tag; pause(tag) gives them back
         (their bytes kept in host memory when enable_cpu_backup, else discarded)."""
         self._check_backup(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
-        _, use_pool = self._mem_pool((tag, bool(enable_cpu_backup)))
-        with use_pool, _region(tag, enable_cpu_backup=enable_cpu_backup):
+        with self._routed(("region", tag, bool(enable_cpu_backup)), True), \
+                _region(tag, enable_cpu_backup=enable_cpu_backup):
             yield
 
     @contextlib.contextmanager
@@ -160,28 +202,26 @@ class TorchMemorySaver:
         """torch.cuda.graph(...) whose memory (the graph's pool) belongs to tag, and pauses with it."""
         self._check_backup(enable_cpu_backup, False, cpu_backup_backend)
         import torch
-        with torch.cuda.graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
-            with _region(tag, enable_cpu_backup=enable_cpu_backup):
-                yield
+        self._enter()  # a capture is under way: no pool of ours may be dropped meanwhile
+        try:
+            with torch.cuda.graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
+                with _region(tag, enable_cpu_backup=enable_cpu_backup):
+                    yield
+        finally:
+            self._leave()
 
     @contextlib.contextmanager
     def disable(self):
         """Allocations of this thread in the with block are never paused (tag "untagged", in a
-        pool of PyTorch's caching allocator that is given up at the end)."""
-        pool, use_pool = self._mem_pool(("(disable)", object()))
+        pool of PyTorch's caching allocator that is given up at the end, or once the last
+        region() or cuda_graph() under way in the process ends)."""
         before = getattr(_thread, "tag", None)
-        try:
-            with use_pool:
-                set_tag(UNTAGGED)  # not region(): "untagged" must not join the tags pause() takes
-                try:
-                    yield
-                finally:
-                    set_tag(before)
-        finally:
-            if pool is not None:
-                with self._lock:
-                    self._pools = {k: v for k, v in self._pools.items() if v is not pool}
-                del pool
+        with self._routed(("disable",), False):
+            set_tag(UNTAGGED)  # not region(): "untagged" must not join the tags pause() takes
+            try:
+                yield
+            finally:
+                set_tag(before)
 
     # ------------------------------------------------------------ pause and resume
 
@@ -237,7 +277,9 @@ class TorchMemorySaver:
     def memory_margin_bytes(self, value):
         """Allocations that would leave less than value bytes of the device free fail as out of
         memory: the process's limit (VMMSHIM_LIMIT) becomes what it has mapped plus what
-        cudaMemGetInfo says is free, less value; 0 removes the limit."""
+        cudaMemGetInfo says is free, less value; 0 removes the limit. The pools' idle memory is
+        given back first (vmmshim_trim): cudaMemGetInfo counts it as free, but an allocation it
+        serves maps nothing, so the limit, a cap on mapped bytes, would not stop it."""
         value = int(value)
         if value < 0:
             raise ValueError("memory_margin_bytes: %d is negative" % value)
@@ -246,6 +288,7 @@ class TorchMemorySaver:
         self._margin = value
         if value == 0:
             return
+        ctl.trim()
         free, _ = _mem_get_info()
         st = ctl.status()
         idle = sum(d.get("idle", 0) for d in st.get("devices", []))
