@@ -8,11 +8,12 @@
  *
  * CUDA does not promise that a stream runs on while another waits for a value (the driver's
  * documentation warns that its scheduler may serialise them; streams sharing a hardware queue
- * would), so the first run on two H100s hung with no way to tell the GPU from the shim. Hence:
- * more hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, unless set), and the same wait and write
- * repeated once the order is off, where the shim adds nothing to either stream: only when that
- * control completes is a stuck write with the order on the shim's doing. INFO lines say what
- * each phase saw. */
+ * would). On an H100 a write on a non-blocking stream stays queued while the legacy stream waits
+ * with a kernel queued behind the wait, without the shim too. Hence: more hardware queues
+ * (CUDA_DEVICE_MAX_CONNECTIONS, unless set), and the same wait, reader and write repeated once the
+ * order is off, where the shim adds nothing to either stream: only when that control completes is
+ * a stuck write with the order on the shim's doing; else the check is not judged on that GPU.
+ * INFO lines say what each phase saw. */
 #include <stdlib.h>
 
 #include "gpu_test.cuh"
@@ -85,17 +86,22 @@ int main(void) {
   CK(cudaMemcpy(&e, d_errs, sizeof e, cudaMemcpyDeviceToHost));
   check(e == 0, "waitvalue-reader-intact", "the reader behind the wait saw %llu words of a later owner's", e);
 
-  /* 2. The control: the order is off now, so neither stream gets anything from the shim. */
+  /* 2. The control: the order is off now, so neither stream gets anything from the shim; the
+   * same work as in 1 (a reader queued behind the wait), since the GPU itself may hold another
+   * stream's work behind a wait with a kernel queued after it (seen on an H100 without the shim). */
+  fill(d, size, 0x8888u, 0);
   r = cuStreamWaitValue32(CU_STREAM_LEGACY, (CUdeviceptr)d_flag, 2, CU_STREAM_WAIT_VALUE_EQ);
   check(r == CUDA_SUCCESS, "waitvalue-control-queued", "cuStreamWaitValue32: %d", (int)r);
+  k_read<<<sm_count(), 256, 0, 0>>>((const uint32_t *)d, size / 4, 0x8888u, d_errs);
+  CK(cudaGetLastError());
   bool control = r == CUDA_SUCCESS && write_completes("control, order off", x, flag, d_flag, 2);
   if (control)
     check(first, "waitvalue-no-deadlock",
           "the write on the other stream did not complete in 5 s with the order on at the wait, yet did "
           "with it off: the shim held it behind the legacy stream's wait");
   else
-    printf("INFO waitvalue: waitvalue-no-deadlock not judged: the GPU held the write behind the wait even "
-           "with the order off (the first phase %s)\n",
+    printf("INFO waitvalue: waitvalue-no-deadlock not judged: the GPU held the write behind the wait and the "
+           "reader queued after it even with the order off (the first phase %s)\n",
            first ? "completed" : "did not complete either");
   CK(cudaFree(d));
   CK(cudaStreamDestroy(x));
