@@ -2,18 +2,20 @@
  * stream for a value another stream writes later (cuStreamWaitValue32): the shim must end the
  * one-stream order before the wait is queued. Were it still on, the other stream's first
  * submission would wait on the GPU for all of the legacy stream's work, the wait included, and
- * neither stream would ever go on. Checked: the write on the other stream completes (the flag
- * lives in mapped host memory, so that the host can release a stuck wait), and a block freed
- * behind the wait is not handed out again while its reader waits there.
+ * neither stream would ever go on. The flag lives in mapped host memory, so that the host can
+ * release a stuck wait.
  *
  * CUDA does not promise that a stream runs on while another waits for a value (the driver's
- * documentation warns that its scheduler may serialise them; streams sharing a hardware queue
- * would). On an H100 a write on a non-blocking stream stays queued while the legacy stream waits
- * with a kernel queued behind the wait, without the shim too. Hence: more hardware queues
- * (CUDA_DEVICE_MAX_CONNECTIONS, unless set), and the same wait, reader and write repeated once the
- * order is off, where the shim adds nothing to either stream: only when that control completes is
- * a stuck write with the order on the shim's doing; else the check is not judged on that GPU.
- * INFO lines say what each phase saw. */
+ * documentation warns that its scheduler may serialise them). On an H100 (driver 580.159.04) the
+ * first write on a non-blocking stream stays queued while the legacy stream waits for a value
+ * with a kernel behind the wait, without the shim too, and with VMMSHIM_ONE_STREAM=0; a second
+ * write, once the stream has run, goes through. So the GPU cannot tell a deadlock the shim made
+ * from its own scheduling: whether the write completed is an INFO line, for both phases (the
+ * order on at the wait, then the same sequence with the order off), not a check. The order's
+ * part is checked on the emulation (test_shim_env, one-stream-waitvalue), which runs streams
+ * independently and names a wait that nothing can end. Checked here: the calls are queued, a
+ * block freed behind the wait is not handed out again while its reader waits there, and the
+ * reader sees its bytes intact. */
 #include <stdlib.h>
 
 #include "gpu_test.cuh"
@@ -67,6 +69,9 @@ int main(void) {
 
   /* 1. With the order on: a block written on the one stream, the wait, and a reader of the block
    * behind the wait; the value, written by another stream. */
+  /* x is made before the wait (making a stream is no submission: the order stays on). */
+  cudaStream_t x;
+  CK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
   void *c = NULL;
   CK(cudaMalloc(&c, size));
   fill(c, size, 0x7777u, 0);
@@ -79,8 +84,6 @@ int main(void) {
   CK(cudaMalloc(&d, size));
   check(d != c || cudaStreamQuery(0) == cudaSuccess, "waitvalue-free-behind-wait-not-reused",
         "%p handed out again while its reader waits behind the wait", c);
-  cudaStream_t x;
-  CK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
   bool first = write_completes("order on at the wait", x, flag, d_flag, 1);
   unsigned long long e = 0;
   CK(cudaMemcpy(&e, d_errs, sizeof e, cudaMemcpyDeviceToHost));
@@ -95,14 +98,9 @@ int main(void) {
   k_read<<<sm_count(), 256, 0, 0>>>((const uint32_t *)d, size / 4, 0x8888u, d_errs);
   CK(cudaGetLastError());
   bool control = r == CUDA_SUCCESS && write_completes("control, order off", x, flag, d_flag, 2);
-  if (control)
-    check(first, "waitvalue-no-deadlock",
-          "the write on the other stream did not complete in 5 s with the order on at the wait, yet did "
-          "with it off: the shim held it behind the legacy stream's wait");
-  else
-    printf("INFO waitvalue: waitvalue-no-deadlock not judged: the GPU held the write behind the wait and the "
-           "reader queued after it even with the order off (the first phase %s)\n",
-           first ? "completed" : "did not complete either");
+  printf("INFO waitvalue: the write on x completed with the order on at the wait: %s; with it off: %s "
+         "(not judged: the GPU may hold a stream's work behind another's wait)\n",
+         first ? "yes" : "no", control ? "yes" : "no");
   CK(cudaFree(d));
   CK(cudaStreamDestroy(x));
   CK(cudaFreeHost((void *)flag));
