@@ -37,6 +37,16 @@ def test_golden():
     check(r.stderr == "", "examples/sample.trace: read without a warning %r" % r.stderr[:200])
 
 
+def test_gpu_sample():
+    """examples/sample-h100.trace, the same program's trace made on an H100: read without a warning,
+    kv's sleep and wake in the by-tag table."""
+    r = report(os.path.join("examples", "sample-h100.trace"))
+    rows = [l.split() for l in r.stdout.splitlines() if l.startswith("  kv ")]
+    check(r.returncode == 0 and r.stderr == "", "examples/sample-h100.trace: read without a warning %r" % r.stderr[:200])
+    check(len(rows) == 1 and rows[0][1] == "12" and rows[0][-1] == "awake",
+          "examples/sample-h100.trace: kv's 12 allocations, slept and woken, in the by-tag table %s" % rows)
+
+
 def test_sleep_slices(tmp):
     """The Perfetto trace of examples/sample.trace: kv asleep as an async slice, the sleep and the
     wake calls as slices of the thread that made them."""
@@ -299,6 +309,7 @@ def test_html_render(page, tmp):
 def main():
     with scratch("vmmshim-report-test-") as tmp:
         test_golden()
+        test_gpu_sample()
         test_by_tag(tmp)
         test_sleep_slices(tmp)
         test_refusals(tmp)
