@@ -95,7 +95,9 @@ def main(argv=None):
         return report(args, rule, trace, outputs)
     except BrokenPipeError:  # stdout closed (| head): run() ends quietly
         raise
-    except (OSError, TraceError, OutputError) as e:
+    except OSError as e:  # the trace: its path and the reason, not Python's "[Errno N]"
+        return error("%s: %s" % (e.filename or args.trace, e.strerror or e))
+    except (TraceError, OutputError) as e:
         return error(e)
     finally:
         for out in outputs.values():

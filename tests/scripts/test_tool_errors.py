@@ -91,6 +91,9 @@ def test_report_numbers():
               % (opt, val, rc, err[-300:]))
     rc, out, err = run(REPORT, ["-", "--no-such-option"], stdin_silent=True)
     check(one_line_error("vmmshim-report", rc, err), "report: an unknown option is one error line (%r)" % err[-200:])
+    rc, out, err = run(REPORT, ["no-such-dir/no.trace"])
+    check(one_line_error("vmmshim-report", rc, err, mention="no-such-dir/no.trace") and "Errno" not in err
+          and "No such file or directory" in err, "report: a missing trace is named with the reason, no [Errno] (%r)" % err)
     rc, out, err = run(REPORT, [SMALL, "--short-ms", "0", "--viz-events", "0", "--top", "0"])
     check(rc == 0 and "short-lived (< 0 ms): 0 of 3" in out, "report: zero is a valid count and time (rc %s)" % rc)
 
