@@ -130,34 +130,7 @@ tag['weights']['host_copied'] >= 2 * G and tag['weights']['device'] == 0 and tag
   fi
 }
 
-cd_torch() { # NAME [--no-cache]
-  name=$1
-  shift
-  left=$((TEST_BUDGET - ($(date +%s) - t0)))
-  if [ "$left" -le 30 ]; then
-    fail "$name: not run, the time budget of $TEST_BUDGET s is spent"
-    return
-  fi
-  [ "$left" -gt 240 ] && left=240
-  log="$LOGDIR/$name.log"
-  timeout "$left" env -u LD_PRELOAD -u VMMSHIM_FREE_MODE "$PYTHON" tests/gpu/torch_sleep.py --lib "$LIB" \
-    --dir "$LOGDIR/$name.dir" "$@" >"$log" 2>&1
-  rc=$?
-  if [ "$rc" = 77 ]; then
-    skip "$name: $(sed -n 's/^SKIP //p' "$log" | head -n 1)"
-    return
-  fi
-  sed -n "s#^\\(PASS\\|FAIL\\) #\\1 $name/#p" "$log" | tee -a "$MAIN_LOG"
-  npass=$((npass + $(grep -c '^PASS ' "$log")))
-  f=$(grep -c '^FAIL ' "$log")
-  nfail=$((nfail + f))
-  if [ "$rc" != 0 ] && [ "$f" = 0 ]; then
-    fail "$name: exit $rc without a FAIL line; last lines of $log:"
-    tail -n 8 "$log" | tee -a "$MAIN_LOG"
-  fi
-}
-
 cd_program static
 cd_program shared
-cd_torch torch-sleep
-cd_torch torch-sleep-nocache --no-cache
+run_python torch-sleep tests/gpu/torch_sleep.py --dir "$LOGDIR/torch-sleep.dir"
+run_python torch-sleep-nocache tests/gpu/torch_sleep.py --dir "$LOGDIR/torch-sleep-nocache.dir" --no-cache

@@ -211,34 +211,8 @@ run_prog "static/group-hopeless" "$BIN/t_group.static" GROUP_MODE=hopeless GROUP
 
 # ---- a torch_memory_saver program (tests/gpu/tms_compat.py) under vmmshim --as torch_memory_saver,
 # caching allocator on and off; PyTorch missing: SKIP ----
-tms_case() { # NAME [--no-cache]
-  name=$1
-  shift
-  left=$((TEST_BUDGET - ($(date +%s) - t0)))
-  if [ "$left" -le 30 ]; then
-    fail "$name: not run, the time budget of $TEST_BUDGET s is spent"
-    return
-  fi
-  [ "$left" -gt 240 ] && left=240
-  log="$LOGDIR/$name.log"
-  timeout "$left" env -u LD_PRELOAD -u VMMSHIM_FREE_MODE "$PYTHON" tests/gpu/tms_compat.py --lib "$LIB" "$@" \
-    >"$log" 2>&1
-  rc=$?
-  if [ "$rc" = 77 ]; then
-    skip "$name: $(sed -n 's/^SKIP //p' "$log" | head -n 1)"
-    return
-  fi
-  sed -n "s#^\\(PASS\\|FAIL\\|INFO\\) #\\1 $name/#p" "$log" | tee -a "$MAIN_LOG"
-  npass=$((npass + $(grep -c '^PASS ' "$log")))
-  f=$(grep -c '^FAIL ' "$log")
-  nfail=$((nfail + f))
-  if [ "$rc" != 0 ] && [ "$f" = 0 ]; then
-    fail "$name: exit $rc without a FAIL line; last lines of $log:"
-    tail -n 8 "$log" | tee -a "$MAIN_LOG"
-  fi
-}
-tms_case tms-compat
-tms_case tms-compat-nocache --no-cache
+run_python tms-compat tests/gpu/tms_compat.py
+run_python tms-compat-nocache tests/gpu/tms_compat.py --no-cache
 
 # ---- robustness (tests/gpu/t_robust.cu, one ROBUST_MODE per run) ----
 # robust_value LOG KEY: KEY=value of the "RESULT pressure" line.

@@ -62,6 +62,37 @@ run_prog() {
   fi
 }
 
+# run_python NAME SCRIPT [ARGS...]: a Python test of tests/gpu that loads the shim itself (given
+# --lib LIB; the runner's preload and free mode are taken away), bounded by what is left of
+# TEST_BUDGET (240 s at most). Its PASS, FAIL and INFO lines are relayed prefixed with NAME and
+# counted; exit 77 is a skip (its SKIP line says why); a non-zero exit without a FAIL line fails.
+run_python() {
+  name=$1
+  script=$2
+  shift 2
+  left=$((TEST_BUDGET - ($(date +%s) - t0)))
+  if [ "$left" -le 30 ]; then
+    fail "$name: not run, the time budget of $TEST_BUDGET s is spent"
+    return
+  fi
+  [ "$left" -gt 240 ] && left=240
+  log="$LOGDIR/$name.log"
+  timeout "$left" env -u LD_PRELOAD -u VMMSHIM_FREE_MODE "$PYTHON" "$script" --lib "$LIB" "$@" >"$log" 2>&1
+  rc=$?
+  if [ "$rc" = 77 ]; then
+    skip "$name: $(sed -n 's/^SKIP //p' "$log" | head -n 1)"
+    return
+  fi
+  sed -n "s#^\\(PASS\\|FAIL\\|INFO\\) #\\1 $name/#p" "$log" | tee -a "$MAIN_LOG"
+  npass=$((npass + $(grep -c '^PASS ' "$log")))
+  f=$(grep -c '^FAIL ' "$log")
+  nfail=$((nfail + f))
+  if [ "$rc" != 0 ] && [ "$f" = 0 ]; then
+    fail "$name: exit $rc without a FAIL line; last lines of $log:"
+    tail -n 8 "$log" | tee -a "$MAIN_LOG"
+  fi
+}
+
 # run_plain: run_prog without the shim (LD_PRELOAD empty), for reference runs.
 run_plain() {
   _saved_lib=$LIB

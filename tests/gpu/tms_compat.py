@@ -25,23 +25,11 @@ import os
 import subprocess
 import sys
 
+from gpu_checks import check, summary
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MiB = 1 << 20
-
-passed = failed = 0
-
-
-def check(ok, name, why=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS %s" % name)
-    else:
-        failed += 1
-        print("FAIL %s: %s" % (name, why))
-    sys.stdout.flush()
-
 
 def free_bytes(torch):
     torch.cuda.synchronize()
@@ -162,8 +150,7 @@ def finish_margin(torch, tms, dev):
     tms.memory_margin_bytes = 0
     check(bool(big_why) and small is not None, "memory_margin_bytes: past the margin is out of memory, below it not",
           "1024 MiB %s, 64 MiB %s" % (big_why or "fitted", small_why or "fitted"))
-    print("tms-compat: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary("tms-compat")
 
 
 def driver(lib, no_cache):

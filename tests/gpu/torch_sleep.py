@@ -19,26 +19,14 @@ import json
 import os
 import subprocess
 import sys
+
+from gpu_checks import check, failures, summary
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 STEPS = 8
 PAUSES = {2: ("host", None), 4: ("mapped", 1), 6: ("host", None)}  # step -> (mode, level)
-
-passed = failed = 0
-
-
-def check(ok, name, why=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS %s" % name)
-    else:
-        failed += 1
-        print("FAIL %s: %s" % (name, why))
-    sys.stdout.flush()
-
 
 def train(out, wait_dir):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -104,7 +92,7 @@ def drive(lib, work, no_cache):
     except Exception as e:  # noqa: BLE001
         check(False, "module", "the vmmshim module does not import from scripts/python: %s" % e)
         return
-    if failed:
+    if failures():
         return
     os.makedirs(work, exist_ok=True)
     for f in os.listdir(work):
@@ -114,7 +102,7 @@ def drive(lib, work, no_cache):
     p = run_train(lib, ref_out, no_cache=no_cache)
     log, _ = p.communicate(timeout=300)
     check(p.returncode == 0 and os.path.exists(ref_out), "reference-run", "exit %s: %s" % (p.returncode, log[-800:]))
-    if failed:
+    if failures():
         return
 
     out = os.path.join(work, "driven.json")
@@ -177,8 +165,7 @@ def main():
         train(a.train, a.wait_dir)
         return 0
     drive(a.lib, a.dir, a.no_cache)
-    print("torch-sleep: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary("torch-sleep")
 
 
 if __name__ == "__main__":
