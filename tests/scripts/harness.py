@@ -14,6 +14,14 @@ import zlib
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPORT = os.path.join(ROOT, "scripts", "vmmshim-report")
 REPLAY = os.path.join(ROOT, "scripts", "vmmshim-replay")
+# The build the tests run against (BUILD, as make passes it), the shim in it and the emulated
+# driver beside it; the Python client's sources and the launcher.
+BUILD = os.environ.get("BUILD", "build")
+BUILD_DIR = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
+LIB = os.path.join(BUILD_DIR, "libvmmshim.so")
+EMU = os.path.join(BUILD_DIR, "emu")
+PYDIR = os.path.join(ROOT, "scripts", "python")
+LAUNCHER = os.path.join(ROOT, "scripts", "vmmshim")
 _tally = {"passed": 0, "failed": 0}
 
 

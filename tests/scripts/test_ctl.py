@@ -39,18 +39,12 @@ import sys
 import threading
 import time
 
-from harness import ROOT, check, scratch, summary
+from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, check, scratch, summary
 
-sys.path.insert(0, os.path.join(ROOT, "scripts", "python"))
+sys.path.insert(0, PYDIR)
 from vmmshim import text  # noqa: E402
 
-BUILD = os.environ.get("BUILD", "build")
-B = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
-LIB = os.path.join(B, "libvmmshim.so")
-EMU = os.path.join(B, "emu")
-SERVE = os.path.join(B, "tests", "test_shim_control")
-PYDIR = os.path.join(ROOT, "scripts", "python")
-LAUNCHER = os.path.join(ROOT, "scripts", "vmmshim")
+SERVE = os.path.join(BUILD_DIR, "tests", "test_shim_control")
 SHIM_ENV = dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU)
 PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
 

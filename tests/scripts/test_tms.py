@@ -18,14 +18,8 @@ import os
 import subprocess
 import sys
 
-from harness import ROOT, check, scratch, summary
+from harness import EMU, LAUNCHER, LIB, PYDIR, check, scratch, summary
 
-BUILD = os.environ.get("BUILD", "build")
-B = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
-LIB = os.path.join(B, "libvmmshim.so")
-EMU = os.path.join(B, "emu")
-PYDIR = os.path.join(ROOT, "scripts", "python")
-LAUNCHER = os.path.join(ROOT, "scripts", "vmmshim")
 SHIM_ENV = dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU, PYTHONPATH=PYDIR)
 
 PROGRAM = r"""
