@@ -63,13 +63,12 @@ static void tstat_key_init(void) {
   pthread_atfork(NULL, NULL, tstat_forked);
 }
 
-/* Once per thread; the shim's own threads free nothing the program waits for. The fallback
- * block gets the destructor too, so the count still drops when its thread exits. */
-static void tstat_count(vs_tstat_t *t) {
+/* Once per thread, after its block is the key's (whose destructor uncounts it); the shim's own
+ * threads free nothing the program waits for. */
+static void tstat_count(void) {
   if (tl_counted || _vs_thread_own_self()) return;
   tl_counted = true;
   atomic_fetch_add(&vs_tstats_live, 1);
-  pthread_setspecific(vs_tstats_key, t);
 }
 
 int _vs_stat_threads_others(void) {
@@ -96,11 +95,13 @@ static vs_tstat_t *tstat_slow(void) {
   }
   _vs_lock_release(&vs_tstats_lock);
   if (!t) {
-    tstat_count(&fallback);
+    /* The fallback block gets the destructor too, so the count still drops when its thread exits. */
+    pthread_setspecific(vs_tstats_key, &fallback);
+    tstat_count();
     return &fallback;
   }
   pthread_setspecific(vs_tstats_key, t);
-  tstat_count(t);
+  tstat_count();
   tl_stat = t;
   return t;
 }
