@@ -50,6 +50,7 @@ FILE_TESTS = {
     "src/pool/asleep.c": ["test_shim_sleep", "test_shim_control", "test_shim_group"],
     "src/handle/group.c": ["test_shim_group"],
     "src/hook/control.c": ["test_shim_control", "test_static_control"],
+    "src/hook/control_json.c": ["test_shim_control", "test_static_control"],
     "src/base/gate.c": ["test_shim_gate", "test_shim_sleep"],
     "src/handle/host.c": ["test_shim_sleep", "test_shim_group", "test_shim_control"],
     "src/alloc/mempool.c": ["test_shim_mempool", "test_static_mempool"],
@@ -106,7 +107,7 @@ MUTATIONS = [
       [("if (ld && (td > ld || len > ld - td)) return false;", "if (0 && ld && (td > ld || len > ld - td)) return false;")]),
     M("group-dead-kept", "a member that died keeps its bytes counted",
       [("if (!ok && reclaim_dead(h, vs_b.me)) ok = fits(h, dev, len);", "(void)reclaim_dead;")]),
-    # ---- the control channel (control.c)
+    # ---- the control channel (control.c, control_json.c)
     M("control-conns-7", "7 controllers at once instead of 8",
       [("#define VS_CTL_MAX_CONNS 8", "#define VS_CTL_MAX_CONNS 7")]),
     M("control-wake-every-tag", "the wake verb ignores its tag and wakes every tag",
