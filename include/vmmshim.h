@@ -76,7 +76,7 @@ int vmmshim_dump(void);
  *   (or VMMSHIM_LIMIT) has no room to wake, -ENOTSUP the device cannot do it (mapped mode needs
  *   host-location VMM), -EALREADY nothing to do (asleep already, or awake), -ENODEV the shim
  *   is not active. A result says what moved, also when the call failed part way. */
-#define VMMSHIM_API_VERSION 4
+#define VMMSHIM_API_VERSION 5
 int vmmshim_api_version(void);
 
 #define VMMSHIM_TAG_MAX 32   /* bytes of a tag name, its terminating zero included */
@@ -95,8 +95,10 @@ int vmmshim_set_tag_keep(const char *tag, int keep);
 typedef enum vmmshim_sleep_mode_e {
   VMMSHIM_SLEEP_DISCARD = 0, /* the bytes are not kept; device memory is given back at once */
   VMMSHIM_SLEEP_HOST = 1,    /* the bytes are copied to host memory, and back on wake */
-  VMMSHIM_SLEEP_MAPPED = 2   /* the bytes move to host memory mapped at the same addresses: the
+  VMMSHIM_SLEEP_MAPPED = 2,  /* the bytes move to host memory mapped at the same addresses: the
                                 program keeps running on them, over the link, until the wake */
+  VMMSHIM_SLEEP_DISK = 3     /* the bytes go to files (vmmshim_set_disk_dir), and back on wake;
+                                all or nothing: a failed write leaves the tag awake. Since API 5 */
 } vmmshim_sleep_mode_t;
 
 #define VMMSHIM_WAKE_ZERO 1u /* discarded bytes wake as zeros (else undefined) */
@@ -137,6 +139,7 @@ typedef struct vmmshim_tag_stats_s {
   uint64_t discarded;   /* asleep, not kept */
   int asleep;           /* 1 when any of its memory is asleep */
   int keep;             /* marked keep (vmmshim_set_tag_keep) */
+  uint64_t disk;        /* asleep, in files (disk mode). Since API version 5 */
 } vmmshim_tag_stats_t;
 
 /* Fills out[0 .. max) with every tag's figures; returns how many tags there are. */
@@ -152,6 +155,10 @@ size_t vmmshim_release_host(size_t keep);
  * valid until the memory wakes. Returns 0, -ENOENT (not asleep, discarded, or not the shim's),
  * -EINVAL, -ENODEV. Since API version 4. */
 int vmmshim_host_copy(const void *addr, void **home, size_t *len);
+/* The directory of the files of disk-mode sleeps made from now on (VMMSHIM_DISK_DIR at start,
+ * else $TMPDIR, else /tmp). Creates nothing: returns 0, or -ENOENT, -ENOTDIR, -EACCES (not a
+ * writable directory), -EINVAL. Since API version 5. */
+int vmmshim_set_disk_dir(const char *dir);
 
 /* ---- past the limit (docs/limits.md) ----
  * With VMMSHIM_ON_LIMIT=host, growths the limit (VMMSHIM_LIMIT, a group's) refuses are served

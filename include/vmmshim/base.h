@@ -122,7 +122,8 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(SLEEP_WAIT, VS_KIND_SAMPLE, 10000)           /* ms a sleep waits for a capture to end */ \
   X(IPC_TIMEOUT, VS_KIND_SECONDS, 10)            /* longest wait of an IPC open, and of a request */ \
   X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */ \
-  X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */
+  X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */ \
+  X(DISK_DIR, VS_KIND_STRING, 0)                 /* directory of disk-mode sleep files ($TMPDIR, else /tmp) */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -278,7 +279,11 @@ void _vs_log_copy(void (*fn)(void *arg, const char *line, size_t n), void *arg);
   X(cuMemcpyDtoDAsync, 3020, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                 \
   X(cuMemsetD8Async, 3020, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))                \
   X(cuEventSynchronize, 2000, CUresult, (CUevent))                                                   \
-  X(cuStreamWaitEvent, 3020, CUresult, (CUstream, CUevent, unsigned int))
+  X(cuStreamWaitEvent, 3020, CUresult, (CUstream, CUevent, unsigned int)) \
+  X(cuMemHostAlloc, 3020, CUresult, (void **, size_t, unsigned int))                                 \
+  X(cuMemFreeHost, 2000, CUresult, (void *))                                                          \
+  X(cuMemcpyDtoHAsync, 3020, CUresult, (void *, CUdeviceptr, size_t, CUstream))                       \
+  X(cuMemcpyHtoDAsync, 3020, CUresult, (CUdeviceptr, const void *, size_t, CUstream))
 
 typedef struct vs_real_driver_s {
 #define VS_REAL_FIELD(name, ver, ret, args) ret(*name) args;

@@ -164,6 +164,41 @@ size_t _vs_host_trim(const vs_device_caps_t *caps, size_t keep);
 CUresult _vs_host_reserve(const vs_device_caps_t *caps, size_t bytes);
 void _vs_host_counts(size_t *cached, size_t *lent);
 
+/* Disk mode's two pinned staging buffers of VS_DISK_PIECE bytes each, CPU-readable (kept across
+ * cycles): CUDA_ERROR_NOT_READY while another sleep or wake holds them. */
+#define VS_DISK_PIECE (32ull << 20)
+CUresult _vs_host_staging_take(void *bufs[2]);
+void _vs_host_staging_give(void);
+/* Frees them when no one holds them; returns the bytes freed. */
+size_t _vs_host_staging_trim(void);
+
+/* ---- files of sleeping tags (disk.c) ---- */
+#define VS_DISK_PATH 512
+typedef struct vs_disk_s {
+  int fd;       /* -1 when closed (between a sleep and its wake) */
+  bool direct;  /* opened with O_DIRECT */
+  uint64_t len; /* bytes written so far: the next segment goes there */
+  char path[VS_DISK_PATH];
+} vs_disk_t;
+/* The directory of new files (vmmshim_set_disk_dir): -errno unless a writable directory. */
+int _vs_disk_set_dir(const char *dir);
+void _vs_disk_dir(char *buf, size_t n);
+/* A new file for a tag's pool on dev (O_EXCL, 0600), open: 0 or -errno. */
+int _vs_disk_create(vs_disk_t *d, const char *tag, int dev);
+/* Opens d->path again (read and write): 0 or -errno. */
+int _vs_disk_open(vs_disk_t *d);
+void _vs_disk_close(vs_disk_t *d);
+/* Closes and removes the file. */
+void _vs_disk_remove(vs_disk_t *d);
+/* All n bytes at off, or -errno (-EIO for a write that makes no progress, -ENODATA for a read
+ * past the end of a truncated file). */
+int _vs_disk_write(vs_disk_t *d, const void *buf, size_t n, uint64_t off);
+int _vs_disk_read(vs_disk_t *d, void *buf, size_t n, uint64_t off);
+int _vs_disk_sync(vs_disk_t *d);
+int _vs_disk_truncate(vs_disk_t *d, uint64_t len);
+/* "ENOSPC" for ENOSPC. */
+const char *_vs_errno_name(int e);
+
 /* ---- access changes and growths never overlap ----
  * An access change (peer.c) holds this lock while it applies new access to existing mappings; a
  * growth holds it while it records its new mappings, so a change either came before (and the

@@ -140,15 +140,17 @@ typedef struct vs_move_s {
   size_t restored;    /* wake: device memory mapped again */
   size_t dropped;     /* promote: host memory under no live block, given back instead of moved */
   CUresult err;       /* the first failure, why says what it stopped */
+  int errnum;         /* disk mode: the errno of a file that failed (err is then CUDA_ERROR_UNKNOWN) */
   const char *why, *why_skipped;
 } vs_move_t;
 
 /* Sleeps the pool: its idle whole handles are given back, then every mapped segment that does
- * not overlap a skip range leaves the device by mode (VMMSHIM_SLEEP_DISCARD, _HOST, _MAPPED).
- * The pool's context is current and the GPU work that may touch it is done; the pool serves no
- * allocation meanwhile. Lock not held. */
-void _vs_pool_sleep(vs_pool_t *pool, int mode, const CUdeviceptr *skip_va, const size_t *skip_len, int nskip,
-                    vs_move_t *out);
+ * not overlap a skip range leaves the device by mode (VMMSHIM_SLEEP_DISCARD, _HOST, _MAPPED,
+ * _DISK: into a file named for `tag`, all or nothing). The pool's context is current and the GPU
+ * work that may touch it is done; the pool serves no allocation meanwhile. One sleep or wake at a
+ * time (the caller's lock). Lock not held. */
+void _vs_pool_sleep(vs_pool_t *pool, int mode, const char *tag, const CUdeviceptr *skip_va, const size_t *skip_len,
+                    int nskip, vs_move_t *out);
 /* Wakes every asleep segment at its address (zero: discarded bytes come back as zeros). When
  * the device has no room nothing changes: CUDA_ERROR_OUT_OF_MEMORY, the pool still asleep. */
 CUresult _vs_pool_wake(vs_pool_t *pool, bool zero, vs_move_t *out);
@@ -174,6 +176,7 @@ typedef struct vs_sleep_figures_s {
   size_t device;      /* mapped on the device */
   size_t host_copied, host_mapped, discarded; /* asleep, by mode */
   size_t spilled;     /* of host_mapped: growths past the limit, awake */
+  size_t disk;        /* asleep in a file (disk mode) */
 } vs_sleep_figures_t;
 void _vs_pool_sleep_figures(vs_pool_t *pool, vs_sleep_figures_t *f);
 /* The tag of the pool's blocks (the alloc layer's index): set once, before it serves. */

@@ -123,6 +123,7 @@ typedef struct vs_asleep_seg_s {
   vs_host_buf_t *bufs;
   bool spilled;         /* a growth served from host memory past the limit (VMMSHIM_ON_LIMIT=host),
                            mapped mode: not asleep; a wake leaves it, a promote takes it */
+  uint64_t file_off;    /* disk mode: where its bytes are in the pool's file */
 } vs_asleep_seg_t;
 
 typedef struct vs_asleep_s {
@@ -162,6 +163,7 @@ struct vs_pool_s {
   int n_resv;
   vs_segs_t segs; /* the handles mapped, sorted by va (handles.c) */
   vs_asleep_t asleep; /* segments whose memory left the device (asleep.c): not in segs */
+  vs_disk_t *disk;    /* the file of its segments asleep in disk mode (disk.c); only sleeps and wakes */
   int tag;            /* the tag of every block of the pool (a handle never holds two) */
   size_t mapped, used, free_bytes, pending_bytes;
   /* The live blocks allocated on a stream: the bytes they hold (served), the bytes asked for
@@ -366,6 +368,47 @@ vs_copy_mark_t _vs_copier_mark(vs_copier_t *c);
 CUresult _vs_copier_wait(vs_copier_t *c, vs_copy_mark_t *m);
 /* Waits for every copy and destroys the streams; returns the first error. */
 CUresult _vs_copier_close(vs_copier_t *c);
+
+/* Queues a copy of n bytes (at most VS_DISK_PIECE) from the device to pinned host memory, or back. */
+void _vs_copier_to_host(vs_copier_t *c, void *dst, CUdeviceptr src, size_t n);
+void _vs_copier_from_host(vs_copier_t *c, CUdeviceptr dst, const void *src, size_t n);
+
+/* ---- disk.c: disk mode (the files are handle/disk.c's) ---- */
+/* A failed file operation: the answer's error and why (the first failure wins). */
+static inline void disk_note(vs_move_t *out, int neg_errno, const char *why) {
+  if (out->err == CUDA_SUCCESS && neg_errno) {
+    out->err = CUDA_ERROR_UNKNOWN;
+    out->errnum = -neg_errno;
+    out->why = why;
+  }
+}
+/* Writes segs[0 .. n)'s bytes to the pool's file (made for `tag` at its first disk sleep), back
+ * to back from its end, through the staging buffers: offs[i] is where segment i went. True when
+ * every byte is in the file and synced; else the file is as it was before (removed when it was
+ * new) and out says why. Lock not held. */
+bool _vs_disk_out(vs_pool_t *p, const char *tag, const vs_seg_t *segs, int n, uint64_t *offs, vs_move_t *out);
+/* A wake's reads from the pool's file: pieces into the staging buffers, each copied to the
+ * device as the next is read. */
+typedef struct vs_disk_in_s {
+  void *buf[2];
+  struct {
+    bool busy;
+    vs_copy_mark_t mark;
+  } slot[2];
+  unsigned k;
+  bool open;
+} vs_disk_in_t;
+/* Opens the pool's file and takes the staging buffers: 0 or -errno (out says why). */
+int _vs_disk_in_start(vs_pool_t *p, vs_disk_in_t *in, vs_move_t *out);
+/* Queues size bytes from file offset off to the device at va (mapped); 0, or -errno after
+ * every copy queued so far has completed (out says why). */
+int _vs_disk_in_seg(vs_pool_t *p, vs_disk_in_t *in, vs_copier_t *cp, CUdeviceptr va, size_t size, uint64_t off,
+                    vs_move_t *out);
+/* Waits for the copies still reading the staging buffers, gives them back, closes the file. */
+void _vs_disk_in_end(vs_pool_t *p, vs_disk_in_t *in, vs_copier_t *cp);
+/* Removes the pool's file when no segment of it is asleep in disk mode (force: in any case, the
+ * pool is going). Lock not held. */
+void _vs_disk_forget(vs_pool_t *p, bool force);
 
 /* ---- invariants (check.c) ---- */
 /* Every invariant of the pool checked; returns the number of problems found. Lock held. */

@@ -417,7 +417,7 @@ class Analysis:
                 w("")
                 w("sleeps and wakes: %d" % len(self.sleeps))
                 for t, kind, tag, mode, dbytes, hbytes, res, dur in self.sleeps[:20]:
-                    what = ("sleep (%s)" % SLEEP_MODES[mode]) if kind == 0 and 0 <= mode < 3 else "wake"
+                    what = ("sleep (%s)" % SLEEP_MODES[mode]) if kind == 0 and 0 <= mode < len(SLEEP_MODES) else "wake"
                     w("  %10.3f s  %-14s %-12s device %s%s, %.1f ms%s" % (
                         t / 1e9, what, tag, fmt_bytes(dbytes), (", host %s" % fmt_bytes(hbytes)) if hbytes else "",
                         dur / 1e6, (", error %s" % result_name(res)) if res else ""))

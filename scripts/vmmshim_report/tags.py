@@ -14,7 +14,7 @@ of live bytes needs the tags from the start: a second reading of the file (peaks
 import bisect
 import errno
 
-SLEEP_MODES = ["discard", "host", "mapped"]
+SLEEP_MODES = ["discard", "host", "mapped", "disk"]
 EVERY_TAG = (1 << 64) - 1
 OTHERS = "(not put down to a tag)"  # the row of allocations in ranges no sleep or wake touched
 

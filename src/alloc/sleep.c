@@ -40,7 +40,8 @@ static void add_move(vmmshim_sleep_result_t *res, const vs_move_t *mv) {
   res->skipped += mv->skipped;
   if (mv->err != CUDA_SUCCESS) {
     char why[160];
-    snprintf(why, sizeof why, "%s (%s)", mv->why ? mv->why : "failed", _vs_cu_error_name(mv->err));
+    snprintf(why, sizeof why, "%s (%s)", mv->why ? mv->why : "failed",
+             mv->errnum ? _vs_errno_name(mv->errnum) : _vs_cu_error_name(mv->err));
     result_reason(res, "%s", why);
   } else if (mv->skipped && mv->why_skipped) {
     result_reason(res, "%s", mv->why_skipped);
@@ -68,8 +69,10 @@ static int quiet_and_close(vmmshim_sleep_result_t *res) {
 
 typedef struct vs_sleep_job_s {
   int mode;
+  const char *tag; /* its name (disk mode names its files after it) */
   vmmshim_sleep_result_t *res;
   int pools, moved;
+  int errnum; /* disk mode: the first file error */
 } vs_sleep_job_t;
 
 static void sleep_parked(const vs_parked_t *pk, vs_sleep_job_t *job) {
@@ -81,7 +84,9 @@ static void sleep_parked(const vs_parked_t *pk, vs_sleep_job_t *job) {
   size_t len[VS_MAX_HELD];
   int nheld = _vs_ipc_held_ranges(pk->pool, va, len, VS_MAX_HELD);
   vs_move_t mv;
-  _vs_pool_sleep(pk->pool, job->mode, va, len, nheld, &mv);
+  _vs_pool_sleep(pk->pool, job->mode, job->tag, va, len, nheld, &mv);
+  /* Disk mode is all or nothing per pool: any failure is the sleep's error (EIO for a CUDA one). */
+  if (job->mode == VMMSHIM_SLEEP_DISK && mv.err != CUDA_SUCCESS && !job->errnum) job->errnum = mv.errnum ? mv.errnum : EIO;
   _vs_cu.cuCtxPopCurrent(&popped);
   if (mv.released || mv.to_host || mv.discarded) job->moved++;
   job->pools++;
@@ -93,15 +98,17 @@ static int sleep_tags(int tag, int mode, bool by_keep, vmmshim_sleep_result_t *r
   int rc = quiet_and_close(res);
   if (rc) return rc;
   _vs_sync_contexts();
-  vs_sleep_job_t job = {mode, res, 0, 0};
+  vs_sleep_job_t job = {mode, NULL, res, 0, 0, 0};
   static vs_parked_t parked[VS_MAX_PARKED_ALL]; /* under vs_sleep_lock */
   int n_tags = _vs_tag_count();
   for (int t = tag < 0 ? 0 : tag; t < (tag < 0 ? n_tags : tag + 1); t++) {
     if (by_keep) job.mode = _vs_tag_keep(t) ? VMMSHIM_SLEEP_HOST : VMMSHIM_SLEEP_DISCARD;
+    job.tag = _vs_tag_name(t);
     int n = _vs_park_tag(t, parked, VS_MAX_PARKED_ALL);
     for (int i = 0; i < n; i++) sleep_parked(&parked[i], &job);
   }
   _vs_gate_open();
+  if (job.errnum) return -job.errnum; /* a disk write failed: what it was for stays awake, intact */
   if (!job.moved && !res->reason[0]) {
     result_reason(res, "%snothing to move: asleep already, or no memory", "");
     return res->skipped ? 0 : -EALREADY;
@@ -136,7 +143,7 @@ static int wake_tags(int tag, bool zero, vmmshim_sleep_result_t *res) {
       mv.skipped = left;
       add_move(res, &mv);
       if (r == CUDA_SUCCESS && !left) woken++;
-      else if (!rc) rc = r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
+      else if (!rc) rc = mv.errnum ? -mv.errnum : r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
     }
   }
   _vs_gate_open();
@@ -177,7 +184,7 @@ static int finish(int rc, uint64_t t0, vmmshim_sleep_result_t *res, vmmshim_slee
 
 static int sleep_now(const char *tag, int mode, vmmshim_sleep_result_t *res) {
   memset(res, 0, sizeof *res);
-  if (mode < VMMSHIM_SLEEP_DISCARD || mode > VMMSHIM_SLEEP_MAPPED) return -EINVAL;
+  if (mode < VMMSHIM_SLEEP_DISCARD || mode > VMMSHIM_SLEEP_DISK) return -EINVAL;
   if (!_vs_active()) return -ENODEV;
   _vs_tags_init();
   int id = tag_arg(tag);
@@ -311,6 +318,7 @@ static void add_figures(vs_pool_t *pool, void *arg) {
   st->host_copied += f.host_copied;
   st->host_mapped += f.host_mapped;
   st->discarded += f.discarded;
+  st->disk += f.disk;
   sum->spilled += f.spilled;
 }
 
@@ -323,7 +331,7 @@ int _vs_tag_stats(vmmshim_tag_stats_t *out, int max) {
     snprintf(st->name, sizeof st->name, "%s", _vs_tag_name(t));
     vs_tag_sum_t sum = {st, 0};
     if (atomic_load(&_vs_state) == 1) _vs_visit_tag(t, add_figures, &sum);
-    st->asleep = st->host_copied || st->host_mapped > sum.spilled || st->discarded;
+    st->asleep = st->host_copied || st->host_mapped > sum.spilled || st->discarded || st->disk;
     st->keep = _vs_tag_keep(t);
   }
   return n;

@@ -81,4 +81,6 @@ VS_API int vmmshim_host_copy(const void *addr, void **home, size_t *len) {
   return rc;
 }
 
+VS_API int vmmshim_set_disk_dir(const char *dir) { return _vs_disk_set_dir(dir); }
+
 VS_API size_t vmmshim_release_host(size_t keep) { return _vs_active() ? _vs_release_host(keep) : 0; }

@@ -50,7 +50,7 @@
 #define VS_CTL_SEND_MS 5000           /* a reply must be taken within this */
 #define VS_CTL_DEVICES 64
 
-static const char *const vs_mode_names[] = {"discard", "host", "mapped"};
+static const char *const vs_mode_names[] = {"discard", "host", "mapped", "disk"};
 
 static void add_result(vs_jout_t *o, const vmmshim_sleep_result_t *r) {
   _vs_ctl_kv_u64(o, "released", r->released);
@@ -84,10 +84,10 @@ static void do_sleep(const vs_jobject_t *req, vs_jout_t *o) {
   bool all;
   if (!_vs_ctl_arg_target(req, &tag, &all, o) || !_vs_ctl_arg_str(req, "mode", false, &mode_name, o)) return;
   int mode = -1;
-  for (int i = 0; mode_name && i < 3; i++)
+  for (int i = 0; mode_name && i < 4; i++)
     if (!strcmp(mode_name, vs_mode_names[i])) mode = i;
   if (mode_name && mode < 0) {
-    _vs_ctl_error(o, req, EINVAL, "mode '%s': discard, host or mapped", mode_name);
+    _vs_ctl_error(o, req, EINVAL, "mode '%s': discard, host, mapped or disk", mode_name);
     return;
   }
   const vs_jmember_t *lv = _vs_ctl_get(req, "level");
@@ -102,7 +102,7 @@ static void do_sleep(const vs_jobject_t *req, vs_jout_t *o) {
       _vs_ctl_error(o, req, EINVAL, "a level applies to every tag: give 'all': true, not a tag");
       return;
     }
-    if (mode == VMMSHIM_SLEEP_DISCARD || (lv->num != 1 && mode >= 0)) {
+    if (mode == VMMSHIM_SLEEP_DISCARD || mode == VMMSHIM_SLEEP_DISK || (lv->num != 1 && mode >= 0)) {
       _vs_ctl_error(o, req, EINVAL, "level %lld chooses its own modes; only level 1 takes a mode (host or mapped)",
                   lv->num);
       return;
@@ -326,6 +326,7 @@ static void do_status(const vs_jobject_t *req, vs_jout_t *o) {
     _vs_ctl_kv_u64(o, "host_copied", t->host_copied);
     _vs_ctl_kv_u64(o, "host_mapped", t->host_mapped);
     _vs_ctl_kv_u64(o, "discarded", t->discarded);
+    _vs_ctl_kv_u64(o, "disk", t->disk);
     _vs_ctl_kv_bool(o, "asleep", t->asleep);
     _vs_ctl_kv_bool(o, "keep", t->keep);
     _vs_ctl_out(o, "}");

@@ -135,7 +135,7 @@ CUresult _vs_pool_grow_host(vs_pool_t *p, int heap_id, size_t size, size_t align
   size_t len = 0;
   vs_block_t *b = _vs_pool_claim_space(p, heap_id, size, align, p->caps.min_granularity, &len);
   if (!b) return CUDA_ERROR_OUT_OF_MEMORY;
-  vs_asleep_seg_t a = {b->addr, len, VMMSHIM_SLEEP_MAPPED, 0, NULL, true};
+  vs_asleep_seg_t a = {b->addr, len, VMMSHIM_SLEEP_MAPPED, 0, NULL, true, 0};
   CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
   bool admitted = _vs_group_spill_admit(dev, len), mapped = false;
   unsigned gen = p->access ? atomic_load(&p->access->gen) : 0;
@@ -288,6 +288,7 @@ void _vs_pool_sleep_figures(vs_pool_t *p, vs_sleep_figures_t *f) {
     const vs_asleep_seg_t *s = &p->asleep.v[i];
     if (s->mode == VMMSHIM_SLEEP_DISCARD) f->discarded += s->size;
     else if (s->mode == VMMSHIM_SLEEP_HOST) f->host_copied += s->size;
+    else if (s->mode == VMMSHIM_SLEEP_DISK) f->disk += s->size;
     else f->host_mapped += s->size;
     if (s->spilled) f->spilled += s->size;
   }
@@ -302,6 +303,7 @@ void _vs_pool_forget_asleep(vs_pool_t *p) {
     for (int b = 0; b < s->nbufs; b++) _vs_host_drop(&p->caps, &s->bufs[b], true);
     free(s->bufs);
   }
+  _vs_disk_forget(p, true);
   free(p->asleep.v);
   p->asleep = (vs_asleep_t){0};
 }

@@ -3,7 +3,8 @@
  * Two streams of the shim's own in the current context, a copy engine each: copies go in
  * pieces of at most 256 MiB, alternating streams. A mark is a point in both streams (an event on
  * each), so that a sleep can wait for one segment's copies alone and change its mappings while
- * later segments still copy. Without streams or events the copies run on the default stream and
+ * later segments still copy. Disk mode copies through pinned staging buffers (disk.c). Without
+ * streams or events the copies run on the default stream and
  * a wait covers them all. Every call here is a driver call: the pool lock is not held. */
 #include "vmmshim/pool_internal.h"
 
@@ -20,6 +21,20 @@ void _vs_copier_copy(vs_copier_t *c, CUdeviceptr dst, CUdeviceptr src, size_t n)
     CUstream s = c->n ? c->s[c->next++ % c->n] : NULL;
     c->err = _vs_cu.cuMemcpyDtoDAsync ? _vs_cu.cuMemcpyDtoDAsync(dst + off, src + off, len, s) : CUDA_ERROR_NOT_SUPPORTED;
   }
+}
+
+/* Disk mode's pieces (disk.c): one copy between the device and a pinned staging buffer, on the
+ * next stream. */
+void _vs_copier_to_host(vs_copier_t *c, void *dst, CUdeviceptr src, size_t n) {
+  CUstream s = c->n ? c->s[c->next++ % c->n] : NULL;
+  if (c->err == CUDA_SUCCESS)
+    c->err = _vs_cu.cuMemcpyDtoHAsync ? _vs_cu.cuMemcpyDtoHAsync(dst, src, n, s) : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+void _vs_copier_from_host(vs_copier_t *c, CUdeviceptr dst, const void *src, size_t n) {
+  CUstream s = c->n ? c->s[c->next++ % c->n] : NULL;
+  if (c->err == CUDA_SUCCESS)
+    c->err = _vs_cu.cuMemcpyHtoDAsync ? _vs_cu.cuMemcpyHtoDAsync(dst, src, n, s) : CUDA_ERROR_NOT_SUPPORTED;
 }
 
 void _vs_copier_zero(vs_copier_t *c, CUdeviceptr dst, size_t n) {

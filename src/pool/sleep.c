@@ -6,7 +6,9 @@
  *   host     the bytes are copied into host buffers (host.c), then the device handle goes;
  *   mapped   as host, but the bytes are copied from a second mapping of the device handles
  *            (an alias) while the host buffers take the segments' own addresses (they stay at
- *            home as well), so the program keeps running on that memory, over the link.
+ *            home as well), so the program keeps running on that memory, over the link;
+ *   disk     the bytes are written to a file (disk.c), all of them before any device handle
+ *            goes: when one write fails, every segment stays on the device.
  * The blocks do not move: live blocks stay live at their addresses, free ones stay free (the
  * pool is taken off allocation while it sleeps, alloc.c). Idle whole handles are given back
  * first, as a trim does; segments the caller names (exported blocks that importers still map)
@@ -267,7 +269,7 @@ static void queue_segments(vs_pool_t *p, int mode, vs_copier_t *cp, vs_copy_mark
                            CUdeviceptr alias, vs_sleep_t *s, vs_move_t *out) {
   size_t from = 0; /* segs[i]'s offset in the alias */
   for (int i = 0; i < s->nm; from += s->segs[i++].size) {
-    vs_asleep_seg_t a = {s->segs[i].va, s->segs[i].size, mode, 0, NULL, false};
+    vs_asleep_seg_t a = {s->segs[i].va, s->segs[i].size, mode, 0, NULL, false, 0};
     if (cp) {
       CUresult r = CUDA_SUCCESS;
       a.nbufs = _vs_asleep_take_bufs(&p->caps, a.size, &a.bufs, &r);
@@ -300,13 +302,44 @@ static void alias_close(vs_pool_t *p, CUdeviceptr alias, size_t len, const vs_al
   _vs_vmm_address_free(&p->caps, alias, len);
 }
 
-void _vs_pool_sleep(vs_pool_t *p, int mode, const CUdeviceptr *skip_va, const size_t *skip_len, int nskip,
-                    vs_move_t *out) {
+/* Disk mode: every leaving segment's bytes go to the pool's file first; then, and only if all
+ * of them are there, the device handles go. */
+static void sleep_to_disk(vs_pool_t *p, const char *tag, vs_sleep_t *s, vs_move_t *out) {
+  uint64_t *offs = s->nm ? calloc((size_t)s->nm, sizeof *offs) : NULL;
+  if (s->nm && !offs) move_note(out, CUDA_ERROR_OUT_OF_MEMORY, "no host memory for the shim's records");
+  bool written = offs && _vs_disk_out(p, tag, s->segs, s->nm, offs, out);
+  for (int i = 0; i < s->nm; i++) {
+    const vs_seg_t *sg = &s->segs[i];
+    CUresult r = written ? _vs_vmm_unmap(&p->caps, sg->va, sg->size) : CUDA_ERROR_UNKNOWN;
+    if (r != CUDA_SUCCESS) {
+      if (written) move_note(out, r, "cuMemUnmap failed"); /* still mapped: it stays, as it was */
+      s->stay[s->ns++] = *sg;
+      out->skipped += sg->size;
+      continue;
+    }
+    handle_gone(p, sg, out);
+    vs_asleep_seg_t a = {sg->va, sg->size, VMMSHIM_SLEEP_DISK, 0, NULL, false, offs[i]};
+    count_moved(&a, out);
+    s->moved[s->live++] = a;
+  }
+  if (out->skipped && out->why) out->why_skipped = out->why;
+  free(offs);
+}
+
+void _vs_pool_sleep(vs_pool_t *p, int mode, const char *tag, const CUdeviceptr *skip_va, const size_t *skip_len,
+                    int nskip, vs_move_t *out) {
   *out = (vs_move_t){0};
   /* Whole idle handles go back as a trim gives them: nothing of theirs needs keeping. */
   out->released += _vs_pool_trim(p, 0);
   vs_sleep_t s = {0};
   if (!take_segments(p, skip_va, skip_len, nskip, &s, out)) return;
+  if (mode == VMMSHIM_SLEEP_DISK) {
+    sleep_to_disk(p, tag, &s, out);
+    settle(p, s.moved, s.live, s.stay, s.ns);
+    _vs_disk_forget(p, false); /* nothing of it asleep (every unmap failed): the file goes */
+    free(s.segs), free(s.moved), free(s.stay);
+    return;
+  }
   /* Mapped mode reads the bytes from an alias of the segments when it can have one. */
   vs_copier_t cp;
   bool copying = mode != VMMSHIM_SLEEP_DISCARD;

@@ -5,7 +5,8 @@
  * and the pool stays asleep with its bytes. Then each handle is mapped at its run's address with
  * the access the pool's owner and peers have now, and the bytes come back per mode (discard:
  * zeros when asked, else undefined); a run whose mapping or copies fail stays asleep with its
- * bytes. A promote is the same walk over the growths past the limit served from host memory
+ * bytes; disk-mode runs read their bytes from the pool's file (disk.c), and a read that fails
+ * leaves its run asleep with the file. A promote is the same walk over the growths past the limit served from host memory
  * (asleep.c): it takes those that fit and leaves the others on the host.
  *
  * The caller has made the pool's context current and waited for the GPU work that may touch the
@@ -180,15 +181,37 @@ static CUresult no_records(vs_wake_t *w, vs_copier_t *cp) {
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* A disk-mode run: its device handle is mapped at its address and its bytes read from the file
+ * (the file opened at the first such run). A read that fails unmaps it again (once no copy
+ * writes there): it stays asleep with its file. */
+static CUresult disk_run(vs_wake_t *w, vs_copier_t *cp, vs_disk_in_t *in, size_t k) {
+  vs_pool_t *p = w->p;
+  vs_run_t u = w->run[k];
+  vs_asleep_seg_t *s = &w->a[u.first];
+  if (!in->open && _vs_disk_in_start(p, in, w->out) != 0) return CUDA_ERROR_UNKNOWN;
+  CUresult m = _vs_asleep_map_device(p, s->va, u.size, w->h[k]);
+  if (m != CUDA_SUCCESS) return m;
+  for (size_t j = 0; j < u.count; j++)
+    if (_vs_disk_in_seg(p, in, cp, s[j].va, s[j].size, s[j].file_off, w->out) != 0) {
+      _vs_vmm_unmap(&p->caps, s->va, u.size);
+      return CUDA_ERROR_UNKNOWN;
+    }
+  return CUDA_SUCCESS;
+}
+
 /* Every run: its device handle is mapped at its address and its segments' bytes queued back,
  * from the host buffers' home mappings (a mapped segment's buffers leave its address first:
  * nothing runs on it now, the caller waited for the GPU and holds launches). A run that cannot
  * be mapped serves from its host buffers again. w->st[k]: whether run k was mapped. */
-static void map_runs(vs_wake_t *w, vs_copier_t *cp) {
+static void map_runs(vs_wake_t *w, vs_copier_t *cp, vs_disk_in_t *in) {
   vs_pool_t *p = w->p;
   for (size_t k = 0; k < w->ng && w->st; k++) {
     vs_run_t u = w->run[k];
     vs_asleep_seg_t *s = &w->a[u.first];
+    if (s->mode == VMMSHIM_SLEEP_DISK) {
+      w->st[k] = disk_run(w, cp, in, k);
+      continue;
+    }
     for (size_t j = 0; j < u.count; j++)
       if (s[j].mode == VMMSHIM_SLEEP_MAPPED) _vs_asleep_unmap_bufs(p, &s[j], s[j].nbufs);
     CUresult m = _vs_asleep_map_device(p, s->va, u.size, w->h[k]);
@@ -292,7 +315,9 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
   w.still = malloc(w.n * sizeof *w.still);
   if (!w.woke || !w.still) return no_records(&w, &cp);
   w.st = calloc(w.ng, sizeof *w.st);
-  map_runs(&w, &cp); /* one wait for all copies */
+  vs_disk_in_t in = {0};
+  map_runs(&w, &cp, &in); /* one wait for all copies */
+  _vs_disk_in_end(p, &in, &cp);
   CUresult c = _vs_copier_close(&cp);
   move_note(out, c, "copying back to the device failed");
   if (c != CUDA_SUCCESS) unmap_uncopied(&w, c);
@@ -300,6 +325,7 @@ static CUresult wake_segments(vs_pool_t *p, bool zero, bool spilled, vs_move_t *
   free(w.st);
   record_woken(&w);
   wake_free(&w);
+  _vs_disk_forget(p, false); /* every disk segment woke: its file goes */
   return out->err;
 }
 

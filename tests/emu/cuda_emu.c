@@ -1763,6 +1763,80 @@ static CUresult e_cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, si
   LOCKED();
   return enqueue_copy(h, 1, K_COPY, dst, src, n, 0);
 }
+/* Pinned host memory (cuMemHostAlloc): page-aligned host memory that every device reaches at
+ * the same address (unified addressing), for the host side of cuMemcpyDtoHAsync and
+ * cuMemcpyHtoDAsync, which take nothing else here (a pageable buffer is a violation: the real
+ * driver would not overlap the copy). */
+typedef struct pinned_s {
+  uintptr_t base;
+  size_t size;
+  struct pinned_s *next;
+} pinned_t;
+static pinned_t *g_pinned;
+
+static pinned_t *find_pinned(uintptr_t p, size_t n) {
+  for (pinned_t *h = g_pinned; h; h = h->next)
+    if (p >= h->base && p - h->base < h->size && n <= h->size - (p - h->base)) return h;
+  return NULL;
+}
+
+static CUresult e_cuMemHostAlloc(void **pp, size_t n, unsigned int flags) {
+  ENTER(cuMemHostAlloc);
+  NEED_INIT();
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!pp || !n || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
+  pinned_t *h = calloc(1, sizeof *h);
+  void *mem = NULL;
+  if (!h || posix_memalign(&mem, 4096, n) != 0) {
+    free(h);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *h = (pinned_t){(uintptr_t)mem, n, g_pinned};
+  g_pinned = h;
+  *pp = mem;
+  return CUDA_SUCCESS;
+}
+
+static CUresult e_cuMemFreeHost(void *p) {
+  ENTER(cuMemFreeHost);
+  NEED_INIT();
+  LOCKED();
+  for (pinned_t **pp = &g_pinned; *pp; pp = &(*pp)->next)
+    if ((*pp)->base == (uintptr_t)p) {
+      pinned_t *h = *pp;
+      *pp = h->next;
+      free((void *)h->base);
+      free(h);
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult host_side(const void *p, size_t n, const char *fn) {
+  if (find_pinned((uintptr_t)p, n)) return CUDA_SUCCESS;
+  violation("%s: host range %p (%zu bytes) is not in pinned memory (cuMemHostAlloc)", fn, p, n);
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult e_cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream h) {
+  ENTER(cuMemcpyDtoHAsync);
+  NEED_INIT();
+  LOCKED();
+  CUresult r = host_side(dst, n, "cuMemcpyDtoHAsync");
+  return r ? r : enqueue_copy(h, 0, K_COPY, (CUdeviceptr)(uintptr_t)dst, src, n, 0);
+}
+
+static CUresult e_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream h) {
+  ENTER(cuMemcpyHtoDAsync);
+  NEED_INIT();
+  LOCKED();
+  CUresult r = host_side(src, n, "cuMemcpyHtoDAsync");
+  return r ? r : enqueue_copy(h, 0, K_COPY, dst, (CUdeviceptr)(uintptr_t)src, n, 0);
+}
+
 static CUresult e_cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n) {
   ENTER(cuMemsetD8);
   NEED_INIT();
@@ -3028,6 +3102,10 @@ static const sym_t g_syms[] = {
     SYM("cuThreadExchangeStreamCaptureMode", 10010, e_cuThreadExchangeStreamCaptureMode),
     SYM("cuGraphDestroy", 10000, e_cuGraphDestroy),
     SYM("cuMemcpyDtoD", 3020, e_cuMemcpyDtoD_v2),
+    SYM("cuMemHostAlloc", 2020, e_cuMemHostAlloc),
+    SYM("cuMemFreeHost", 2000, e_cuMemFreeHost),
+    SYM("cuMemcpyDtoHAsync", 3020, e_cuMemcpyDtoHAsync_v2),
+    SYM("cuMemcpyHtoDAsync", 3020, e_cuMemcpyHtoDAsync_v2),
     SYMP("cuMemcpyDtoDAsync", 3020, e_cuMemcpyDtoDAsync_v2, e_cuMemcpyDtoDAsync_v2_ptsz),
     SYMP("cuMemsetD8", 3020, e_cuMemsetD8_v2, e_cuMemsetD8_v2_ptds),
     SYMP("cuMemsetD8Async", 3020, e_cuMemsetD8Async, e_cuMemsetD8Async_ptsz),
@@ -3100,6 +3178,10 @@ static CUresult e_cuGetProcAddress_v1(const char *symbol, void **pfn, int versio
 
 EXPORT(cuInit, e_cuInit)
 EXPORT(cuMemcpyDtoD_v2, e_cuMemcpyDtoD_v2)
+EXPORT(cuMemHostAlloc, e_cuMemHostAlloc)
+EXPORT(cuMemFreeHost, e_cuMemFreeHost)
+EXPORT(cuMemcpyDtoHAsync_v2, e_cuMemcpyDtoHAsync_v2)
+EXPORT(cuMemcpyHtoDAsync_v2, e_cuMemcpyHtoDAsync_v2)
 EXPORT(cuMemcpyDtoDAsync_v2, e_cuMemcpyDtoDAsync_v2)
 EXPORT(cuMemcpyDtoDAsync_v2_ptsz, e_cuMemcpyDtoDAsync_v2_ptsz)
 EXPORT(cuMemsetD8_v2, e_cuMemsetD8_v2)
@@ -3540,6 +3622,7 @@ API int emu_device_access(int dev, CUdeviceptr ptr, size_t n, int write) {
     return -1;
   }
   if (n == 0) return 0;
+  if (find_pinned((uintptr_t)ptr, n)) return 0; /* pinned host memory: every device reaches it */
   unsigned long long need = write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
   if (ptr + n < ptr) return device_fault(dev, ptr, n, write, "the range wraps around");
   plain_t *a = find_plain_in(ptr);

@@ -40,9 +40,9 @@ __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag",
 TAG_MAX = 32
 UNTAGGED = "untagged"  # the tag of memory allocated with no tag set
 MAX_TAGS = 16
-MODES = {"discard": 0, "host": 1, "mapped": 2}
+MODES = {"discard": 0, "host": 1, "mapped": 2, "disk": 3}
 __version__ = "0.1.0"  # a copy of VMMSHIM_VERSION of include/vmmshim.h (test_docs_code.py checks)
-API_VERSION = 2  # the library's VMMSHIM_API_VERSION this module was written for (at least)
+API_VERSION = 5  # the library's VMMSHIM_API_VERSION this module was written for (at least)
 
 
 # What NotPreloaded says when the library is not in the process: one line, how to get it there.
@@ -74,7 +74,7 @@ class _SleepResult(ctypes.Structure):
 class _TagStats(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * TAG_MAX), ("live", ctypes.c_uint64), ("device", ctypes.c_uint64),
                 ("host_copied", ctypes.c_uint64), ("host_mapped", ctypes.c_uint64), ("discarded", ctypes.c_uint64),
-                ("asleep", ctypes.c_int), ("keep", ctypes.c_int)]
+                ("asleep", ctypes.c_int), ("keep", ctypes.c_int), ("disk", ctypes.c_uint64)]
 
 
 class _Stats(ctypes.Structure):
@@ -249,11 +249,11 @@ def _moved(what, call, *args):
 
 def sleep(tag=None, mode="host"):
     """Sleeps tag (None: every tag, "untagged" included: the whole process) in mode "discard",
-    "host" or "mapped" (docs/sleep.md). Returns a SleepResult; raises Error when the shim refused
+    "host", "mapped" or "disk" (docs/sleep.md). Returns a SleepResult; raises Error when the shim refused
     (EBUSY: a stream capture in progress, ENOENT: no such tag, ...). Nothing to do (asleep
     already) is not an error: result.error is -EALREADY."""
     if mode not in MODES:
-        raise ValueError("vmmshim: mode '%s': discard, host or mapped" % mode)
+        raise ValueError("vmmshim: mode '%s': discard, host, mapped or disk" % mode)
     return _moved("sleep %s" % (tag or "(every tag)"), _shim().vmmshim_sleep, _name(tag), MODES[mode])
 
 
@@ -278,7 +278,7 @@ def sleep_level(level, mapped=False):
 # ---------------------------------------------------------------- figures
 
 def tag_stats():
-    """{tag: {"live", "device", "host_copied", "host_mapped", "discarded" (bytes), "asleep",
+    """{tag: {"live", "device", "host_copied", "host_mapped", "discarded", "disk" (bytes), "asleep",
     "keep"}} for every tag of the process."""
     arr = (_TagStats * MAX_TAGS)()
     n = _check(_shim().vmmshim_tag_stats(arr, MAX_TAGS, ctypes.sizeof(_TagStats)), "tag_stats")
@@ -286,7 +286,7 @@ def tag_stats():
     for t in arr[:min(n, MAX_TAGS)]:
         out[t.name.decode()] = {"live": t.live, "device": t.device, "host_copied": t.host_copied,
                                 "host_mapped": t.host_mapped, "discarded": t.discarded, "asleep": bool(t.asleep),
-                                "keep": bool(t.keep)}
+                                "keep": bool(t.keep), "disk": t.disk}
     return out
 
 

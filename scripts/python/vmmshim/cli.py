@@ -13,7 +13,7 @@ USAGE = """\
 Usage: vmmshim ctl list [--json] [--pid PID[,PID...]]
        vmmshim ctl PID status [--json]
        vmmshim ctl PID tag NAME
-       vmmshim ctl PID sleep TAG|--all [--mode discard|host|mapped] [--level N]
+       vmmshim ctl PID sleep TAG|--all [--mode discard|host|mapped|disk] [--level N]
        vmmshim ctl PID wake TAG|--all [--zero]
        vmmshim ctl PID trim
        vmmshim ctl PID limit SIZE
@@ -278,8 +278,8 @@ def _verb(pid, verb, rest, as_json, timeout):
         mode = _take(rest, "--mode", True) if verb == "sleep" else None
         level = _take(rest, "--level", True) if verb == "sleep" else None
         zero = bool(_take(rest, "--zero", False)) if verb == "wake" else False
-        if mode is not None and mode not in ("discard", "host", "mapped"):
-            raise Usage("--mode: discard, host or mapped (got '%s')" % mode)
+        if mode is not None and mode not in ("discard", "host", "mapped", "disk"):
+            raise Usage("--mode: discard, host, mapped or disk (got '%s')" % mode)
         if level is not None:
             if level not in ("0", "1", "2"):
                 raise Usage("--level: 0, 1 or 2 (got '%s')" % level)

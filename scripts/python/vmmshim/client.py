@@ -360,7 +360,7 @@ class Control:
         return self.call("tag", tag=name)
 
     def sleep(self, tag=None, mode=None, level=None):
-        """Sleeps tag (None: every tag) in mode "discard", "host" (the default) or "mapped"; or the
+        """Sleeps tag (None: every tag) in mode "discard", "host" (the default), "mapped" or "disk"; or the
         whole process at level 0, 1 or 2 (tag None)."""
         target = {"tag": tag} if tag is not None else {"all": True}
         return self.call("sleep", self.move_timeout, ("EALREADY",), mode=mode, level=level, **target)

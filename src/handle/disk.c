@@ -1,0 +1,198 @@
+/* disk.c: the files that sleeping tags keep their bytes in (disk mode).
+ *
+ * One file per pool that sleeps in disk mode (a tag on one device, docs/sleep.md), in the
+ * directory VMMSHIM_DISK_DIR (else $TMPDIR, else /tmp; vmmshim_set_disk_dir changes it at run
+ * time). Its name holds the user id, the process id and the process's start time (so a file
+ * left by a dead process is never taken for a live one's, and two processes never share one),
+ * the tag and a counter; it is created with O_EXCL and mode 0600. Writes and reads go through
+ * the pinned staging buffers of host.c, with O_DIRECT when the filesystem takes it (the buffers
+ * are page-aligned, the pieces whole pages), else buffered, which the log says once.
+ *
+ * Every file this process made and still has is removed at exit; a file of another process is
+ * never touched. Not on the hot path: only sleeps and wakes come here. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "vmmshim/handles.h"
+
+#define VS_DISK_MAX_FILES 256
+
+static pthread_mutex_t vs_disk_mu = PTHREAD_MUTEX_INITIALIZER;
+static char vs_disk_dir[VS_DISK_PATH]; /* set at run time; "" = the option's or the default */
+static char vs_disk_live[VS_DISK_MAX_FILES][VS_DISK_PATH]; /* files made and not yet removed */
+static unsigned vs_disk_seq;
+static bool vs_disk_said_buffered, vs_disk_atexit;
+
+const char *_vs_errno_name(int e) {
+  const char *n = e ? strerrorname_np(e) : NULL;
+  return n ? n : "EIO";
+}
+
+/* The directory in use, into buf. */
+static void dir_now(char *buf, size_t n) {
+  pthread_mutex_lock(&vs_disk_mu);
+  const char *d = vs_disk_dir[0] ? vs_disk_dir : _vs_option_string(VS_OPT_DISK_DIR);
+  if (!d || !*d) d = getenv("TMPDIR");
+  if (!d || !*d) d = "/tmp";
+  snprintf(buf, n, "%s", d);
+  pthread_mutex_unlock(&vs_disk_mu);
+}
+
+int _vs_disk_set_dir(const char *dir) {
+  if (!dir || !*dir || strlen(dir) >= VS_DISK_PATH - 64) return -EINVAL;
+  struct stat st;
+  if (stat(dir, &st) != 0) return -errno;
+  if (!S_ISDIR(st.st_mode)) return -ENOTDIR;
+  if (access(dir, W_OK | X_OK) != 0) return -errno;
+  pthread_mutex_lock(&vs_disk_mu);
+  snprintf(vs_disk_dir, sizeof vs_disk_dir, "%s", dir);
+  pthread_mutex_unlock(&vs_disk_mu);
+  return 0;
+}
+
+void _vs_disk_dir(char *buf, size_t n) { dir_now(buf, n); }
+
+/* The process's start time in clock ticks since boot (/proc/self/stat, field 22), 0 when unknown:
+ * a pid reused after a crash gets another start time, so its names differ. */
+static unsigned long long start_time(void) {
+  static unsigned long long t;
+  if (t) return t;
+  FILE *f = fopen("/proc/self/stat", "re");
+  char line[1024];
+  if (f && fgets(line, sizeof line, f)) {
+    const char *p = strrchr(line, ')'); /* the command name may hold spaces */
+    for (int field = 2; p && field < 22; field++) p = strchr(p + 1, ' ');
+    if (p) t = strtoull(p + 1, NULL, 10);
+  }
+  if (f) fclose(f);
+  return t;
+}
+
+static void remove_all(void) {
+  pthread_mutex_lock(&vs_disk_mu);
+  for (int i = 0; i < VS_DISK_MAX_FILES; i++)
+    if (vs_disk_live[i][0]) {
+      unlink(vs_disk_live[i]);
+      vs_disk_live[i][0] = 0;
+    }
+  pthread_mutex_unlock(&vs_disk_mu);
+}
+
+/* Records a file made, for removal at exit; false when the table is full (no file then). */
+static bool note_live(const char *path) {
+  pthread_mutex_lock(&vs_disk_mu);
+  if (!vs_disk_atexit) vs_disk_atexit = atexit(remove_all) == 0;
+  int slot = -1;
+  for (int i = 0; i < VS_DISK_MAX_FILES && slot < 0; i++)
+    if (!vs_disk_live[i][0]) slot = i;
+  if (slot >= 0) snprintf(vs_disk_live[slot], VS_DISK_PATH, "%s", path);
+  pthread_mutex_unlock(&vs_disk_mu);
+  return slot >= 0;
+}
+
+static int open_file(const char *path, int flags, bool *direct) {
+  int fd = open(path, flags | O_DIRECT | O_CLOEXEC, 0600);
+  *direct = fd >= 0;
+  if (fd < 0 && errno == EINVAL) { /* the filesystem refuses O_DIRECT (tmpfs) */
+    fd = open(path, flags | O_CLOEXEC, 0600);
+    if (fd >= 0 && !vs_disk_said_buffered) {
+      vs_disk_said_buffered = true;
+      _vs_info("disk sleep: %s refuses O_DIRECT; its files are written and read through the page cache", path);
+    }
+  }
+  return fd < 0 ? -errno : fd;
+}
+
+int _vs_disk_create(vs_disk_t *d, const char *tag, int dev) {
+  char dir[VS_DISK_PATH];
+  dir_now(dir, sizeof dir);
+  for (int tries = 0; tries < 16; tries++) {
+    pthread_mutex_lock(&vs_disk_mu);
+    unsigned seq = ++vs_disk_seq;
+    pthread_mutex_unlock(&vs_disk_mu);
+    int n = snprintf(d->path, sizeof d->path, "%s/vmmshim-u%u-p%d-s%llu-%s-d%d-%u.sleep", dir, (unsigned)getuid(),
+                     (int)getpid(), start_time(), tag ? tag : "untagged", dev, seq);
+    if (n < 0 || (size_t)n >= sizeof d->path) return -ENAMETOOLONG;
+    int fd = open_file(d->path, O_RDWR | O_CREAT | O_EXCL, &d->direct);
+    if (fd == -EEXIST) continue;
+    if (fd < 0) return fd;
+    if (!note_live(d->path)) {
+      close(fd);
+      unlink(d->path);
+      return -EMFILE;
+    }
+    d->fd = fd;
+    d->len = 0;
+    return 0;
+  }
+  return -EEXIST;
+}
+
+int _vs_disk_open(vs_disk_t *d) {
+  int fd = open_file(d->path, O_RDWR, &d->direct);
+  if (fd < 0) return fd;
+  d->fd = fd;
+  return 0;
+}
+
+void _vs_disk_close(vs_disk_t *d) {
+  if (d->fd >= 0) close(d->fd);
+  d->fd = -1;
+}
+
+void _vs_disk_remove(vs_disk_t *d) {
+  _vs_disk_close(d);
+  unlink(d->path);
+  pthread_mutex_lock(&vs_disk_mu);
+  for (int i = 0; i < VS_DISK_MAX_FILES; i++)
+    if (!strcmp(vs_disk_live[i], d->path)) vs_disk_live[i][0] = 0;
+  pthread_mutex_unlock(&vs_disk_mu);
+  d->path[0] = 0;
+  d->len = 0;
+}
+
+/* O_DIRECT needs page-aligned buffers, offsets and lengths: anything else is done buffered. */
+static void fit_direct(vs_disk_t *d, const void *buf, size_t n, uint64_t off) {
+  if (!d->direct || (((uintptr_t)buf | n | off) & 4095) == 0) return;
+  int fl = fcntl(d->fd, F_GETFL);
+  if (fl >= 0) fcntl(d->fd, F_SETFL, fl & ~O_DIRECT);
+  d->direct = false;
+}
+
+int _vs_disk_write(vs_disk_t *d, const void *buf, size_t n, uint64_t off) {
+  fit_direct(d, buf, n, off);
+  for (size_t done = 0; done < n;) {
+    ssize_t w = pwrite(d->fd, (const char *)buf + done, n - done, (off_t)(off + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return -errno;
+    if (w == 0) return -EIO; /* a short write that makes no progress */
+    done += (size_t)w;
+  }
+  if (off + n > d->len) d->len = off + n;
+  return 0;
+}
+
+int _vs_disk_read(vs_disk_t *d, void *buf, size_t n, uint64_t off) {
+  fit_direct(d, buf, n, off);
+  for (size_t done = 0; done < n;) {
+    ssize_t r = pread(d->fd, (char *)buf + done, n - done, (off_t)(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -errno;
+    if (r == 0) return -ENODATA; /* the file is shorter than what was written: truncated */
+    done += (size_t)r;
+  }
+  return 0;
+}
+
+int _vs_disk_sync(vs_disk_t *d) { return fdatasync(d->fd) == 0 ? 0 : -errno; }
+
+int _vs_disk_truncate(vs_disk_t *d, uint64_t len) {
+  d->len = len;
+  return ftruncate(d->fd, (off_t)len) == 0 ? 0 : -errno;
+}

@@ -1,0 +1,312 @@
+/* test_shim_disk: disk-mode sleep (VMMSHIM_SLEEP_DISK) on the emulation, one process per
+ * scenario, each with a directory of its own (VMMSHIM_DISK_DIR) that the parent makes and checks.
+ *
+ *   roundtrip  a tag of blocks whose sizes are no multiples of 4096, one larger than a staging
+ *              buffer (several pieces), sleeps to disk: device memory given back, one file of the
+ *              tag's bytes, mode 0600, named for uid, pid and tag; untagged memory untouched;
+ *              the wake brings every byte back and removes the file; a second sleep left asleep
+ *              at exit: the parent finds the directory empty after the child ended.
+ *   pair       two processes sleep the same tag into the same directory at once: two files,
+ *              each process gets its own bytes back.
+ *   writefail  a write that fails (ENOSPC, then a write that makes no progress: EIO) leaves the
+ *              tag awake with every byte, no file, the error and its errno name in the answer;
+ *              staging memory that cannot be pinned (the first sleep pins it) does the same,
+ *              with the CUDA error; then a sleep works.
+ *   readfail   the file truncated while asleep: the wake fails (ENODATA), the tag stays asleep
+ *              with its file; restored, the wake brings every byte back. The file removed:
+ *              ENOENT, still asleep; put back, the wake works.
+ *   dir        vmmshim_set_disk_dir refuses a missing path, a file and an unwritable directory
+ *              (when not root), and takes a writable directory: the next sleep's file is there.
+ *
+ * Write failures are injected by this program's own pwrite (exported with -rdynamic, so the
+ * shim's calls reach it), which passes through unless a scenario arms it. */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "cudart_emu.h"
+#include "emu.h"
+#include "vmmshim.h"
+#define CHECK_SHIM_HELPERS
+#include "check.h"
+
+#define MiB (1ull << 20)
+
+#pragma weak vmmshim_sleep
+#pragma weak vmmshim_wake
+#pragma weak vmmshim_set_tag
+#pragma weak vmmshim_tag_stats
+#pragma weak vmmshim_api_version
+#pragma weak vmmshim_set_disk_dir
+
+/* ---- the injection point: 0 pass through; 1 ENOSPC from the second call on; 2 no progress ---- */
+static int g_fail_write, g_writes;
+
+ssize_t pwrite(int fd, const void *buf, size_t n, off_t off) {
+  g_writes++;
+  if (g_fail_write == 1 && g_writes > 1) {
+    errno = ENOSPC;
+    return -1;
+  }
+  if (g_fail_write == 2) return 0;
+  return syscall(SYS_pwrite64, fd, buf, n, off);
+}
+
+static vmmshim_sleep_result_t g_res;
+static char g_dir[256];
+
+static int do_sleep(const char *tag) {
+  memset(&g_res, 0, sizeof g_res);
+  return vmmshim_sleep(tag, VMMSHIM_SLEEP_DISK, &g_res, sizeof g_res);
+}
+static int do_wake(const char *tag) {
+  memset(&g_res, 0, sizeof g_res);
+  return vmmshim_wake(tag, 0, &g_res, sizeof g_res);
+}
+
+static vmmshim_tag_stats_t tag_stats(const char *name) {
+  vmmshim_tag_stats_t all[VMMSHIM_MAX_TAGS], none;
+  memset(&none, 0, sizeof none);
+  int n = vmmshim_tag_stats(all, VMMSHIM_MAX_TAGS, sizeof all[0]);
+  for (int i = 0; i < n && i < VMMSHIM_MAX_TAGS; i++)
+    if (!strcmp(all[i].name, name)) return all[i];
+  return none;
+}
+
+/* The sleep files in dir: their count, the first one's path in path (may be NULL). */
+static int files_in(const char *dir, char *path, size_t n) {
+  DIR *d = opendir(dir);
+  int count = 0;
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (strncmp(e->d_name, "vmmshim-", 8) != 0) continue;
+    if (!count++ && path) snprintf(path, n, "%s/%s", dir, e->d_name);
+  }
+  closedir(d);
+  return count;
+}
+
+static int mapped_as(const void *p) { return emu_host_mapped((CUdeviceptr)(uintptr_t)p); }
+
+enum { NB = 3 };
+static const size_t g_sizes[NB] = {3 * MiB + 123, 5 * MiB + 7, 40 * MiB + 1}; /* the last: two pieces */
+static void *g_blk[NB];
+
+static void make_tag(const char *tag, unsigned long long seed) {
+  CHECK(vmmshim_set_tag(tag) == 0, "set tag %s", tag);
+  for (int i = 0; i < NB; i++) {
+    g_blk[i] = must_malloc(g_sizes[i]);
+    if (g_blk[i]) pat_fill(g_blk[i], g_sizes[i], seed + (unsigned)i);
+  }
+  vmmshim_set_tag(NULL);
+}
+
+static bool tag_intact(unsigned long long seed) {
+  for (int i = 0; i < NB; i++)
+    if (!g_blk[i] || mapped_as(g_blk[i]) != 0 || pat_check(g_blk[i], g_sizes[i], seed + (unsigned)i) != (size_t)-1)
+      return false;
+  return true;
+}
+
+static bool tag_unmapped(void) {
+  for (int i = 0; i < NB; i++)
+    if (!g_blk[i] || mapped_as(g_blk[i]) != -1) return false;
+  return true;
+}
+
+static void scenario_roundtrip(void) {
+  void *outside = must_malloc(1 * MiB + 5);
+  if (outside) pat_fill(outside, 1 * MiB + 5, 99);
+  make_tag("kv", 1);
+  int rc = do_sleep("kv");
+  CHECK(rc == 0, "sleep kv to disk: %d (%s)", rc, g_res.reason);
+  CHECK(g_res.released >= 48 * MiB && g_res.to_host >= 48 * MiB, "released %llu, written %llu",
+        (unsigned long long)g_res.released, (unsigned long long)g_res.to_host);
+  CHECK(tag_unmapped(), "every block of kv is off the device");
+  vmmshim_tag_stats_t st = tag_stats("kv");
+  CHECK(st.asleep && st.disk == g_res.to_host && st.host_copied == 0, "kv: asleep %d, disk %llu", st.asleep,
+        (unsigned long long)st.disk);
+  char path[512] = "";
+  CHECK(files_in(g_dir, path, sizeof path) == 1, "one file in the directory");
+  struct stat sb;
+  CHECK(stat(path, &sb) == 0 && (sb.st_mode & 0777) == 0600 && (uint64_t)sb.st_size == st.disk,
+        "%s: mode %o, %lld bytes", path, (unsigned)(sb.st_mode & 0777), (long long)sb.st_size);
+  char want[64];
+  snprintf(want, sizeof want, "-u%u-p%d-", (unsigned)getuid(), (int)getpid());
+  CHECK(strstr(path, want) && strstr(path, "-kv-"), "the name holds uid, pid and tag: %s", path);
+  CHECK(outside && mapped_as(outside) == 0 && pat_check(outside, 1 * MiB + 5, 99) == (size_t)-1,
+        "untagged memory untouched");
+  rc = do_wake("kv");
+  CHECK(rc == 0 && g_res.restored >= 48 * MiB, "wake kv: %d (%s)", rc, g_res.reason);
+  CHECK(tag_intact(1), "every byte of kv back at its address");
+  CHECK(files_in(g_dir, NULL, 0) == 0, "the file is gone after the wake");
+  CHECK(tag_stats("kv").disk == 0 && !tag_stats("kv").asleep, "kv awake");
+  rc = do_sleep("kv");
+  CHECK(rc == 0 && files_in(g_dir, NULL, 0) == 1, "asleep again, left so at exit: %d", rc);
+}
+
+/* The second process of "pair": sleeps kv while the first one's kv sleeps. */
+static void scenario_second(void) {
+  make_tag("kv", 20);
+  CHECK(do_sleep("kv") == 0, "second: sleep (%s)", g_res.reason);
+  CHECK(files_in(g_dir, NULL, 0) == 2, "second: two files in the directory");
+  CHECK(do_wake("kv") == 0 && tag_intact(20), "second: its own bytes back (%s)", g_res.reason);
+}
+
+static void scenario_pair(const char *self) {
+  make_tag("kv", 10);
+  CHECK(do_sleep("kv") == 0 && files_in(g_dir, NULL, 0) == 1, "first: asleep, one file (%s)", g_res.reason);
+  char env[300];
+  snprintf(env, sizeof env, "VMMSHIM_DISK_DIR=%s", g_dir);
+  (void)self;
+  check_run_child("second", env, NULL);
+  CHECK(files_in(g_dir, NULL, 0) == 1, "first: only its own file left");
+  CHECK(do_wake("kv") == 0 && tag_intact(10), "first: its own bytes back (%s)", g_res.reason);
+}
+
+static void scenario_writefail(void) {
+  make_tag("kv", 3);
+  emu_fail_next("cuMemHostAlloc", CUDA_ERROR_OUT_OF_MEMORY, 1); /* the first sleep pins them */
+  int rc = do_sleep("kv");
+  CHECK(rc == -EIO && strstr(g_res.reason, "staging") && strstr(g_res.reason, "CUDA_ERROR_OUT_OF_MEMORY"),
+        "no staging memory: %d (%s)", rc, g_res.reason);
+  CHECK(tag_intact(3) && files_in(g_dir, NULL, 0) == 0, "nothing moved, no file");
+  g_fail_write = 1, g_writes = 0;
+  rc = do_sleep("kv");
+  CHECK(rc == -ENOSPC && strstr(g_res.reason, "ENOSPC"), "ENOSPC: %d (%s)", rc, g_res.reason);
+  CHECK(tag_intact(3) && !tag_stats("kv").asleep && tag_stats("kv").disk == 0, "kv awake with every byte");
+  CHECK(files_in(g_dir, NULL, 0) == 0, "no file left");
+  g_fail_write = 2;
+  rc = do_sleep("kv");
+  CHECK(rc == -EIO && strstr(g_res.reason, "EIO"), "no progress: %d (%s)", rc, g_res.reason);
+  CHECK(tag_intact(3) && files_in(g_dir, NULL, 0) == 0, "kv awake with every byte, no file");
+  g_fail_write = 0;
+  rc = do_sleep("kv");
+  CHECK(rc == 0 && tag_unmapped(), "then the sleep works: %d (%s)", rc, g_res.reason);
+  CHECK(do_wake("kv") == 0 && tag_intact(3), "and the wake");
+}
+
+static char *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  *n = (size_t)ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc(*n ? *n : 1);
+  if (b && fread(b, 1, *n, f) != *n) b = (free(b), NULL);
+  fclose(f);
+  return b;
+}
+
+static bool put_back(const char *path, const char *b, size_t n) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  bool ok = fd >= 0 && syscall(SYS_pwrite64, fd, b, n, 0) == (long)n;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+static void scenario_readfail(void) {
+  make_tag("kv", 4);
+  CHECK(do_sleep("kv") == 0, "sleep (%s)", g_res.reason);
+  char path[512] = "";
+  size_t n = 0;
+  char *copy = files_in(g_dir, path, sizeof path) == 1 ? slurp(path, &n) : NULL;
+  CHECK(copy && n >= 48 * MiB, "the file read back: %zu bytes", n);
+  if (!copy) return;
+  CHECK(truncate(path, (off_t)(n / 2)) == 0, "truncated");
+  int rc = do_wake("kv");
+  CHECK(rc == -ENODATA && strstr(g_res.reason, "ENODATA"), "wake of a truncated file: %d (%s)", rc, g_res.reason);
+  CHECK(tag_stats("kv").asleep && tag_stats("kv").disk == n && tag_unmapped(), "kv still asleep");
+  CHECK(files_in(g_dir, NULL, 0) == 1, "its file stays");
+  CHECK(put_back(path, copy, n), "file restored");
+  rc = do_wake("kv");
+  CHECK(rc == 0 && tag_intact(4), "the retry brings every byte back: %d (%s)", rc, g_res.reason);
+  CHECK(files_in(g_dir, NULL, 0) == 0, "file gone");
+  CHECK(do_sleep("kv") == 0 && files_in(g_dir, path, sizeof path) == 1, "asleep again");
+  free(copy);
+  copy = slurp(path, &n);
+  CHECK(copy && unlink(path) == 0, "file removed");
+  rc = do_wake("kv");
+  CHECK(rc == -ENOENT && strstr(g_res.reason, "ENOENT"), "wake without its file: %d (%s)", rc, g_res.reason);
+  CHECK(tag_stats("kv").asleep && tag_unmapped(), "kv still asleep");
+  CHECK(copy && put_back(path, copy, n), "file put back");
+  rc = do_wake("kv");
+  CHECK(rc == 0 && tag_intact(4), "the retry brings every byte back: %d (%s)", rc, g_res.reason);
+  free(copy);
+}
+
+static void scenario_dir(void) {
+  char file[300], sub[300];
+  snprintf(file, sizeof file, "%s/plain", g_dir);
+  snprintf(sub, sizeof sub, "%s/sub", g_dir);
+  FILE *f = fopen(file, "w");
+  if (f) fclose(f);
+  CHECK(vmmshim_set_disk_dir("/nonexistent/vmmshim") == -ENOENT, "a missing directory: ENOENT");
+  CHECK(vmmshim_set_disk_dir(file) == -ENOTDIR, "a file: ENOTDIR");
+  CHECK(vmmshim_set_disk_dir("") == -EINVAL && vmmshim_set_disk_dir(NULL) == -EINVAL, "empty: EINVAL");
+  CHECK(mkdir(sub, 0500) == 0, "mkdir");
+  if (geteuid() != 0) CHECK(vmmshim_set_disk_dir(sub) == -EACCES, "an unwritable directory: EACCES");
+  chmod(sub, 0700);
+  CHECK(vmmshim_set_disk_dir(sub) == 0, "a writable directory");
+  CHECK(files_in(sub, NULL, 0) == 0, "setting it creates nothing");
+  make_tag("kv", 5);
+  CHECK(do_sleep("kv") == 0 && files_in(sub, NULL, 0) == 1 && files_in(g_dir, NULL, 0) == 0, "the file is there");
+  CHECK(do_wake("kv") == 0 && tag_intact(5) && files_in(sub, NULL, 0) == 0, "woken, file gone");
+  rmdir(sub);
+  unlink(file);
+}
+
+static void run_scenario(const char *name, const char *self) {
+  const char *d = getenv("VMMSHIM_DISK_DIR");
+  snprintf(g_dir, sizeof g_dir, "%s", d ? d : "");
+  CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
+  CHECK(shim_active() == 1 && vmmshim_sleep, "the shim is active");
+  if (!vmmshim_sleep) return;
+  if (!strcmp(name, "roundtrip")) scenario_roundtrip();
+  else if (!strcmp(name, "pair")) scenario_pair(self);
+  else if (!strcmp(name, "second")) scenario_second();
+  else if (!strcmp(name, "writefail")) scenario_writefail();
+  else if (!strcmp(name, "readfail")) scenario_readfail();
+  else if (!strcmp(name, "dir")) scenario_dir();
+  else CHECK(0, "unknown scenario %s", name);
+}
+
+/* Runs a scenario in a directory of its own, then checks the directory is empty. */
+static void run_in_dir(const char *name) {
+  char tmpl[] = "/tmp/vmmshim-disk-test-XXXXXX";
+  char *dir = mkdtemp(tmpl);
+  CHECK(dir != NULL, "mkdtemp: %s", strerror(errno));
+  if (!dir) return;
+  char env[300];
+  snprintf(env, sizeof env, "VMMSHIM_DISK_DIR=%s", dir);
+  check_run_child(name, env, NULL);
+  CHECK(files_in(dir, NULL, 0) == 0, "%s: no file left after the process ended", name);
+  rmdir(dir);
+}
+
+int main(int argc, char **argv) {
+  const char *child = check_child_main(argc, argv);
+  if (child) {
+    run_scenario(child, argv[0]);
+    return check_child_summary(child);
+  }
+  CHECK(vmmshim_api_version && vmmshim_api_version() == VMMSHIM_API_VERSION, "the shim is preloaded, API version %d",
+        vmmshim_api_version ? vmmshim_api_version() : -1);
+  if (!vmmshim_api_version) return check_summary();
+  run_in_dir("roundtrip");
+  run_in_dir("pair");
+  run_in_dir("writefail");
+  run_in_dir("readfail");
+  run_in_dir("dir");
+  return check_summary();
+}
