@@ -897,7 +897,7 @@ def module(sv):
         check(o["host"] == [0, True] and o["released"], "host_memory and release_host %r" % o["host"])
         check(isinstance(o["enoent"], list) and o["enoent"][0] and "ENOENT: no such tag: nosuch" in o["enoent"][1],
               "an unknown tag raises vmmshim.Error ENOENT, 'no such tag: nosuch' %r" % o["enoent"])
-        check("discard, host or mapped" in o["badmode"], "a bad mode raises ValueError")
+        check("discard, host, mapped or disk" in o["badmode"], "a bad mode raises ValueError")
         check(o["stats"], "stats(): the allocations went through the shim")
         check(o["control_self"], "vmmshim.control(own pid) answers from the shim's thread")
 
