@@ -8,8 +8,14 @@ program would.
   - retain_cpu_backup: host memory given back at resume unless set;
   - memory_margin_bytes: a limit that fails an allocation past the margin (one the pool's idle
     memory could serve too), removed by 0;
-  - the options torch_memory_saver takes: hook_mode, cpu_backup_backend, enable_disk_backup
-    (NotImplementedError), a pause of a tag nothing was allocated in;
+  - the options torch_memory_saver takes: hook_mode, cpu_backup_backend, a pause of a tag nothing
+    was allocated in;
+  - disk backup: set_disk_backup_dir refuses what is not a writable directory and creates
+    nothing; a region with enable_disk_backup pauses to one file there (its bytes counted on
+    disk), resume() brings every byte back and removes it; enable_cpu_backup with
+    enable_disk_backup is refused; get_cpu_backup of a tensor on disk is None;
+  - get_cpu_backup(x, zero_copy=True): a copy of the backup's bytes (a tensor of its own, not the
+    shim's host buffer), with a stand-in for torch;
   - configure_subprocess(): a child sees LD_PRELOAD with the shim, the parent's is restored;
   - `vmmshim --as torch_memory_saver` and VMMSHIM_AS=torch_memory_saver: `import
     torch_memory_saver` is this module, in a program run by the launcher."""
@@ -69,12 +75,29 @@ out["host_after_resume"] = list(vmmshim.host_memory())
 tms.retain_cpu_backup = True
 tms.pause("kv"); tms.resume("kv")
 out["host_retained"] = vmmshim.host_memory()[1] >= 4 * MiB and same(kv, 4 * MiB, 0x33)
+import tempfile
+ddir = tempfile.mkdtemp(prefix="vmmshim-tms-disk-")
+tms.set_disk_backup_dir(ddir)
+out["disk_dir_made_nothing"] = os.listdir(ddir) == []
+with tms.region("ondisk", enable_disk_backup=True):
+    dk = malloc(6 * MiB + 100)
+fill(dk, 6 * MiB + 100, 0x55)
+tms.pause("ondisk")
+st = vmmshim.tag_stats()["ondisk"]
+files = os.listdir(ddir)
+out["disk_paused"] = [st["disk"] >= 6 * MiB, st["asleep"], len(files) == 1,
+                      all(f.startswith("vmmshim-") and "-ondisk-" in f for f in files)]
+out["disk_backup"] = module._backup_into(dk, 4096, ctypes.addressof(buf))
+tms.resume("ondisk")
+out["disk_resumed"] = [same(dk, 6 * MiB + 100, 0x55), os.listdir(ddir)]
+os.rmdir(ddir)
 tms.hook_mode = "torch"
 out["hook_mode"] = tms.hook_mode
 errors = {}
 for name, call in [("hook_mode", lambda: setattr(tms, "hook_mode", "other")),
-                   ("disk", lambda: tms.region(enable_disk_backup=True).__enter__()),
-                   ("disk_dir", lambda: tms.set_disk_backup_dir("/tmp")),
+                   ("disk_both", lambda: tms.region(enable_cpu_backup=True, enable_disk_backup=True).__enter__()),
+                   ("disk_dir", lambda: tms.set_disk_backup_dir("/nonexistent/vmmshim")),
+                   ("disk_dir_file", lambda: tms.set_disk_backup_dir(sys.executable)),
                    ("backend", lambda: tms.region(cpu_backup_backend="mmap").__enter__())]:
     try:
         call()
@@ -100,6 +123,26 @@ with module.configure_subprocess():
                            capture_output=True, text=True).stdout.strip()
 out["subprocess"] = [child, os.environ["LD_PRELOAD"], vmmshim.library_path()]
 os.environ["LD_PRELOAD"] = before
+# get_cpu_backup with a stand-in for torch (last: region() would look for its pools).
+import types
+class Cpu:
+    def __init__(self, n):
+        self.buf = ctypes.create_string_buffer(n)
+    def data_ptr(self): return ctypes.addressof(self.buf)
+    def view(self, _): return self
+class Cuda:
+    is_cuda, dtype, shape = True, "uint8", (4 * MiB,)
+    def is_contiguous(self): return True
+    def numel(self): return 4 * MiB
+    def element_size(self): return 1
+    def data_ptr(self): return kv
+sys.modules["torch"] = types.SimpleNamespace(empty=lambda n, dtype: Cpu(n), uint8="uint8")
+tms.pause("kv")
+home = vmmshim.host_copy(kv)[0]
+zc = tms.get_cpu_backup(Cuda(), zero_copy=True)
+out["zero_copy"] = [zc is not None and zc.buf.raw == b"\x33" * (4 * MiB), zc is not None and zc.data_ptr() != home]
+tms.resume("kv")
+out["zero_copy_awake"] = tms.get_cpu_backup(Cuda(), zero_copy=True) is None
 print(json.dumps(out))
 """
 
@@ -205,9 +248,15 @@ def module():
         check(o["host_after_resume"] == [0, 0], "host memory given back at resume %r" % o["host_after_resume"])
         check(o["host_retained"] is True, "retain_cpu_backup: host memory kept")
         check(o["hook_mode"] == "torch", "hook_mode accepted")
-        check(o["errors"] == {"hook_mode": "ValueError", "disk": "NotImplementedError",
-                              "disk_dir": "NotImplementedError", "backend": "ValueError"},
-              "bad settings and disk backup refused %r" % o["errors"])
+        check(o["errors"] == {"hook_mode": "ValueError", "disk_both": "ValueError", "disk_dir": "ValueError",
+                              "disk_dir_file": "ValueError", "backend": "ValueError"},
+              "bad settings refused: CPU and disk backup together, a disk directory that is not one %r" % o["errors"])
+        check(o["disk_dir_made_nothing"] is True, "set_disk_backup_dir creates nothing")
+        check(o["disk_paused"] == [True, True, True, True], "a disk-backup region pauses to one file %r" % o["disk_paused"])
+        check(o["disk_backup"] is False, "get_cpu_backup of a tensor on disk: none")
+        check(o["disk_resumed"] == [True, []], "resume(): every byte back, the file removed %r" % o["disk_resumed"])
+        check(o["zero_copy"] == [True, True], "get_cpu_backup(zero_copy=True): the bytes, in a copy %r" % o["zero_copy"])
+        check(o["zero_copy_awake"] is True, "get_cpu_backup of an awake tensor: None")
         m = o["margin"]
         check(m[:3] == [True, True, True], "memory_margin_bytes: a limit; past the margin fails, below it not %r" % m)
         check(m[3:] == [0, True, 0], "memory_margin_bytes = 0: no limit %r" % m)

@@ -33,7 +33,7 @@ import threading
 from .client import Control, ControlError, reachable  # noqa: F401  (the public API)
 
 __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
-           "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "host_copy", "stats", "trim", "dump",
+           "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "host_copy", "set_disk_dir", "stats", "trim", "dump",
            "control", "reachable", "loaded", "library_path", "UNTAGGED", "SleepResult", "Error", "NotPreloaded",
            "ControlError", "Control"]
 
@@ -139,6 +139,7 @@ def _shim():
                 "vmmshim_get_stats": (ctypes.c_int, [ctypes.POINTER(_Stats), ctypes.c_size_t]),
                 "vmmshim_trim": (ctypes.c_size_t, []),
                 "vmmshim_dump": (ctypes.c_int, []),
+                "vmmshim_set_disk_dir": (ctypes.c_int, [ctypes.c_char_p]),
             }
             if version() >= 4:
                 sigs["vmmshim_host_copy"] = (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
@@ -300,6 +301,16 @@ def host_memory():
 def release_host(keep=0):
     """Gives kept host memory back down to keep bytes; returns the bytes given back."""
     return int(_shim().vmmshim_release_host(int(keep)))
+
+
+def set_disk_dir(path):
+    """The directory of the files of disk-mode sleeps made from now on (vmmshim_set_disk_dir;
+    VMMSHIM_DISK_DIR at start, else $TMPDIR, else /tmp). Creates nothing: ValueError unless path
+    is a writable directory."""
+    lib = _shim()
+    rc = lib.vmmshim_set_disk_dir(os.fsencode(os.fspath(path)))
+    if rc < 0:
+        raise ValueError("vmmshim: disk directory %r: %s" % (os.fspath(path), os.strerror(-rc)))
 
 
 def host_copy(addr):

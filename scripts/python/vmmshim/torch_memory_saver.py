@@ -18,8 +18,8 @@ import os
 import sys
 import threading
 
-from . import (UNTAGGED, Error, NotPreloaded, control, host_copy, library_path, loaded, release_host, set_tag, sleep,
-               wake)
+from . import (UNTAGGED, Error, NotPreloaded, control, host_copy, library_path, loaded, release_host, set_disk_dir,
+               set_tag, sleep, wake)
 from . import _backup as _region_tags  # tag -> enable_cpu_backup, of every region() entered
 from . import _thread
 from . import region as _region
@@ -29,8 +29,7 @@ __all__ = ["TorchMemorySaver", "torch_memory_saver", "configure_subprocess"]
 _TAG_DEFAULT = "default"
 _HOOK_MODES = ("preload", "torch")
 _CPU_BACKENDS = ("pinned", "mmap")
-_DISK = ("vmmshim: disk backup (enable_disk_backup, set_disk_backup_dir) is not supported: use "
-         "enable_cpu_backup=True (the shim's host mode) instead")
+_disk_tags = set()  # tags of every region() entered with enable_disk_backup: paused in disk mode
 
 
 def _torch():
@@ -177,10 +176,8 @@ class TorchMemorySaver:
 
     @staticmethod
     def _check_backup(enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
-        if enable_disk_backup:
-            if enable_cpu_backup:
-                raise ValueError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
-            raise NotImplementedError(_DISK)
+        if enable_disk_backup and enable_cpu_backup:
+            raise ValueError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
         if cpu_backup_backend is not None:
             if not enable_cpu_backup:
                 raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
@@ -190,8 +187,11 @@ class TorchMemorySaver:
     @contextlib.contextmanager
     def region(self, tag=_TAG_DEFAULT, enable_cpu_backup=False, enable_disk_backup=False, cpu_backup_backend=None):
         """Allocations of this thread in the with block go to tag; pause(tag) gives them back
-        (their bytes kept in host memory when enable_cpu_backup, else discarded)."""
+        (their bytes kept in host memory when enable_cpu_backup, in a file when
+        enable_disk_backup, else discarded)."""
         self._check_backup(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        if enable_disk_backup:
+            _disk_tags.add(tag)
         with self._routed(("region", tag, bool(enable_cpu_backup)), True), \
                 _region(tag, enable_cpu_backup=enable_cpu_backup):
             yield
@@ -234,18 +234,18 @@ class TorchMemorySaver:
         memory). A tag that nothing was allocated in, or a paused one, is left as it is."""
         for t in self._tags(tag):
             try:
-                sleep(t, "host" if _region_tags.get(t) else "discard")
+                sleep(t, "disk" if t in _disk_tags else "host" if _region_tags.get(t) else "discard")
             except Error as e:
                 if e.errno != errno.ENOENT:
                     raise
 
     def resume(self, tag=None):
         """Maps device memory at the same addresses again, with the bytes of regions made with
-        enable_cpu_backup, zeros in the others. Without retain_cpu_backup, the host memory that held
+        enable_cpu_backup or enable_disk_backup (their files removed), zeros in the others. Without retain_cpu_backup, the host memory that held
         the bytes is given back."""
         for t in self._tags(tag):
             try:
-                wake(t, zero=not _region_tags.get(t))
+                wake(t, zero=not (_region_tags.get(t) or t in _disk_tags))
             except Error as e:
                 if e.errno != errno.ENOENT:
                     raise
@@ -305,7 +305,14 @@ class TorchMemorySaver:
         self._retain = bool(value)
 
     def set_disk_backup_dir(self, path):
-        raise NotImplementedError(_DISK)
+        """The directory of the files of regions made with enable_disk_backup, for the pauses from
+        now on. Creates nothing: ValueError unless path is a writable directory."""
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise ValueError("set_disk_backup_dir: %r is not a directory" % path)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError("set_disk_backup_dir: %r is not writable" % path)
+        set_disk_dir(path)
 
     def configure_subprocess(self):
         return configure_subprocess()
@@ -314,8 +321,10 @@ class TorchMemorySaver:
 
     def get_cpu_backup(self, x, zero_copy=False):
         """A CPU tensor with the bytes of x, a contiguous CUDA tensor paused in a region made with
-        enable_cpu_backup; None when x is awake or its bytes were not kept. Always a copy: the
-        shim's host buffers are the device's to read, not the CPU's (zero_copy is accepted)."""
+        enable_cpu_backup; None when x is awake, its bytes were not kept, or are in a file (disk
+        backup). Always a copy, zero_copy=True too: the shim's host buffers are host-location VMM
+        memory mapped for the device only, which the CPU cannot read, and keeping them so is what
+        lets a pause copy at the link's speed (docs/sleep.md)."""
         import torch
         if not x.is_cuda:
             raise ValueError("get_cpu_backup: %s is not a CUDA tensor" % x.device)
