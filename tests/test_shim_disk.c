@@ -5,7 +5,8 @@
  *              buffer (several pieces), sleeps to disk: device memory given back, one file of the
  *              tag's bytes, mode 0600, named for uid, pid and tag; untagged memory untouched;
  *              the wake brings every byte back and removes the file; a second sleep left asleep
- *              at exit: the parent finds the directory empty after the child ended.
+ *              at exit: a forked child's exit leaves the file, the parent finds the directory
+ *              empty after the child ended.
  *   pair       two processes sleep the same tag into the same directory at once: two files,
  *              each process gets its own bytes back.
  *   writefail  a write that fails (ENOSPC, then a write that makes no progress: EIO) leaves the
@@ -32,6 +33,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cudart_emu.h"
@@ -153,6 +155,11 @@ static void scenario_roundtrip(void) {
   CHECK(tag_stats("kv").disk == 0 && !tag_stats("kv").asleep, "kv awake");
   rc = do_sleep("kv");
   CHECK(rc == 0 && files_in(g_dir, NULL, 0) == 1, "asleep again, left so at exit: %d", rc);
+  pid_t child = fork();
+  if (child == 0) exit(0); /* runs the exit handlers: a forked child's leave the parent's files */
+  int status = -1;
+  CHECK(child > 0 && waitpid(child, &status, 0) == child && files_in(g_dir, NULL, 0) == 1,
+        "a forked child's exit leaves the file");
 }
 
 /* The second process of "pair": sleeps kv while the first one's kv sleeps. */

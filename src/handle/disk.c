@@ -8,8 +8,8 @@
  * the pinned staging buffers of host.c, with O_DIRECT when the filesystem takes it (the buffers
  * are page-aligned, the pieces whole pages), else buffered, which the log says once.
  *
- * Every file this process made and still has is removed at exit; a file of another process is
- * never touched. Not on the hot path: only sleeps and wakes come here. */
+ * Every file this process made and still has is removed at exit (not at a forked child's: the
+ * files stay its parent's); a file of another process is never touched. Not on the hot path: only sleeps and wakes come here. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -27,6 +27,7 @@ static pthread_mutex_t vs_disk_mu = PTHREAD_MUTEX_INITIALIZER;
 static char vs_disk_dir[VS_DISK_PATH]; /* set at run time; "" = the option's or the default */
 static char vs_disk_live[VS_DISK_MAX_FILES][VS_DISK_PATH]; /* files made and not yet removed */
 static unsigned vs_disk_seq;
+static pid_t vs_disk_owner; /* the process that made the files: a forked child never removes them */
 static bool vs_disk_said_buffered, vs_disk_atexit;
 
 const char *_vs_errno_name(int e) {
@@ -76,7 +77,7 @@ static unsigned long long start_time(void) {
 
 static void remove_all(void) {
   pthread_mutex_lock(&vs_disk_mu);
-  for (int i = 0; i < VS_DISK_MAX_FILES; i++)
+  for (int i = 0; i < VS_DISK_MAX_FILES && getpid() == vs_disk_owner; i++)
     if (vs_disk_live[i][0]) {
       unlink(vs_disk_live[i]);
       vs_disk_live[i][0] = 0;
@@ -88,6 +89,7 @@ static void remove_all(void) {
 static bool note_live(const char *path) {
   pthread_mutex_lock(&vs_disk_mu);
   if (!vs_disk_atexit) vs_disk_atexit = atexit(remove_all) == 0;
+  vs_disk_owner = getpid();
   int slot = -1;
   for (int i = 0; i < VS_DISK_MAX_FILES && slot < 0; i++)
     if (!vs_disk_live[i][0]) slot = i;
