@@ -14,6 +14,12 @@ compatible module, which the launcher put first) and checks:
     disable()'s tensor is never paused, and its memory goes back to the device once freed;
   - cuda_graph(): a graph captured under a region tag replays to the same result after its
     memory was paused and resumed (caching allocator on only: graphs need it);
+  - disk backup: set_disk_backup_dir to a new directory (nothing made there); three region tags
+    paused at once in three modes (two with enable_disk_backup, one with enable_cpu_backup, one
+    with neither): one file per disk tag while paused (the tag's name in it, at least its bytes
+    long), the device memory given back, no CPU backup of a tensor on disk; after resume() the
+    disk and host tags' tensors are back, every byte, the other one zeros, and the files are
+    gone; INFO lines give the pause and resume times and the directory's filesystem;
   - memory_margin_bytes: an allocation that would leave less than the margin free fails (as
     OutOfMemoryError, or without the cache the RuntimeError of PyTorch's cudaMalloc check), one
     below it not; INFO lines give the shim's figures (limit, mapped, idle) around it.
@@ -87,6 +93,7 @@ def child():
     check(free3 - free2 >= 200 * MiB, "disable()'s memory goes back to the device once freed",
           "%d MiB more free" % ((free3 - free2) // MiB))
 
+    disk_backup(torch, tms, dev)
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
         return finish_margin(torch, tms, dev)
     static_in = torch.ones(16 * MiB // 4, device=dev)
@@ -105,6 +112,51 @@ def child():
     graph.replay()
     check(static_out.item() == want == 2 * (16 * MiB // 4), "a graph captured by cuda_graph() replays after pause")
     return finish_margin(torch, tms, dev)
+
+
+def disk_backup(torch, tms, dev):
+    import tempfile
+    import time
+    import vmmshim
+    d = tempfile.mkdtemp(prefix="vmmshim-tms-disk-")
+    tms.set_disk_backup_dir(d)
+    check(os.listdir(d) == [], "set_disk_backup_dir creates nothing")
+    fs = subprocess.run(["stat", "-f", "-c", "%T", d], capture_output=True, text=True).stdout.strip()
+    n = 768 * MiB // 4
+    with tms.region(tag="disk1", enable_disk_backup=True):
+        d1 = torch.arange(n, dtype=torch.int32, device=dev) * 5
+    with tms.region(tag="disk2", enable_disk_backup=True):
+        d2 = torch.arange(3 * MiB // 4 + 3, dtype=torch.int32, device=dev) - 9   # not whole pages
+    with tms.region(tag="host1", enable_cpu_backup=True):
+        h1 = torch.arange(n, dtype=torch.int32, device=dev) * 7
+    with tms.region(tag="zero1"):
+        z1 = torch.full((n,), 3, dtype=torch.int32, device=dev)
+    want = [t.sum().item() for t in (d1, d2, h1)]
+    free0 = free_bytes(torch)
+    t0 = time.perf_counter()
+    for tag in ("disk1", "disk2", "host1", "zero1"):
+        tms.pause(tag)
+    t1 = time.perf_counter()
+    files = sorted(os.listdir(d))
+    sizes = {f: os.path.getsize(os.path.join(d, f)) for f in files}
+    st = vmmshim.tag_stats()
+    check(len(files) == 2 and any("-disk1-" in f for f in files) and any("-disk2-" in f for f in files),
+          "one file per disk tag while paused", "%s" % files)
+    check(all(v >= 3 * MiB for v in sizes.values()) and st["disk1"]["disk"] >= 4 * n,
+          "the files hold the tags' bytes", "%s, disk1 %d" % (sizes, st["disk1"]["disk"]))
+    check(free_bytes(torch) - free0 >= 3 * 4 * n * 9 // 10, "the three tags' device memory was given back")
+    check(tms.get_cpu_backup(d1) is None, "no CPU backup of a tensor on disk")
+    t2 = time.perf_counter()
+    for tag in ("disk1", "disk2", "host1", "zero1"):
+        tms.resume(tag)
+    t3 = time.perf_counter()
+    check([t.sum().item() for t in (d1, d2, h1)] == want, "disk and host tags back, every byte")
+    check(z1.count_nonzero().item() == 0, "the tag without backup wakes as zeros")
+    check(os.listdir(d) == [], "the files are gone after resume()", "%s" % os.listdir(d))
+    print("INFO disk backup in %s (%s): pause of 768 MiB + 3 MiB on disk, 768 MiB host, 768 MiB discard %.1f ms, "
+          "resume %.1f ms" % (d, fs or "?", (t1 - t0) * 1e3, (t3 - t2) * 1e3))
+    del d1, d2, h1, z1
+    os.rmdir(d)
 
 
 def out_of_memory(torch, e):
