@@ -791,6 +791,45 @@ def sec_sleep(recs, out):
     out.append("")
 
 
+def sec_tms(recs, out):
+    out.append("### torch_memory_saver's API: pause and resume of 8 GiB (64 MiB tensors)\n")
+    skip = one(recs, "tms", skip="all")
+    if skip:
+        out.append("Not run: %s.\n" % skip.get("why", "").replace("-", " "))
+        return
+    out.append("Through `vmmshim.torch_memory_saver` (bench/tms_bench.py): a region without backup (discard), "
+               "with `enable_cpu_backup` (host, `retain_cpu_backup` on) and with `enable_disk_backup` (disk). "
+               "Cycle 1 obtains host memory and staging buffers; the later cycles are the steady state. "
+               "`raw` rows: section 6's `vmmshim_sleep` of the same size, beside them.\n")
+    out.append("| mode | cycle | pause (ms) | resume (ms) | pause GiB/s | resume GiB/s | bad |")
+    out.append("| --- | --- | --- | --- | --- | --- | --- |")
+    for mode in ("discard", "host", "disk"):
+        for r in find(recs, "tms", mode=mode):
+            out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                mode, r.get("cycle"), fnum(num(r, "pause_ms")), fnum(num(r, "resume_ms")),
+                fnum(num(r, "pause_gibps"), "%.1f"), fnum(num(r, "resume_gibps"), "%.1f"), r.get("bad")))
+        for r in find(recs, "sleep", cfg="cold", mode=mode):
+            out.append("| raw %s | %s | %s | %s | %s | %s | %s |" % (
+                mode, r.get("cycle"), fnum(num(r, "sleep_ms")), fnum(num(r, "wake_ms")),
+                fnum(num(r, "sleep_gibps"), "%.1f"), fnum(num(r, "wake_gibps"), "%.1f"), r.get("bad")))
+    skip = one(recs, "tms", skip="disk")
+    if skip:
+        out.append("\nDisk mode not run: %s.\n" % skip.get("why", "").replace("-", " "))
+        return
+    w, rd = one(recs, "tms", dd="write"), one(recs, "tms", dd="read")
+    if w and rd:
+        out.append("\nThe disk's own sequential speed, `dd` of the same size in the same directory (%s, %s): "
+                   "write %s GiB/s, read %s GiB/s." % (w.get("fs"), "direct I/O" if w.get("direct") == "1" else
+                                                        "buffered: the filesystem refuses O_DIRECT",
+                                                        fnum(num(w, "gibps")), fnum(num(rd, "gibps"))))
+    for what in ("pause", "resume"):
+        r = one(recs, "tms", ratio=what)
+        if r:
+            out.append("Disk mode, steady %s: %s GiB/s, %s of dd's (target %s)." % (
+                what, fnum(num(r, "disk_gibps")), fnum(num(r, "value")), r.get("target")))
+    out.append("")
+
+
 def sec_group(recs, out):
     out.append("## 7. A group's budget (VMMSHIM_LIMIT_GROUP)\n")
     out.append("N processes at once, each 200 growths: cudaMalloc of 64 MiB and its cudaFree with "
@@ -1053,6 +1092,17 @@ def figs_sleep(recs, F):
                   "rate")
 
 
+def figs_tms(recs, F):
+    for r in find(recs, "tms"):
+        if "mode" in r:
+            what = "tms %s, cycle %s" % (r.get("mode"), r.get("cycle"))
+            F.add(what + ": pause (ms)", num(r, "pause_ms"), "lower", "time")
+            F.add(what + ": resume (ms)", num(r, "resume_ms"), "lower", "time")
+            F.add(what + ": wrong tensors", num(r, "bad"), "lower", "bad")
+        elif "ratio" in r:
+            F.add("tms disk: %s speed / dd's" % r.get("ratio"), num(r, "value"), "higher", "rate")
+
+
 def figs_group(recs, F):
     for n in ("1", "4", "16"):
         for cfg in ("alone", "group"):
@@ -1070,7 +1120,7 @@ def figs_group(recs, F):
 def figures(recs):
     F = Figures()
     for fn in (figs_pairs, figs_growth, figs_frag, figs_spread, figs_step, figs_serve, figs_overhead, figs_sleep,
-               figs_group):
+               figs_group, figs_tms):
         fn(recs, F)
     return F.d
 
@@ -1221,6 +1271,8 @@ def main():
         sec_overhead(recs, out)
     if ran(recs, partial, "sleep"):
         sec_sleep(recs, out)
+    if ran(recs, partial, "tms"):
+        sec_tms(recs, out)
     if ran(recs, partial, "group"):
         sec_group(recs, out)
     failed = find(recs, "failed")

@@ -18,6 +18,9 @@
 #   5 overhead  a ~2 s memory-bound kernel on memory allocated once               (bench/overhead.cu)
 #   6 sleep     sleep and wake of an 8 GiB tag in each mode, with and without host memory made
 #               ahead; a kernel's bandwidth on memory asleep in mapped mode        (bench/sleep.cu)
+#     tms       pause/resume of 8 GiB through vmmshim.torch_memory_saver in each mode (no backup,
+#               CPU backup, disk backup), and the disk mode against dd's direct I/O in the same
+#               directory (BENCH_DISK_DIR, else $TMPDIR, else /tmp)              (bench/tms_bench.py)
 #   7 group     a group's budget: the cost of a growth (admission and return) with 1, 4 and 16
 #               members against processes alone, the allocation speed beside it, and a kernel's
 #               bandwidth on memory past the limit (VMMSHIM_ON_LIMIT=host), promote (bench/group.cu)
@@ -44,7 +47,7 @@ LIB="$PWD/$BUILD/libvmmshim.so"
 BIN="$BUILD/bench"
 if [ -n "$OUT" ]; then LOGDIR="$OUT"; else LOGDIR="bench/out"; fi
 mkdir -p "$LOGDIR" "$BIN" bench/results || exit 1
-for f in bench pairs growth frag churn tfrag step serve overhead sleep group; do rm -f "$LOGDIR/$f.log"; done
+for f in bench pairs growth frag churn tfrag step serve overhead sleep group tms; do rm -f "$LOGDIR/$f.log"; done
 rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg" "$LOGDIR/baseline.json"
 MAIN_LOG="$LOGDIR/bench.log"
 T_START=$(date +%s)
@@ -352,6 +355,12 @@ done
 section "6/7 sleep and wake of an 8 GiB tag"
 step sleep-cold sleep 120 "$SHIM" -- "$BIN/sleep" cold 8
 step sleep-reserved sleep 120 "$SHIM" VMMSHIM_HOST_RESERVE=8G -- "$BIN/sleep" reserved 8
+if [ "$have_torch" = 1 ]; then
+  step tms tms 90 "$SHIM" "PYTHONPATH=$PWD/scripts/python" -- "$PYTHON" bench/tms_bench.py
+else
+  echo "R tms skip=all why=no-PyTorch-with-CUDA" >>"$LOGDIR/tms.log"
+  say "SKIP torch_memory_saver pause/resume: no PyTorch with CUDA for $PYTHON"
+fi
 
 # ---- 7. a group's budget ----
 section "7/7 a group's budget: admission with 1, 4 and 16 members; memory past the limit"

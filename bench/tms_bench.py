@@ -1,0 +1,163 @@
+"""Pause and resume through vmmshim.torch_memory_saver, in each of its modes, and the disk mode
+against the disk's own sequential speed (make bench, step tms).
+
+    LD_PRELOAD=build/libvmmshim.so PYTHONPATH=scripts/python python3 bench/tms_bench.py [--gib 8]
+
+8 GiB in 64 MiB tensors per mode, in regions of their own tags: no backup (discard), CPU backup
+(host; retain_cpu_backup on, as a loop that pauses again keeps it) and disk backup (disk), three
+pause/resume cycles each (the first obtains host memory and staging buffers; the later ones are
+the steady state). The bytes are checked after every resume (host and disk keep every one).
+
+Then, in the directory the disk mode writes to (BENCH_DISK_DIR, else $TMPDIR, else /tmp), dd
+writes and reads a file of the same size with direct I/O (oflag=direct, iflag=direct; without
+them where the filesystem refuses them, said in the record), and the disk mode's steady pause
+and resume speeds are printed as a ratio of dd's (the target: 0.8 or more). When the directory
+has less free space than the tag and dd's file need, the disk mode and dd are skipped with a
+line that says so. Fewer disk cycles run when dd says the disk is too slow for 90 s.
+
+Prints "R tms ..." records (bench/report.py reads them) and INFO lines."""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MiB = 1 << 20
+GiB = 1 << 30
+BLOCK = 64 * MiB
+
+
+def rec(**kw):
+    print("R tms " + " ".join("%s=%s" % (k, v) for k, v in kw.items()))
+    sys.stdout.flush()
+
+
+def make(torch, tms, tag, gib, **region):
+    with tms.region(tag=tag, **region):
+        ts = [torch.full((BLOCK // 4,), i + 1, dtype=torch.int32, device="cuda") for i in range(gib * GiB // BLOCK)]
+    torch.cuda.synchronize()
+    return ts
+
+
+def wrong(torch, ts, zero):
+    """Tensors whose words are not what they were given (zeros when zero)."""
+    bad = 0
+    for i, t in enumerate(ts):
+        want = 0 if zero else i + 1
+        bad += int((t != want).any().item())
+    return bad
+
+
+def cycles(torch, tms, mode, tag, ts, n, gib):
+    pauses, resumes = [], []
+    for c in range(1, n + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        tms.pause(tag)
+        t1 = time.perf_counter()
+        tms.resume(tag)
+        t2 = time.perf_counter()
+        bad = wrong(torch, ts, zero=(mode == "discard"))
+        p, r = (t1 - t0) * 1e3, (t2 - t1) * 1e3
+        rec(mode=mode, cycle=c, gib=gib, pause_ms="%.2f" % p, resume_ms="%.2f" % r,
+            pause_gibps="%.2f" % (gib / (p / 1e3)), resume_gibps="%.2f" % (gib / (r / 1e3)), bad=bad)
+        pauses.append(p)
+        resumes.append(r)
+    return pauses, resumes
+
+
+def dd(args):
+    """Runs dd; (seconds, stderr's last line) or (None, why)."""
+    t0 = time.perf_counter()
+    r = subprocess.run(["dd"] + args, capture_output=True, text=True, timeout=120)
+    t = time.perf_counter() - t0
+    last = (r.stderr.strip().splitlines() or [""])[-1]
+    return (t, last) if r.returncode == 0 else (None, last)
+
+
+def dd_speeds(d, gib):
+    """dd's write and read speeds (GiB/s) of a gib-GiB file in d, and whether direct I/O was used."""
+    path = os.path.join(d, "dd-test")
+    count = gib * GiB // BLOCK
+    for direct in (True, False):
+        w, why = dd(["if=/dev/zero", "of=" + path, "bs=64M", "count=%d" % count, "conv=fsync"] +
+                    (["oflag=direct"] if direct else []))
+        if w is None:
+            if os.path.exists(path):
+                os.unlink(path)
+            print("INFO dd write%s failed: %s" % (" with oflag=direct" if direct else "", why))
+            continue
+        if not direct:  # buffered: the read must not come from the page cache
+            subprocess.run(["sh", "-c", "sync; echo 1 > /proc/sys/vm/drop_caches"], capture_output=True)
+        r, why = dd(["if=" + path, "of=/dev/null", "bs=64M"] + (["iflag=direct"] if direct else []))
+        os.unlink(path)
+        if r is None:
+            print("INFO dd read failed: %s" % why)
+            return None
+        return gib / w, gib / r, direct
+    return None
+
+
+def disk_part(torch, tms, gib, base):
+    d = tempfile.mkdtemp(prefix="vmmshim-tms-bench-", dir=base)
+    try:
+        free = shutil.disk_usage(d).free
+        fs = subprocess.run(["stat", "-f", "-c", "%T", d], capture_output=True, text=True).stdout.strip() or "?"
+        need = 2 * gib * GiB + GiB
+        if free < need:
+            rec(skip="disk", why="%s-has-%.1f-GiB-free,-%d-GiB-needed" % (d, free / GiB, need // GiB))
+            print("SKIP disk mode and dd: %s has %.1f GiB free, %d GiB needed" % (d, free / GiB, need // GiB))
+            return
+        speeds = dd_speeds(d, gib)
+        if not speeds:
+            rec(skip="disk", why="dd-failed")
+            return
+        wr, rd, direct = speeds
+        rec(dd="write", gib=gib, gibps="%.2f" % wr, direct=int(direct), fs=fs)
+        rec(dd="read", gib=gib, gibps="%.2f" % rd, direct=int(direct), fs=fs)
+        per_cycle = gib / wr + gib / rd
+        n = 3 if 3 * per_cycle <= 60 else 2 if 2 * per_cycle <= 75 else 1
+        if n < 3:
+            print("INFO the disk writes %.2f and reads %.2f GiB/s: %d disk cycle(s), to stay within 90 s" % (wr, rd, n))
+        tms.set_disk_backup_dir(d)
+        ts = make(torch, tms, "bench_disk", gib, enable_disk_backup=True)
+        pauses, resumes = cycles(torch, tms, "disk", "bench_disk", ts, n, gib)
+        steady = slice(1, None) if n > 1 else slice(0, None)
+        p, r = statistics.median(pauses[steady]), statistics.median(resumes[steady])
+        rp, rr = (gib / (p / 1e3)) / wr, (gib / (r / 1e3)) / rd
+        rec(ratio="pause", value="%.2f" % rp, target="0.8", disk_gibps="%.2f" % (gib / (p / 1e3)), dd_gibps="%.2f" % wr)
+        rec(ratio="resume", value="%.2f" % rr, target="0.8", disk_gibps="%.2f" % (gib / (r / 1e3)), dd_gibps="%.2f" % rd)
+        print("INFO disk mode in %s (%s): pause %.2f GiB/s = %.2f of dd's write (target 0.8), resume %.2f GiB/s = "
+              "%.2f of dd's read" % (d, fs, gib / (p / 1e3), rp, gib / (r / 1e3), rr))
+        rec(files_left=len(os.listdir(d)))
+        del ts
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=int, default=8)
+    a = ap.parse_args()
+    import torch
+    from vmmshim.torch_memory_saver import torch_memory_saver as tms
+    if not tms.enabled:
+        print("vmmshim: the shim is not preloaded")
+        return 1
+    tms.retain_cpu_backup = True  # a loop that pauses again keeps its host memory (steady state)
+    print("INFO torch %s, %s, %d GiB in 64 MiB tensors per mode" % (torch.__version__, torch.cuda.get_device_name(),
+                                                                   a.gib))
+    for mode, region in (("discard", {}), ("host", {"enable_cpu_backup": True})):
+        ts = make(torch, tms, "bench_" + mode, a.gib, **region)
+        cycles(torch, tms, mode, "bench_" + mode, ts, 3, a.gib)
+        del ts
+    base = os.environ.get("BENCH_DISK_DIR") or os.environ.get("TMPDIR") or "/tmp"
+    disk_part(torch, tms, a.gib, base)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
