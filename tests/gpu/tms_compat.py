@@ -20,6 +20,9 @@ compatible module, which the launcher put first) and checks:
     long), the device memory given back, no CPU backup of a tensor on disk; after resume() the
     disk and host tags' tensors are back, every byte, the other one zeros, and the files are
     gone; INFO lines give the pause and resume times and the directory's filesystem;
+  - INFO only: whether host-location VMM memory (what the shim keeps CPU backups in) can be
+    given CPU access with cuMemSetAccess, and whether the CPU then reads what the device wrote
+    there (get_cpu_backup(zero_copy=True) copies while this is not known);
   - memory_margin_bytes: an allocation that would leave less than the margin free fails (as
     OutOfMemoryError, or without the cache the RuntimeError of PyTorch's cudaMalloc check), one
     below it not; INFO lines give the shim's figures (limit, mapped, idle) around it.
@@ -27,6 +30,7 @@ compatible module, which the launcher put first) and checks:
 Prints "PASS name" / "FAIL name: why" per check and "tms-compat: N passed, N failed"; exit 0,
 1 when a check failed, 77 (with a "SKIP why" line) when PyTorch or its CUDA is not there."""
 import argparse
+import ctypes
 import os
 import subprocess
 import sys
@@ -94,6 +98,7 @@ def child():
           "%d MiB more free" % ((free3 - free2) // MiB))
 
     disk_backup(torch, tms, dev)
+    host_vmm_cpu_probe(torch)
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
         return finish_margin(torch, tms, dev)
     static_in = torch.ones(16 * MiB // 4, device=dev)
@@ -112,6 +117,56 @@ def child():
     graph.replay()
     check(static_out.item() == want == 2 * (16 * MiB // 4), "a graph captured by cuda_graph() replays after pause")
     return finish_margin(torch, tms, dev)
+
+
+class _Prop(ctypes.Structure):  # CUmemAllocationProp
+    _fields_ = [("type", ctypes.c_int), ("handles", ctypes.c_int), ("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
+                ("win32", ctypes.c_void_p), ("compression", ctypes.c_ubyte), ("rdma", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class _Access(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int), ("flags", ctypes.c_int)]
+
+
+def host_vmm_cpu_probe(torch):
+    """Prints what the driver answers when host-NUMA VMM memory is given CPU access, and whether
+    the CPU then reads bytes the device wrote (in a forked child: a fault ends only it)."""
+    cu = ctypes.CDLL("libcuda.so.1")
+    dev = torch.cuda.current_device()
+    prop = _Prop(type=1, loc_type=3, loc_id=0)  # pinned, CU_MEM_LOCATION_TYPE_HOST_NUMA, node 0
+    g, h, va = ctypes.c_size_t(), ctypes.c_ulonglong(), ctypes.c_ulonglong()
+    r = cu.cuMemGetAllocationGranularity(ctypes.byref(g), ctypes.byref(prop), 0)
+    r = r or cu.cuMemCreate(ctypes.byref(h), g, ctypes.byref(prop), ctypes.c_ulonglong(0))
+    if r:
+        print("INFO host-NUMA VMM memory for a CPU probe: CUDA error %d; not probed" % r)
+        return
+    size = g.value
+    r = cu.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(size), ctypes.c_size_t(0), ctypes.c_ulonglong(0),
+                               ctypes.c_ulonglong(0))
+    r = r or cu.cuMemMap(va, ctypes.c_size_t(size), ctypes.c_size_t(0), h, ctypes.c_ulonglong(0))
+    gpu = _Access(1, dev, 3)
+    r = r or cu.cuMemSetAccess(va, ctypes.c_size_t(size), ctypes.byref(gpu), ctypes.c_size_t(1))
+    r = r or cu.cuMemsetD8_v2(va, ctypes.c_ubyte(0x5A), ctypes.c_size_t(size)) or cu.cuCtxSynchronize()
+    if r:
+        print("INFO host-NUMA VMM memory mapped for the device: CUDA error %d; not probed" % r)
+    else:
+        for name, loc in (("HOST_NUMA node 0", (3, 0)), ("HOST", (2, 0))):
+            cpu = (_Access * 2)(_Access(1, dev, 3), _Access(loc[0], loc[1], 3))
+            a = cu.cuMemSetAccess(va, ctypes.c_size_t(size), cpu, ctypes.c_size_t(2))
+            seen = "not tried"
+            if a == 0:
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0 if ctypes.string_at(va.value, 64) == b"\x5a" * 64 else 1)
+                _, status = os.waitpid(pid, 0)
+                seen = ("reads what the device wrote" if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+                        else "reads other bytes" if os.WIFEXITED(status) else "faults (signal %d)" % os.WTERMSIG(status))
+            print("INFO host-NUMA VMM memory, cuMemSetAccess with the device and %s: %s; the CPU %s" % (
+                name, "CUDA error %d" % a if a else "accepted", seen))
+    cu.cuMemUnmap(va, ctypes.c_size_t(size))
+    cu.cuMemRelease(h)
+    cu.cuMemAddressFree(va, ctypes.c_size_t(size))
 
 
 def disk_backup(torch, tms, dev):
