@@ -16,6 +16,7 @@
  *   readfail   the file truncated while asleep: the wake fails (ENODATA), the tag stays asleep
  *              with its file; restored, the wake brings every byte back. The file removed:
  *              ENOENT, still asleep; put back, the wake works.
+ *   trace      (the roundtrip, traced) the sleep's w record has mode 3.
  *   dir        vmmshim_set_disk_dir refuses a missing path, a file and an unwritable directory
  *              (when not root), and takes a writable directory: the next sleep's file is there.
  *
@@ -288,16 +289,37 @@ static void run_scenario(const char *name, const char *self) {
   else CHECK(0, "unknown scenario %s", name);
 }
 
-/* Runs a scenario in a directory of its own, then checks the directory is empty. */
+/* Whether the trace holds a sleep record (w, kind 0) in mode 3 (disk) of a tag the g record
+ * before it names kv. */
+static bool traced_disk_sleep(const char *path) {
+  FILE *f = fopen(path, "r");
+  char line[512];
+  bool hit = false;
+  char named[64] = "";
+  while (f && !hit && fgets(line, sizeof line, f)) {
+    int kind = -1, mode = -1;
+    if (sscanf(line, "g %*s %*s %*s %*s %*s %63s", named) == 1) continue;
+    hit = sscanf(line, "w %*s %*s %d %*s %*s %d", &kind, &mode) == 2 && kind == 0 && mode == 3 && !strcmp(named, "kv");
+  }
+  if (f) fclose(f);
+  return hit;
+}
+
+/* Runs a scenario in a directory of its own (traced there), then checks the directory holds no
+ * sleep file. */
 static void run_in_dir(const char *name) {
   char tmpl[] = "/tmp/vmmshim-disk-test-XXXXXX";
   char *dir = mkdtemp(tmpl);
   CHECK(dir != NULL, "mkdtemp: %s", strerror(errno));
   if (!dir) return;
-  char env[300];
+  char env[300], trace[400], path[300];
   snprintf(env, sizeof env, "VMMSHIM_DISK_DIR=%s", dir);
-  check_run_child(name, env, NULL);
+  snprintf(path, sizeof path, "%s/trace.txt", dir);
+  snprintf(trace, sizeof trace, "VMMSHIM_TRACE=%s", path);
+  check_run_child(name, env, trace, NULL);
   CHECK(files_in(dir, NULL, 0) == 0, "%s: no file left after the process ended", name);
+  if (!strcmp(name, "roundtrip")) CHECK(traced_disk_sleep(path), "the trace has kv's sleep in mode 3 (disk)");
+  unlink(path);
   rmdir(dir);
 }
 
