@@ -12,6 +12,10 @@
  *              unknown operation, flags or a misaligned address are refused with nothing queued.
  *   refusals   misaligned addresses, unknown flags: CUDA_ERROR_INVALID_VALUE and a violation.
  *   memsets    cuMemsetD16/D32 (sync, Async) fill elements, the address aligned to them.
+ *   pinned     cuMemHostAlloc memory: cuMemcpyDtoHAsync and cuMemcpyHtoDAsync move bytes in stream
+ *              order through it; a pageable host range is refused (a violation), and so is a
+ *              cuMemFreeHost of an address it did not give; a copy completing after its pinned
+ *              memory was freed is a device fault.
  *   lookup     cuGetProcAddress gives the original forms at 8000/9000, _v2 at 11070, _ptsz with
  *              the per-thread flag; dlsym finds every exported name. */
 #include <dlfcn.h>
@@ -160,6 +164,32 @@ static void test_memsets(unsigned char *buf) {
   CHECK(cuMemsetD32(p + 2, 0, 1) == CUDA_ERROR_INVALID_VALUE, "D32 misaligned");
 }
 
+static void test_pinned(CUdeviceptr dev) {
+  void *h = NULL;
+  CHECK(cuMemHostAlloc(&h, 8192, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS && h && ((uintptr_t)h & 4095) == 0,
+        "cuMemHostAlloc: page-aligned");
+  if (!h) return;
+  memset(h, 0x5a, 4096);
+  CHECK(cuMemcpyHtoDAsync(dev, h, 4096, g_a) == CUDA_SUCCESS, "HtoD queued");
+  memset((char *)h + 4096, 0, 4096);
+  CHECK(cuMemcpyDtoHAsync((char *)h + 4096, dev, 4096, g_a) == CUDA_SUCCESS, "DtoH queued");
+  CHECK(((unsigned char *)h)[4096] == 0, "an async copy waits for its stream");
+  CHECK(cuStreamSynchronize(g_a) == CUDA_SUCCESS && memcmp(h, (char *)h + 4096, 4096) == 0, "round trip, in order");
+  int v0 = emu_violations();
+  static char pageable[64];
+  CHECK(cuMemcpyDtoHAsync(pageable, dev, sizeof pageable, g_a) == CUDA_ERROR_INVALID_VALUE &&
+            cuMemcpyHtoDAsync(dev, pageable, sizeof pageable, g_a) == CUDA_ERROR_INVALID_VALUE,
+        "pageable host memory refused");
+  CHECK(cuMemcpyDtoHAsync((char *)h + 4096, dev, 8192, g_a) == CUDA_ERROR_INVALID_VALUE, "a range past the end refused");
+  CHECK(emu_violations() == v0 + 3, "each a violation (%d)", emu_violations() - v0);
+  CHECK(cuMemFreeHost(pageable) == CUDA_ERROR_INVALID_VALUE, "cuMemFreeHost of another address refused");
+  long f0 = emu_device_faults();
+  CHECK(cuMemcpyDtoHAsync(h, dev, 64, g_b) == CUDA_SUCCESS, "a copy queued (it runs at the synchronisation)");
+  CHECK(cuMemFreeHost(h) == CUDA_SUCCESS, "cuMemFreeHost");
+  cuStreamSynchronize(g_b);
+  CHECK(emu_device_faults() == f0 + 1, "the copy into freed pinned memory faults");
+}
+
 static void test_lookup(void) {
   static const char *const names[] = {"cuStreamWaitValue32", "cuStreamWaitValue64", "cuStreamWriteValue32",
                                       "cuStreamWriteValue64", "cuStreamBatchMemOp"};
@@ -202,6 +232,7 @@ int main(void) {
   test_batch(flag, buf);
   test_refusals(flag);
   test_memsets(buf);
+  test_pinned(mem);
   test_lookup();
   CHECK(cuMemFree(mem) == CUDA_SUCCESS, "free");
   cuStreamDestroy(g_a);
