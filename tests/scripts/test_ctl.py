@@ -146,6 +146,15 @@ def verbs(sv):
     check(sv.ask("check") == "weights ok kv bad", "weights kept their bytes; kv woke as zeros")
     rc, out = ctl(pid, "wake", "kv")
     check(rc == 0 and "nothing to do" in out, "waking an awake tag: nothing to do [%s]" % out.strip())
+    rc, out = ctl(pid, "sleep", "weights", "--mode", "disk")
+    check(rc == 0 and "sleep weights (disk)" in out and "written to disk 8.00 MiB" in out,
+          "ctl sleep weights --mode disk [%s]" % out.strip())
+    rc, out = ctl(pid, "status")
+    st = status(pid)
+    check(tag_of(st, "weights").get("disk") == 8 << 20 and tag_of(st, "weights").get("asleep") and
+          rc == 0 and " DISK " in out, "status: weights on disk, a DISK column")
+    rc, out = ctl(pid, "wake", "weights")
+    check(rc == 0 and sv.ask("check").startswith("weights ok"), "woken from disk, every byte [%s]" % out.strip())
 
     rc, out = ctl(pid, "sleep", "--all", "--level", "1")
     check(rc == 0 and "sleep level 1" in out, "ctl sleep --all --level 1 [%s]" % out.strip())

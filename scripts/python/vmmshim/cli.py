@@ -151,7 +151,8 @@ def _moved(pid, r):
         if r.get("skipped"):
             parts.append("%s still asleep" % text.size(r["skipped"]))
     else:
-        for key, label in (("released", "released"), ("to_host", "copied to the host"),
+        for key, label in (("released", "released"),
+                           ("to_host", "written to disk" if r.get("mode") == "disk" else "copied to the host"),
                            ("host_mapped", "served from host memory"), ("discarded", "discarded"),
                            ("skipped", "skipped")):
             if r.get(key):
@@ -182,16 +183,17 @@ def _status_text(st):
                             text.size(d["discarded"])))
     if not st["devices"]:
         lines.append("no pool yet: the shim has served no allocation")
-    lines.append("%-16s %10s %10s %10s %10s %10s  %s" % ("TAG", "LIVE", "DEVICE", "HOST-COPY", "HOST-MAP",
-                                                        "DISCARDED", "STATE"))
+    lines.append("%-16s %10s %10s %10s %10s %10s %10s  %s" % ("TAG", "LIVE", "DEVICE", "HOST-COPY", "HOST-MAP",
+                                                             "DISCARDED", "DISK", "STATE"))
     for t in st["tags"]:
         state = "asleep" if t["asleep"] else "awake"
         if t["keep"]:
             state += ", keep"
-        lines.append("%-16s %10s %10s %10s %10s %10s  %s" % (c(t["name"]), text.short(t["live"]),
-                                                            text.short(t["device"]), text.short(t["host_copied"]),
-                                                            text.short(t["host_mapped"]),
-                                                            text.short(t["discarded"]), state))
+        lines.append("%-16s %10s %10s %10s %10s %10s %10s  %s" % (c(t["name"]), text.short(t["live"]),
+                                                                 text.short(t["device"]), text.short(t["host_copied"]),
+                                                                 text.short(t["host_mapped"]),
+                                                                 text.short(t["discarded"]),
+                                                                 text.short(t.get("disk", 0)), state))
     h = st["host"]
     lines.append("host memory: in use %s, kept %s%s" % (text.size(h["in_use"]), text.size(h["cached"]),
                                                         ", limit %s" % text.size(h["limit"]) if h["limit"] else ""))

@@ -278,8 +278,8 @@ STATUS = {
               "vmm_calls": "count", "vmm_ns": "count", "syncs": "count", "trims": "count"},
     "devices": [dict({"device": "count", "live": "count", "mapped": "count", "idle": "count", "pending": "count",
                       "handles": "count", "blocks": "count", "pools": "count"}, **_SLEEP_FIGURES)],
-    "tags": [dict({"name": "string", "live": "count", "device": "count", "asleep": "bool", "keep": "bool"},
-                  **_SLEEP_FIGURES)],
+    "tags": [dict({"name": "string", "live": "count", "device": "count", "asleep": "bool", "keep": "bool",
+                   "disk": Opt("count")}, **_SLEEP_FIGURES)],
 }
 _MOVED = {"cmd": Opt("string"), "tag": Opt("string"), "mode": Opt("string"), "level": Opt("count"),
           "released": Opt("count"), "restored": Opt("count"), "to_host": Opt("count"),
