@@ -1,6 +1,6 @@
 /* disk.c: the files that sleeping tags keep their bytes in (disk mode).
  *
- * One file per pool that sleeps in disk mode (a tag on one device, docs/sleep.md), in the
+ * One file per pool that sleeps in disk mode (a tag's arena on one device, docs/sleep.md), in the
  * directory VMMSHIM_DISK_DIR (else $TMPDIR, else /tmp; vmmshim_set_disk_dir changes it at run
  * time). Its name holds the user id, the process id and the process's start time (so a file
  * left by a dead process is never taken for a live one's, and two processes never share one),
