@@ -388,6 +388,10 @@ void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle,
  * device bytes it gave back or mapped again, the bytes copied to or from host memory. */
 void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t device_bytes, uint64_t host_bytes,
                      int result, uint64_t duration_ns);
+/* A stitch ('h'): a growth of device dev that mapped `handles` handles at [va, va+size), of
+ * which `fresh` bytes in new handles and the rest idle handles of the pool moved there. */
+void _vs_trace_stitch(CUdeviceptr va, size_t size, unsigned handles, size_t fresh, int device,
+                      uint64_t duration_ns);
 void _vs_trace_flush(void);
 void _vs_trace_close(void);
 
