@@ -122,7 +122,8 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(SLEEP_WAIT, VS_KIND_SAMPLE, 10000)           /* ms a sleep waits for a capture to end */ \
   X(IPC_TIMEOUT, VS_KIND_SECONDS, 10)            /* longest wait of an IPC open, and of a request */ \
   X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */ \
-  X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */
+  X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */ \
+  X(STITCH, VS_KIND_BOOL, 0)                     /* 1: growth maps idle handles side by side before new ones */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -355,6 +356,14 @@ void _vs_stats_get(vmmshim_stats_t *out); /* vmmshim_get_stats: the counters sum
  * shim (not the shim's own): those that could free memory a wait waits for. */
 int _vs_stat_threads_others(void);
 void _vs_stats_print(void);
+/* Growths that mapped idle handles of their pool side by side into their new range (space.c's
+ * stitches): how many, the handles so reused, and their bytes (not created anew). Shared relaxed
+ * atomics, as the rare counters above; not part of vmmshim_stats_t (its size is the ABI). */
+typedef struct vs_stitch_stats_s {
+  uint64_t stitches, handles, bytes;
+} vs_stitch_stats_t;
+extern vs_stitch_stats_t _vs_stitch_stats;
+#define VS_STAT_ADD_STITCH(field, n) __atomic_fetch_add(&_vs_stitch_stats.field, (uint64_t)(n), __ATOMIC_RELAXED)
 
 /* ---------------------------------------------------------------- "trace.c" */
 typedef enum vs_vmm_op_e {
