@@ -3,7 +3,8 @@
  * by a new range made of those handles (unmapped where they were, mapped side by side) and a new
  * handle for the rest: no handle is released and only the rest is created, where without the
  * stitch the idle handle is kept (the idle budget) and the whole request created anew. At most
- * VS_STITCH_PIECES handles go into one range. The stitched block frees and trims as any other.
+ * VS_STITCH_PIECES handles go into one range, none larger than the growth needs. The stitched
+ * block frees and trims as any other.
  * The pool's invariant check (check.c) catches a handle recorded at two places. */
 #include <stdint.h>
 #include <stdio.h>
@@ -129,8 +130,9 @@ static void test_stitch_bounded(void) {
   CHECK(now().handle_bytes == 0, "all given back (%llu MiB)", now().handle_bytes / MiB);
 }
 
-/* A small request (below VS_STITCH_MIN) never stitches. */
-static void test_stitch_small_heap(void) {
+/* An idle handle larger than the growth needs is not taken: a 4 KiB request grows the small
+ * heap by a new handle while a 64 MiB one lies idle. */
+static void test_stitch_too_large(void) {
   _vs_pool_trim(pool, 0);
   pool->stitch = true;
   vs_stitch_stats_t s0 = stitch_now();
@@ -172,7 +174,7 @@ int main(void) {
   if (!pool) return check_summary();
   test_stitch_reuses_idle_handle();
   test_stitch_bounded();
-  test_stitch_small_heap();
+  test_stitch_too_large();
   test_check_catches_double_mapping();
   _vs_pool_destroy(pool);
   CHECK(emu_violations() == 0, "%d contract violations", emu_violations());

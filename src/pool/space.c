@@ -213,7 +213,7 @@ static size_t stitch_gather(vs_pool_t *p, size_t want, vs_spares_t *sp) {
   pool_lock(p);
   size_t idle = p->free_bytes;
   pool_unlock(p);
-  if (!p->stitch || want < VS_STITCH_MIN || idle < p->caps.min_granularity) return 0;
+  if (!p->stitch || idle < p->caps.min_granularity) return 0;
   return unmap_idle(p, idle > want ? idle - want : 0, true, sp, VS_STITCH_PIECES);
 }
 
