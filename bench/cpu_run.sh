@@ -44,6 +44,9 @@ for w in churn varlen bench/traces/synthetic.csv; do
     run "frag-sync-$seed" CPU_FRAG_SEED=$seed "$FRAG" "$w" sync
     run "frag-deferred-$seed" CPU_FRAG_SEED=$seed CPU_FRAG_PAUSE_US=10 VMMSHIM_FREE_MODE=deferred "$FRAG" "$w" sync
     run "frag-async-$seed" CPU_FRAG_SEED=$seed "$FRAG" "$w" async
+    # The same with the stitch on (VMMSHIM_STITCH=1, docs/design.md "Stitching").
+    run "frag-sync-stitch-$seed" CPU_FRAG_SEED=$seed VMMSHIM_STITCH=1 "$FRAG" "$w" sync
+    run "frag-async-stitch-$seed" CPU_FRAG_SEED=$seed VMMSHIM_STITCH=1 "$FRAG" "$w" async
     # What no allocator reaches without driver calls: the least fixed arena in which best fit
     # or first fit (one arena, or the shim's two heaps) serves the same events (bench/frag_floor.c).
     "$BUILD/bench/frag_floor" "$w" "$seed"

@@ -505,7 +505,7 @@ def sec_frag(recs, out, partial=False):
     for work, what in (("churn", "churn: 256 live buffers, one replaced a step, log-uniform 256 B - 512 MiB"),
                        ("varlen", "varlen: a transformer step at a random sequence length")):
         rows = {c: one(recs, "churn", work=work, cfg=c)
-                for c in ("cudaMalloc", "pool", "shim-sync", "shim-deferred", "shim-async")}
+                for c in ("cudaMalloc", "pool", "shim-sync", "shim-deferred", "shim-async") + CHURN_STITCH_CFGS}
         if not any(rows.values()):
             continue
         out.append("\n### Irregular sizes with kernels, %s (bench/churn.cu)\n" % what)
@@ -516,8 +516,10 @@ def sec_frag(recs, out, partial=False):
         pool_us = num(rows["pool"], "us_per_step") if rows["pool"] else None
         for c, label in (("cudaMalloc", "cudaMalloc"), ("pool", "cudaMallocAsync pool, threshold max"),
                          ("shim-sync", "shim sync"), ("shim-deferred", "shim deferred"),
-                         ("shim-async", "shim async path")):
+                         ("shim-async", "shim async path")) + CHURN_STITCH_ROWS:
             r = rows[c]
+            if r is None and c in CHURN_STITCH_CFGS:
+                continue
             if r is None or r.get("failed"):
                 out.append("| %s | %s | | | | |" % (label, "FAILED" if r is None else "FAILED at event %s (%s)" % (
                     r.get("at_event"), r.get("error"))))
@@ -528,6 +530,8 @@ def sec_frag(recs, out, partial=False):
             out.append("| %s | %.2f | %s | %s | %s | %s |" % (label, us, ratio(us, pool_us, "%.2fx"),
                                                             ratio(held_bytes(r, c), num(r, "peak_live"), "%.3f"), vmm,
                                                             r.get("bad", "?")))
+        if work == "churn":
+            out.append("\n" + churn_target(rows, pool_us))
     if not ran(recs, partial, "tfrag") and not any(r.get("step", "").startswith("tfrag-") for r in find(recs, "skip")):
         return
     out.append("\n### PyTorch, variable sequence length (bench/torch_frag.py)\n")
@@ -622,7 +626,8 @@ def sec_step(recs, out):
                "(a) and (d) ran in three alternating rounds: their row is the round with the median step time, "
                "and the step medians of all rounds follow in brackets.\n")
     cfgs = [("caching", "(a) caching allocator"), ("nocache", "(b) PYTORCH_NO_CUDA_MEMORY_CACHING=1"),
-            ("shim-sync", "(c) (b) under the shim, sync"), ("shim-deferred", "(d) (b) under the shim, deferred")]
+            ("shim-sync", "(c) (b) under the shim, sync"), ("shim-deferred", "(d) (b) under the shim, deferred"),
+            ("shim-deferred-stitch", "(e) (d) with VMMSHIM_STITCH=1")]
     got, rounds = {}, {}
     for c, _ in cfgs:
         rounds[c] = [num(r, "median_ms") for r in step_rounds(recs, c)]
@@ -636,6 +641,8 @@ def sec_step(recs, out):
     mismatch = []
     for c, label in cfgs:
         r = got[c]
+        if r is None and c.endswith("-stitch") and not one(recs, "skip", step="step-" + c):
+            continue  # a run from before the stitch's rows
         if r is None:
             sk = one(recs, "skip", step="step-" + c)
             out.append("| %s | %s | | | | | | |" % (label, "skipped: " + sk.get("why", "") if sk else "FAILED"))
@@ -671,13 +678,35 @@ def sec_step(recs, out):
     return mismatch
 
 
+def churn_target(rows, pool_us):
+    """The churn's target (issue 42): held / live at peak at most 1.05, at no more than 0.8x the
+    pool's time per step; which shim rows meet it."""
+    met = []
+    for c, r in sorted(rows.items()):
+        if not c.startswith("shim") or r is None or r.get("failed") or not pool_us:
+            continue
+        hl = held_live(r, c)
+        if hl is not None and hl <= 1.05 and num(r, "us_per_step") <= 0.8 * pool_us:
+            met.append(c)
+    return "Target: held / live <= 1.05 at <= 0.80x the pool's us per step: %s." % (
+        "met by " + ", ".join(met) if met else "not met by any shim row")
+
+
+# The stitch's rows (VMMSHIM_STITCH=1; bench/run.sh), shown where they ran.
+CHURN_STITCH_CFGS = ("shim-sync-stitch", "shim-async-stitch", "shim-sync-stitch-max32M", "shim-async-stitch-max16M")
+CHURN_STITCH_ROWS = (("shim-sync-stitch", "shim sync, stitch"), ("shim-async-stitch", "shim async path, stitch"),
+                     ("shim-sync-stitch-max32M", "shim sync, stitch, VMMSHIM_MAX_HANDLE=32M"),
+                     ("shim-async-stitch-max16M", "shim async path, stitch, VMMSHIM_MAX_HANDLE=16M"))
+
 SERVE_CFGS = [("caching", "caching allocator"), ("expandable", "caching, expandable_segments:True"),
               ("async", "backend:cudaMallocAsync"),
               ("shim-sync", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, sync"),
               ("shim-deferred", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, deferred"),
               ("shim-caching", "caching allocator under the shim"),
               ("shim-expandable", "expandable_segments:True under the shim"),
-              ("shim-async", "backend:cudaMallocAsync under the shim")]
+              ("shim-async", "backend:cudaMallocAsync under the shim"),
+              ("shim-sync-stitch", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, sync, stitch"),
+              ("shim-deferred-stitch", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, deferred, stitch")]
 
 
 def serve_held(r):
@@ -727,6 +756,8 @@ def sec_serve(recs, out):
     differ = []
     for c, label in SERVE_CFGS:
         r = rows[c]
+        if r is None and c.endswith("-stitch") and not skipped[c]:
+            continue  # a run from before the stitch's rows
         if r is None:
             sk = skipped[c]
             out.append("| %s | %s | | | | | | |" % (label, "skipped: " + sk.get("why", "") if sk else "FAILED"))
@@ -971,7 +1002,7 @@ def figs_frag(recs, F):
     for work in ("churn", "varlen"):
         pool = one(recs, "churn", work=work, cfg="pool")
         pool_us = num(pool, "us_per_step") if pool and not pool.get("failed") else None
-        for c in ("cudaMalloc", "pool", "shim-sync", "shim-deferred", "shim-async"):
+        for c in ("cudaMalloc", "pool", "shim-sync", "shim-deferred", "shim-async") + CHURN_STITCH_CFGS:
             r = one(recs, "churn", work=work, cfg=c)
             if r is None or r.get("failed"):
                 continue

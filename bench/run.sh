@@ -244,6 +244,15 @@ for w in churn varlen; do
   step "churn-$w-shim-sync" churn 120 "$SHIM" VMMSHIM_FREE_MODE=sync -- "$BIN/churn" "$w" malloc shim-sync
   step "churn-$w-shim-deferred" churn 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/churn" "$w" malloc shim-deferred
   step "churn-$w-shim-async" churn 120 "$SHIM" -- "$BIN/churn" "$w" async shim-async
+  # The stitch (VMMSHIM_STITCH=1, docs/design.md "Stitching"): the rows above are the stitch off.
+  step "churn-$w-shim-sync-stitch" churn 120 "$SHIM" VMMSHIM_FREE_MODE=sync VMMSHIM_STITCH=1 -- \
+    "$BIN/churn" "$w" malloc shim-sync-stitch
+  step "churn-$w-shim-async-stitch" churn 120 "$SHIM" VMMSHIM_STITCH=1 -- "$BIN/churn" "$w" async shim-async-stitch
+  step "churn-$w-shim-sync-stitch-max32M" churn 120 "$SHIM" VMMSHIM_FREE_MODE=sync VMMSHIM_STITCH=1 \
+    VMMSHIM_MAX_HANDLE=32M -- "$BIN/churn" "$w" malloc shim-sync-stitch-max32M
+  # 16 MiB handles with the stitch: held / live 1.04 on the host emulation, at 44 calls per 100.
+  step "churn-$w-shim-async-stitch-max16M" churn 120 "$SHIM" VMMSHIM_STITCH=1 VMMSHIM_MAX_HANDLE=16M -- \
+    "$BIN/churn" "$w" async shim-async-stitch-max16M
 done
 
 # The spread over workload seeds (BENCH_SPREAD=1): each program is deterministic for its seed,
@@ -304,8 +313,11 @@ if [ "$have_torch" = 1 ]; then
     step "step-caching-$r" step 180 -- "$PYTHON" bench/torch_step.py caching
     step "step-shim-deferred-$r" step 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred -- "$PYTHON" bench/torch_step.py shim-deferred
   done
+  # The same with the stitch on: no slower than (d) is the guard.
+  step step-shim-deferred-stitch step 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred \
+    VMMSHIM_STITCH=1 -- "$PYTHON" bench/torch_step.py shim-deferred-stitch
 else
-  for c in caching nocache shim-sync shim-deferred; do echo "R skip step=step-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/step.log"; done
+  for c in caching nocache shim-sync shim-deferred shim-deferred-stitch; do echo "R skip step=step-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/step.log"; done
   say "SKIP PyTorch training step: no PyTorch with CUDA for $PYTHON"
 fi
 # The serving shape, about 10 s a configuration on an H100 (0.3 s a batch): PyTorch's three allocator
@@ -328,9 +340,14 @@ if [ "$have_torch" = 1 ]; then
       "$PYTHON" "$SERVE" shim-sync $BENCH_SERVE_ARGS
     step serve-shim-deferred serve 120 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred -- \
       "$PYTHON" "$SERVE" shim-deferred $BENCH_SERVE_ARGS
+    step serve-shim-sync-stitch serve 120 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=sync \
+      VMMSHIM_STITCH=1 -- "$PYTHON" "$SERVE" shim-sync-stitch $BENCH_SERVE_ARGS
+    step serve-shim-deferred-stitch serve 120 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred \
+      VMMSHIM_STITCH=1 -- "$PYTHON" "$SERVE" shim-deferred-stitch $BENCH_SERVE_ARGS
   }
 else
-  for c in caching expandable async shim-caching shim-expandable shim-async shim-sync shim-deferred; do
+  for c in caching expandable async shim-caching shim-expandable shim-async shim-sync shim-deferred \
+    shim-sync-stitch shim-deferred-stitch; do
     echo "R skip step=serve-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/serve.log"
   done
   say "SKIP PyTorch serving: no PyTorch with CUDA for $PYTHON"

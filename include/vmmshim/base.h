@@ -123,7 +123,8 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(IPC_TIMEOUT, VS_KIND_SECONDS, 10)            /* longest wait of an IPC open, and of a request */ \
   X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */ \
   X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */ \
-  X(DISK_DIR, VS_KIND_STRING, 0)                 /* directory of disk-mode sleep files ($TMPDIR, else /tmp) */
+  X(DISK_DIR, VS_KIND_STRING, 0)                 /* directory of disk-mode sleep files ($TMPDIR, else /tmp) */ \
+  X(STITCH, VS_KIND_BOOL, 0)                     /* 1: growth maps idle handles side by side before new ones */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -360,6 +361,14 @@ void _vs_stats_get(vmmshim_stats_t *out); /* vmmshim_get_stats: the counters sum
  * shim (not the shim's own): those that could free memory a wait waits for. */
 int _vs_stat_threads_others(void);
 void _vs_stats_print(void);
+/* Growths that mapped idle handles of their pool side by side into their new range (space.c's
+ * stitches): how many, the handles so reused, and their bytes (not created anew). Shared relaxed
+ * atomics, as the rare counters above; not part of vmmshim_stats_t (its size is the ABI). */
+typedef struct vs_stitch_stats_s {
+  uint64_t stitches, handles, bytes;
+} vs_stitch_stats_t;
+extern vs_stitch_stats_t _vs_stitch_stats;
+#define VS_STAT_ADD_STITCH(field, n) __atomic_fetch_add(&_vs_stitch_stats.field, (uint64_t)(n), __ATOMIC_RELAXED)
 
 /* ---------------------------------------------------------------- "trace.c" */
 typedef enum vs_vmm_op_e {
@@ -393,6 +402,10 @@ void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle,
  * device bytes it gave back or mapped again, the bytes copied to or from host memory. */
 void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t device_bytes, uint64_t host_bytes,
                      int result, uint64_t duration_ns);
+/* A stitch ('h'): a growth of device dev that mapped `handles` handles at [va, va+size), of
+ * which `fresh` bytes in new handles and the rest idle handles of the pool moved there. */
+void _vs_trace_stitch(CUdeviceptr va, size_t size, unsigned handles, size_t fresh, int device,
+                      uint64_t duration_ns);
 void _vs_trace_flush(void);
 void _vs_trace_close(void);
 

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define VS_TRACE_FORMAT_VERSION 3
+#define VS_TRACE_FORMAT_VERSION 4
 #define VS_TRACE_REC_MAX 192 /* longest line: 'm' with ten 16-digit fields */
 #define VS_TRACE_STACK_MAX 3072 /* 'k': 64 native frames and 64 Python frames */
 #define VS_TRACE_MODULE_MAX 4300 /* 'l': four numbers, a build id and a path of up to 4096 */
@@ -23,6 +23,7 @@
  *       (VS_TRACE_HOST_MEMORY in flags: a host buffer's mapping, not device memory;
  *       VS_TRACE_ALIAS: a second mapping of a device handle, not more device memory)
  *   'g' tag name: a-d the name (up to 31 bytes, zero-padded), e the tag's index
+ *   'h' stitch: a va, b size, c bytes in new handles, d duration ns, e handles mapped
  *   'w' sleep or wake: sub 0 sleep, 1 wake, a device bytes given back or mapped again, b bytes
  *       copied to or from host memory, c the tag's index (~0: every tag), d duration ns,
  *       e the result (0, or a negative errno value), flags the mode */

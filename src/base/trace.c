@@ -403,6 +403,19 @@ void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t dev
   rec_publish(r, pos);
 }
 
+void _vs_trace_stitch(CUdeviceptr va, size_t size, unsigned handles, size_t fresh, int device,
+                      uint64_t duration_ns) {
+  if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return; /* rmm has no pool events */
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('h', 0, device, &pos);
+  r->a = (uint64_t)va;
+  r->b = size;
+  r->c = fresh;
+  r->d = duration_ns;
+  r->e = handles;
+  rec_publish(r, pos);
+}
+
 void _vs_trace_flush(void) {
   if (vs_trace_fd < 0) return;
   lock_take(trace_tid());

@@ -161,6 +161,13 @@ char *_vs_trace_format_record(char *p, const vs_trace_rec_t *r, uint64_t mono, c
     p = put_sp_hex(p, r->e);
     p = put_sp_hex(p, r->d);
     break;
+  case 'h': /* a stitch: va, size, handles, fresh bytes, duration */
+    p = put_sp_hex(p, r->a);
+    p = put_sp_hex(p, r->b);
+    p = put_sp_hex(p, r->e);
+    p = put_sp_hex(p, r->c);
+    p = put_sp_hex(p, r->d);
+    break;
   default: /* 'm' */
     p = put_sp_hex(p, r->a);
     p = put_sp_hex(p, r->b);

@@ -299,6 +299,9 @@ static void do_status(const vs_jobject_t *req, vs_jout_t *o) {
   VS_STAT_FIELD(peak_bytes_mapped) VS_STAT_FIELD(vmm_calls) VS_STAT_FIELD(vmm_ns) VS_STAT_FIELD(syncs)
   VS_STAT_FIELD(trims) VS_STAT_FIELD(pools)
 #undef VS_STAT_FIELD
+  _vs_ctl_kv_u64(o, "stitches", __atomic_load_n(&_vs_stitch_stats.stitches, __ATOMIC_RELAXED));
+  _vs_ctl_kv_u64(o, "stitch_handles", __atomic_load_n(&_vs_stitch_stats.handles, __ATOMIC_RELAXED));
+  _vs_ctl_kv_u64(o, "stitch_bytes", __atomic_load_n(&_vs_stitch_stats.bytes, __ATOMIC_RELAXED));
   _vs_ctl_out(o, "},\"devices\":[");
   for (int i = 0; i < sums.n; i++) {
     const vs_dev_sum_t *d = &sums.d[i];

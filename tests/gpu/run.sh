@@ -89,6 +89,14 @@ run_prog "shared/integrity-deferred" "$BIN/t_integrity.shared" VMMSHIM_FREE_MODE
 run_prog "static/streams-deferred" "$BIN/t_streams.static" VMMSHIM_FREE_MODE=deferred
 run_prog "shared/onestream-off" "$BIN/t_onestream.shared" VMMSHIM_FREE_MODE=deferred VMMSHIM_ONE_STREAM=0
 run_prog "static/integrity-gran2M" "$BIN/t_integrity.static" VMMSHIM_GRANULARITY=2M
+# The stitch (tests/gpu/t_stitch.cu; docs/design.md "Stitching"): a stitched block's bytes, and the
+# data paths, IPC and sleep with it on. VMMSHIM_STITCH=1 make gpu-test runs every program with it.
+run_prog "static/stitch" "$BIN/t_stitch.static" VMMSHIM_STITCH=1 STITCH_EXPECT=1
+run_prog "shared/stitch-off" "$BIN/t_stitch.shared" VMMSHIM_STITCH=0 STITCH_EXPECT=0
+run_prog "shared/integrity-stitch" "$BIN/t_integrity.shared" VMMSHIM_STITCH=1
+run_prog "static/streams-stitch" "$BIN/t_streams.static" VMMSHIM_STITCH=1 VMMSHIM_FREE_MODE=deferred
+run_prog "static/ipc-stitch" "$BIN/t_ipc.static" VMMSHIM_STITCH=1
+run_prog "static/sleep-cycles-stitch" "$BIN/t_sleep.static" SLEEP_MODE=cycles VMMSHIM_STITCH=1
 
 # ---- Python: each framework without and with the shim, numbers compared ----
 py_case() { # KIND TAG [ENV=VALUE...]: one framework; TAG names the shim run
@@ -164,6 +172,7 @@ if [ "$NGPU" -ge 2 ]; then
   run_plain "plain/peer" "$BIN/t_peer.static"
   run_prog "static/peer" "$BIN/t_peer.static" VMMSHIM_GRANULARITY=2M
   run_prog "shared/peer-deferred" "$BIN/t_peer.shared" VMMSHIM_FREE_MODE=deferred
+  run_prog "shared/peer-stitch" "$BIN/t_peer.shared" VMMSHIM_STITCH=1
 else
   skip "peer: $NGPU GPU on this machine; tests/gpu/t_peer.cu needs two"
 fi
