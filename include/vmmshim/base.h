@@ -122,7 +122,8 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(SLEEP_WAIT, VS_KIND_SAMPLE, 10000)           /* ms a sleep waits for a capture to end */ \
   X(IPC_TIMEOUT, VS_KIND_SECONDS, 10)            /* longest wait of an IPC open, and of a request */ \
   X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */ \
-  X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */
+  X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */ \
+  X(TAG_RULES, VS_KIND_STRING, 0)                /* TAG=MATCHER;...: tags by library, Python file, site, phase (rules.c) */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -388,6 +389,9 @@ void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle,
  * device bytes it gave back or mapped again, the bytes copied to or from host memory. */
 void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t device_bytes, uint64_t host_bytes,
                      int result, uint64_t duration_ns);
+/* 'j': the tag rule (its index in its set) that tagged the allocation at ptr, written before its
+ * 'a'; tag and text must stay valid for the life of the process (rule sets are kept). */
+void _vs_trace_rule(CUdeviceptr ptr, int rule, int device, const char *tag, const char *text);
 void _vs_trace_flush(void);
 void _vs_trace_close(void);
 
