@@ -11,7 +11,7 @@ import stat
 from .common import TraceError, warn
 from .progress import _CountingReader
 
-FORMAT_VERSION = 3  # the newest native format version this reader understands
+FORMAT_VERSION = 4  # the newest native format version this reader understands
 HOST_MEMORY = 0x80  # an m record's flag: host memory mapped at a device address (a sleeping tag's)
 ALIAS = 0x40  # an m record's flag: a second mapping of a device handle (a sleep's copy source)
 RMM_HEADER = "Thread,Time,Action,Pointer,Size,Stream"
@@ -46,6 +46,8 @@ S_REC = _record("s", _H, _H)
 E_REC = re.compile(r"e (%s)(?: (%s))?\n\Z" % (_H, _H))  # the cap, when VMMSHIM_TRACE_MAX cut the trace
 G_REC = re.compile(r"g %s %s %s - (%s) ([A-Za-z0-9_.-]{1,31})\n\Z" % (_H, _H, _H, _H))
 W_REC = _record("w", _H, _H, _H, _D, _H, _H, _H, _H, _H, _H)
+# j: the tag rule that tagged the allocation at PTR (version 4): index, device, PTR, tag, the rule's text.
+J_REC = re.compile(r"j (%s) (%s) (%s) (%s) (%s) ([A-Za-z0-9_.-]{1,31}) (.*)\n\Z" % (_H, _H, _H, _D, _H))
 K_REC = re.compile(r"k(?: %s){3,}\n\Z" % _H)
 N_REC = re.compile(r"n (%s)(?: (.*))?\n\Z" % _H, re.S)  # the text: everything after one space
 L_REC = re.compile(r"l (%s) (%s) (%s) (%s) (-|[0-9a-fA-F]{1,128}) (.*)\n\Z" % (_H, _H, _H, _H), re.S)
@@ -285,6 +287,14 @@ class Trace:
                            "every tag" if tag == (1 << 64) - 1 else self.tag_names.get(tag, "#%d" % tag),
                            int(mode, 16), int(dbytes, 16), int(hbytes, 16), res - (1 << 32) if res >= 1 << 31 else res,
                            int(dur, 16))
+                elif c == "j" and self.version >= 4:
+                    m = J_REC.match(line)
+                    if m is None:
+                        raise ValueError
+                    if m.group(4) != "-" and int(m.group(4), 16) > MAX_DEVICE:
+                        raise ValueError
+                    # ("j", t, tid, ptr, tag, rule text): the rule of the next allocation at ptr
+                    yield ("j", int(m.group(1), 16), int(m.group(2), 16), int(m.group(5), 16), m.group(6), m.group(7))
                 elif c == "v":
                     self._bad(line)
                 else:
