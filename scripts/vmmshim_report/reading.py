@@ -1,4 +1,4 @@
-"""Reading a trace: the native format (versions 1 to 3) and RMM's CSV log, streamed line by
+"""Reading a trace: the native format (versions 1 to 4) and RMM's CSV log, streamed line by
 line into normalised event tuples; definitions (modules, strings, stacks) kept as read."""
 
 import bisect
