@@ -76,7 +76,7 @@ int vmmshim_dump(void);
  *   (or VMMSHIM_LIMIT) has no room to wake, -ENOTSUP the device cannot do it (mapped mode needs
  *   host-location VMM), -EALREADY nothing to do (asleep already, or awake), -ENODEV the shim
  *   is not active. A result says what moved, also when the call failed part way. */
-#define VMMSHIM_API_VERSION 4
+#define VMMSHIM_API_VERSION 5
 int vmmshim_api_version(void);
 
 #define VMMSHIM_TAG_MAX 32   /* bytes of a tag name, its terminating zero included */
@@ -93,7 +93,7 @@ int vmmshim_get_tag(char *buf, size_t n);
 int vmmshim_set_tag_keep(const char *tag, int keep);
 /* Replaces the tag rules (VMMSHIM_TAG_RULES, docs/tag-rules.md: "TAG=MATCHER;..."); NULL or ""
  * clears them. -EINVAL for a malformed spec, with err (errlen bytes; may be NULL) naming the rule
- * and the character where it goes wrong; the rules in force then stay. */
+ * and the character where it goes wrong; the rules in force then stay. API 5 and later. */
 int vmmshim_set_tag_rules(const char *spec, char *err, size_t errlen);
 
 typedef enum vmmshim_sleep_mode_e {

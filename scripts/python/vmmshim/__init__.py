@@ -125,7 +125,6 @@ def _shim():
                 "vmmshim_set_process_tag": (ctypes.c_int, [ctypes.c_char_p]),
                 "vmmshim_get_tag": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t]),
                 "vmmshim_set_tag_keep": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
-                "vmmshim_set_tag_rules": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
                 "vmmshim_sleep": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(_SleepResult),
                                                  ctypes.c_size_t]),
                 "vmmshim_wake": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_uint, ctypes.POINTER(_SleepResult),
@@ -144,6 +143,8 @@ def _shim():
             if version() >= 4:
                 sigs["vmmshim_host_copy"] = (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
                                                             ctypes.POINTER(ctypes.c_size_t)])
+            if version() >= 5:
+                sigs["vmmshim_set_tag_rules"] = (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t])
             for name, (res, args) in sigs.items():
                 fn = getattr(lib, name)
                 fn.restype, fn.argtypes = res, args
@@ -199,8 +200,11 @@ def set_tag_rules(spec):
     """Replaces the tag rules (VMMSHIM_TAG_RULES, docs/tag-rules.md), e.g.
     "weights=phase:before-launch;kv=py:*/kv_cache.py"; None or "" clears them. A malformed spec
     raises Error (EINVAL) naming the rule and the character; the rules in force then stay."""
+    lib = _shim()
+    if lib.vmmshim_api_version() < 5:
+        raise NotPreloaded("vmmshim: the preloaded shim has no vmmshim_set_tag_rules (API 5)")
     err = ctypes.create_string_buffer(256)
-    rc = _shim().vmmshim_set_tag_rules(spec.encode() if spec else None, err, len(err))
+    rc = lib.vmmshim_set_tag_rules(spec.encode() if spec else None, err, len(err))
     if rc < 0:
         raise Error("set_tag_rules", -rc, err.value.decode(errors="replace") or os.strerror(-rc))
 
