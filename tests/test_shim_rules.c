@@ -9,10 +9,12 @@
  *     (rules verb, and status), with counts of what each rule tagged;
  *   - malformed rules: each message names the rule and the character; from the environment the
  *     shim runs without rules, through the API and ctl the rules in force stay;
- *   - the trace: a 'j' record (rule, tag, text) before the 'a' of each rule-tagged allocation. */
+ *   - the trace: a 'j' record (rule, tag, text) before the 'a' of each rule-tagged allocation;
+ *   - rules replaced 400 times while four threads allocate and free (also under TSan). */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -200,6 +202,41 @@ static void child_badenv(void) {
   EXPECT_TAG(main_alloc, 2 * MiB, "x");
 }
 
+/* Rules replaced while threads allocate: each thread's allocations go to one of the tags the
+ * sets name (a set is seen whole), every free succeeds, nothing is lost. */
+#define SWAP_THREADS 4
+#define SWAP_ALLOCS 3000
+
+static void *swap_worker(void *arg) {
+  int *bad = arg;
+  for (int i = 0; i < SWAP_ALLOCS; i++) {
+    void *p = NULL;
+    if (cudaMalloc(&p, 4096 + (size_t)(i % 7) * 512) != cudaSuccess || !p || cudaFree(p) != cudaSuccess) (*bad)++;
+  }
+  return NULL;
+}
+
+static void child_swap(void) {
+  pthread_t t[SWAP_THREADS];
+  int bad[SWAP_THREADS] = {0};
+  for (int i = 0; i < SWAP_THREADS; i++) pthread_create(&t[i], NULL, swap_worker, &bad[i]);
+  static const char *const sets[] = {"x=size:>=1", "y=size:<5K;x=size:>=1", "", "x=all:size:>=1,phase:before-launch"};
+  for (int i = 0; i < 400; i++) CHECK(vmmshim_set_tag_rules(sets[i % 4], NULL, 0) == 0, "swap %d", i);
+  for (int i = 0; i < SWAP_THREADS; i++) {
+    pthread_join(t[i], NULL);
+    CHECK(bad[i] == 0, "thread %d: %d allocations or frees failed", i, bad[i]);
+  }
+  vmmshim_tag_stats_t all[VMMSHIM_MAX_TAGS];
+  int n = vmmshim_tag_stats(all, VMMSHIM_MAX_TAGS, sizeof all[0]);
+  uint64_t live = 0;
+  for (int i = 0; i < n && i < VMMSHIM_MAX_TAGS; i++) {
+    CHECK(!strcmp(all[i].name, "untagged") || !strcmp(all[i].name, "x") || !strcmp(all[i].name, "y"), "tag %s",
+          all[i].name);
+    if (strcmp(all[i].name, "untagged")) live += all[i].live;
+  }
+  CHECK(live == 0, "everything freed: %llu bytes live in x and y", (unsigned long long)live);
+}
+
 /* ---------------------------------------------------------------- the control channel */
 
 static char g_reply[1 << 16];
@@ -304,6 +341,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(child, "badenv")) child_badenv();
     else if (!strcmp(child, "ctl")) child_ctl();
     else if (!strcmp(child, "trace")) child_trace();
+    else if (!strcmp(child, "swap")) child_swap();
     return check_child_summary(child);
   }
   if (!shim_active() && !dlsym(RTLD_DEFAULT, "vmmshim_set_tag_rules")) {
@@ -325,6 +363,7 @@ int main(int argc, char **argv) {
             strstr(check_child_output, "running without tag rules"),
         "the error of a bad VMMSHIM_TAG_RULES");
   check_run_child("ctl", "VMMSHIM_TAG_RULES=x=size:>=1M", NULL);
+  check_run_child("swap", NULL);
   char path[64], env[96];
   snprintf(path, sizeof path, "/tmp/vmmshim-rules-%d.trace", (int)getpid());
   snprintf(env, sizeof env, "VMMSHIM_TRACE=%s", path);
