@@ -169,6 +169,8 @@ static void child_api(void) {
   EXPECT_TAG(main_alloc, 2 * MiB, "untagged");
   CHECK(vmmshim_set_tag_rules("y=size:>=1M", NULL, 0) == 0, "set rules without err");
   EXPECT_TAG(main_alloc, 2 * MiB, "y");
+  CHECK(vmmshim_set_tag_rules(" ; ;", err, sizeof err) == 0, "a spec without a rule clears: %s", err);
+  EXPECT_TAG(main_alloc, 2 * MiB, "untagged");
 }
 
 /* Each malformed spec and the message it must get. */

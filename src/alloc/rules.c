@@ -47,7 +47,8 @@ static const char *const vs_skip[] = {"libcudart.so*", "libcudart_static*", "lib
 /* ------------------------------------------------------------------ parsing */
 
 static int fail(char *err, size_t n, int rule, int pos, const char *spec_rule, int len, const char *why) {
-  if (err && n) snprintf(err, n, "rule %d ('%.*s'), at character %d: %s", rule, len > 60 ? 60 : len, spec_rule, pos, why);
+  if (err && n)
+    snprintf(err, n, "rule %d ('%.*s'), at character %d: %s", rule, len > 60 ? 60 : len, spec_rule, pos, why);
   return -EINVAL;
 }
 
@@ -97,10 +98,11 @@ static int parse_rule(const char *spec, const char *p, const char *end, int idx,
   int len = (int)(end - p);
   if (!eq) return fail(err, n, idx, (int)(end - spec) + 1, p, len, "no '=': a rule is TAG=MATCHER");
   size_t tl = (size_t)(eq - p);
-  if (tl == 0 || tl >= VMMSHIM_TAG_MAX) return fail(err, n, idx, (int)(p - spec) + 1, p, len, "the tag is 1-31 of A-Z a-z 0-9 _ . -");
+  static const char bad_tag[] = "the tag is 1-31 of A-Z a-z 0-9 _ . -";
+  if (tl == 0 || tl >= VMMSHIM_TAG_MAX) return fail(err, n, idx, (int)(p - spec) + 1, p, len, bad_tag);
   memcpy(r->tag_name, p, tl);
   r->tag_name[tl] = 0;
-  if (!_vs_tag_name_ok(r->tag_name)) return fail(err, n, idx, (int)(p - spec) + 1, p, len, "the tag is 1-31 of A-Z a-z 0-9 _ . -");
+  if (!_vs_tag_name_ok(r->tag_name)) return fail(err, n, idx, (int)(p - spec) + 1, p, len, bad_tag);
   const char *m = eq + 1;
   bool all = end - m >= 4 && !memcmp(m, "all:", 4);
   if (all) m += 4;
@@ -112,7 +114,8 @@ static int parse_rule(const char *spec, const char *p, const char *end, int idx,
       const char *bad = memchr(m, ',', (size_t)(end - m));
       return fail(err, n, idx, (int)(bad - spec) + 1, p, len, "',' joins matchers only inside all:");
     }
-    if (r->n == VS_RULE_MATCHERS) return fail(err, n, idx, (int)(m - spec) + 1, p, len, "all: takes at most 8 matchers");
+    if (r->n == VS_RULE_MATCHERS)
+      return fail(err, n, idx, (int)(m - spec) + 1, p, len, "all: takes at most 8 matchers");
     if (me == m) return fail(err, n, idx, (int)(m - spec) + 1, p, len, "a matcher is missing");
     const char *why = parse_simple(m, me, &r->m[r->n], store);
     if (why) return fail(err, n, idx, (int)(m - spec) + 1, p, len, why);
@@ -128,10 +131,12 @@ static int parse_rule(const char *spec, const char *p, const char *end, int idx,
 
 static bool blank(char c) { return c == ' ' || c == '\t'; }
 
-/* The whole spec into a new set (not yet published, tags not yet created). */
+/* The whole spec into a new set (not yet published, tags not yet created); *out stays NULL for a
+ * spec without a rule. */
 static int parse(const char *spec, vs_ruleset_t **out, char *err, size_t n) {
   size_t sl = strlen(spec);
-  if (sl > VS_RULES_SPEC_MAX) return fail(err, n, 1, VS_RULES_SPEC_MAX + 1, spec, 0, "the rules are at most 4095 bytes");
+  if (sl > VS_RULES_SPEC_MAX)
+    return fail(err, n, 1, VS_RULES_SPEC_MAX + 1, spec, 0, "the rules are at most 4095 bytes");
   /* Room for the rules, their texts and globs (each at most the spec's length). */
   vs_ruleset_t *rs = calloc(1, sizeof *rs + 3 * (sl + 1) + 128);
   if (!rs) return -ENOMEM;
@@ -159,7 +164,10 @@ static int parse(const char *spec, vs_ruleset_t **out, char *err, size_t n) {
       for (int k = 0; !rc && k < r->n; k++) {
         vs_matcher_t *m = &r->m[k];
         if (m->kind != VS_MATCH_LIB && m->kind != VS_MATCH_SITE && m->kind != VS_MATCH_PY) continue;
-        if (bits == VS_SITE_BITS) rc = fail(err, n, idx, (int)(a - spec) + 1, a, (int)(b - a), "more than 64 lib:, site: and py: matchers");
+        if (bits == VS_SITE_BITS) {
+          rc = fail(err, n, idx, (int)(a - spec) + 1, a, (int)(b - a), "more than 64 lib:, site: and py: matchers");
+          break;
+        }
         m->bit = bits++;
         rs->need_py |= m->kind == VS_MATCH_PY;
         rs->need_site |= m->kind != VS_MATCH_PY;
@@ -168,7 +176,7 @@ static int parse(const char *spec, vs_ruleset_t **out, char *err, size_t n) {
     }
     p = semi ? semi + 1 : end;
   }
-  if (rc) {
+  if (rc || rs->n == 0) { /* no rule at all (only blanks and ';'): no set, the fast path */
     free(rs);
     return rc;
   }
@@ -219,7 +227,13 @@ void _vs_rules_init(void) {
   vs_ruleset_t *rs = NULL;
   char err[256];
   if (spec && *spec) {
-    if (parse(spec, &rs, err, sizeof err) == 0 && publish(rs, err, sizeof err) == 0) {
+    int rc = parse(spec, &rs, err, sizeof err);
+    if (!rc && !rs) {
+      snprintf(err, sizeof err, "no rule in '%.60s'", spec);
+      rc = -EINVAL;
+    }
+    if (!rc) rc = publish(rs, err, sizeof err);
+    if (!rc) {
       _vs_info("tag rules: %s", spec);
       return;
     }
