@@ -12,6 +12,7 @@ For SIZE (4096): 5,000 warm-up pairs, then 15 rounds of 5,000 pairs, each timed 
 file's pairs(): a rule py:*/rules_py.py matches it, py:*/nothing.py does not."""
 import ctypes
 import ctypes.util
+import glob
 import os
 import sys
 import time
@@ -25,10 +26,10 @@ def runtime():
     found = ctypes.util.find_library("cudart")
     if found:
         names.insert(0, found)
-    for base in sys.path:  # pip's nvidia-cuda-runtime wheels (PyTorch's)
-        d = os.path.join(base, "nvidia", "cuda_runtime", "lib")
-        if os.path.isdir(d):
-            names += [os.path.join(d, f) for f in sorted(os.listdir(d)) if f.startswith("libcudart.so")]
+    cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    names += sorted(glob.glob(os.path.join(cuda, "lib64", "libcudart.so*")))
+    for base in sys.path:  # pip's nvidia wheels (PyTorch's): nvidia/cuda_runtime/lib, nvidia/cu13/lib
+        names += sorted(glob.glob(os.path.join(base, "nvidia", "*", "lib", "libcudart.so*")))
     for n in names:
         try:
             ctypes.CDLL(n, mode=ctypes.RTLD_GLOBAL)
