@@ -3,7 +3,8 @@
  *   - lib: the allocations of two shared objects (librules_a.so, librules_b.so, built for this
  *     test) go to their tags, the program's own to the process's tag;
  *   - site: a C symbol anywhere in the stack; size:>= and size:<; phase (a launch through the
- *     emulated cuLaunchKernel ends before-launch); capture (cuStreamBeginCapture);
+ *     emulated cuLaunchKernel, or the emulated runtime's cudaLaunchKernel, ends before-launch);
+ *     capture (cuStreamBeginCapture);
  *   - the first matching rule wins; all: needs every matcher; a thread's own tag wins over rules;
  *   - rules changed at run time through vmmshim_set_tag_rules and through the control channel
  *     (rules verb, and status), with counts of what each rule tagged;
@@ -126,6 +127,19 @@ static void child_phase(void) {
   CHECK(cuLaunchKernel((CUfunction)(uintptr_t)0x1000, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL) == CUDA_SUCCESS, "launch");
   cuStreamSynchronize(s);
   EXPECT_TAG(main_alloc, MiB, "run");
+  EXPECT_TAG(main_alloc, MiB, "run");
+}
+
+/* The runtime's launch reaches the driver through the entry points cuGetProcAddress gave it: the
+ * shim's launch hooks see it too. */
+static void child_phase_rt(void) {
+  EXPECT_TAG(main_alloc, MiB, "load");
+  cudaStream_t s;
+  CHECK(cudaStreamCreate(&s) == cudaSuccess, "stream");
+  void *args[1] = {NULL};
+  CHECK(cudaLaunchKernel((const void *)child_phase_rt, (dim3){1, 1, 1}, (dim3){32, 1, 1}, args, 0, s) == cudaSuccess,
+        "cudaLaunchKernel");
+  cudaStreamSynchronize(s);
   EXPECT_TAG(main_alloc, MiB, "run");
 }
 
@@ -335,6 +349,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(child, "site")) child_site();
     else if (!strcmp(child, "size")) child_size();
     else if (!strcmp(child, "phase")) child_phase();
+    else if (!strcmp(child, "phase-rt")) child_phase_rt();
     else if (!strcmp(child, "capture")) child_capture();
     else if (!strcmp(child, "order")) child_order();
     else if (!strcmp(child, "explicit")) child_explicit();
@@ -354,6 +369,7 @@ int main(int argc, char **argv) {
   check_run_child("site", "VMMSHIM_TAG_RULES=loader=site:rules_outer_*", NULL);
   check_run_child("size", "VMMSHIM_TAG_RULES=big=size:>=1M;small=size:<4K", NULL);
   check_run_child("phase", "VMMSHIM_TAG_RULES=load=phase:before-launch;run=phase:after-launch", NULL);
+  check_run_child("phase-rt", "VMMSHIM_TAG_RULES=load=phase:before-launch;run=phase:after-launch", NULL);
   check_run_child("capture", "VMMSHIM_TAG_RULES=graphs=capture", NULL);
   check_run_child("order", "VMMSHIM_TAG_RULES=both=all:lib:librules_a*,size:>=1M;a=lib:librules_a*;first=size:>=1K;"
                            "second=size:>=1M", NULL);
