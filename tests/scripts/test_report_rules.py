@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests of vmmshim-report on tag rules (trace version 4): the 'j' records name the rule that
 tagged each allocation; the report lists what each rule tagged, and its by-site tables show each
-site's tag and rule (a site some of whose allocations a rule tagged says how many). A version-3
+site's tag and rule (a site some of whose allocations a rule tagged says how many), in the text
+and on the HTML page. A version-3
 reader's rule applies: a 'j' in a version-3 trace is an unknown record, skipped with a warning.
 Ends with "N passed, N failed"."""
 import os
@@ -53,6 +54,12 @@ def run(tmp):
           "site 1's rows show its tag and rule %s" % lines[:2])
     check(any("[tag weights: rule weights=phase:before-launch (1 of 2)]" in l for l in lines if "0x402000" in l),
           "site 2's rows say that 1 of its 2 allocations was tagged by the rule %s" % lines)
+    page = os.path.join(tmp, "rules.html")
+    r = report(path, "--html", page)
+    text = open(page).read() if os.path.exists(page) else ""
+    check(r.returncode == 0 and "[tag kv: rule kv=py:*/kv_cache.py]" in text
+          and "[tag weights: rule weights=phase:before-launch (1 of 2)]" in text,
+          "the HTML page's site tables show the tags and rules too")
     # The same records in a version-3 trace: 'j' is not known there.
     v3 = os.path.join(tmp, "v3.trace")
     with open(v3, "w") as f:
