@@ -1,7 +1,8 @@
 /* test_shim_rules: tags without code (VMMSHIM_TAG_RULES, docs/tag-rules.md), under the shim, one
  * process per scenario (the rules are read once per process):
  *   - lib: the allocations of two shared objects (librules_a.so, librules_b.so, built for this
- *     test) go to their tags, the program's own to the process's tag;
+ *     test) go to their tags, the program's own to the process's tag, also through a stand-in
+ *     for an allocator library (librmm.so), which lib: looks past to its caller;
  *   - site: a C symbol anywhere in the stack; size:>= and size:<; phase (a launch through the
  *     emulated cuLaunchKernel, or the emulated runtime's cudaLaunchKernel, ends before-launch);
  *     capture (cuStreamBeginCapture);
@@ -40,6 +41,9 @@
 
 void *rules_lib_a_alloc(size_t n); /* librules_a.so */
 void *rules_lib_b_alloc(size_t n); /* librules_b.so */
+void *rules_lib_a_via(size_t n);   /* librules_a.so, through librmm.so */
+void *rules_lib_b_via(size_t n);   /* librules_b.so, through librmm.so */
+void *rules_pool_alloc(size_t n);  /* librmm.so, called from here */
 
 /* ---------------------------------------------------------------- tags of allocations */
 
@@ -103,6 +107,13 @@ static void child_lib(void) {
   EXPECT_TAG(main_alloc, MiB, "untagged");
   EXPECT_TAG(rules_lib_a_alloc, 3 * MiB, "a"); /* the same site again: from the cache */
   EXPECT_TAG(rules_lib_b_alloc, 3 * MiB, "b");
+  /* Through an allocator library (librmm.so): its one return address serves both libraries, each
+   * allocation is its caller's, in turns. */
+  for (int i = 0; i < 2; i++) {
+    EXPECT_TAG(rules_lib_a_via, MiB, "a");
+    EXPECT_TAG(rules_lib_b_via, MiB, "b");
+    EXPECT_TAG(rules_pool_alloc, MiB, "untagged"); /* its caller is the program */
+  }
 }
 
 static void child_site(void) {
