@@ -240,7 +240,8 @@ static inline bool vs_gated_launch(vs_gated_t id) {
     fn_t real = (fn_t)_vs_hook_real(&_vs_gated_hooks[VS_GATED_##id], &_vs_gated_real[VS_GATED_##id]);    \
     if (!real) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
     _vs_order_see(on, ptsz);                                                                          \
-    if (vs_gated_launch(VS_GATED_##id) && vs_unlikely(!atomic_load_explicit(&_vs_launched, memory_order_relaxed))) \
+    if (vs_gated_launch(VS_GATED_##id) &&                                                             \
+        vs_unlikely(!atomic_load_explicit(&_vs_launched, memory_order_relaxed)))                      \
       atomic_store_explicit(&_vs_launched, true, memory_order_relaxed);                               \
     vs_gate_line_t *line_ = _vs_gate_enter();                                                         \
     CUresult r_ = real args;                                                                          \
