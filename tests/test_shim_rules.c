@@ -7,6 +7,7 @@
  *     emulated cuLaunchKernel, or the emulated runtime's cudaLaunchKernel, ends before-launch);
  *     capture (cuStreamBeginCapture);
  *   - the first matching rule wins; all: needs every matcher; a thread's own tag wins over rules;
+ *     the process's first allocation goes to VMMSHIM_TAG's tag (read before it);
  *   - rules changed at run time through vmmshim_set_tag_rules and through the control channel
  *     (rules verb, and status), with counts of what each rule tagged;
  *   - malformed rules: each message names the rule and the character; from the environment the
@@ -179,6 +180,26 @@ static void child_explicit(void) {
   CHECK(vmmshim_set_tag(NULL) == 0, "set_tag NULL");
   EXPECT_TAG(main_alloc, 2 * MiB, "big");
   EXPECT_TAG(main_alloc, 2 * KiB, "proc"); /* no rule: the process's tag (VMMSHIM_TAG) */
+}
+
+/* The process's very first allocation, with no rules: VMMSHIM_TAG's tag, whether the program
+ * asked for its tags before (first-api) or not (first). */
+static void child_first(int api_first) {
+  if (api_first) {
+    EXPECT_TAG(main_alloc, 2 * MiB, "proc");
+  } else {
+    CHECK(main_alloc(2 * MiB) != NULL, "the first allocation");
+    vmmshim_tag_stats_t all[VMMSHIM_MAX_TAGS];
+    int n = vmmshim_tag_stats(all, VMMSHIM_MAX_TAGS, sizeof all[0]);
+    uint64_t proc = 0, untagged = 0;
+    for (int i = 0; i < n && i < VMMSHIM_MAX_TAGS; i++) {
+      if (!strcmp(all[i].name, "proc")) proc = all[i].live;
+      if (!strcmp(all[i].name, "untagged")) untagged = all[i].live;
+    }
+    CHECK(proc >= 2 * MiB && untagged == 0, "the first allocation: proc %llu, untagged %llu bytes",
+          (unsigned long long)proc, (unsigned long long)untagged);
+  }
+  EXPECT_TAG(main_alloc, 2 * MiB, "proc");
 }
 
 static void child_api(void) {
@@ -355,6 +376,10 @@ static void check_trace(const char *path, const char *out) {
 int main(int argc, char **argv) {
   const char *child = check_child_main(argc, argv);
   if (child) {
+    if (!strncmp(child, "first", 5)) {
+      child_first(!strcmp(child, "first-api"));
+      return check_child_summary(child);
+    }
     must_malloc(1); /* activates the shim */
     if (!strcmp(child, "lib")) child_lib();
     else if (!strcmp(child, "site")) child_site();
@@ -385,6 +410,8 @@ int main(int argc, char **argv) {
   check_run_child("order", "VMMSHIM_TAG_RULES=both=all:lib:librules_a*,size:>=1M;a=lib:librules_a*;first=size:>=1K;"
                            "second=size:>=1M", NULL);
   check_run_child("explicit", "VMMSHIM_TAG_RULES=big=size:>=1M", "VMMSHIM_TAG=proc", NULL);
+  check_run_child("first", "VMMSHIM_TAG=proc", NULL);
+  check_run_child("first-api", "VMMSHIM_TAG=proc", NULL);
   check_run_child("api", NULL);
   check_run_child("malformed", NULL);
   check_run_child("badenv", "VMMSHIM_TAG_RULES=a=lib:x;b=siz:>=1", NULL);

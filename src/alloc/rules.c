@@ -221,8 +221,11 @@ int _vs_set_tag_rules(const char *spec, char *err, size_t n) {
   return rc;
 }
 
-/* VMMSHIM_TAG_RULES, once: a bad spec is one error, and the shim runs without rules. */
+/* VMMSHIM_TAG_RULES, once: a bad spec is one error, and the shim runs without rules. The
+ * process's first allocation comes here (the set starts unread): VMMSHIM_TAG is read first, so
+ * that allocation goes to it too. */
 void _vs_rules_init(void) {
+  _vs_tags_init();
   const char *spec = _vs_option_string(VS_OPT_TAG_RULES);
   vs_ruleset_t *rs = NULL;
   char err[256];
