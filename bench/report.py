@@ -135,6 +135,29 @@ def stack_runs(recs):
     return {c: one(recs, "pairs", cfg=c, size=4096, threads=1) for c in STACK_CFGS}
 
 
+RULE_CFGS = (("rules-none", "no rules"), ("rules-size-phase", "size and phase rules (no stack)"),
+             ("rules-lib", "a lib: rule (once per call site)"), ("rules-site", "a site: rule (once per call site)"))
+RULE_PY_CFGS = (("rules-py-none", "no rules"), ("rules-py-miss", "a py: rule that matches nothing"),
+                ("rules-py", "a py: rule that matches"))
+
+
+def rules_rows(recs):
+    """The rows of the tag rules' cost (VMMSHIM_TAG_RULES): [(label, median us, + ns vs. its base)]
+    for the C pairs and the Python ones, each against its row without rules; [] when not run."""
+    rows = []
+    for cfgs in (RULE_CFGS, RULE_PY_CFGS):
+        base = one(recs, "pairs", cfg=cfgs[0][0], size=4096, threads=1)
+        if not base:
+            continue
+        b = num(base, "median_us")
+        for c, label in cfgs:
+            r = one(recs, "pairs", cfg=c, size=4096, threads=1)
+            if r:
+                rows.append((("C, 20 calls deep: " if cfgs is RULE_CFGS else "Python (ctypes): ") + label,
+                             num(r, "median_us"), None if c == cfgs[0][0] else (num(r, "median_us") - b) * 1000.0))
+    return rows
+
+
 def held_bytes(r, cfg):
     """Bytes held at the peak: the pool's reserved high mark, the shim's peak mapped; None for an
     allocator that reports neither."""
@@ -283,6 +306,13 @@ def sec_pairs(recs, out):
             elif stk[c]:
                 out.append("| %s | %.3f | %+.0f |" % (name, num(stk[c], "median_us"),
                                                      (num(stk[c], "median_us") - base) * 1000.0))
+    rules = rules_rows(recs)
+    if rules:
+        out.append("\n### Cost of tag rules (VMMSHIM_TAG_RULES), one thread: async pairs of 4 KiB\n")
+        out.append("| rules | median pair (us) | + ns per allocation |")
+        out.append("| --- | --- | --- |")
+        for label, med, plus in rules:
+            out.append("| %s | %.3f | %s |" % (label, med, "" if plus is None else "%+.0f" % plus))
     parts = [("floor", "clock reads alone"), ("shim-deferred", "cudaMalloc+cudaFree, deferred"),
              ("shim-drv-deferred", "cuMemAlloc+cuMemFree, deferred"), ("shim-async", "cudaMallocAsync+cudaFreeAsync"),
              ("shim-drv-async", "cuMemAllocAsync+cuMemFreeAsync")]

@@ -211,6 +211,21 @@ rm -f "$LOGDIR"/pairs-trace.*
 step pairs-trace-base8-async pairs 60 "$SHIM" -- "$BIN/pairs" async trbase8-async 8 4K 1M
 step pairs-trace-on8-async pairs 60 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" async trace8-async 8 4K 1M
 rm -f "$LOGDIR"/pairs-trace.*
+# The cost of tag rules (VMMSHIM_TAG_RULES, docs/tag-rules.md), one thread: async pairs of 4 KiB
+# 20 calls down without rules, with rules that need no stack (size, phase; the last matches), a
+# lib: and a site: rule (decided once per call site); and from Python (bench/rules_py.py) without
+# rules, with a py: rule that matches nothing and one that matches every pair.
+for cfg in "rules-none|" "rules-size-phase|a=size:>=1T;b=phase:before-launch;c=size:<1G" \
+           "rules-lib|a=lib:libnccl*;c=lib:*pairs*" "rules-site|a=site:nccl*;c=site:__libc_start*"; do
+  label=${cfg%%|*}
+  spec=${cfg#*|}
+  step "pairs-$label" pairs 60 "$SHIM" PAIRS_DEPTH=20 ${spec:+"VMMSHIM_TAG_RULES=$spec"} -- $STEADY "$BIN/pairs" async "$label" 1 4K
+done
+for cfg in "rules-py-none|" "rules-py-miss|a=py:*/nothing.py" "rules-py|c=py:*/rules_py.py"; do
+  label=${cfg%%|*}
+  spec=${cfg#*|}
+  step "pairs-$label" pairs 60 "$SHIM" ${spec:+"VMMSHIM_TAG_RULES=$spec"} -- $STEADY "$PYTHON" bench/rules_py.py "$label"
+done
 
 # ---- 2. growth ----
 section "2/7 first-time growth"

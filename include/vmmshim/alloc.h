@@ -98,6 +98,57 @@ int _vs_set_process_tag(const char *tag);
 int _vs_get_tag(char *buf, size_t n);
 int _vs_set_tag_keep(const char *tag, bool keep);
 
+/* ---------------------------------------------------------------- "rules.c" */
+/* VMMSHIM_TAG_RULES (docs/tag-rules.md): TAG=MATCHER rules that tag allocations of threads
+ * that set no tag of their own; the first that matches gives the tag. */
+#define VS_RULES_SPEC_MAX 4095
+typedef enum vs_match_kind_e {
+  VS_MATCH_LIB, VS_MATCH_PY, VS_MATCH_SITE, VS_MATCH_CAPTURE, VS_MATCH_BEFORE, VS_MATCH_AFTER,
+  VS_MATCH_SIZE_GE, VS_MATCH_SIZE_LT
+} vs_match_kind_t;
+typedef struct vs_matcher_s {
+  vs_match_kind_t kind;
+  int bit;           /* lib, py, site: its bit in the call site's decisions */
+  uint64_t size;     /* size:>= and size:< */
+  const char *glob;  /* lib, py, site */
+} vs_matcher_t;
+typedef struct vs_rule_s {
+  int tag, n, index;               /* the tag's index; matchers (all must match); place in the set */
+  char tag_name[VMMSHIM_TAG_MAX];
+  const char *text;                /* the rule as written, spaces trimmed */
+  vs_matcher_t m[8];
+  atomic_ullong matched;           /* allocations it tagged */
+} vs_rule_t;
+typedef struct vs_ruleset_s {
+  int n;
+  bool need_py, need_site;         /* py: matchers; lib: or site: matchers */
+  const char *spec;
+  struct vs_ruleset_s *kept;       /* the set published before (sets are kept for good) */
+  vs_rule_t rules[32];
+} vs_ruleset_t;
+extern vs_ruleset_t *_Atomic _vs_rules;  /* NULL: no rules */
+extern atomic_bool _vs_launched;         /* a kernel was launched (hook_gated.c sets it once) */
+extern _Thread_local void *_vs_tl_alloc_caller; /* the allocation hook's return address */
+/* The tag of an allocation of a thread with no tag of its own, and the rule that gave it
+ * (NULL: none matched; the process's tag). */
+int _vs_rules_tag(size_t size, const vs_rule_t **rule);
+/* The tag of an allocation of size bytes: the thread's own, else the rules', else the process's. */
+static inline int _vs_alloc_tag(size_t size, const vs_rule_t **rule) {
+  int t = _vs_tl_tag1;
+  *rule = NULL;
+  if (vs_likely(t == 0)) {
+    if (vs_unlikely(atomic_load_explicit(&_vs_rules, memory_order_relaxed) != NULL)) return _vs_rules_tag(size, rule);
+    return atomic_load_explicit(&_vs_process_tag, memory_order_relaxed);
+  }
+  return t - 1;
+}
+/* vmmshim_set_tag_rules: spec NULL or "" clears; 0, or a negative errno value with err (n bytes)
+ * saying which rule is wrong and where; the rules in force then stay. */
+int _vs_set_tag_rules(const char *spec, char *err, size_t n);
+void _vs_rules_init(void); /* VMMSHIM_TAG_RULES, once */
+/* The set in force (NULL: none), for status: read only, valid for the life of the process. */
+const vs_ruleset_t *_vs_rules_current(void);
+
 /* ---------------------------------------------------------------- "mempool.c" */
 /* The queries a program makes about the stream-ordered allocator's pool, on a pool the shim
  * stands in for: each device's default pool (its stream-ordered allocations are the shim's).

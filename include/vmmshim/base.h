@@ -124,7 +124,8 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */ \
   X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */ \
   X(DISK_DIR, VS_KIND_STRING, 0)                 /* directory of disk-mode sleep files ($TMPDIR, else /tmp) */ \
-  X(STITCH, VS_KIND_BOOL, 0)                     /* 1: growth maps idle handles side by side before new ones */
+  X(STITCH, VS_KIND_BOOL, 0)                     /* 1: growth maps idle handles side by side before new ones */ \
+  X(TAG_RULES, VS_KIND_RULES, 0)                 /* TAG=MATCHER;...: tags by library, Python file, site, phase (rules.c) */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -145,7 +146,8 @@ typedef enum vs_option_kind_e {
   VS_KIND_SECONDS,  /* 1 .. 3600 */
   VS_KIND_LIMIT,    /* SIZE (every device together) and/or D:SIZE (device D), comma-separated */
   VS_KIND_NAME,     /* a group name: 1-31 of A-Z a-z 0-9 _ . - */
-  VS_KIND_ON_LIMIT  /* fail, wait[:SECONDS], host[:SIZE]: the mode, its number in _vs_option_arg */
+  VS_KIND_ON_LIMIT, /* fail, wait[:SECONDS], host[:SIZE]: the mode, its number in _vs_option_arg */
+  VS_KIND_RULES     /* tag rules: non-empty text, parsed by src/alloc/rules.c at first use */
 } vs_option_kind_t;
 
 typedef enum vs_option_e {
@@ -162,7 +164,7 @@ typedef enum vs_option_e {
 void _vs_config_init(void);
 /* Hot-path getters: no parsing, no getenv. */
 uint64_t _vs_option(vs_option_t opt);
-const char *_vs_option_string(vs_option_t opt); /* STRING, LOG, TAG, NAME and LIMIT kinds: the text, or NULL */
+const char *_vs_option_string(vs_option_t opt); /* STRING, LOG, TAG, NAME, LIMIT, RULES kinds: the text, or NULL */
 uint64_t _vs_option_arg(vs_option_t opt);       /* ON_LIMIT: the SECONDS of wait, the SIZE of host (0: none given) */
 /* What VMMSHIM_LIMIT says for device dev (dev < 0: every device together); 0 = no cap. */
 uint64_t _vs_limit_setting(int dev);
@@ -406,6 +408,9 @@ void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t dev
  * which `fresh` bytes in new handles and the rest idle handles of the pool moved there. */
 void _vs_trace_stitch(CUdeviceptr va, size_t size, unsigned handles, size_t fresh, int device,
                       uint64_t duration_ns);
+/* 'j': the tag rule (its index in its set) that tagged the allocation at ptr, written before its
+ * 'a'; tag and text must stay valid for the life of the process (rule sets are kept). */
+void _vs_trace_rule(CUdeviceptr ptr, int rule, int device, const char *tag, const char *text);
 void _vs_trace_flush(void);
 void _vs_trace_close(void);
 

@@ -70,4 +70,9 @@ bool _vs_ctl_arg_size(const vs_jobject_t *req, const char *key, bool required, u
 /* The tag of a sleep or wake: "tag": NAME, or "all": true (*tag NULL). */
 bool _vs_ctl_arg_target(const vs_jobject_t *req, const char **tag, bool *all, vs_jout_t *o);
 
+/* ---------------------------------------------------------------- "control_rules.c" */
+/* The `rules` verb; and ,"rules":[...] (the rules in force and their counts), for status. */
+void _vs_ctl_rules(const vs_jobject_t *req, vs_jout_t *o);
+void _vs_ctl_out_rules(vs_jout_t *o);
+
 #endif

@@ -9,6 +9,7 @@
 
 #define VS_TRACE_FORMAT_VERSION 4
 #define VS_TRACE_REC_MAX 192 /* longest line: 'm' with ten 16-digit fields */
+#define VS_TRACE_RULE_TEXT 100 /* 'j': bytes of the rule's text kept (with the rest, within REC_MAX) */
 #define VS_TRACE_STACK_MAX 3072 /* 'k': 64 native frames and 64 Python frames */
 #define VS_TRACE_MODULE_MAX 4300 /* 'l': four numbers, a build id and a path of up to 4096 */
 #define VS_TRACE_STRING_MAX 4200 /* 'n': strings are cut at 4096 bytes */
@@ -26,7 +27,9 @@
  *   'h' stitch: a va, b size, c bytes in new handles, d duration ns, e handles mapped
  *   'w' sleep or wake: sub 0 sleep, 1 wake, a device bytes given back or mapped again, b bytes
  *       copied to or from host memory, c the tag's index (~0: every tag), d duration ns,
- *       e the result (0, or a negative errno value), flags the mode */
+ *       e the result (0, or a negative errno value), flags the mode
+ *   'j' tag rule: sub the rule's index, a ptr, c its tag's name, d its text (both char *, kept
+ *       for the life of the process) */
 #define VS_TRACE_HOST_MEMORY 0x80
 #define VS_TRACE_ALIAS 0x40
 typedef struct vs_trace_rec_s {

@@ -47,6 +47,8 @@ E_REC = re.compile(r"e (%s)(?: (%s))?\n\Z" % (_H, _H))  # the cap, when VMMSHIM_
 G_REC = re.compile(r"g %s %s %s - (%s) ([A-Za-z0-9_.-]{1,31})\n\Z" % (_H, _H, _H, _H))
 W_REC = _record("w", _H, _H, _H, _D, _H, _H, _H, _H, _H, _H)
 H_REC = _record("h", _H, _H, _H, _D, _H, _H, _H, _H, _H)  # a stitch (version 4)
+# j: the tag rule that tagged the allocation at PTR (version 4): index, device, PTR, tag, the rule's text.
+J_REC = re.compile(r"j (%s) (%s) (%s) (%s) (%s) ([A-Za-z0-9_.-]{1,31}) (.*)\n\Z" % (_H, _H, _H, _D, _H))
 K_REC = re.compile(r"k(?: %s){3,}\n\Z" % _H)
 N_REC = re.compile(r"n (%s)(?: (.*))?\n\Z" % _H, re.S)  # the text: everything after one space
 L_REC = re.compile(r"l (%s) (%s) (%s) (%s) (-|[0-9a-fA-F]{1,128}) (.*)\n\Z" % (_H, _H, _H, _H), re.S)
@@ -296,6 +298,14 @@ class Trace:
                         raise ValueError
                     yield ("h", int(t, 16), int(tid, 16), dev, int(va, 16), size, int(handles, 16), fresh,
                            int(dur, 16))
+                elif c == "j" and self.version >= 4:
+                    m = J_REC.match(line)
+                    if m is None:
+                        raise ValueError
+                    if m.group(4) != "-" and int(m.group(4), 16) > MAX_DEVICE:
+                        raise ValueError
+                    # ("j", t, tid, ptr, tag, rule text): the rule of the next allocation at ptr
+                    yield ("j", int(m.group(1), 16), int(m.group(2), 16), int(m.group(5), 16), m.group(6), m.group(7))
                 elif c == "v":
                     self._bad(line)
                 else:

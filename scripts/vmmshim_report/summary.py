@@ -123,6 +123,11 @@ class Analysis:
         self.pf_heap = []  # (requested, seq, entry): the pf_max largest allocations
         self.pf_open = {}  # ptr -> entry while live: [t_alloc, t_free, ptr, requested, served, stack, tid]
         self.stacks = None  # Stacks, after symbolise()
+        # Tag rules (version 4): the rule of the next allocation at a pointer ('j' comes just before its
+        # 'a'), and sid -> Counter of (tag, rule text) -> allocations.
+        self.rule_next = {}
+        self.rules_by_stack = collections.defaultdict(collections.Counter)
+        self.rule_bytes = collections.Counter()  # (tag, rule text) -> requested bytes
         if progress is not None:
             progress.start(trace, lambda: self.n_events)
         self.run()
@@ -171,6 +176,11 @@ class Analysis:
                             s[4] = epoch
                         s[2] -= old[0]
                 live[ptr] = (srv, req, t, api, dev, st, stk)
+                if self.rule_next:
+                    rt = self.rule_next.pop(ptr, None)
+                    if rt is not None:
+                        self.rules_by_stack[stk][rt] += 1
+                        self.rule_bytes[rt] += req
                 if resv:
                     tags.alloc(ptr, req, srv)
                 self.n_alloc += 1
@@ -206,6 +216,8 @@ class Analysis:
                     viz.append((dev, stk, {"action": "alloc", "addr": ptr, "size": srv, "stream": st or 0,
                                            "frames": [], "time_us": t // 1000}))
                     self.devices.add(dev)
+            elif kind == "j":
+                self.rule_next[ev[3]] = (ev[4], ev[5])
             elif kind == "f":
                 _, t, tid, api, dev, st, ptr, srv = ev
                 per_api[api][1] += 1

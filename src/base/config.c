@@ -231,6 +231,7 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_LOG: return "warn";
   case VS_KIND_TRACE_FORMAT: return "native";
   case VS_KIND_STRING: return "unset";
+  case VS_KIND_RULES: return "unset";
   case VS_KIND_TAG: return "tag 'untagged'";
   case VS_KIND_SIGNAL:
     if (o->init && signal_name(o->init)) return signal_name(o->init);
@@ -318,6 +319,10 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     *expect = "USR1, USR2, PWR, WINCH or URG (with or without SIG), their number or a real-time signal's, or "
               "0/off; termination, job-control and fault signals are refused";
     return _vs_parse_signal(text, v);
+  case VS_KIND_RULES:
+    *expect = "TAG=MATCHER rules separated by ';' (docs/tag-rules.md)";
+    *v = 1;
+    return *text ? 0 : -1;
   case VS_KIND_STRING:
     *expect = "a non-empty path";
     *v = 1;
@@ -448,7 +453,7 @@ static void config_read(void) {
     o->value = v;
     o->set = true;
     if (o->kind == VS_KIND_STRING || o->kind == VS_KIND_LOG || o->kind == VS_KIND_TAG || o->kind == VS_KIND_NAME ||
-        o->kind == VS_KIND_LIMIT)
+        o->kind == VS_KIND_LIMIT || o->kind == VS_KIND_RULES)
       o->text = text;
   }
   /* Sizes the pool rounds up (to the device's granularity, to the handle size) or multiplies:
@@ -517,6 +522,7 @@ void _vs_config_print(void) {
       break;
     }
     case VS_KIND_STRING:
+    case VS_KIND_RULES:
     case VS_KIND_NAME: shown = o->text ? o->text : "(unset)"; break;
     case VS_KIND_TAG: shown = o->text ? o->text : "tag 'untagged'"; break;
     case VS_KIND_LIMIT:

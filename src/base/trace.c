@@ -416,6 +416,16 @@ void _vs_trace_stitch(CUdeviceptr va, size_t size, unsigned handles, size_t fres
   rec_publish(r, pos);
 }
 
+void _vs_trace_rule(CUdeviceptr ptr, int rule, int device, const char *tag, const char *text) {
+  if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return; /* rmm has no tags */
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('j', (uint8_t)rule, device, &pos);
+  r->a = (uint64_t)ptr;
+  r->c = (uint64_t)(uintptr_t)tag;
+  r->d = (uint64_t)(uintptr_t)text;
+  rec_publish(r, pos);
+}
+
 void _vs_trace_flush(void) {
   if (vs_trace_fd < 0) return;
   lock_take(trace_tid());

@@ -335,6 +335,7 @@ static void do_status(const vs_jobject_t *req, vs_jout_t *o) {
     _vs_ctl_out(o, "}");
   }
   _vs_ctl_out(o, "]");
+  _vs_ctl_out_rules(o);
 }
 
 typedef struct vs_verb_s {
@@ -346,6 +347,7 @@ static const vs_verb_t vs_verbs[] = {
     {"status", do_status}, {"tag", do_tag},   {"sleep", do_sleep}, {"wake", do_wake},
     {"trim", do_trim},     {"limit", do_limit}, {"dump", do_dump}, {"release-host", do_release_host},
     {"promote", do_promote},
+    {"rules", _vs_ctl_rules},
 };
 
 static atomic_bool vs_ctl_exiting; /* set at exit: what arrives then is refused */
@@ -375,7 +377,7 @@ static void answer(const char *line, size_t len, vs_jout_t *o) {
         if (!strcmp(cmd->str, vs_verbs[i].name)) verb = &vs_verbs[i];
       if (verb) verb->fn(&req, o);
       else _vs_ctl_error(o, &req, EINVAL, "unknown verb '%.40s': status, tag, sleep, wake, trim, limit, dump, "
-                       "release-host, promote", cmd->str);
+                       "release-host, promote, rules", cmd->str);
     }
   }
   _vs_ctl_out(o, "}\n");

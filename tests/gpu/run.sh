@@ -223,6 +223,11 @@ run_prog "static/group-hopeless" "$BIN/t_group.static" GROUP_MODE=hopeless GROUP
 run_python tms-compat tests/gpu/tms_compat.py
 run_python tms-compat-nocache tests/gpu/tms_compat.py --no-cache
 
+# ---- tag rules on an unmodified PyTorch generator (tests/gpu/rules_llm.py): weights by phase, the KV
+# cache by Python file (tests/gpu/rules_kv.py); vmmshim ctl sleeps kv from outside, the tokens after
+# the wake are the reference's; with the caching allocator on, INFO only. PyTorch missing: SKIP ----
+run_python rules-llm tests/gpu/rules_llm.py
+
 # ---- robustness (tests/gpu/t_robust.cu, one ROBUST_MODE per run) ----
 # robust_value LOG KEY: KEY=value of the "RESULT pressure" line.
 robust_value() { sed -n "s/^RESULT pressure .*$2=\([^ ]*\).*/\1/p" "$1" | head -n 1; }

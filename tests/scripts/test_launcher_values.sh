@@ -110,6 +110,8 @@ LIMIT_GROUP|--limit-group|0123456789012345678901234567890|ok
 LIMIT_GROUP|--limit-group|01234567890123456789012345678901|bad
 LIMIT_GROUP|--limit-group|no/slash|bad
 LIMIT_GROUP|--limit-group||bad
+TAG_RULES|-|kv=py:*/kv_cache.py;weights=phase:before-launch|ok
+TAG_RULES|-||bad
 ON_LIMIT|--on-limit|fail|ok
 ON_LIMIT|--on-limit|WAIT|ok
 ON_LIMIT|--on-limit|wait:30|ok

@@ -70,7 +70,7 @@ if $CC -I"$CUDA_HOME/include" -o "$tmp/prog" "$tmp/prog.c" -L"$B/emu" -Wl,-rpath
   # or group name has no spaces).
   set --
   for v in $table; do
-    if [ "$v" = VMMSHIM_TRACE ] || [ "$v" = VMMSHIM_DISK_DIR ]; then set -- "$@" "$v="
+    if [ "$v" = VMMSHIM_TRACE ] || [ "$v" = VMMSHIM_DISK_DIR ] || [ "$v" = VMMSHIM_TAG_RULES ]; then set -- "$@" "$v="
     elif [ "$v" = VMMSHIM_TAG ] || [ "$v" = VMMSHIM_LIMIT_GROUP ]; then set -- "$@" "$v=not a name"
     else set -- "$@" "$v=not-a-value"; fi
   done

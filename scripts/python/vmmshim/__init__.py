@@ -35,7 +35,7 @@ from .client import Control, ControlError, reachable  # noqa: F401  (the public 
 __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
            "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "host_copy", "set_disk_dir", "stats", "trim", "dump",
            "control", "reachable", "loaded", "library_path", "UNTAGGED", "SleepResult", "Error", "NotPreloaded",
-           "ControlError", "Control"]
+           "ControlError", "Control", "set_tag_rules"]
 
 TAG_MAX = 32
 UNTAGGED = "untagged"  # the tag of memory allocated with no tag set
@@ -144,6 +144,8 @@ def _shim():
             if version() >= 4:
                 sigs["vmmshim_host_copy"] = (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
                                                             ctypes.POINTER(ctypes.c_size_t)])
+            if version() >= 5:
+                sigs["vmmshim_set_tag_rules"] = (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t])
             for name, (res, args) in sigs.items():
                 fn = getattr(lib, name)
                 fn.restype, fn.argtypes = res, args
@@ -193,6 +195,19 @@ def set_process_tag(tag):
 def set_tag_keep(tag, keep=True):
     """A tag marked keep is copied to host memory, not discarded, by a level-2 sleep."""
     _check(_shim().vmmshim_set_tag_keep(_name(tag), 1 if keep else 0), "set_tag_keep %s" % tag)
+
+
+def set_tag_rules(spec):
+    """Replaces the tag rules (VMMSHIM_TAG_RULES, docs/tag-rules.md), e.g.
+    "weights=phase:before-launch;kv=py:*/kv_cache.py"; None or "" clears them. A malformed spec
+    raises Error (EINVAL) naming the rule and the character; the rules in force then stay."""
+    lib = _shim()
+    if lib.vmmshim_api_version() < 5:
+        raise NotPreloaded("vmmshim: the preloaded shim has no vmmshim_set_tag_rules (API 5)")
+    err = ctypes.create_string_buffer(256)
+    rc = lib.vmmshim_set_tag_rules(spec.encode() if spec else None, err, len(err))
+    if rc < 0:
+        raise Error("set_tag_rules", -rc, err.value.decode(errors="replace") or os.strerror(-rc))
 
 
 _backup = {}  # tag -> enable_cpu_backup, for the tags region() has seen (pause/resume without a tag)
