@@ -68,6 +68,10 @@ int _vs_sleep(const char *tag, int mode, vmmshim_sleep_result_t *out);
 int _vs_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *out);
 int _vs_sleep_level(int level, int mapped, vmmshim_sleep_result_t *out);
 int _vs_promote(vmmshim_sleep_result_t *out);
+/* A group's quiesce: the gate closed (no capture in progress: -EBUSY after VMMSHIM_SLEEP_WAIT)
+ * and every context synchronised, held until _vs_unquiesce; why (n bytes) says why it was not. */
+int _vs_quiesce(char *why, size_t n);
+void _vs_unquiesce(void);
 int _vs_tag_stats(vmmshim_tag_stats_t *out, int max);
 /* Whether addr is served from host memory at its own address (a tag asleep in mapped mode), and
  * its pool's device: pointer queries then answer device memory, as before the sleep. */

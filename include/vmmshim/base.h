@@ -413,7 +413,8 @@ static inline vs_gate_line_t *_vs_gate_enter(void) {
   return l;
 }
 static inline void _vs_gate_leave(vs_gate_line_t *l) { atomic_fetch_sub_explicit(&l->inside, 1, memory_order_release); }
-/* Closes the gate and waits until no submission is in progress; _vs_gate_open lets them go. */
+/* Closes the gate and waits until no submission is in progress; _vs_gate_open lets them go.
+ * Closes nest (a group's quiesce around a sleep): the gate opens at the last holder's open. */
 void _vs_gate_close(void);
 void _vs_gate_open(void);
 

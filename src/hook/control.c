@@ -342,6 +342,7 @@ static const vs_verb_t vs_verbs[] = {
     {"status", do_status}, {"tag", do_tag},   {"sleep", do_sleep}, {"wake", do_wake},
     {"trim", do_trim},     {"limit", do_limit}, {"dump", do_dump}, {"release-host", do_release_host},
     {"promote", do_promote},
+    {"quiesce", _vs_ctl_quiesce}, {"release", _vs_ctl_release},
 };
 
 static atomic_bool vs_ctl_exiting; /* set at exit: what arrives then is refused */
@@ -371,7 +372,7 @@ static void answer(const char *line, size_t len, vs_jout_t *o) {
         if (!strcmp(cmd->str, vs_verbs[i].name)) verb = &vs_verbs[i];
       if (verb) verb->fn(&req, o);
       else _vs_ctl_error(o, &req, EINVAL, "unknown verb '%.40s': status, tag, sleep, wake, trim, limit, dump, "
-                       "release-host, promote", cmd->str);
+                       "release-host, promote, quiesce, release", cmd->str);
     }
   }
   _vs_ctl_out(o, "}\n");
@@ -387,9 +388,16 @@ static vs_server_t vs_ctl_server;
 static pid_t vs_ctl_pid;
 static vs_lock_t vs_ctl_lock = VS_LOCK_INITIALIZER(VS_RANK_CONTROL, "control"); /* the start */
 
+static uint64_t vs_ctl_conns, vs_ctl_conn; /* the server thread's alone */
+
+uint64_t _vs_ctl_connection(void) { return vs_ctl_conn; }
+
+static void ctl_closed(uint64_t held) { _vs_ctl_group_closed(held); }
+
 static vs_srv_next_t ctl_answer(int fd, uint64_t *held, const char *req, size_t len, char *out, size_t *out_n) {
   (void)fd;
-  (void)held;
+  if (!*held) *held = ++vs_ctl_conns; /* a number for the connection, which it gets back when closed */
+  vs_ctl_conn = *held;
   vs_jout_t o = {out, VS_CTL_REPLY_MAX, 0, false};
   answer(req, len, &o);
   *out_n = o.n;
@@ -454,7 +462,7 @@ static void control_start(void) {
       .name = "control", .asked = "asked to control this process", .slots = VS_CTL_MAX_CONNS,
       .backlog = VS_CTL_BACKLOG, .line_max = VS_CTL_LINE_MAX, .reply_max = VS_CTL_REPLY_MAX, .root_too = true,
       .idle_ms = VS_CTL_IDLE_MS, .request_ms = VS_CTL_PARTIAL_MS, .send_ms = VS_CTL_SEND_MS,
-      .answer = ctl_answer, .refusal = ctl_refusal};
+      .answer = ctl_answer, .refusal = ctl_refusal, .closed = ctl_closed};
   if (_vs_server_start(&vs_ctl_server, &a, len) != 0) {
     _vs_warn("control: vmmshim ctl cannot reach this process");
   } else {
