@@ -30,7 +30,8 @@
  *            is served.
  *   wakeone  two tags asleep: a wake of one wakes that one only, bytes intact.
  *   serve    not a test: a program for tests/scripts/test_ctl.py (weights and kv tags filled with
- *            patterns; reads commands on standard input: check, alloc [MiB], quit).
+ *            patterns; reads commands on standard input: check, alloc [MiB], touch (a copy, which waits at
+ *            the gate), quit; also for tests/scripts/test_group_sleep.py).
  * test_static_control.c builds the verbs scenario with the runtime linked statically. */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -1272,6 +1273,10 @@ static int run_serve(void) {
     } else if (!strncmp(line, "alloc", 5) && nextra < 64) { /* "alloc [MiB]" */
       size_t mib = strtoul(line + 5, NULL, 10);
       printf("alloc %s\n", cudaMalloc(&extra[nextra], (mib ? mib : 1) * MiB) == cudaSuccess && ++nextra ? "ok" : "failed");
+    } else if (!strncmp(line, "touch", 5)) { /* a copy: GPU work, which waits at a closed gate */
+      static CUdeviceptr scratch; /* made at the first touch: the tags' figures stay as they were */
+      bool ok = scratch || cudaMalloc((void **)&scratch, 1) == cudaSuccess;
+      printf("touch %s\n", ok && cuMemcpyDtoD_v2(scratch, (CUdeviceptr)w, 1) == CUDA_SUCCESS ? "ok" : "failed");
     } else if (!strncmp(line, "quit", 4)) {
       break;
     }

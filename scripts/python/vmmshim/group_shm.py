@@ -266,7 +266,7 @@ class Group:
     def header(self):
         h = HEADER.unpack_from(self.mm, 0)
         return {
-            "version": h[1], "uid": h[6], "name": h[8].rstrip(b"\0").decode(),
+            "version": h[1], "uid": h[6], "pidns": h[7], "name": h[8].rstrip(b"\0").decode(),
             "busy": h[10], "release_seq": h[11], "waiters": h[12], "limit_source": h[13], "limit_gen": h[14],
             "limit_all": h[15], "limit": list(h[16:32]), "total_all": h[32], "total": list(h[33:49]),
             "host_all": h[49], "admitted": h[50], "refused": h[51], "reclaimed": h[52], "members": h[53],
