@@ -209,6 +209,9 @@ run_prog "static/group-hopeless" "$BIN/t_group.static" GROUP_MODE=hopeless GROUP
 # ---- steered from outside: vmmshim ctl on tests/gpu/t_ctl.cu, vmmshim.control on PyTorch ----
 . tests/gpu/ctl_drive.sh
 
+# ---- a whole group at once: vmmshim ctl --group NAME sleep|wake on two ranks (tests/gpu/group_drive.sh) ----
+. tests/gpu/group_drive.sh
+
 # ---- a torch_memory_saver program (tests/gpu/tms_compat.py) under vmmshim --as torch_memory_saver,
 # caching allocator on and off; PyTorch missing: SKIP ----
 run_python tms-compat tests/gpu/tms_compat.py
