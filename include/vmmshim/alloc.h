@@ -52,6 +52,17 @@ void _vs_sync_contexts(void);
 /* Gives cached host memory back down to keep bytes; returns the bytes given back. */
 size_t _vs_release_host(size_t keep);
 
+/* ---------------------------------------------------------------- "balloon.c" */
+/* Cold tags (VMMSHIM_COLD_TAGS, vmmshim ctl PID cold): the mode each leaves the device in when
+ * lent (VMMSHIM_SLEEP_*), -1 for a tag that is not cold. _vs_cold_set makes the tag if needed. */
+int _vs_cold_mode_of(const char *name); /* "discard", "host", "mapped": the mode, else -1 */
+int _vs_cold_set(const char *tag, int mode, int *previous);
+int _vs_cold_get(int tag);
+/* A higher member's request (control_group.c): cold tags sleep until want bytes left the device;
+ * *released says how many; -EALREADY when none could (why says why). */
+int _vs_balloon_demote(uint64_t want, pid_t borrower, uint64_t *released, char *why, size_t n);
+uint64_t _vs_balloon_lent(void); /* bytes lent and not back yet */
+
 /* ---------------------------------------------------------------- "limit.c" */
 /* Bytes served from host memory at their own addresses, every pool (tags asleep in mapped mode,
  * growths past the limit): pointer queries look further only when it is not 0. */
@@ -78,6 +89,11 @@ int _vs_tag_stats(vmmshim_tag_stats_t *out, int max);
 bool _vs_host_mapped(CUdeviceptr addr, int *dev);
 /* vmmshim_host_copy (vmmshim.h): where the bytes of a sleeping address are kept. */
 int _vs_host_copy_at(CUdeviceptr addr, CUdeviceptr *home, size_t *len);
+
+/* ---------------------------------------------------------------- "borrow.c" */
+/* Asks lender (a member of lower priority) to move want bytes out of the device, by deadline_ns:
+ * 0 with *got the bytes that left, or -errno with why. */
+int _vs_borrow(pid_t lender, uint64_t want, uint64_t deadline_ns, uint64_t *got, char *why, size_t n);
 
 /* ---------------------------------------------------------------- "tags.c" */
 #define VS_MAX_TAGS VMMSHIM_MAX_TAGS

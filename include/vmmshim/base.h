@@ -80,7 +80,12 @@ typedef enum vs_python_mode_e { VS_PYTHON_OFF = 0, VS_PYTHON_HELD = 1, VS_PYTHON
 typedef enum vs_peer_mode_e { VS_PEER_AUTO = 0, VS_PEER_ALL = 1, VS_PEER_NONE = 2 } vs_peer_mode_t;
 typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIND_DWARF = 2, VS_UNWIND_FP = 3 } vs_unwind_t;
 /* VMMSHIM_ON_LIMIT: what an allocation does when the limit refuses it (docs/limits.md). */
-typedef enum vs_on_limit_e { VS_ON_LIMIT_FAIL = 0, VS_ON_LIMIT_WAIT = 1, VS_ON_LIMIT_HOST = 2 } vs_on_limit_t;
+typedef enum vs_on_limit_e {
+  VS_ON_LIMIT_FAIL = 0,
+  VS_ON_LIMIT_WAIT = 1,
+  VS_ON_LIMIT_HOST = 2,
+  VS_ON_LIMIT_BALLOON = 3 /* lower-priority members of the group move cold tags out (balloon.c) */
+} vs_on_limit_t;
 #define VS_LIMIT_DEVICES 16 /* devices VMMSHIM_LIMIT can name one by one (D:SIZE) */
 #define VS_LIMIT_DEVICE_LAST 15 /* the last of them, as the messages write it */
 _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LAST");
@@ -99,7 +104,7 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(RELEASE_THRESHOLD, VS_KIND_SIZE_OR_UNLIMITED, UINT64_MAX) /* idle bytes kept mapped */  \
   X(LIMIT, VS_KIND_LIMIT, 0)                     /* cap on mapped bytes: SIZE and/or D:SIZE, 0 = none */ \
   X(LIMIT_GROUP, VS_KIND_NAME, 0)                /* processes of this name and user share VMMSHIM_LIMIT */ \
-  X(ON_LIMIT, VS_KIND_ON_LIMIT, VS_ON_LIMIT_FAIL) /* fail | wait[:SECONDS] | host[:SIZE] */ \
+  X(ON_LIMIT, VS_KIND_ON_LIMIT, VS_ON_LIMIT_FAIL) /* fail | wait[:SECONDS] | host[:SIZE] | balloon[:SECONDS] */ \
   X(RESERVE, VS_KIND_SIZE, 0)                    /* VA per pool, 0 = auto */                \
   X(ARENAS, VS_KIND_ARENAS, 8)                   /* arenas per context (1..VS_MAX_ARENAS) */ \
   X(LOG, VS_KIND_LOG, 1)                         /* level[:file] */                         \
@@ -122,7 +127,9 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(SLEEP_WAIT, VS_KIND_SAMPLE, 10000)           /* ms a sleep waits for a capture to end */ \
   X(IPC_TIMEOUT, VS_KIND_SECONDS, 10)            /* longest wait of an IPC open, and of a request */ \
   X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */ \
-  X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */
+  X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */ \
+  X(PRIORITY, VS_KIND_PRIORITY, 0)               /* a group member's priority, 0 .. 1000: higher borrows from lower */ \
+  X(COLD_TAGS, VS_KIND_STRING, 0)                /* TAG[:MODE],...: tags lent first when a higher member needs room */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -143,7 +150,8 @@ typedef enum vs_option_kind_e {
   VS_KIND_SECONDS,  /* 1 .. 3600 */
   VS_KIND_LIMIT,    /* SIZE (every device together) and/or D:SIZE (device D), comma-separated */
   VS_KIND_NAME,     /* a group name: 1-31 of A-Z a-z 0-9 _ . - */
-  VS_KIND_ON_LIMIT  /* fail, wait[:SECONDS], host[:SIZE]: the mode, its number in _vs_option_arg */
+  VS_KIND_ON_LIMIT, /* fail, wait[:SECONDS], host[:SIZE], balloon[:SECONDS]: the mode, its number in _vs_option_arg */
+  VS_KIND_PRIORITY  /* 0 .. 1000 */
 } vs_option_kind_t;
 
 typedef enum vs_option_e {
@@ -161,7 +169,7 @@ void _vs_config_init(void);
 /* Hot-path getters: no parsing, no getenv. */
 uint64_t _vs_option(vs_option_t opt);
 const char *_vs_option_string(vs_option_t opt); /* STRING, LOG, TAG, NAME and LIMIT kinds: the text, or NULL */
-uint64_t _vs_option_arg(vs_option_t opt);       /* ON_LIMIT: the SECONDS of wait, the SIZE of host (0: none given) */
+uint64_t _vs_option_arg(vs_option_t opt);       /* ON_LIMIT: the SECONDS of wait and balloon, the SIZE of host (0: none given) */
 /* What VMMSHIM_LIMIT says for device dev (dev < 0: every device together); 0 = no cap. */
 uint64_t _vs_limit_setting(int dev);
 /* Whether VMMSHIM_LIMIT belongs to the budget of the handle layer (src/handle/group.c): with

@@ -78,6 +78,10 @@ uint64_t _vs_ctl_connection(void);
 /* A group's phase 1 (quiesce: the gate held, with a lease) and its end (release). */
 void _vs_ctl_quiesce(const vs_jobject_t *req, vs_jout_t *o);
 void _vs_ctl_release(const vs_jobject_t *req, vs_jout_t *o);
+/* Ballooning: a member's priority, its cold tags, a higher member's request for room. */
+void _vs_ctl_priority(const vs_jobject_t *req, vs_jout_t *o);
+void _vs_ctl_cold(const vs_jobject_t *req, vs_jout_t *o);
+void _vs_ctl_demote(const vs_jobject_t *req, vs_jout_t *o);
 /* A connection closed: a hold it took ends. */
 void _vs_ctl_group_closed(uint64_t conn);
 

@@ -343,6 +343,7 @@ static const vs_verb_t vs_verbs[] = {
     {"trim", do_trim},     {"limit", do_limit}, {"dump", do_dump}, {"release-host", do_release_host},
     {"promote", do_promote},
     {"quiesce", _vs_ctl_quiesce}, {"release", _vs_ctl_release},
+    {"priority", _vs_ctl_priority}, {"cold", _vs_ctl_cold}, {"demote", _vs_ctl_demote},
 };
 
 static atomic_bool vs_ctl_exiting; /* set at exit: what arrives then is refused */
@@ -372,7 +373,7 @@ static void answer(const char *line, size_t len, vs_jout_t *o) {
         if (!strcmp(cmd->str, vs_verbs[i].name)) verb = &vs_verbs[i];
       if (verb) verb->fn(&req, o);
       else _vs_ctl_error(o, &req, EINVAL, "unknown verb '%.40s': status, tag, sleep, wake, trim, limit, dump, "
-                       "release-host, promote, quiesce, release", cmd->str);
+                       "release-host, promote, quiesce, release, priority, cold, demote", cmd->str);
     }
   }
   _vs_ctl_out(o, "}\n");

@@ -119,3 +119,64 @@ void _vs_ctl_group_closed(uint64_t conn) {
   if (token && conn && atomic_load(&vs_q_conn) == conn)
     end_hold(token, "the client's connection closed without a release");
 }
+
+/* ------------------------------------------------------------------ ballooning */
+
+/* {"cmd":"priority","priority":N}: this member's priority in its group (N absent: read it). */
+void _vs_ctl_priority(const vs_jobject_t *req, vs_jout_t *o) {
+  const vs_jmember_t *p = _vs_ctl_get(req, "priority");
+  int set = -1;
+  if (p && p->type != J_NULL) {
+    if (p->type != J_INT || p->num < 0 || p->num > 1000) {
+      _vs_ctl_error(o, req, EINVAL, "'priority' must be a whole number from 0 to 1000");
+      return;
+    }
+    set = (int)p->num;
+  }
+  int before = _vs_group_priority(set);
+  if (before < 0) {
+    _vs_ctl_error(o, req, ENODEV, "this process is in no group (VMMSHIM_LIMIT_GROUP): a priority orders a group's "
+                                  "members");
+    return;
+  }
+  _vs_ctl_reply_begin(o, true, req);
+  _vs_ctl_kv_int(o, "priority", set >= 0 ? set : before);
+  _vs_ctl_kv_int(o, "previous", before);
+}
+
+/* {"cmd":"cold","tag":T,"mode":"mapped"|"host"|"discard"|"off"}: T is lent first, in that mode. */
+void _vs_ctl_cold(const vs_jobject_t *req, vs_jout_t *o) {
+  const char *tag, *mode_name;
+  if (!_vs_ctl_arg_str(req, "tag", true, &tag, o) || !_vs_ctl_arg_str(req, "mode", false, &mode_name, o)) return;
+  int mode = VMMSHIM_SLEEP_MAPPED;
+  if (mode_name && !strcmp(mode_name, "off")) mode = -1;
+  else if (mode_name && (mode = _vs_cold_mode_of(mode_name)) < 0) {
+    _vs_ctl_error(o, req, EINVAL, "mode '%s': mapped, host, discard or off", mode_name);
+    return;
+  }
+  int previous = -1, rc = _vs_cold_set(tag, mode, &previous);
+  if (rc) {
+    _vs_ctl_error(o, req, -rc, rc == -ENOSPC ? "no room for one more tag" : "'%s' is not a tag name", tag);
+    return;
+  }
+  static const char *const names[] = {"off", "discard", "host", "mapped"};
+  _vs_ctl_reply_begin(o, true, req);
+  _vs_ctl_kv_str(o, "tag", tag);
+  _vs_ctl_kv_str(o, "mode", names[mode + 1]);
+  _vs_ctl_kv_str(o, "previous", names[previous + 1]);
+}
+
+/* {"cmd":"demote","bytes":N,"for":PID}: a member of higher priority (borrow.c) needs N bytes. */
+void _vs_ctl_demote(const vs_jobject_t *req, vs_jout_t *o) {
+  uint64_t want;
+  if (!_vs_ctl_arg_size(req, "bytes", true, &want, o)) return;
+  const vs_jmember_t *f = _vs_ctl_get(req, "for");
+  pid_t borrower = f && f->type == J_INT && f->num > 0 ? (pid_t)f->num : 0;
+  uint64_t released = 0;
+  char why[200] = "";
+  int rc = _vs_balloon_demote(want, borrower, &released, why, sizeof why);
+  if (rc) _vs_ctl_error(o, req, -rc, "%s", why);
+  else _vs_ctl_reply_begin(o, true, req);
+  _vs_ctl_kv_u64(o, "released", released);
+  _vs_ctl_kv_u64(o, "lent", _vs_balloon_lent());
+}
