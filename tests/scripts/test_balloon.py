@@ -15,7 +15,9 @@ both map. Then:
     back a few times, not twenty;
   - without a lower member to lend (low's kv no longer cold: `cold kv --mode off`), high's growth
     fails within its SECONDS;
-  - the verbs: priority read and set (and refused out of 0..1000), cold refused with a bad mode;
+  - the verbs: priority read and set (and refused out of 0..1000), cold refused with a bad mode,
+    `ctl PID priority N` and `ctl PID cold TAG --mode M`;
+  - a segment of layout version 1 is refused by a member and by ctl, naming the version;
     VMMSHIM_PRIORITY and balloon:SECONDS out of range are refused at start with one warning.
 Ends with "N passed, N failed"."""
 import json
@@ -110,6 +112,15 @@ def verbs(low):
     r = raw(low.pid, {"cmd": "cold", "tag": "kv"})
     check(r.get("ok") and r.get("mode") == "mapped" and r.get("previous") == "mapped",
           "cold kv: mapped, and it was already (VMMSHIM_COLD_TAGS) [%s]" % r)
+    rc, out = ctl(low.pid, "priority", "7")
+    rc2, out2 = ctl(low.pid, "priority", "0")
+    check(rc == 0 and out.strip() == "pid %d: priority 7 (was 0)" % low.pid and rc2 == 0,
+          "ctl PID priority N sets it, and back [%s]" % out.strip())
+    rc, out = ctl(low.pid, "priority", "2000")
+    check(rc == 2, "ctl PID priority 2000: a usage error [%s]" % out.strip())
+    rc, out = ctl(low.pid, "cold", "spare", "--mode", "host")
+    check(rc == 0 and out.strip() == "pid %d: tag 'spare' cold: host (was off)" % low.pid,
+          "ctl PID cold TAG --mode host [%s]" % out.strip())
 
 
 def lend_and_return(low, high):
@@ -162,12 +173,37 @@ def no_flapping(low, high):
 
 
 def nothing_to_lend(low, high):
-    r = raw(low.pid, {"cmd": "cold", "tag": "kv", "mode": "off"})
-    check(r.get("ok") and r.get("previous") == "mapped", "cold kv --mode off [%s]" % r)
+    rc, out = ctl(low.pid, "cold", "kv", "--mode", "off")
+    check(rc == 0 and "cold: off (was mapped)" in out, "ctl PID cold kv --mode off [%s]" % out.strip())
     t = time.monotonic()
     got = high.ask("alloc 4")
     took = time.monotonic() - t
     check(got == "alloc failed" and took < 5, "with nothing to lend, high's growth fails (%.2f s) [%s]" % (took, got))
+
+
+def old_segment():
+    """A segment of layout version 1 (a release before ballooning) is refused, saying so."""
+    import struct
+    import zlib
+    name = GROUP + "-v1"
+    path = "/dev/shm/vmmshim-%d-%s" % (os.geteuid(), name)
+    fixed = struct.pack("=8s6IQ32s", b"VMMSHGRP", 1, 512, 304, 256, 16, os.geteuid(),
+                        os.stat("/proc/self/ns/pid").st_ino, name.encode())
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, fixed + struct.pack("=I", zlib.crc32(fixed)))
+        os.ftruncate(fd, 512 + 256 * 304)
+    finally:
+        os.close(fd)
+    try:
+        e = dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU, VMMSHIM_LIMIT_GROUP=name)
+        r = subprocess.run([SERVE, "serve"], input="quit\n", capture_output=True, text=True, env=e, timeout=30)
+        check("layout version 1" in r.stderr and "ready" not in r.stdout,
+              "a member cannot join a segment of layout version 1: refused, saying so [%s]" % r.stderr.strip()[:300])
+        rc, out = ctl("--group", name, "status")
+        check(rc == 1 and "version 1" in out, "ctl --group status of it says the version [%s]" % out.strip()[:200])
+    finally:
+        os.unlink(path)
 
 
 def bad_options():
@@ -192,6 +228,7 @@ def main():
         lend_and_return(low, high)
         no_flapping(low, high)
         nothing_to_lend(low, high)
+        old_segment()
         bad_options()
     finally:
         for m in (low, high):

@@ -20,6 +20,8 @@ Usage: vmmshim ctl list [--json] [--pid PID[,PID...]]
        vmmshim ctl PID dump
        vmmshim ctl PID release-host [--keep SIZE]
        vmmshim ctl PID promote
+       vmmshim ctl PID priority [N]
+       vmmshim ctl PID cold TAG [--mode mapped|host|discard|off]
 """
 
 ABOUT = """\
@@ -43,6 +45,10 @@ See and steer a program running under vmmshim, from outside (docs/control.md).
   release-host  give back host memory kept for the next sleep
   promote       memory served from host memory past a limit (VMMSHIM_ON_LIMIT=
                 host) back to the device, as far as the limit allows now
+  priority      the process's priority in its group (0-1000; VMMSHIM_ON_LIMIT=
+                balloon borrows from lower ones); no N: show it
+  cold TAG      lend TAG first when a higher member needs room (--mode mapped,
+                the default, host or discard; off: no longer)
   --group NAME  the limit and status of a group of processes (VMMSHIM_LIMIT_GROUP)
 Options: --json (the reply as JSON), --timeout SECONDS (default 10; 300 for sleep,
 wake and trim). SIZE takes K, M, G suffixes. PID: a process id, a number above 0.
@@ -55,7 +61,7 @@ connection before answering (or sent a bad reply).
 """
 
 SHORT = "vmmshim ctl list | PID VERB [ARGS...] | --group NAME VERB [ARGS...]"
-VERBS = ("status", "tag", "sleep", "wake", "trim", "limit", "dump", "release-host", "promote")
+VERBS = ("status", "tag", "sleep", "wake", "trim", "limit", "dump", "release-host", "promote", "priority", "cold")
 
 
 def help_text():
@@ -326,6 +332,19 @@ def _verb(pid, verb, rest, as_json, timeout):
             raise Usage("promote takes no argument")
         r = ctl.promote()
         out = _moved(pid, r)
+    elif verb == "priority":
+        if len(rest) > 1 or (rest and not (rest[0].isdigit() and int(rest[0]) <= 1000)):
+            raise Usage("priority takes at most one N, a whole number from 0 to 1000")
+        r = ctl.call("priority", priority=int(rest[0]) if rest else None)
+        out = "pid %d: priority %d (was %d)" % (pid, r["priority"], r["previous"])
+    elif verb == "cold":
+        mode = _take(rest, "--mode", True)
+        if mode is not None and mode not in ("mapped", "host", "discard", "off"):
+            raise Usage("--mode: mapped, host, discard or off (got '%s')" % mode)
+        if len(rest) != 1 or rest[0].startswith("-"):
+            raise Usage("cold takes one TAG")
+        r = ctl.call("cold", tag=rest[0], mode=mode)
+        out = "pid %d: tag '%s' cold: %s (was %s)" % (pid, text.clean(r["tag"]), r["mode"], r["previous"])
     print(json.dumps(r, separators=(",", ":")) if as_json else out)
     return EXIT_OK
 

@@ -295,6 +295,8 @@ REPLIES = {
     "limit": {"limit": "count", "previous": "count", "mapped": "count", "note": Opt("string")},
     "dump": {"report": "string", "truncated": Opt("bool")},
     "release-host": {"released": "count", "in_use": "count", "cached": "count"},
+    "priority": {"priority": "count", "previous": "count"},
+    "cold": {"tag": "string", "mode": "string", "previous": "string"},
 }
 _REFUSAL = {"error": Opt("string"), "message": Opt("string")}
 
