@@ -129,7 +129,7 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */ \
   X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */ \
   X(PRIORITY, VS_KIND_PRIORITY, 0)               /* a group member's priority, 0 .. 1000: higher borrows from lower */ \
-  X(COLD_TAGS, VS_KIND_STRING, 0)                /* TAG[:MODE],...: tags lent first when a higher member needs room */
+  X(COLD_TAGS, VS_KIND_COLD_TAGS, 0)               /* TAG[:MODE],...: tags lent first when a higher member needs room */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -151,7 +151,8 @@ typedef enum vs_option_kind_e {
   VS_KIND_LIMIT,    /* SIZE (every device together) and/or D:SIZE (device D), comma-separated */
   VS_KIND_NAME,     /* a group name: 1-31 of A-Z a-z 0-9 _ . - */
   VS_KIND_ON_LIMIT, /* fail, wait[:SECONDS], host[:SIZE], balloon[:SECONDS]: the mode, its number in _vs_option_arg */
-  VS_KIND_PRIORITY  /* 0 .. 1000 */
+  VS_KIND_PRIORITY, /* 0 .. 1000 */
+  VS_KIND_COLD_TAGS /* TAG[:MODE] items, comma-separated (MODE mapped, host or discard) */
 } vs_option_kind_t;
 
 typedef enum vs_option_e {
@@ -168,7 +169,7 @@ typedef enum vs_option_e {
 void _vs_config_init(void);
 /* Hot-path getters: no parsing, no getenv. */
 uint64_t _vs_option(vs_option_t opt);
-const char *_vs_option_string(vs_option_t opt); /* STRING, LOG, TAG, NAME and LIMIT kinds: the text, or NULL */
+const char *_vs_option_string(vs_option_t opt); /* STRING, LOG, TAG, NAME, LIMIT, COLD_TAGS kinds: the text, or NULL */
 uint64_t _vs_option_arg(vs_option_t opt);       /* ON_LIMIT: the SECONDS of wait and balloon, the SIZE of host (0: none given) */
 /* What VMMSHIM_LIMIT says for device dev (dev < 0: every device together); 0 = no cap. */
 uint64_t _vs_limit_setting(int dev);

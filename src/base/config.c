@@ -252,8 +252,26 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_NAME: return "unset";
   case VS_KIND_ON_LIMIT: return "fail";
   case VS_KIND_PRIORITY: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
+  case VS_KIND_COLD_TAGS: return "unset";
   }
   return "?";
+}
+
+/* VMMSHIM_COLD_TAGS: TAG[:MODE],... (balloon.c makes the tags). */
+static bool cold_tags_ok(const char *text) {
+  char buf[512], *save = NULL;
+  if (!*text || strlen(text) >= sizeof buf) return false;
+  snprintf(buf, sizeof buf, "%s", text);
+  int items = 0;
+  for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save), items++) {
+    char *colon = strchr(item, ':');
+    if (colon) {
+      *colon++ = 0;
+      if (strcmp(colon, "mapped") && strcmp(colon, "host") && strcmp(colon, "discard")) return false;
+    }
+    if (!_vs_name_ok(item)) return false;
+  }
+  return items > 0 && text[strlen(text) - 1] != ',' && text[0] != ',' && !strstr(text, ",,");
 }
 
 /* A whole number from lo to hi, no suffix. */
@@ -329,6 +347,11 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     *v = 1;
     return *text ? 0 : -1;
   case VS_KIND_TAG: *expect = "a tag name: 1 to 31 of A-Z a-z 0-9 _ . -"; *v = 1; return _vs_name_ok(text) ? 0 : -1;
+  case VS_KIND_COLD_TAGS:
+    *expect = "TAG or TAG:MODE items, comma-separated (a tag name: 1 to 31 of A-Z a-z 0-9 _ . -; MODE mapped, host or "
+              "discard)";
+    *v = 1;
+    return cold_tags_ok(text) ? 0 : -1;
   }
   return -1;
 }
@@ -454,7 +477,7 @@ static void config_read(void) {
     o->value = v;
     o->set = true;
     if (o->kind == VS_KIND_STRING || o->kind == VS_KIND_LOG || o->kind == VS_KIND_TAG || o->kind == VS_KIND_NAME ||
-        o->kind == VS_KIND_LIMIT)
+        o->kind == VS_KIND_LIMIT || o->kind == VS_KIND_COLD_TAGS)
       o->text = text;
   }
   /* Sizes the pool rounds up (to the device's granularity, to the handle size) or multiplies:
@@ -523,6 +546,7 @@ void _vs_config_print(void) {
       break;
     }
     case VS_KIND_STRING:
+    case VS_KIND_COLD_TAGS:
     case VS_KIND_NAME: shown = o->text ? o->text : "(unset)"; break;
     case VS_KIND_TAG: shown = o->text ? o->text : "tag 'untagged'"; break;
     case VS_KIND_LIMIT:
