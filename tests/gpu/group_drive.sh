@@ -50,7 +50,7 @@ gs_program() {
   jobs=""
   for r in 0 1; do
     env -u VMMSHIM_FREE_MODE -u VMMSHIM_GRANULARITY GPU_TEST_SHIM=1 GSLEEP_DIR="$dir" GSLEEP_RANK=$r GSLEEP_MB=2048 \
-      VMMSHIM_TAG=weights VMMSHIM_LIMIT_GROUP="$group" LD_PRELOAD="$LIB" timeout 90 "$bin" \
+      VMMSHIM_LIMIT_GROUP="$group" LD_PRELOAD="$LIB" timeout 90 "$bin" \
       >"$LOGDIR/$run.rank$r.log" 2>&1 &
     jobs="$jobs $!"
   done

@@ -2,13 +2,14 @@
  * sleep|wake`, docs/control.md "A whole group"); tests/gpu/group_drive.sh starts two ranks in one
  * group (one per GPU; both on GPU 0 when there is one) and drives them.
  *
- * The rank (GSLEEP_RANK) allocates GSLEEP_MB of tag weights (VMMSHIM_TAG, set by the driver),
+ * The rank (GSLEEP_RANK) allocates GSLEEP_MB of tag weights (vmmshim_set_tag),
  * fills it with a pattern seeded by its rank, writes $GSLEEP_DIR/ready.RANK, then runs steps until
  * $GSLEEP_DIR/stop appears: each step sums the buffer on the GPU (a kernel reading every word) and
  * compares the sum with the first one. The driver sleeps the group in mapped mode (the ranks keep
  * running, on host memory at the same addresses) and wakes it: a step submitted while memory
  * moves waits at the gate, so every sum equals the first. At the end: the steps made, none wrong,
  * the bytes checked word by word. Run alone it fails (setup). */
+#include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -43,7 +44,12 @@ int main(void) {
   uint32_t seed = 0x5eed0000u + (uint32_t)rank;
   void *buf = NULL;
   unsigned long long *d_sum = NULL, first = 0, sum = 0;
+  typedef int (*set_tag_fn)(const char *);
+  set_tag_fn set_tag = (set_tag_fn)dlsym(RTLD_DEFAULT, "vmmshim_set_tag");
+  check(set_tag != NULL, "shim", "vmmshim_set_tag not found: run under the shim");
+  if (set_tag) set_tag("weights");
   CK(cudaMalloc(&buf, n));
+  if (set_tag) set_tag(NULL);
   CK(cudaMalloc(&d_sum, sizeof *d_sum));
   fill(buf, n, seed, 0);
   CK(cudaDeviceSynchronize());
