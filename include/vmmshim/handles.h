@@ -99,6 +99,8 @@ int _vs_group_lenders(pid_t *pids, int max);
 void _vs_group_lend(uint64_t bytes, pid_t borrower, bool out);
 /* Whether bytes more fit under every limit of the group with margin_pct of each left over. */
 bool _vs_group_room(uint64_t bytes, unsigned margin_pct);
+/* This member's priority and the bytes it lent and borrowed; false when in no group. */
+bool _vs_group_balance(int *priority, uint64_t *lent, uint64_t *borrowed);
 /* Whether a member waits for bytes (its frees should then give idle memory back): a load. */
 extern const uint32_t *_Atomic _vs_budget_waiters;
 static inline bool _vs_budget_wanted(void) {

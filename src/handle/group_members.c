@@ -109,3 +109,25 @@ bool _vs_group_room(uint64_t bytes, unsigned margin_pct) {
   vs_room_arg_t a = {bytes, margin_pct, false};
   return _vs_group_with(room_fn, &a) && a.fits;
 }
+
+typedef struct vs_balance_arg_s {
+  int priority;
+  uint64_t lent, borrowed;
+} vs_balance_arg_t;
+
+static void balance_fn(vs_group_header_t *h, vs_group_member_t *me, void *arg) {
+  (void)h;
+  vs_balance_arg_t *a = arg;
+  a->priority = me->priority;
+  a->lent = me->lent;
+  a->borrowed = me->borrowed;
+}
+
+bool _vs_group_balance(int *priority, uint64_t *lent, uint64_t *borrowed) {
+  vs_balance_arg_t a = {0, 0, 0};
+  if (!_vs_group_with(balance_fn, &a)) return false;
+  *priority = a.priority;
+  *lent = a.lent;
+  *borrowed = a.borrowed;
+  return true;
+}

@@ -331,6 +331,11 @@ static void do_status(const vs_jobject_t *req, vs_jout_t *o) {
     _vs_ctl_out(o, "}");
   }
   _vs_ctl_out(o, "]");
+  int prio;
+  uint64_t lent, borrowed;
+  if (_vs_group_balance(&prio, &lent, &borrowed)) /* ballooning (limits.md): who lent what */
+    _vs_ctl_out(o, ",\"group\":{\"priority\":%d,\"lent\":%llu,\"borrowed\":%llu}", prio, (unsigned long long)lent,
+                (unsigned long long)borrowed);
 }
 
 typedef struct vs_verb_s {

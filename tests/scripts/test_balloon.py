@@ -145,6 +145,11 @@ def lend_and_return(low, high):
              {k: hi.get(k) for k in ("borrowed", "priority")}))
     rc, out = ctl("--group", GROUP, "status")
     check(rc == 0 and " lent" in out and "borrowed" in out, "group status text: the lent and borrowed columns")
+    r = subprocess.run(["sh", LAUNCHER, "top", "--once", "--pid", "%d,%d" % (low.pid, high.pid)], capture_output=True,
+                       text=True, timeout=60, env=PLAIN_ENV)
+    check(r.returncode == 0 and "priority 0: lent 4.00M, borrowed 0" in r.stdout
+          and "priority 10: lent 0, borrowed 4.00M" in r.stdout,
+          "top --once: who lent and who borrowed [%s]" % r.stdout.strip()[-400:])
     t = time.monotonic()
     check(high.ask("free") == "free ok", "high frees its growth")
     back = wait_for(lambda: low.ask("bytes") == "weights ok kv ok on device", 10)
