@@ -397,6 +397,9 @@ void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle,
  * device bytes it gave back or mapped again, the bytes copied to or from host memory. */
 void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t device_bytes, uint64_t host_bytes,
                      int result, uint64_t duration_ns);
+/* A group operation seen by this member (trace.h: VS_TRACE_GROUP_*): the other member's pid (0:
+ * none), the bytes, the result (0 or a negative errno), its duration. */
+void _vs_trace_group(int kind, int peer, uint64_t bytes, int result, uint64_t duration_ns);
 void _vs_trace_flush(void);
 void _vs_trace_close(void);
 

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "vmmshim/alloc.h"
+#include "vmmshim/trace.h"
 
 #define VS_BALLOON_HOLD_MS 1000ull /* lent memory stays out at least this long after a demotion */
 #define VS_BALLOON_MARGIN_PCT 10u  /* and comes back when it fits with this much of the limit spare */
@@ -127,6 +128,8 @@ int _vs_balloon_demote(uint64_t want, pid_t borrower, uint64_t *released, char *
     if (lent) continue;
     vmmshim_sleep_result_t r;
     int rc = _vs_sleep(_vs_tag_name(t), mode, &r);
+    if (vs_unlikely(_vs_trace_on) && (r.released || (rc && rc != -EALREADY))) /* a tag that had nothing: no record */
+      _vs_trace_group(VS_TRACE_GROUP_LENT, (int)borrower, r.released, rc, r.ns);
     if (rc == 0 && r.released) {
       *released += r.released;
       note_lent(t, borrower, r.released);
@@ -159,6 +162,8 @@ static bool promote_pass(void) {
     vmmshim_sleep_result_t r;
     int rc = _vs_wake(_vs_tag_name(copy[i].tag), 0, &r);
     if (rc && rc != -EALREADY) continue; /* no room after all: later */
+    if (vs_unlikely(_vs_trace_on))
+      _vs_trace_group(VS_TRACE_GROUP_RETURNED, (int)copy[i].borrower, copy[i].bytes, 0, r.ns);
     _vs_lock_take(&vs_balloon_lock);
     for (int j = 0; j < vs_nlent; j++)
       if (vs_lent[j].tag == copy[i].tag) {

@@ -10,9 +10,11 @@
  *   balloon  members of the group of lower priority, lowest first, are asked to move cold tags out
  *         of the device (borrow.c, balloon.c) until the growth fits or SECONDS (default 2) pass;
  *         then it fails as `fail` does. */
+#include <errno.h>
 #include <stdio.h>
 
 #include "vmmshim/alloc.h"
+#include "vmmshim/trace.h"
 
 atomic_size_t _vs_host_mapped_bytes; /* served from host memory at their addresses, all pools */
 
@@ -104,6 +106,8 @@ static vs_pool_status_t borrow_room(vs_pool_t *pool, size_t size, CUstream strea
     st = _vs_pool_alloc(pool, size, stream, api, ptr, served, err, &contended);
   }
   double ms = (double)(_vs_now_ns() - t0) / 1e6;
+  if (vs_unlikely(_vs_trace_on))
+    _vs_trace_group(VS_TRACE_GROUP_BORROWED, 0, got_all, st == VS_POOL_OK ? 0 : -ENOMEM, _vs_now_ns() - t0);
   if (st == VS_POOL_OK) {
     _vs_info("device %d: %zu bytes fit after %llu bytes were lent by lower-priority members, in %.1f ms",
              _vs_pool_device(pool), size, (unsigned long long)got_all, ms);

@@ -20,6 +20,7 @@
 
 #include "vmmshim/alloc.h"
 #include "vmmshim/control.h"
+#include "vmmshim/trace.h"
 
 #define VS_QUIESCE_LEASE_MS 30000ull      /* the default lease */
 #define VS_QUIESCE_LEASE_MAX_MS 600000ull /* a client may ask for at most this */
@@ -32,12 +33,14 @@ static atomic_uint_fast64_t vs_q_since_ns;
 static atomic_uint_fast64_t vs_q_next = 1;
 static atomic_uint_fast64_t vs_q_expired; /* holds ended by their lease, for status and tests */
 
-/* Ends the hold of token, once: true when this call did (and opened the gate). */
-static bool end_hold(uint_fast64_t token, const char *why) {
+/* Ends the hold of token, once: true when this call did (and opened the gate). kind: how
+ * (VS_TRACE_GROUP_RELEASE, _LEASE, _CLOSED), for the trace. */
+static bool end_hold(uint_fast64_t token, int kind, const char *why) {
   uint_fast64_t want = token;
   if (!token || !atomic_compare_exchange_strong(&vs_q_token, &want, 0)) return false;
-  uint64_t held_ms = (_vs_now_ns() - atomic_load(&vs_q_since_ns)) / 1000000ull;
+  uint64_t held_ns = _vs_now_ns() - atomic_load(&vs_q_since_ns), held_ms = held_ns / 1000000ull;
   _vs_unquiesce();
+  if (vs_unlikely(_vs_trace_on)) _vs_trace_group(kind, 0, 0, 0, held_ns);
   if (why) _vs_warn("group quiesce: %s after %llu ms: new GPU work goes on", why, (unsigned long long)held_ms);
   else _vs_info("group quiesce: released after %llu ms", (unsigned long long)held_ms);
   return true;
@@ -47,7 +50,8 @@ static void *lease_watch(void *arg) {
   uint_fast64_t token = (uint_fast64_t)(uintptr_t)arg;
   while (atomic_load(&vs_q_token) == token) {
     if (_vs_now_ns() >= atomic_load(&vs_q_deadline_ns)) {
-      if (end_hold(token, "the lease ran out (no release from the client)")) atomic_fetch_add(&vs_q_expired, 1);
+      if (end_hold(token, VS_TRACE_GROUP_LEASE, "the lease ran out (no release from the client)"))
+        atomic_fetch_add(&vs_q_expired, 1);
       break;
     }
     _vs_sleep_us(VS_QUIESCE_POLL_MS * 1000u);
@@ -74,6 +78,7 @@ void _vs_ctl_quiesce(const vs_jobject_t *req, vs_jout_t *o) {
   uint64_t t0 = _vs_now_ns();
   char why[160] = "";
   int rc = _vs_quiesce(why, sizeof why);
+  if (vs_unlikely(_vs_trace_on)) _vs_trace_group(VS_TRACE_GROUP_QUIESCE, 0, 0, rc, _vs_now_ns() - t0);
   if (rc) {
     _vs_ctl_error(o, req, -rc, "%s", why[0] ? why : strerror(-rc));
     return;
@@ -86,7 +91,7 @@ void _vs_ctl_quiesce(const vs_jobject_t *req, vs_jout_t *o) {
   atomic_store(&vs_q_token, token); /* only this thread takes holds: no race to take one */
   pthread_t th;
   if (_vs_thread_start(&th, lease_watch, (void *)(uintptr_t)token) != 0) {
-    end_hold(token, NULL); /* a hold nothing would end on its own is not taken */
+    end_hold(token, VS_TRACE_GROUP_RELEASE, NULL); /* a hold nothing would end on its own is not taken */
     _vs_ctl_error(o, req, EAGAIN, "no thread for the lease: not quiesced");
     return;
   }
@@ -105,7 +110,7 @@ void _vs_ctl_release(const vs_jobject_t *req, vs_jout_t *o) {
     return;
   }
   uint64_t since = atomic_load(&vs_q_since_ns);
-  if (!end_hold((uint_fast64_t)tk->num, NULL)) {
+  if (!end_hold((uint_fast64_t)tk->num, VS_TRACE_GROUP_RELEASE, NULL)) {
     _vs_ctl_error(o, req, ESRCH, "no hold %lld: it ended already (its lease ran out, or it was released)", tk->num);
     return;
   }
@@ -117,7 +122,7 @@ void _vs_ctl_release(const vs_jobject_t *req, vs_jout_t *o) {
 void _vs_ctl_group_closed(uint64_t conn) {
   uint_fast64_t token = atomic_load(&vs_q_token);
   if (token && conn && atomic_load(&vs_q_conn) == conn)
-    end_hold(token, "the client's connection closed without a release");
+    end_hold(token, VS_TRACE_GROUP_CLOSED, "the client's connection closed without a release");
 }
 
 /* ------------------------------------------------------------------ ballooning */

@@ -18,6 +18,8 @@ both map. Then:
   - the verbs: priority read and set (and refused out of 0..1000), cold refused with a bad mode,
     `ctl PID priority N` and `ctl PID cold TAG --mode M`;
   - a segment of layout version 1 is refused by a member and by ctl, naming the version;
+  - the members' traces have their `b` records: lent (to the borrower's pid) and returned, and
+    borrowed;
     VMMSHIM_PRIORITY and balloon:SECONDS out of range are refused at start with one warning.
 Ends with "N passed, N failed"."""
 import json
@@ -27,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from harness import BUILD_DIR, EMU, LAUNCHER, LIB, check, summary
+from harness import BUILD_DIR, EMU, LAUNCHER, LIB, check, scratch, summary
 
 SERVE = os.path.join(BUILD_DIR, "tests", "test_shim_control")
 PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
@@ -224,10 +226,14 @@ def main():
         print("0 passed, 1 failed")
         return 1
     low = high = None
+    tmp = scratch("vmmshim-balloon-test-")
+    d = tmp.__enter__()
+    low_trace, high_trace = os.path.join(d, "low.trace"), os.path.join(d, "high.trace")
     try:
         ctl("--group", GROUP, "limit", "1G")
-        low = Member(VMMSHIM_COLD_TAGS="kv")
-        high = Member(VMMSHIM_PRIORITY="10", VMMSHIM_ON_LIMIT="balloon:2", VMMSHIM_RELEASE_THRESHOLD="0")
+        low = Member(VMMSHIM_COLD_TAGS="kv", VMMSHIM_TRACE=low_trace)
+        high = Member(VMMSHIM_PRIORITY="10", VMMSHIM_ON_LIMIT="balloon:2", VMMSHIM_RELEASE_THRESHOLD="0",
+                      VMMSHIM_TRACE=high_trace)
         check(low.pid and high.pid, "low and high started in group %s" % GROUP)
         verbs(low)
         lend_and_return(low, high)
@@ -243,7 +249,22 @@ def main():
             os.unlink("/dev/shm/vmmshim-%d-%s" % (os.geteuid(), GROUP))
         except OSError:
             pass
+    lent, back, borrowed = b_kinds(low_trace, 4), b_kinds(low_trace, 5), b_kinds(high_trace, 6)
+    check(lent and back and borrowed and all(w[5] == "%x" % high.pid and int(w[6], 16) >= 4 * MiB for w in lent)
+          and any(int(w[6], 16) >= 4 * MiB and w[7] == "0" for w in borrowed),
+          "traces: low's b records lent (kind 4, to high's pid) and returned (5), high's borrowed (6) [%d %d %d]"
+          % (len(lent), len(back), len(borrowed)))
+    tmp.__exit__(None, None, None)
     return summary()
+
+
+def b_kinds(trace, kind):
+    """The b records of a trace of that kind, as lists of fields."""
+    try:
+        with open(trace) as f:
+            return [w for w in (line.split() for line in f) if len(w) == 9 and w[0] == "b" and int(w[3], 16) == kind]
+    except OSError:
+        return []
 
 
 if __name__ == "__main__":

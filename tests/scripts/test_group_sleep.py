@@ -16,7 +16,10 @@ asked ("check"); "touch" makes a copy on the device, which waits while the membe
     asleep; once the limit is raised, the same wake wakes only those;
   - the member's side alone: a quiesce holds the gate, a second quiesce is refused (EBUSY), the
     lease reopens the gate when no release comes, and so does the close of the connection; a
-    release after the lease ran out is ESRCH.
+    release after the lease ran out is ESRCH;
+  - the trace of a member (VMMSHIM_TRACE, format version 4) has its `b` records: quiesced, and
+    ended by a release, by the lease and by a closed connection; vmmshim-report reads it without
+    a warning.
 Ends with "N passed, N failed"."""
 import json
 import os
@@ -27,7 +30,7 @@ import sys
 import threading
 import time
 
-from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, check, summary
+from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, check, report, scratch, summary
 
 sys.path.insert(0, PYDIR)
 
@@ -241,23 +244,50 @@ def main():
         print("0 passed, 1 failed")
         return 1
     ms = []
-    try:
-        ms = [Member() for _ in range(4)]
-        check(all(m.pid for m in ms), "four members started in group %s" % GROUP)
-        member_side(ms[0])
-        sleep_and_wake(ms)
-        failed_move(ms)
-        killed_member(ms)
-        stopped_member(ms)
-        failed_wake(ms)
-    finally:
-        for m in ms:
-            m.stop()
+    with scratch("vmmshim-gsleep-test-") as tmp:
+        trace = os.path.join(tmp, "member.trace")
         try:
-            os.unlink("/dev/shm/vmmshim-%d-%s" % (os.geteuid(), GROUP))
-        except OSError:
-            pass
+            ms = [Member(VMMSHIM_TRACE=trace)] + [Member() for _ in range(3)]
+            run_all(ms)
+        finally:
+            for m in ms:
+                m.stop()
+            try:
+                os.unlink("/dev/shm/vmmshim-%d-%s" % (os.geteuid(), GROUP))
+            except OSError:
+                pass
+        traced(trace)
     return summary()
+
+
+def traced(trace):
+    kinds = set()
+    try:
+        with open(trace) as f:
+            for line in f:
+                w = line.split()
+                if w and w[0] == "b" and len(w) == 9:
+                    kinds.add(int(w[3], 16))
+            f.seek(0)
+            head = f.readline()
+    except OSError:
+        head = ""
+    check(head.startswith("v 4 ") and {0, 1, 2, 3} <= kinds,
+          "the member's trace (version 4) has b records: quiesced, released, lease ran out, connection "
+          "closed (%s)" % sorted(kinds))
+    r = report(trace)
+    check(r.returncode == 0 and "unknown record" not in r.stderr, "vmmshim-report reads it without a warning [%s]"
+          % r.stderr.strip()[:200])
+
+
+def run_all(ms):
+    check(all(m.pid for m in ms), "four members started in group %s" % GROUP)
+    member_side(ms[0])
+    sleep_and_wake(ms)
+    failed_move(ms)
+    killed_member(ms)
+    stopped_member(ms)
+    failed_wake(ms)
 
 
 if __name__ == "__main__":
