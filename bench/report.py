@@ -921,6 +921,46 @@ def sec_group(recs, out):
     out.append("")
 
 
+def gsleep_runs(recs, op, mode, members, key):
+    """key of every round of a whole group's move (bench/group_sleep.py)."""
+    return [num(r, key) for r in find(recs, "gsleep", op=op, mode=mode, members=members)]
+
+
+def sec_gsleep(recs, out):
+    out.append("### A whole group's sleep and wake\n")
+    out.append("`vmmshim ctl --group NAME sleep` and `wake` (every member quiesced, then all moving at once, then "
+               "released) of N members of 8 GiB each on one GPU, medians of the rounds; the slowest member's own "
+               "move is the time its reply gives, in the same command; `alone`: `vmmshim ctl PID sleep` of one "
+               "member, timed by the client.\n")
+    out.append("| mode | op | members | group (ms) | slowest member (ms) | group - slowest (ms) | alone (ms) |")
+    out.append("| --- | --- | --- | --- | --- | --- | --- |")
+    for mode in ("discard", "host"):
+        for op in ("sleep", "wake"):
+            for n in (1, 2, 4):
+                g = median_or_none(gsleep_runs(recs, op, mode, n, "group_ms"))
+                sl = median_or_none(gsleep_runs(recs, op, mode, n, "slowest_ms"))
+                ov = median_or_none(gsleep_runs(recs, op, mode, n, "over_ms"))
+                alone = median_or_none(gsleep_runs(recs, "single-" + op, mode, 1, "ms")) if n == 1 else None
+                out.append("| %s | %s | %d | %s | %s | %s | %s |" % (mode, op, n, fnum(g), fnum(sl), fnum(ov),
+                                                                     fnum(alone) if n == 1 else "-"))
+    b = find(recs, "gsleep", op="balloon")
+    if b:
+        out.append("\nA balloon: a growth of %s MiB past the group's limit, admitted after a lower-priority member "
+                   "lent its cold tag (mapped mode): %s ms (%s)." % (b[0].get("mib"), fnum(num(b[0], "ms")),
+                                                                  "admitted" if b[0].get("ok") == "1" else "FAILED"))
+    out.append("")
+
+
+def figs_gsleep(recs, F):
+    for mode in ("discard", "host"):
+        for op in ("sleep", "wake"):
+            for n in (1, 2, 4):
+                F.add("group %s, %s, %d members: group - slowest member (ms)" % (op, mode, n),
+                      gsleep_runs(recs, op, mode, n, "over_ms"), "lower", "time")
+    for r in find(recs, "gsleep", op="balloon"):
+        F.add("group balloon: admission of a growth (ms)", num(r, "ms"), "lower", "time")
+
+
 # ------------------------------------------------------------------ figures and the regression guard
 # Every figure of a run goes into a JSON file beside the Markdown one (bench/results/<stem>.json):
 # its value (the median of its samples), the samples (the alternating rounds of one run, where a
@@ -1181,7 +1221,7 @@ def figs_group(recs, F):
 def figures(recs):
     F = Figures()
     for fn in (figs_pairs, figs_growth, figs_frag, figs_spread, figs_step, figs_serve, figs_overhead, figs_sleep,
-               figs_group, figs_tms):
+               figs_group, figs_tms, figs_gsleep):
         fn(recs, F)
     return F.d
 
@@ -1336,6 +1376,8 @@ def main():
         sec_tms(recs, out)
     if ran(recs, partial, "group"):
         sec_group(recs, out)
+    if ran(recs, partial, "gsleep"):
+        sec_gsleep(recs, out)
     failed = find(recs, "failed")
     if failed:
         out.append("## Steps that failed\n")

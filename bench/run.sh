@@ -23,7 +23,8 @@
 #               directory (BENCH_DISK_DIR, else $TMPDIR, else /tmp)              (bench/tms_bench.py)
 #   7 group     a group's budget: the cost of a growth (admission and return) with 1, 4 and 16
 #               members against processes alone, the allocation speed beside it, and a kernel's
-#               bandwidth on memory past the limit (VMMSHIM_ON_LIMIT=host), promote (bench/group.cu)
+#               bandwidth on memory past the limit (VMMSHIM_ON_LIMIT=host), promote (bench/group.cu);
+#               a whole group's sleep and wake, and a balloon's admission (bench/group_sleep.py)
 #
 # Each program prints "R <section> key=value ..." lines; bench/report.py turns all of them into
 # one table, printed at the end and written to bench/results/<gpu>-<driver>.md (with growth.svg),
@@ -47,7 +48,7 @@ LIB="$PWD/$BUILD/libvmmshim.so"
 BIN="$BUILD/bench"
 if [ -n "$OUT" ]; then LOGDIR="$OUT"; else LOGDIR="bench/out"; fi
 mkdir -p "$LOGDIR" "$BIN" bench/results || exit 1
-for f in bench pairs growth frag churn tfrag step serve overhead sleep group tms; do rm -f "$LOGDIR/$f.log"; done
+for f in bench pairs growth frag churn tfrag step serve overhead sleep group tms gsleep; do rm -f "$LOGDIR/$f.log"; done
 rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg" "$LOGDIR/baseline.json"
 MAIN_LOG="$LOGDIR/bench.log"
 T_START=$(date +%s)
@@ -96,13 +97,13 @@ say "bench: $GPU, driver $DRIVER, CUDA $CUDA_DRV, nvcc $NVCC_VER, torch ${TORCH:
 nvidia-smi >"$LOGDIR/nvidia-smi.txt" 2>&1
 
 # ---- build ----
-for p in pairs growth replay overhead churn sleep group; do
+for p in pairs growth replay overhead churn sleep group gsleep; do
   rm -f "$BIN/$p"
   "$NVCC_PATH" -O2 -arch="$ARCH" -std=c++17 -Iinclude -Ibench -o "$BIN/$p" "bench/$p.cu" -ldl -lpthread \
     >"$LOGDIR/build-$p.txt" 2>&1 &
 done
 wait
-for p in pairs growth replay overhead churn sleep group; do
+for p in pairs growth replay overhead churn sleep group gsleep; do
   [ -x "$BIN/$p" ] || { say "bench: build of bench/$p.cu failed:"; head -n 20 "$LOGDIR/build-$p.txt" | tee -a "$MAIN_LOG"; }
 done
 
@@ -402,6 +403,9 @@ for n in 1 4 16; do
 done
 step group-spill group 90 "$SHIM" VMMSHIM_LIMIT_GROUP="bench-spill-$$" VMMSHIM_LIMIT=1G VMMSHIM_ON_LIMIT=host -- \
   "$BIN/group" spill
+# A whole group's sleep and wake (1, 2, 4 members of 8 GiB on GPU 0) against the slowest member's own
+# move, and a balloon's admission of an 8 GiB growth (bench/group_sleep.py, bench/gsleep.cu).
+step group-sleep gsleep 120 -- "$PYTHON" bench/group_sleep.py "$BIN/gsleep" "$LIB"
 
 # ---- report ----
 echo "runtime=$(($(date +%s) - T_START)) s" >>"$LOGDIR/machine.txt"

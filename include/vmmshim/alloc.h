@@ -52,6 +52,17 @@ void _vs_sync_contexts(void);
 /* Gives cached host memory back down to keep bytes; returns the bytes given back. */
 size_t _vs_release_host(size_t keep);
 
+/* ---------------------------------------------------------------- "balloon.c" */
+/* Cold tags (VMMSHIM_COLD_TAGS, vmmshim ctl PID cold): the mode each leaves the device in when
+ * lent (VMMSHIM_SLEEP_*), -1 for a tag that is not cold. _vs_cold_set makes the tag if needed. */
+int _vs_cold_mode_of(const char *name); /* "discard", "host", "mapped": the mode, else -1 */
+int _vs_cold_set(const char *tag, int mode, int *previous);
+int _vs_cold_get(int tag);
+/* A higher member's request (control_group.c): cold tags sleep until want bytes left the device;
+ * *released says how many; -EALREADY when none could (why says why). */
+int _vs_balloon_demote(uint64_t want, pid_t borrower, uint64_t *released, char *why, size_t n);
+uint64_t _vs_balloon_lent(void); /* bytes lent and not back yet */
+
 /* ---------------------------------------------------------------- "limit.c" */
 /* Bytes served from host memory at their own addresses, every pool (tags asleep in mapped mode,
  * growths past the limit): pointer queries look further only when it is not 0. */
@@ -68,12 +79,21 @@ int _vs_sleep(const char *tag, int mode, vmmshim_sleep_result_t *out);
 int _vs_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *out);
 int _vs_sleep_level(int level, int mapped, vmmshim_sleep_result_t *out);
 int _vs_promote(vmmshim_sleep_result_t *out);
+/* A group's quiesce: the gate closed (no capture in progress: -EBUSY after VMMSHIM_SLEEP_WAIT)
+ * and every context synchronised, held until _vs_unquiesce; why (n bytes) says why it was not. */
+int _vs_quiesce(char *why, size_t n);
+void _vs_unquiesce(void);
 int _vs_tag_stats(vmmshim_tag_stats_t *out, int max);
 /* Whether addr is served from host memory at its own address (a tag asleep in mapped mode), and
  * its pool's device: pointer queries then answer device memory, as before the sleep. */
 bool _vs_host_mapped(CUdeviceptr addr, int *dev);
 /* vmmshim_host_copy (vmmshim.h): where the bytes of a sleeping address are kept. */
 int _vs_host_copy_at(CUdeviceptr addr, CUdeviceptr *home, size_t *len);
+
+/* ---------------------------------------------------------------- "borrow.c" */
+/* Asks lender (a member of lower priority) to move want bytes out of the device, by deadline_ns:
+ * 0 with *got the bytes that left, or -errno with why. */
+int _vs_borrow(pid_t lender, uint64_t want, uint64_t deadline_ns, uint64_t *got, char *why, size_t n);
 
 /* ---------------------------------------------------------------- "tags.c" */
 #define VS_MAX_TAGS VMMSHIM_MAX_TAGS

@@ -29,7 +29,18 @@
  *       copied to or from host memory, c the tag's index (~0: every tag), d duration ns,
  *       e the result (0, or a negative errno value), flags the mode
  *   'j' tag rule: sub the rule's index, a ptr, c its tag's name, d its text (both char *, kept
- *       for the life of the process) */
+ *       for the life of the process)
+ *   'b' a group operation seen by this member: sub its kind (VS_TRACE_GROUP_*), a the other
+ *       member's pid (0: none), b bytes, d duration ns, e the result (0, or a negative errno) */
+enum {
+  VS_TRACE_GROUP_QUIESCE = 0, /* a group's phase 1: the gate held (src/hook/control_group.c) */
+  VS_TRACE_GROUP_RELEASE = 1, /* the hold ended by the client's release */
+  VS_TRACE_GROUP_LEASE = 2,   /* ... by its lease running out */
+  VS_TRACE_GROUP_CLOSED = 3,  /* ... by the close of the client's connection */
+  VS_TRACE_GROUP_LENT = 4,    /* a cold tag lent to a higher member (src/alloc/balloon.c) */
+  VS_TRACE_GROUP_RETURNED = 5, /* lent memory back on the device */
+  VS_TRACE_GROUP_BORROWED = 6 /* a growth that lower members made room for (src/alloc/limit.c) */
+};
 #define VS_TRACE_HOST_MEMORY 0x80
 #define VS_TRACE_ALIAS 0x40
 typedef struct vs_trace_rec_s {

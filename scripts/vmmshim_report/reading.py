@@ -49,6 +49,7 @@ W_REC = _record("w", _H, _H, _H, _D, _H, _H, _H, _H, _H, _H)
 H_REC = _record("h", _H, _H, _H, _D, _H, _H, _H, _H, _H)  # a stitch (version 4)
 # j: the tag rule that tagged the allocation at PTR (version 4): index, device, PTR, tag, the rule's text.
 J_REC = re.compile(r"j (%s) (%s) (%s) (%s) (%s) ([A-Za-z0-9_.-]{1,31}) (.*)\n\Z" % (_H, _H, _H, _D, _H))
+B_REC = _record("b", _H, _H, _H, _D, _H, _H, _H, _H)
 K_REC = re.compile(r"k(?: %s){3,}\n\Z" % _H)
 N_REC = re.compile(r"n (%s)(?: (.*))?\n\Z" % _H, re.S)  # the text: everything after one space
 L_REC = re.compile(r"l (%s) (%s) (%s) (%s) (-|[0-9a-fA-F]{1,128}) (.*)\n\Z" % (_H, _H, _H, _H), re.S)
@@ -91,6 +92,7 @@ class Trace:
         self.end_t = None  # 'e' record seen: the process closed the trace
         self.cut_at = None  # the cap in bytes, when VMMSHIM_TRACE_MAX cut the trace
         self.tag_names = {}  # tag index -> name ('g' records)
+        self.group_ops = collections.Counter()  # 'b' records (version 4) by kind: read, not reported
         self.partial_tail = False
         self.malformed = 0
         self.unknown = collections.Counter()
@@ -306,6 +308,11 @@ class Trace:
                         raise ValueError
                     # ("j", t, tid, ptr, tag, rule text): the rule of the next allocation at ptr
                     yield ("j", int(m.group(1), 16), int(m.group(2), 16), int(m.group(5), 16), m.group(6), m.group(7))
+                elif c == "b":
+                    m = B_REC.match(line)
+                    if m is None:
+                        raise ValueError
+                    self.group_ops[int(line.split()[3], 16)] += 1
                 elif c == "v":
                     self._bad(line)
                 else:

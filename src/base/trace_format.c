@@ -153,6 +153,12 @@ char *_vs_trace_format_record(char *p, const vs_trace_rec_t *r, uint64_t mono, c
     for (int i = 0; name[i] && i < 31; i++) *p++ = name[i];
     break;
   }
+  case 'b':
+    p = put_sp_hex(p, r->a);
+    p = put_sp_hex(p, r->b);
+    p = put_sp_hex(p, r->e);
+    p = put_sp_hex(p, r->d);
+    break;
   case 'w':
     p = put_sp_hex(p, r->c);
     p = put_sp_hex(p, r->flags);

@@ -214,9 +214,16 @@ run_prog "shared/group-spill" "$BIN/t_group.shared" GROUP_MODE=spill VMMSHIM_LIM
 # A wait that cannot end fails the mode after GROUP_HOPELESS_S, well before run_prog's 90 s.
 run_prog "static/group-hopeless" "$BIN/t_group.static" GROUP_MODE=hopeless GROUP_HOPELESS_S=20 VMMSHIM_LIMIT=1G \
   VMMSHIM_ON_LIMIT=wait
+# A trainer (priority 10, VMMSHIM_ON_LIMIT=balloon) and a generator (priority 0, cold tag kv) on one
+# GPU under one budget: the trainer's growth moves kv to host memory, the tokens stay the same,
+# kv comes back after the trainer frees (tests/gpu/t_balloon.cu).
+run_prog "shared/balloon" "$BIN/t_balloon.shared"
 
 # ---- steered from outside: vmmshim ctl on tests/gpu/t_ctl.cu, vmmshim.control on PyTorch ----
 . tests/gpu/ctl_drive.sh
+
+# ---- a whole group at once: vmmshim ctl --group NAME sleep|wake on two ranks (tests/gpu/group_drive.sh) ----
+. tests/gpu/group_drive.sh
 
 # ---- a torch_memory_saver program (tests/gpu/tms_compat.py) under vmmshim --as torch_memory_saver,
 # caching allocator on and off; PyTorch missing: SKIP ----

@@ -23,7 +23,8 @@ Without the shim, every function that calls it (region, pause and resume include
 NotPreloaded, with one line saying how to run under it. Reference: docs/sleep.md, "From Python".
 
 vmmshim.control(pid) steers another process under the shim from this one, with the verbs of
-`vmmshim ctl` (vmmshim/client.py); it does not need the shim in this process."""
+`vmmshim ctl` (vmmshim/client.py); it does not need the shim in this process.
+vmmshim.control_group(name) sleeps and wakes every member of a group together, all or nothing."""
 import contextlib
 import ctypes
 import errno
@@ -34,7 +35,7 @@ from .client import Control, ControlError, reachable  # noqa: F401  (the public 
 
 __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
            "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "host_copy", "set_disk_dir", "stats", "trim", "dump",
-           "control", "reachable", "loaded", "library_path", "UNTAGGED", "SleepResult", "Error", "NotPreloaded",
+           "control", "control_group", "reachable", "loaded", "library_path", "UNTAGGED", "SleepResult", "Error", "NotPreloaded",
            "ControlError", "Control", "set_tag_rules"]
 
 TAG_MAX = 32
@@ -397,3 +398,11 @@ def control(pid, timeout=10.0, move_timeout=300.0):
     """The process pid under the shim, steered from here: an object with the verbs of `vmmshim
     ctl` (status, tag, sleep, wake, trim, limit, dump, release_host)."""
     return Control(pid, timeout, move_timeout)
+
+
+def control_group(name, timeout=60.0):
+    """The live members of group name (VMMSHIM_LIMIT_GROUP), steered together: sleep(tag=None,
+    mode=None, level=None) and wake(tag=None, zero=False) on every member, all or nothing, each
+    returning what happened per member (docs/control.md, "A whole group"); status()."""
+    from .group_sleep import GroupControl
+    return GroupControl(name, timeout)

@@ -21,6 +21,8 @@ Usage: vmmshim ctl list [--json] [--pid PID[,PID...]]
        vmmshim ctl PID release-host [--keep SIZE]
        vmmshim ctl PID promote
        vmmshim ctl PID rules [SPEC|--clear]
+       vmmshim ctl PID priority [N]
+       vmmshim ctl PID cold TAG [--mode mapped|host|discard|off]
 """
 
 ABOUT = """\
@@ -46,6 +48,10 @@ See and steer a program running under vmmshim, from outside (docs/control.md).
                 host) back to the device, as far as the limit allows now
   rules         the tag rules and what each tagged; SPEC replaces them
                 ("TAG=MATCHER;...", docs/tag-rules.md), --clear removes them
+  priority      the process's priority in its group (0-1000; VMMSHIM_ON_LIMIT=
+                balloon borrows from lower ones); no N: show it
+  cold TAG      lend TAG first when a higher member needs room (--mode mapped,
+                the default, host or discard; off: no longer)
   --group NAME  the limit and status of a group of processes (VMMSHIM_LIMIT_GROUP)
 Options: --json (the reply as JSON), --timeout SECONDS (default 10; 300 for sleep,
 wake and trim). SIZE takes K, M, G suffixes. PID: a process id, a number above 0.
@@ -58,7 +64,7 @@ connection before answering (or sent a bad reply).
 """
 
 SHORT = "vmmshim ctl list | PID VERB [ARGS...] | --group NAME VERB [ARGS...]"
-VERBS = ("status", "tag", "sleep", "wake", "trim", "limit", "dump", "release-host", "promote", "rules")
+VERBS = ("status", "tag", "sleep", "wake", "trim", "limit", "dump", "release-host", "promote", "rules", "priority", "cold")
 
 
 def help_text():
@@ -346,6 +352,19 @@ def _verb(pid, verb, rest, as_json, timeout):
         r = ctl.rules(rest[0] if rest else None, clear)
         out = "\n".join(["pid %d: %s" % (pid, "tag rules:" if r["rules"] else "no tag rules")]
                         + _rules_lines(r["rules"]))
+    elif verb == "priority":
+        if len(rest) > 1 or (rest and not (rest[0].isdigit() and int(rest[0]) <= 1000)):
+            raise Usage("priority takes at most one N, a whole number from 0 to 1000")
+        r = ctl.call("priority", priority=int(rest[0]) if rest else None)
+        out = "pid %d: priority %d (was %d)" % (pid, r["priority"], r["previous"])
+    elif verb == "cold":
+        mode = _take(rest, "--mode", True)
+        if mode is not None and mode not in ("mapped", "host", "discard", "off"):
+            raise Usage("--mode: mapped, host, discard or off (got '%s')" % mode)
+        if len(rest) != 1 or rest[0].startswith("-"):
+            raise Usage("cold takes one TAG")
+        r = ctl.call("cold", tag=rest[0], mode=mode)
+        out = "pid %d: tag '%s' cold: %s (was %s)" % (pid, text.clean(r["tag"]), r["mode"], r["previous"])
     print(json.dumps(r, separators=(",", ":")) if as_json else out)
     return EXIT_OK
 

@@ -296,6 +296,8 @@ REPLIES = {
     "dump": {"report": "string", "truncated": Opt("bool")},
     "release-host": {"released": "count", "in_use": "count", "cached": "count"},
     "rules": {"changed": "bool", "rules": [{"rule": "string", "tag": "string", "matched": "count"}]},
+    "priority": {"priority": "count", "previous": "count"},
+    "cold": {"tag": "string", "mode": "string", "previous": "string"},
 }
 _REFUSAL = {"error": Opt("string"), "message": Opt("string")}
 
