@@ -75,6 +75,55 @@ bool _vs_host_mapped(CUdeviceptr addr, int *dev);
 /* vmmshim_host_copy (vmmshim.h): where the bytes of a sleeping address are kept. */
 int _vs_host_copy_at(CUdeviceptr addr, CUdeviceptr *home, size_t *len);
 
+/* ---------------------------------------------------------------- "residue.c", "nvml.c" */
+/* vmmshim_residue: the residue now (out not NULL); 0, -ENODEV. */
+int _vs_residue(vmmshim_residue_t *out);
+/* After a sleep (sleep.c): a residue, traced, logged, compared with the first one's. */
+void _vs_residue_after_sleep(void);
+/* Other processes' bytes on r's devices from NVML: false when NVML could not tell (why: _vs_nvml_why). */
+bool _vs_nvml_others(vmmshim_residue_t *r);
+const char *_vs_nvml_why(void);
+
+/* ---------------------------------------------------------------- "outside.c" */
+/* Memory made outside the shim's pools (src/hook/hook_outside.c tells): by kind, library and
+ * call site. */
+#define VS_OUTSIDE_VMM 0     /* cuMemCreate, cuMemImportFromShareableHandle: device memory */
+#define VS_OUTSIDE_MANAGED 1 /* cuMemAllocManaged */
+#define VS_OUTSIDE_HOST 2    /* cuMemAllocHost, cuMemHostAlloc: pinned host memory */
+#define VS_OUTSIDE_KINDS 3
+#define VS_OUTSIDE_EXPORTABLE 1u /* a VMM handle made with requestedHandleTypes != 0 */
+#define VS_OUTSIDE_IMPORTED 2u   /* a VMM handle of cuMemImportFromShareableHandle */
+#define VS_OUTSIDE_KNOWN 4u      /* _vs_outside_flags: the handle is in the table */
+#define VS_OUTSIDE_LIBS 32       /* libraries told apart (the last stands for the rest) */
+#define VS_OUTSIDE_SITES 256     /* call sites told apart (the last stands for the rest) */
+#define VS_OUTSIDE_DEVICES 16
+typedef struct vs_outside_lib_s {
+  char name[64]; /* the shared object's file name */
+  uint64_t bytes[VS_OUTSIDE_KINDS];
+} vs_outside_lib_t;
+typedef struct vs_outside_site_s {
+  uintptr_t addr; /* the return address into the library; 0: the other sites */
+  int lib, kind;  /* lib -1: the other sites */
+  uint32_t stack; /* the trace's stack id, 0 when none */
+  uint64_t bytes; /* live now */
+} vs_outside_site_t;
+typedef struct vs_outside_figures_s {
+  uint64_t dev[VS_OUTSIDE_DEVICES][VS_OUTSIDE_KINDS]; /* device memory by device and kind (HOST unused) */
+  uint64_t host, shared, untracked; /* pinned host; VMM exported or imported; made while a table was full */
+  int nlibs, nsites;
+  vs_outside_lib_t libs[VS_OUTSIDE_LIBS];
+  vs_outside_site_t sites[VS_OUTSIDE_SITES];
+} vs_outside_figures_t;
+/* The first return address of the calling thread's stack outside the shim and CUDA's runtime and
+ * driver (where none, the first outside the shim). */
+uintptr_t _vs_outside_caller(void);
+/* kind (VS_OUTSIDE_*) of size bytes, known by key (handle or address), made on device dev. */
+void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned flags, uintptr_t caller);
+/* Freed: false when key was not in the table. */
+bool _vs_outside_freed(int kind, uint64_t key);
+unsigned _vs_outside_flags(uint64_t handle); /* a VMM handle's VS_OUTSIDE_* flags, 0 when unknown */
+void _vs_outside_figures(vs_outside_figures_t *out);
+
 /* ---------------------------------------------------------------- "tags.c" */
 #define VS_MAX_TAGS VMMSHIM_MAX_TAGS
 extern atomic_int _vs_process_tag; /* the tag of threads that set none */

@@ -278,7 +278,10 @@ void _vs_log_copy(void (*fn)(void *arg, const char *line, size_t n), void *arg);
   X(cuMemcpyDtoDAsync, 3020, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                 \
   X(cuMemsetD8Async, 3020, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))                \
   X(cuEventSynchronize, 2000, CUresult, (CUevent))                                                   \
-  X(cuStreamWaitEvent, 3020, CUresult, (CUstream, CUevent, unsigned int))
+  X(cuStreamWaitEvent, 3020, CUresult, (CUstream, CUevent, unsigned int))                           \
+  X(cuDeviceGetGraphMemAttribute, 11040, CUresult, (CUdevice, CUgraphMem_attribute, void *))         \
+  X(cuDevicePrimaryCtxGetState, 7000, CUresult, (CUdevice, unsigned int *, int *))                   \
+  X(cuDeviceGetPCIBusId, 4010, CUresult, (char *, int, CUdevice))
 
 typedef struct vs_real_driver_s {
 #define VS_REAL_FIELD(name, ver, ret, args) ret(*name) args;
@@ -388,6 +391,25 @@ void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle,
  * device bytes it gave back or mapped again, the bytes copied to or from host memory. */
 void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t device_bytes, uint64_t host_bytes,
                      int result, uint64_t duration_ns);
+/* Memory made (freed 0) or freed outside the shim's pools (outside.c): a 'u' record; kind is
+ * outside.c's VS_OUTSIDE_*, caller the return address that asked, stack its stack id or 0. */
+void _vs_trace_outside(int kind, int freed, int device, uint64_t key, size_t size, uintptr_t caller, uint32_t stack);
+/* The owners of a residue's figures ('r' records, docs/trace-format.md). */
+#define VS_RESIDUE_TOTAL 0       /* the device's memory */
+#define VS_RESIDUE_USED 1        /* in use: total - free (cuMemGetInfo) */
+#define VS_RESIDUE_TAGS 2        /* the shim's pools (awake tags, what stays of sleeping ones) */
+#define VS_RESIDUE_LIBRARY 3     /* one library's own VMM memory (cuMemCreate) */
+#define VS_RESIDUE_MANAGED 4     /* managed memory */
+#define VS_RESIDUE_GRAPH 5       /* graph memory (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) */
+#define VS_RESIDUE_CONTEXT 6     /* context and modules (measured around their creation) */
+#define VS_RESIDUE_OTHERS 7      /* other processes (NVML) */
+#define VS_RESIDUE_UNEXPLAINED 8 /* used - every owner above (signed, two's complement) */
+#define VS_RESIDUE_HOST 9        /* pinned host memory (not the device's) */
+#define VS_RESIDUE_NAME 15       /* a library's name */
+/* One figure of a residue (residue.c): an 'r' record. owner: VS_RESIDUE_*; lib: a library's
+ * index (its name in an earlier 'r' record of owner VS_RESIDUE_NAME, written by _vs_trace_residue_name). */
+void _vs_trace_residue(int owner, int device, uint64_t seq, uint64_t bytes, unsigned lib);
+void _vs_trace_residue_name(unsigned lib, const char *name);
 void _vs_trace_flush(void);
 void _vs_trace_close(void);
 

@@ -70,4 +70,8 @@ bool _vs_ctl_arg_size(const vs_jobject_t *req, const char *key, bool required, u
 /* The tag of a sleep or wake: "tag": NAME, or "all": true (*tag NULL). */
 bool _vs_ctl_arg_target(const vs_jobject_t *req, const char **tag, bool *all, vs_jout_t *o);
 
+/* ---------------------------------------------------------------- "control_residue.c" */
+void _vs_ctl_do_residue(const vs_jobject_t *req, vs_jout_t *o); /* the `residue` verb */
+void _vs_ctl_outside_fields(vs_jout_t *o); /* status: "outside": memory made outside the pools */
+
 #endif

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define VS_TRACE_FORMAT_VERSION 3
+#define VS_TRACE_FORMAT_VERSION 4
 #define VS_TRACE_REC_MAX 192 /* longest line: 'm' with ten 16-digit fields */
 #define VS_TRACE_STACK_MAX 3072 /* 'k': 64 native frames and 64 Python frames */
 #define VS_TRACE_MODULE_MAX 4300 /* 'l': four numbers, a build id and a path of up to 4096 */

@@ -172,6 +172,7 @@ static int finish(int rc, uint64_t t0, vmmshim_sleep_result_t *res, vmmshim_slee
     _vs_trace_sleep(wake, id, id >= 0 ? tag : NULL, mode, wake ? res->restored : res->released, res->to_host, rc,
                     res->ns);
   }
+  if (!wake && rc == 0) _vs_residue_after_sleep(); /* what stays on the device (residue.c) */
   return rc;
 }
 

@@ -1,0 +1,244 @@
+/* outside.c: memory the process makes outside the shim's pools, and who made it.
+ *
+ * The shim serves cudaMalloc and friends from its pools; libraries also make memory of their own
+ * (NCCL's and JAX's cuMemCreate, managed memory, pinned host buffers). The hooks of
+ * src/hook/hook_outside.c pass those calls to the driver untouched and, when the driver agreed,
+ * note here what was made or freed: its kind, size and device, the shared object that asked for
+ * it (the caller's return address, looked up once per address with dladdr, frames of the shim and
+ * of the CUDA runtime and driver passed over) and its call site (that address, and the trace's
+ * stack id when stacks are on). The residue (residue.c) sums them by owner.
+ *
+ * These calls are rare (a library makes its buffers once, at start or per cycle): one lock, a
+ * leaf of the lock order, guards the tables; no driver call is made under it. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <execinfo.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vmmshim/alloc.h"
+#include "vmmshim/stacks.h"
+
+#define HASH_NONFATAL_OOM 1
+#include <uthash.h>
+
+#define VS_OUT_FRAMES 24 /* frames looked at for the first caller outside CUDA */
+
+typedef struct vs_out_entry_s {
+  uint64_t key; /* the handle (VMM), the address (managed, host) */
+  size_t size;
+  int kind, dev, lib, site;
+  unsigned flags;
+  UT_hash_handle hh;
+} vs_out_entry_t;
+
+typedef struct vs_out_site_s {
+  uintptr_t addr;
+  int index;
+  UT_hash_handle hh;
+} vs_out_site_t;
+
+typedef struct vs_out_lib_addr_s { /* the cache of dladdr: return address -> library */
+  uintptr_t addr;
+  int lib;
+  UT_hash_handle hh;
+} vs_out_lib_addr_t;
+
+static vs_lock_t vs_out_lock = VS_LOCK_INITIALIZER(VS_RANK_OUTSIDE, "outside");
+static vs_out_entry_t *vs_out_entries[VS_OUTSIDE_KINDS]; /* one table per kind: keys of kinds may meet */
+static vs_out_site_t *vs_out_site_map;
+static vs_out_lib_addr_t *vs_out_lib_cache;
+static vs_outside_lib_t vs_out_libs[VS_OUTSIDE_LIBS];
+static int vs_out_nlibs;
+static vs_outside_site_t vs_out_sites[VS_OUTSIDE_SITES];
+static int vs_out_nsites;
+static uint64_t vs_out_untracked; /* bytes made while a table had no room */
+
+/* ------------------------------------------------------------------ who asked */
+
+static uintptr_t vs_own_base; /* the shim's own load address */
+
+/* Whether a shared object is the CUDA runtime or driver: the library that called it is named
+ * instead. */
+static bool cuda_itself(const char *path) {
+  const char *b = strrchr(path, '/');
+  b = b ? b + 1 : path;
+  return !strncmp(b, "libcudart", 9) || !strncmp(b, "libcuda.so", 10);
+}
+
+uintptr_t _vs_outside_caller(void) {
+  void *frames[VS_OUT_FRAMES];
+  int n = backtrace(frames, VS_OUT_FRAMES);
+  if (!vs_own_base) {
+    Dl_info self;
+    if (dladdr((void *)_vs_outside_caller, &self)) vs_own_base = (uintptr_t)self.dli_fbase;
+  }
+  uintptr_t first = 0;
+  for (int i = 0; i < n; i++) {
+    Dl_info di;
+    if (!dladdr(frames[i], &di) || !di.dli_fname) continue;
+    if ((uintptr_t)di.dli_fbase == vs_own_base) continue;
+    if (!first) first = (uintptr_t)frames[i];
+    if (!cuda_itself(di.dli_fname)) return (uintptr_t)frames[i];
+  }
+  return first; /* only CUDA's own frames: the runtime asked for itself */
+}
+
+/* The library of a return address: its index, the name looked up once per address. Lock held. */
+static int lib_of(uintptr_t addr) {
+  vs_out_lib_addr_t *c;
+  HASH_FIND(hh, vs_out_lib_cache, &addr, sizeof addr, c);
+  if (c) return c->lib;
+  Dl_info di;
+  const char *path = addr && dladdr((void *)addr, &di) && di.dli_fname && di.dli_fname[0] ? di.dli_fname : "(unknown)";
+  char exe[256];
+  if (!strcmp(path, program_invocation_name)) { /* glibc names the program by its argv[0]: its file instead */
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+      exe[n] = 0;
+      path = exe;
+    }
+  }
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  int lib = 0;
+  while (lib < vs_out_nlibs && strcmp(vs_out_libs[lib].name, base) != 0) lib++;
+  if (lib == vs_out_nlibs) {
+    if (vs_out_nlibs == VS_OUTSIDE_LIBS) {
+      lib = VS_OUTSIDE_LIBS - 1; /* the last one stands for the rest */
+      snprintf(vs_out_libs[lib].name, sizeof vs_out_libs[lib].name, "(other libraries)");
+    } else {
+      snprintf(vs_out_libs[lib].name, sizeof vs_out_libs[lib].name, "%.63s", base);
+      vs_out_nlibs++;
+    }
+  }
+  c = calloc(1, sizeof *c);
+  if (c) {
+    c->addr = addr;
+    c->lib = lib;
+    HASH_ADD(hh, vs_out_lib_cache, addr, sizeof c->addr, c);
+    vs_out_lib_addr_t *in;
+    HASH_FIND(hh, vs_out_lib_cache, &addr, sizeof addr, in);
+    if (!in) free(c); /* no room in the table: looked up again next time */
+  }
+  return lib;
+}
+
+/* The call site of a return address: its index (the last one stands for the rest). Lock held. */
+static int site_of(uintptr_t addr, int lib, uint32_t stack) {
+  vs_out_site_t *s;
+  HASH_FIND(hh, vs_out_site_map, &addr, sizeof addr, s);
+  if (s) {
+    if (!vs_out_sites[s->index].stack) vs_out_sites[s->index].stack = stack;
+    return s->index;
+  }
+  int i = vs_out_nsites < VS_OUTSIDE_SITES ? vs_out_nsites : VS_OUTSIDE_SITES - 1;
+  if (i == vs_out_nsites) {
+    vs_out_sites[i].addr = addr;
+    vs_out_sites[i].lib = lib;
+    vs_out_sites[i].stack = stack;
+    vs_out_nsites++;
+    s = calloc(1, sizeof *s);
+    if (s) {
+      s->addr = addr;
+      s->index = i;
+      HASH_ADD(hh, vs_out_site_map, addr, sizeof s->addr, s);
+      vs_out_site_t *in;
+      HASH_FIND(hh, vs_out_site_map, &addr, sizeof addr, in);
+      if (!in) free(s);
+    }
+  } else {
+    vs_out_sites[i].addr = 0; /* "other sites" */
+    vs_out_sites[i].lib = -1;
+  }
+  return i;
+}
+
+/* ------------------------------------------------------------------ made and freed */
+
+void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned flags, uintptr_t caller) {
+  if (kind < 0 || kind >= VS_OUTSIDE_KINDS || (!size && !(flags & VS_OUTSIDE_IMPORTED))) return;
+  uint32_t stack = _vs_stacks_on ? _vs_stack_capture(size) : 0; /* before the lock: it takes the stacks lock */
+  vs_out_entry_t *e = calloc(1, sizeof *e);
+  char who[sizeof vs_out_libs[0].name];
+  _vs_lock_take(&vs_out_lock);
+  int lib = lib_of(caller), site = site_of(caller, lib, stack);
+  memcpy(who, vs_out_libs[lib].name, sizeof who);
+  if (e) {
+    *e = (vs_out_entry_t){.key = key, .size = size, .kind = kind, .dev = dev, .lib = lib, .site = site, .flags = flags};
+    vs_out_entry_t *old;
+    HASH_FIND(hh, vs_out_entries[kind], &key, sizeof key, old);
+    if (old) { /* the driver gave a key back that we missed the free of: the new one counts */
+      vs_out_libs[old->lib].bytes[kind] -= old->size;
+      vs_out_sites[old->site].bytes -= old->size;
+      HASH_DEL(vs_out_entries[kind], old);
+      free(old);
+    }
+    HASH_ADD(hh, vs_out_entries[kind], key, sizeof e->key, e);
+    HASH_FIND(hh, vs_out_entries[kind], &key, sizeof key, old);
+    if (!old) {
+      free(e);
+      e = NULL;
+    }
+  }
+  if (e) {
+    vs_out_libs[lib].bytes[kind] += size;
+    vs_out_sites[site].bytes += size;
+    vs_out_sites[site].kind = kind;
+  } else {
+    vs_out_untracked += size;
+  }
+  _vs_lock_release(&vs_out_lock);
+  if (vs_unlikely(_vs_trace_on)) _vs_trace_outside(kind, 0, dev, key, size, caller, stack);
+  _vs_debug("outside: %s of %zu bytes (0x%llx) on device %d by %s", kind == VS_OUTSIDE_HOST ? "pinned host memory"
+            : kind == VS_OUTSIDE_MANAGED ? "managed memory" : "a VMM handle", size, (unsigned long long)key, dev,
+            who);
+}
+
+bool _vs_outside_freed(int kind, uint64_t key) {
+  if (kind < 0 || kind >= VS_OUTSIDE_KINDS) return false;
+  _vs_lock_take(&vs_out_lock);
+  vs_out_entry_t *e;
+  HASH_FIND(hh, vs_out_entries[kind], &key, sizeof key, e);
+  if (e) {
+    HASH_DEL(vs_out_entries[kind], e);
+    vs_out_libs[e->lib].bytes[kind] -= e->size;
+    vs_out_sites[e->site].bytes -= e->size;
+  }
+  _vs_lock_release(&vs_out_lock);
+  if (!e) return false;
+  if (vs_unlikely(_vs_trace_on)) _vs_trace_outside(kind, 1, e->dev, key, e->size, 0, 0);
+  free(e);
+  return true;
+}
+
+unsigned _vs_outside_flags(uint64_t handle) {
+  _vs_lock_take(&vs_out_lock);
+  vs_out_entry_t *e;
+  HASH_FIND(hh, vs_out_entries[VS_OUTSIDE_VMM], &handle, sizeof handle, e);
+  unsigned f = e ? e->flags | VS_OUTSIDE_KNOWN : 0;
+  _vs_lock_release(&vs_out_lock);
+  return f;
+}
+
+/* ------------------------------------------------------------------ figures */
+
+void _vs_outside_figures(vs_outside_figures_t *out) {
+  memset(out, 0, sizeof *out);
+  _vs_lock_take(&vs_out_lock);
+  for (int k = 0; k < VS_OUTSIDE_KINDS; k++)
+    for (vs_out_entry_t *e = vs_out_entries[k]; e; e = e->hh.next) {
+      int d = e->dev >= 0 && e->dev < VS_OUTSIDE_DEVICES ? e->dev : 0;
+      if (k == VS_OUTSIDE_HOST) out->host += e->size;
+      else out->dev[d][k] += e->size;
+      if (k == VS_OUTSIDE_VMM && (e->flags & (VS_OUTSIDE_EXPORTABLE | VS_OUTSIDE_IMPORTED))) out->shared += e->size;
+    }
+  out->nlibs = vs_out_nlibs;
+  memcpy(out->libs, vs_out_libs, sizeof vs_out_libs);
+  out->nsites = vs_out_nsites;
+  memcpy(out->sites, vs_out_sites, sizeof vs_out_sites);
+  out->untracked = vs_out_untracked;
+  _vs_lock_release(&vs_out_lock);
+}

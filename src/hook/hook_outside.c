@@ -1,0 +1,128 @@
+/* hook_outside.c: the driver entry points that make memory outside the shim's pools.
+ *
+ * Libraries make memory of their own: NCCL and JAX's allocator map cuMemCreate handles, programs
+ * ask for managed memory and pinned host buffers. The shim serves none of it: each hook calls the
+ * driver, and when it agreed, tells src/alloc/outside.c what was made or freed and who asked (the
+ * residue after a sleep names them, docs/sleep.md). The shim's own VMM calls go to the driver
+ * directly (src/vmm/vmm.c through _vs_cu), never through these hooks, and calls made under the
+ * guard (the shim's calls into the runtime) are not counted. hook_drv.c answers lookups from
+ * this list after its own and hook_gated.c's. */
+#include "vmmshim/hook.h"
+
+#define VS_OUTSIDE_HOOKS(X)                                                                   \
+  X(CREATE, "cuMemCreate", 10020, cuMemCreate)                                                \
+  X(RELEASE, "cuMemRelease", 10020, cuMemRelease)                                             \
+  X(IMPORT, "cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle)          \
+  X(MANAGED, "cuMemAllocManaged", 6000, cuMemAllocManaged)                                    \
+  X(HOST, "cuMemAllocHost", 3020, cuMemAllocHost_v2)                                          \
+  X(HOST_ALLOC, "cuMemHostAlloc", 2020, cuMemHostAlloc)                                       \
+  X(FREE_HOST, "cuMemFreeHost", 2000, cuMemFreeHost)
+
+typedef enum vs_outside_hook_e {
+#define VS_OUT_ENUM(id, base, ver, sym) VS_OUT_##id,
+  VS_OUTSIDE_HOOKS(VS_OUT_ENUM)
+#undef VS_OUT_ENUM
+  VS_OUT_COUNT
+} vs_outside_hook_t;
+
+#define VS_OUT_DECL(id, base, ver, sym) static void *vs_out_addr_##id(void);
+VS_OUTSIDE_HOOKS(VS_OUT_DECL)
+#undef VS_OUT_DECL
+
+const vs_hook_desc_t _vs_outside_hooks[] = {
+#define VS_OUT_DESC(id, base, ver, sym) {base, #sym, ver, 0, vs_out_addr_##id},
+    VS_OUTSIDE_HOOKS(VS_OUT_DESC)
+#undef VS_OUT_DESC
+};
+const int _vs_outside_count = VS_OUT_COUNT;
+void *_vs_outside_real[VS_OUT_COUNT];
+
+#define REAL(id, type) ((type)_vs_hook_real(&_vs_outside_hooks[VS_OUT_##id], &_vs_outside_real[VS_OUT_##id]))
+
+/* Whether a successful call is the program's, to be counted. */
+static bool counted(CUresult r) { return r == CUDA_SUCCESS && !_vs_guard && _vs_active(); }
+
+static int current_device(void) {
+  CUdevice d = -1;
+  return _vs_cu.cuCtxGetDevice && _vs_cu.cuCtxGetDevice(&d) == CUDA_SUCCESS ? (int)d : -1;
+}
+
+VS_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+  typedef CUresult (*fn_t)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+  fn_t real = REAL(CREATE, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(handle, size, prop, flags);
+  if (counted(r) && handle && prop) {
+    bool on_host = prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE; /* host-location handles: host memory */
+    _vs_outside_made(on_host ? VS_OUTSIDE_HOST : VS_OUTSIDE_VMM, *handle, size, on_host ? -1 : prop->location.id,
+                     prop->requestedHandleTypes ? VS_OUTSIDE_EXPORTABLE : 0, _vs_outside_caller());
+  }
+  return r;
+}
+
+VS_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  typedef CUresult (*fn_t)(CUmemGenericAllocationHandle);
+  fn_t real = REAL(RELEASE, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(handle);
+  if (counted(r) && !_vs_outside_freed(VS_OUTSIDE_VMM, handle)) _vs_outside_freed(VS_OUTSIDE_HOST, handle);
+  return r;
+}
+
+/* An imported handle is another process's memory: noted (a foreign sleep leaves it), not counted. */
+VS_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle,
+                                               CUmemAllocationHandleType type) {
+  typedef CUresult (*fn_t)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
+  fn_t real = REAL(IMPORT, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(handle, os_handle, type);
+  if (counted(r) && handle) _vs_outside_made(VS_OUTSIDE_VMM, *handle, 0, -1, VS_OUTSIDE_IMPORTED, _vs_outside_caller());
+  return r;
+}
+
+VS_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
+  typedef CUresult (*fn_t)(CUdeviceptr *, size_t, unsigned int);
+  fn_t real = REAL(MANAGED, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(dptr, size, flags);
+  if (counted(r) && dptr) _vs_outside_made(VS_OUTSIDE_MANAGED, *dptr, size, current_device(), 0, _vs_outside_caller());
+  return r;
+}
+
+VS_API CUresult cuMemAllocHost_v2(void **pp, size_t size) {
+  typedef CUresult (*fn_t)(void **, size_t);
+  fn_t real = REAL(HOST, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(pp, size);
+  if (counted(r) && pp) _vs_outside_made(VS_OUTSIDE_HOST, (uintptr_t)*pp, size, -1, 0, _vs_outside_caller());
+  return r;
+}
+
+VS_API CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+  typedef CUresult (*fn_t)(void **, size_t, unsigned int);
+  fn_t real = REAL(HOST_ALLOC, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(pp, size, flags);
+  if (counted(r) && pp) _vs_outside_made(VS_OUTSIDE_HOST, (uintptr_t)*pp, size, -1, 0, _vs_outside_caller());
+  return r;
+}
+
+VS_API CUresult cuMemFreeHost(void *p) {
+  typedef CUresult (*fn_t)(void *);
+  fn_t real = REAL(FREE_HOST, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(p);
+  if (counted(r)) _vs_outside_freed(VS_OUTSIDE_HOST, (uintptr_t)p);
+  return r;
+}
+
+/* Managed memory leaves through cuMemFree: hook_drv.c tells, after the driver agreed. */
+void _vs_hook_outside_freed(CUdeviceptr dptr) {
+  if (!_vs_guard && atomic_load(&_vs_state) == 1) _vs_outside_freed(VS_OUTSIDE_MANAGED, dptr);
+}
+
+#define VS_OUT_ADDR(id, base, ver, sym) \
+  static void *vs_out_addr_##id(void) { return (void *)(sym); }
+VS_OUTSIDE_HOOKS(VS_OUT_ADDR)
+#undef VS_OUT_ADDR
