@@ -1,4 +1,4 @@
-"""Reading a trace: the native format (versions 1 to 3) and RMM's CSV log, streamed line by
+"""Reading a trace: the native format (versions 1 to 4) and RMM's CSV log, streamed line by
 line into normalised event tuples; definitions (modules, strings, stacks) kept as read."""
 
 import bisect
@@ -11,7 +11,7 @@ import stat
 from .common import TraceError, warn
 from .progress import _CountingReader
 
-FORMAT_VERSION = 3  # the newest native format version this reader understands
+FORMAT_VERSION = 4  # the newest native format version this reader understands
 HOST_MEMORY = 0x80  # an m record's flag: host memory mapped at a device address (a sleeping tag's)
 ALIAS = 0x40  # an m record's flag: a second mapping of a device handle (a sleep's copy source)
 RMM_HEADER = "Thread,Time,Action,Pointer,Size,Stream"
@@ -46,6 +46,9 @@ S_REC = _record("s", _H, _H)
 E_REC = re.compile(r"e (%s)(?: (%s))?\n\Z" % (_H, _H))  # the cap, when VMMSHIM_TRACE_MAX cut the trace
 G_REC = re.compile(r"g %s %s %s - (%s) ([A-Za-z0-9_.-]{1,31})\n\Z" % (_H, _H, _H, _H))
 W_REC = _record("w", _H, _H, _H, _D, _H, _H, _H, _H, _H, _H)
+U_REC = _record("u", _H, _H, _H, _D, _H, _H, _H, _H)
+R_REC = _record("r", _H, _H, _H, _D, _H, _H, _H)
+RN_REC = re.compile(r"r %s %s f - (%s) ([^ \n]{1,31})\n\Z" % (_H, _H, _H))  # a library's name
 K_REC = re.compile(r"k(?: %s){3,}\n\Z" % _H)
 N_REC = re.compile(r"n (%s)(?: (.*))?\n\Z" % _H, re.S)  # the text: everything after one space
 L_REC = re.compile(r"l (%s) (%s) (%s) (%s) (-|[0-9a-fA-F]{1,128}) (.*)\n\Z" % (_H, _H, _H, _H), re.S)
@@ -88,6 +91,7 @@ class Trace:
         self.end_t = None  # 'e' record seen: the process closed the trace
         self.cut_at = None  # the cap in bytes, when VMMSHIM_TRACE_MAX cut the trace
         self.tag_names = {}  # tag index -> name ('g' records)
+        self.residue_names = {}  # library index -> name ('r' records of owner f)
         self.partial_tail = False
         self.malformed = 0
         self.unknown = collections.Counter()
@@ -285,6 +289,28 @@ class Trace:
                            "every tag" if tag == (1 << 64) - 1 else self.tag_names.get(tag, "#%d" % tag),
                            int(mode, 16), int(dbytes, 16), int(hbytes, 16), res - (1 << 32) if res >= 1 << 31 else res,
                            int(dur, 16))
+                elif c == "u":
+                    if U_REC.match(line) is None:
+                        raise ValueError
+                    _, t, tid, op, dev, key, size, caller, stk = line.split()
+                    dev = -1 if dev == "-" else int(dev, 16)
+                    if dev > MAX_DEVICE:
+                        raise ValueError
+                    yield ("u", int(t, 16), int(tid, 16), int(op, 16), dev, int(key, 16), int(size, 16),
+                           int(caller, 16), int(stk, 16))
+                elif c == "r":
+                    m = RN_REC.match(line)
+                    if m is not None:
+                        self.residue_names[int(m.group(1), 16)] = m.group(2)
+                        continue
+                    if R_REC.match(line) is None:
+                        raise ValueError
+                    _, t, tid, owner, dev, seq, nbytes, lib = line.split()
+                    dev = -1 if dev == "-" else int(dev, 16)
+                    if dev > MAX_DEVICE:
+                        raise ValueError
+                    yield ("r", int(t, 16), int(tid, 16), int(owner, 16), dev, int(seq, 16), int(nbytes, 16),
+                           int(lib, 16))
                 elif c == "v":
                     self._bad(line)
                 else:

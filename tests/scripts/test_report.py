@@ -166,7 +166,7 @@ def test_by_tag(tmp):
 def test_refusals(tmp):
     newer = os.path.join(tmp, "newer.trace")
     with open(newer, "w") as f:
-        f.write("v 4 vmmshim 9.9.9\na 0 1 0 0 - 1000 10 10 0\n")
+        f.write("v 5 vmmshim 9.9.9\na 0 1 0 0 - 1000 10 10 0\n")
     r = report(newer)
     check(r.returncode == 2 and "newer" in r.stderr, "a newer format version is refused with a clear message")
     junk = os.path.join(tmp, "junk.trace")
