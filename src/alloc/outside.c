@@ -76,10 +76,12 @@ uintptr_t _vs_outside_caller(void) {
     if (dladdr((void *)_vs_outside_caller, &self)) vs_own_base = (uintptr_t)self.dli_fbase;
   }
   uintptr_t first = 0;
+  bool in_shim = false; /* frames before the shim's own (a sanitizer's backtrace) are passed over too */
   for (int i = 0; i < n; i++) {
     Dl_info di;
     if (!dladdr(frames[i], &di) || !di.dli_fname) continue;
-    if ((uintptr_t)di.dli_fbase == vs_own_base) continue;
+    if ((uintptr_t)di.dli_fbase == vs_own_base) in_shim = true;
+    if ((uintptr_t)di.dli_fbase == vs_own_base || !in_shim) continue;
     if (!first) first = (uintptr_t)frames[i];
     if (!cuda_itself(di.dli_fname)) return (uintptr_t)frames[i];
   }

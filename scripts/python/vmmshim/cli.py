@@ -6,6 +6,7 @@ import signal
 import sys
 
 from . import client, groups, text
+from .residue_info import residue_text
 from .client import (EXIT_GONE, EXIT_NOT_SHIM, EXIT_OK, EXIT_OTHER_USER, EXIT_REFUSED, EXIT_TIMEOUT, EXIT_USAGE,
                       Control, ControlError)
 
@@ -20,6 +21,7 @@ Usage: vmmshim ctl list [--json] [--pid PID[,PID...]]
        vmmshim ctl PID dump
        vmmshim ctl PID release-host [--keep SIZE]
        vmmshim ctl PID promote
+       vmmshim ctl PID residue
 """
 
 ABOUT = """\
@@ -43,6 +45,8 @@ See and steer a program running under vmmshim, from outside (docs/control.md).
   release-host  give back host memory kept for the next sleep
   promote       memory served from host memory past a limit (VMMSHIM_ON_LIMIT=
                 host) back to the device, as far as the limit allows now
+  residue       what is still on each device and who owns it (tags, libraries'
+                own memory, graphs, other processes, unexplained)
   --group NAME  the limit and status of a group of processes (VMMSHIM_LIMIT_GROUP)
 Options: --json (the reply as JSON), --timeout SECONDS (default 10; 300 for sleep,
 wake and trim). SIZE takes K, M, G suffixes. PID: a process id, a number above 0.
@@ -55,7 +59,7 @@ connection before answering (or sent a bad reply).
 """
 
 SHORT = "vmmshim ctl list | PID VERB [ARGS...] | --group NAME VERB [ARGS...]"
-VERBS = ("status", "tag", "sleep", "wake", "trim", "limit", "dump", "release-host", "promote")
+VERBS = ("status", "tag", "sleep", "wake", "trim", "limit", "dump", "release-host", "promote", "residue")
 
 
 def help_text():
@@ -192,6 +196,10 @@ def _status_text(st):
                                                             text.short(t["device"]), text.short(t["host_copied"]),
                                                             text.short(t["host_mapped"]),
                                                             text.short(t["discarded"]), state))
+    out = st.get("outside") or {}
+    if any(isinstance(v, int) and v for v in out.values()):
+        lines.append("made outside the pools: VMM %s, managed %s, pinned host %s (ctl residue: by owner)" % (
+            text.size(out.get("vmm", 0)), text.size(out.get("managed", 0)), text.size(out.get("host", 0))))
     h = st["host"]
     lines.append("host memory: in use %s, kept %s%s" % (text.size(h["in_use"]), text.size(h["cached"]),
                                                         ", limit %s" % text.size(h["limit"]) if h["limit"] else ""))
@@ -326,6 +334,11 @@ def _verb(pid, verb, rest, as_json, timeout):
             raise Usage("promote takes no argument")
         r = ctl.promote()
         out = _moved(pid, r)
+    elif verb == "residue":
+        if rest:
+            raise Usage("residue takes no argument")
+        r = ctl.residue()
+        out = residue_text(pid, r)
     print(json.dumps(r, separators=(",", ":")) if as_json else out)
     return EXIT_OK
 

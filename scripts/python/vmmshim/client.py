@@ -295,6 +295,13 @@ REPLIES = {
     "limit": {"limit": "count", "previous": "count", "mapped": "count", "note": Opt("string")},
     "dump": {"report": "string", "truncated": Opt("bool")},
     "release-host": {"released": "count", "in_use": "count", "cached": "count"},
+    "residue": {"sleeps": "count", "host_pinned": "count", "shared": "count", "note": "string",
+                "devices": [{"device": "count", "used": "count", "total": "count", "free": "count",
+                             "owners": {"tags": "count", "libraries": "count", "managed": "count", "graphs": "count",
+                                        "context": "count", "other_processes": "count", "unexplained": "number"},
+                             "growth": "number"}],
+                "libraries": [{"name": "string", "vmm": "count", "managed": "count", "host": "count"}],
+                "sites": [{"library": "string", "address": "string", "bytes": "count", "growth": "number"}]},
 }
 _REFUSAL = {"error": Opt("string"), "message": Opt("string")}
 
@@ -383,6 +390,10 @@ class Control:
 
     def release_host(self, keep=0):
         return self.call("release-host", keep=keep)
+
+    def residue(self):
+        """What is still on each device and who owns it (docs/sleep.md, "Residue")."""
+        return self.call("residue")
 
     def promote(self):
         """Memory served from host memory past a limit (VMMSHIM_ON_LIMIT=host) back to the device,
