@@ -69,6 +69,16 @@
  * pool's. Handles imported with cuMemImportFromShareableHandle belong to device 0; the fd is
  * the exporter's memfd, so another process sees the same bytes.
  *
+ * Managed, pinned host and graph memory: cuMemAllocManaged (CU_MEM_ATTACH_GLOBAL or _HOST) draws
+ * from its device's budget at once (a GPU makes it resident when touched; here cuMemGetInfo moves
+ * by its size), any device may reach it, and cuMemFree frees it. cuMemAllocHost and cuMemHostAlloc
+ * (flags PORTABLE, DEVICEMAP, WRITECOMBINED) make host memory, never the device's, from the host
+ * budget; cuMemFreeHost frees it (another pointer: CUDA_ERROR_INVALID_VALUE, not a violation).
+ * cuDeviceGetGraphMemAttribute: USED_MEM_CURRENT and RESERVED_MEM_CURRENT are the graph
+ * allocations of the device still alive (made at once, so the two agree), the *_HIGH watermarks
+ * follow them and cuDeviceSetGraphMemAttribute resets them (to 0 only); cuDeviceGraphMemTrim has
+ * nothing unused to give back.
+ *
  * Legacy IPC: cuIpcGetMemHandle gives a handle for the base of a cuMemAlloc allocation
  * (bytes "EMUIPC\0\0", the pid, the base and the size, zero-padded to 64) and refuses VMM,
  * pool and graph memory with CUDA_ERROR_INVALID_VALUE, not a violation. No handle ever
