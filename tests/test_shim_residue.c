@@ -213,12 +213,92 @@ static void scenario_ctl(void) {
   cudaFree(w);
 }
 
+static void fill(CUdeviceptr va, size_t n, unsigned char seed) {
+  unsigned char *p = (unsigned char *)(uintptr_t)va;
+  for (size_t i = 0; i < n; i += 4096) p[i] = (unsigned char)(seed + i / 4096);
+}
+static bool same(CUdeviceptr va, size_t n, unsigned char seed) {
+  const unsigned char *p = (const unsigned char *)(uintptr_t)va;
+  for (size_t i = 0; i < n; i += 4096)
+    if (p[i] != (unsigned char)(seed + i / 4096)) return false;
+  return true;
+}
+
+/* VMMSHIM_SLEEP_FOREIGN=libresidue_helper*: the helper's own handle sleeps and wakes with every tag. */
+static void scenario_foreign(void) {
+  void *w = tagged("weights", 8 * MiB);
+  helper_vmm_t a, b, c;
+  CHECK(helper_vmm_make(6 * MiB, 0, 0, &a) == 0 && helper_vmm_make(2 * MiB, 0, 1, &b) == 0 &&
+            helper_vmm_make_halves(4 * MiB, 0, &c) == 0, "the helper maps 6 MiB, 2 MiB exportable, 4 MiB in halves");
+  CUmemGenericAllocationHandle own = own_handle(2 * MiB); /* the program's: not named by the option */
+  fill(a.va, a.size, 7);
+  fill(b.va, b.size, 9);
+  emu_counters_t before = emu_now();
+  vmmshim_sleep_result_t r;
+  CHECK(vmmshim_sleep("weights", VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0 && emu_host_mapped(a.va) == 0,
+        "a sleep of one tag leaves the helper's memory");
+  CHECK(vmmshim_wake("weights", 0, NULL, 0) == 0, "wake weights");
+  CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0, "sleep every tag: %s", r.reason);
+  CHECK(emu_host_mapped(a.va) == -1 && emu_host_mapped(b.va) == 0 && emu_host_mapped(c.va) == 0,
+        "the helper's plain handle left the device; the exportable one and the one in halves stayed (%d %d %d)",
+        emu_host_mapped(a.va), emu_host_mapped(b.va), emu_host_mapped(c.va));
+  CHECK(r.released == 14 * MiB && r.to_host == 14 * MiB, "released the tag's 8 MiB and the helper's 6: %llu, %llu",
+        (unsigned long long)r.released, (unsigned long long)r.to_host);
+  CHECK(r.skipped == 6 * MiB && strstr(r.reason, "exportable") && strstr(r.reason, "in pieces"),
+        "skipped 6 MiB with the reasons: %llu '%s'", (unsigned long long)r.skipped, r.reason);
+  emu_counters_t mid = emu_now();
+  CHECK(mid.handle_bytes + 14 * MiB == before.handle_bytes + 8 * MiB, "the device holds the tag's and the helper's "
+        "14 MiB less (the tag's 8 now in a host-location handle): %llu -> %llu", before.handle_bytes, mid.handle_bytes);
+  vmmshim_residue_t res;
+  CHECK(vmmshim_residue(&res, sizeof res) == 0 && res.devices[0].libraries == 8 * MiB &&
+            res.devices[0].unexplained == 0, "the residue: 8 MiB of libraries stayed, nothing unexplained (%llu, %lld)",
+        (unsigned long long)res.devices[0].libraries, (long long)res.devices[0].unexplained);
+  CHECK(vmmshim_wake(NULL, 0, &r, sizeof r) == 0 && r.restored == 14 * MiB, "wake every tag: restored %llu",
+        (unsigned long long)r.restored);
+  unsigned access = 0;
+  CHECK(emu_host_mapped(a.va) == 0 && emu_handle_info(a.va, NULL, NULL, &access) == 0 &&
+            access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "mapped again with its access (0x%x)", access);
+  CHECK(same(a.va, a.size, 7) && same(b.va, b.size, 9), "every byte back");
+  /* Asleep again, the library unmaps and releases it: done by the shim; the wake maps nothing. */
+  CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0 && emu_host_mapped(a.va) == -1, "asleep again");
+  CHECK(helper_vmm_free(&a) == 0, "the library frees its memory while it sleeps");
+  CHECK(vmmshim_wake(NULL, 0, &r, sizeof r) == 0 && emu_host_mapped(a.va) == -1, "the wake maps nothing there");
+  CHECK(helper_vmm_free(&b) == 0 && helper_vmm_free_halves(&c) == 0 && cuMemRelease(own) == CUDA_SUCCESS,
+        "the rest freed");
+  /* Woken once, freed by its old handle value. */
+  CHECK(helper_vmm_make(4 * MiB, 0, 0, &a) == 0, "a new handle");
+  fill(a.va, a.size, 3);
+  CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_DISCARD, &r, sizeof r) == 0 && r.discarded >= 4 * MiB, "discarded");
+  CHECK(vmmshim_wake(NULL, 0, &r, sizeof r) == 0 && emu_host_mapped(a.va) == 0, "woken (bytes undefined)");
+  CHECK(helper_vmm_free(&a) == 0, "freed by the handle value the library had");
+  cudaFree(w);
+  CHECK(vmmshim_residue(&res, sizeof res) == 0 && res.devices[0].libraries == 0 &&
+            res.devices[0].used == res.devices[0].tags, "nothing of the helper left: used %llu = the pools' %llu",
+        (unsigned long long)res.devices[0].used, (unsigned long long)res.devices[0].tags);
+  CHECK(emu_violations() == 0, "no contract violation: %d", emu_violations());
+}
+
+/* Without the option, a sleep of every tag leaves the helper's memory. */
+static void scenario_foreign_off(void) {
+  helper_vmm_t a;
+  void *w = tagged("weights", 2 * MiB);
+  CHECK(helper_vmm_make(6 * MiB, 0, 0, &a) == 0, "the helper maps 6 MiB");
+  vmmshim_sleep_result_t r;
+  CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0 && emu_host_mapped(a.va) == 0 &&
+            r.released == 2 * MiB, "only the tag slept (%llu)", (unsigned long long)r.released);
+  vmmshim_wake(NULL, 0, NULL, 0);
+  CHECK(helper_vmm_free(&a) == 0, "freed");
+  cudaFree(w);
+}
+
 static void run_scenario(const char *name) {
   CHECK(cudaSetDevice(0) == cudaSuccess && cudaFree(0) == cudaSuccess, "context");
   if (!strcmp(name, "exact")) scenario_exact();
   else if (!strcmp(name, "growth")) scenario_growth();
   else if (!strcmp(name, "trace")) scenario_trace();
   else if (!strcmp(name, "ctl")) scenario_ctl();
+  else if (!strcmp(name, "foreign")) scenario_foreign();
+  else if (!strcmp(name, "foreign-off")) scenario_foreign_off();
   else CHECK(0, "unknown scenario %s", name);
 }
 
@@ -278,5 +358,8 @@ int main(int argc, char **argv) {
   check_trace(path);
   unlink(path);
   check_run_child("ctl", NULL);
+  check_run_child("foreign", "VMMSHIM_SLEEP_FOREIGN=libnccl*,libresidue_helper*", NULL);
+  check_run_child("foreign-off", NULL);
+  check_run_child("foreign-off", "VMMSHIM_SLEEP_FOREIGN=libnccl*", NULL);
   return check_summary();
 }

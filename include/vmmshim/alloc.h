@@ -110,19 +110,59 @@ typedef struct vs_outside_site_s {
 typedef struct vs_outside_figures_s {
   uint64_t dev[VS_OUTSIDE_DEVICES][VS_OUTSIDE_KINDS]; /* device memory by device and kind (HOST unused) */
   uint64_t host, shared, untracked; /* pinned host; VMM exported or imported; made while a table was full */
+  uint64_t asleep;                  /* VMM memory a foreign sleep took off the device */
   int nlibs, nsites;
   vs_outside_lib_t libs[VS_OUTSIDE_LIBS];
   vs_outside_site_t sites[VS_OUTSIDE_SITES];
 } vs_outside_figures_t;
+/* A VMM handle a foreign sleep may take (foreign.c), as outside.c knows it. */
+#define VS_FOREIGN_ACCESS 8 /* access descriptors kept per handle (more: left awake) */
+typedef struct vs_foreign_s {
+  uint64_t handle;
+  CUdeviceptr va;
+  size_t size;
+  int dev;
+  CUmemAllocationProp prop;
+  CUmemAccessDesc access[VS_FOREIGN_ACCESS];
+  int naccess;
+  char lib[64];
+  const char *skip; /* why it stays (or, asleep, is not mapped again), NULL: it may move */
+  void *copy;       /* asleep: its bytes (VS_FOREIGN_DISCARDED: none kept) */
+} vs_foreign_t;
+#define VS_FOREIGN_DISCARDED ((void *)1)
 /* The first return address of the calling thread's stack outside the shim and CUDA's runtime and
  * driver (where none, the first outside the shim). */
 uintptr_t _vs_outside_caller(void);
-/* kind (VS_OUTSIDE_*) of size bytes, known by key (handle or address), made on device dev. */
-void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned flags, uintptr_t caller);
+/* kind (VS_OUTSIDE_*) of size bytes, known by key (handle or address), made on device dev (a VMM
+ * handle: with its properties, else prop NULL). */
+void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned flags, uintptr_t caller,
+                      const CUmemAllocationProp *prop);
 /* Freed: false when key was not in the table. */
 bool _vs_outside_freed(int kind, uint64_t key);
 unsigned _vs_outside_flags(uint64_t handle); /* a VMM handle's VS_OUTSIDE_* flags, 0 when unknown */
 void _vs_outside_figures(vs_outside_figures_t *out);
+/* The mappings of VMM handles made outside the pools (the hooks tell). */
+void _vs_outside_mapped(CUdeviceptr va, size_t size, size_t offset, uint64_t handle);
+/* 1 when the mapping at va is asleep (asleep_only: forget it only then). */
+int _vs_outside_unmapped(CUdeviceptr va, bool asleep_only);
+void _vs_outside_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count);
+/* The handle value the driver knows for the program's (a foreign wake made it again). */
+uint64_t _vs_outside_current(uint64_t handle);
+/* A release by the program: the driver's value; *asleep_copy set when the handle sleeps. */
+uint64_t _vs_outside_release_begin(uint64_t handle, void **asleep_copy);
+/* For foreign.c: the candidates of libraries lib_ok accepts, those asleep, and the changes. */
+int _vs_outside_foreign(vs_foreign_t *out, int max, bool (*lib_ok)(const char *name));
+int _vs_outside_asleep_list(vs_foreign_t *out, int max);
+void _vs_outside_set_asleep(uint64_t handle, void *copy);
+void _vs_outside_woken(uint64_t old, uint64_t now);
+
+/* ---------------------------------------------------------------- "foreign.c" */
+/* VMMSHIM_SLEEP_FOREIGN: with every tag, the process's own VMM memory of the libraries named
+ * sleeps (gate closed, contexts synchronised) and wakes; what it moved and skipped is added to res. */
+int _vs_foreign_sleep(int mode, vmmshim_sleep_result_t *res); /* handles moved */
+int _vs_foreign_wake(vmmshim_sleep_result_t *res);            /* handles that were asleep */
+/* A copy of memory asleep, given back (its handle released by the program meanwhile). */
+void _vs_foreign_drop(void *copy);
 
 /* ---------------------------------------------------------------- "tags.c" */
 #define VS_MAX_TAGS VMMSHIM_MAX_TAGS

@@ -122,7 +122,8 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(SLEEP_WAIT, VS_KIND_SAMPLE, 10000)           /* ms a sleep waits for a capture to end */ \
   X(IPC_TIMEOUT, VS_KIND_SECONDS, 10)            /* longest wait of an IPC open, and of a request */ \
   X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */ \
-  X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */
+  X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */ \
+  X(SLEEP_FOREIGN, VS_KIND_LIBS, 0)              /* none | all | library globs: their own VMM memory sleeps too */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -143,7 +144,8 @@ typedef enum vs_option_kind_e {
   VS_KIND_SECONDS,  /* 1 .. 3600 */
   VS_KIND_LIMIT,    /* SIZE (every device together) and/or D:SIZE (device D), comma-separated */
   VS_KIND_NAME,     /* a group name: 1-31 of A-Z a-z 0-9 _ . - */
-  VS_KIND_ON_LIMIT  /* fail, wait[:SECONDS], host[:SIZE]: the mode, its number in _vs_option_arg */
+  VS_KIND_ON_LIMIT, /* fail, wait[:SECONDS], host[:SIZE]: the mode, its number in _vs_option_arg */
+  VS_KIND_LIBS      /* none, all, or comma-separated globs of library file names */
 } vs_option_kind_t;
 
 typedef enum vs_option_e {
@@ -180,6 +182,8 @@ int _vs_parse_limit(const char *text, uint64_t *all, uint64_t dev[VS_LIMIT_DEVIC
 int _vs_parse_on_limit(const char *text, uint64_t *mode, uint64_t *arg);
 /* A name of a tag or group: 1-31 of A-Z a-z 0-9 _ . - */
 bool _vs_name_ok(const char *name);
+/* A list of library globs (VS_KIND_LIBS): 1-255 of A-Z a-z 0-9 _ . - + * ? and commas between. */
+bool _vs_libs_ok(const char *text);
 /* Re-reads the environment (tests only). */
 void _vs_config_reload(void);
 /* Option i (0 .. VS_OPT_COUNT-1) as its messages word it, for the vmmshim(7) page: the variable,
@@ -281,7 +285,9 @@ void _vs_log_copy(void (*fn)(void *arg, const char *line, size_t n), void *arg);
   X(cuStreamWaitEvent, 3020, CUresult, (CUstream, CUevent, unsigned int))                           \
   X(cuDeviceGetGraphMemAttribute, 11040, CUresult, (CUdevice, CUgraphMem_attribute, void *))         \
   X(cuDevicePrimaryCtxGetState, 7000, CUresult, (CUdevice, unsigned int *, int *))                   \
-  X(cuDeviceGetPCIBusId, 4010, CUresult, (char *, int, CUdevice))
+  X(cuDeviceGetPCIBusId, 4010, CUresult, (char *, int, CUdevice))                                  \
+  X(cuMemcpyDtoH, 3020, CUresult, (void *, CUdeviceptr, size_t))                                     \
+  X(cuMemcpyHtoD, 3020, CUresult, (CUdeviceptr, const void *, size_t))
 
 typedef struct vs_real_driver_s {
 #define VS_REAL_FIELD(name, ver, ret, args) ret(*name) args;

@@ -31,8 +31,27 @@ typedef struct vs_out_entry_s {
   size_t size;
   int kind, dev, lib, site;
   unsigned flags;
+  CUmemAllocationProp prop; /* VMM: as made (a foreign sleep makes it again so) */
+  int maps;                 /* VMM: live mappings of it */
+  bool pieces;              /* VMM: mapped or opened in pieces (a foreign sleep leaves it) */
+  CUdeviceptr va;           /* VMM: its mapping when maps == 1 */
+  CUmemAccessDesc access[VS_FOREIGN_ACCESS];
+  int naccess;
+  void *asleep;             /* a foreign sleep's copy (or (void *)1 when discarded); NULL: awake */
   UT_hash_handle hh;
 } vs_out_entry_t;
+
+typedef struct vs_out_map_s { /* a mapping of a VMM handle made outside the pools: va -> handle */
+  CUdeviceptr va;
+  size_t size;
+  uint64_t handle;
+  UT_hash_handle hh;
+} vs_out_map_t;
+
+typedef struct vs_out_alias_s { /* a handle a foreign wake made again: the program's value -> the new */
+  uint64_t old, now;
+  UT_hash_handle hh;
+} vs_out_alias_t;
 
 typedef struct vs_out_site_s {
   uintptr_t addr;
@@ -55,6 +74,8 @@ static int vs_out_nlibs;
 static vs_outside_site_t vs_out_sites[VS_OUTSIDE_SITES];
 static int vs_out_nsites;
 static uint64_t vs_out_untracked; /* bytes made while a table had no room */
+static vs_out_map_t *vs_out_maps;
+static vs_out_alias_t *vs_out_aliases;
 
 /* ------------------------------------------------------------------ who asked */
 
@@ -160,7 +181,8 @@ static int site_of(uintptr_t addr, int lib, uint32_t stack) {
 
 /* ------------------------------------------------------------------ made and freed */
 
-void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned flags, uintptr_t caller) {
+void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned flags, uintptr_t caller,
+                      const CUmemAllocationProp *prop) {
   if (kind < 0 || kind >= VS_OUTSIDE_KINDS || (!size && !(flags & VS_OUTSIDE_IMPORTED))) return;
   uint32_t stack = _vs_stacks_on ? _vs_stack_capture(size) : 0; /* before the lock: it takes the stacks lock */
   vs_out_entry_t *e = calloc(1, sizeof *e);
@@ -170,6 +192,7 @@ void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned fla
   memcpy(who, vs_out_libs[lib].name, sizeof who);
   if (e) {
     *e = (vs_out_entry_t){.key = key, .size = size, .kind = kind, .dev = dev, .lib = lib, .site = site, .flags = flags};
+    if (prop) e->prop = *prop;
     vs_out_entry_t *old;
     HASH_FIND(hh, vs_out_entries[kind], &key, sizeof key, old);
     if (old) { /* the driver gave a key back that we missed the free of: the new one counts */
@@ -233,6 +256,10 @@ void _vs_outside_figures(vs_outside_figures_t *out) {
   for (int k = 0; k < VS_OUTSIDE_KINDS; k++)
     for (vs_out_entry_t *e = vs_out_entries[k]; e; e = e->hh.next) {
       int d = e->dev >= 0 && e->dev < VS_OUTSIDE_DEVICES ? e->dev : 0;
+      if (e->asleep) {
+        out->asleep += e->size;
+        continue;
+      }
       if (k == VS_OUTSIDE_HOST) out->host += e->size;
       else out->dev[d][k] += e->size;
       if (k == VS_OUTSIDE_VMM && (e->flags & (VS_OUTSIDE_EXPORTABLE | VS_OUTSIDE_IMPORTED))) out->shared += e->size;
@@ -243,4 +270,196 @@ void _vs_outside_figures(vs_outside_figures_t *out) {
   memcpy(out->sites, vs_out_sites, sizeof vs_out_sites);
   out->untracked = vs_out_untracked;
   _vs_lock_release(&vs_out_lock);
+}
+
+/* ------------------------------------------------------------------ mappings, for a foreign sleep */
+
+/* The entry of a VMM handle. Lock held. */
+static vs_out_entry_t *vmm_entry(uint64_t handle) {
+  vs_out_entry_t *e;
+  HASH_FIND(hh, vs_out_entries[VS_OUTSIDE_VMM], &handle, sizeof handle, e);
+  return e;
+}
+
+uint64_t _vs_outside_current(uint64_t handle) {
+  _vs_lock_take(&vs_out_lock);
+  vs_out_alias_t *a;
+  HASH_FIND(hh, vs_out_aliases, &handle, sizeof handle, a);
+  uint64_t now = a ? a->now : handle;
+  _vs_lock_release(&vs_out_lock);
+  return now;
+}
+
+void _vs_outside_mapped(CUdeviceptr va, size_t size, size_t offset, uint64_t handle) {
+  vs_out_map_t *m = calloc(1, sizeof *m);
+  _vs_lock_take(&vs_out_lock);
+  vs_out_entry_t *e = vmm_entry(handle);
+  if (e) {
+    e->maps++;
+    e->va = va;
+    e->pieces |= offset != 0 || size != e->size || e->maps > 1;
+  }
+  if (m) {
+    *m = (vs_out_map_t){.va = va, .size = size, .handle = handle};
+    vs_out_map_t *old;
+    HASH_FIND(hh, vs_out_maps, &va, sizeof va, old);
+    if (old) {
+      HASH_DEL(vs_out_maps, old);
+      free(old);
+    }
+    HASH_ADD(hh, vs_out_maps, va, sizeof m->va, m);
+    HASH_FIND(hh, vs_out_maps, &va, sizeof va, old);
+    if (!old) free(m);
+  }
+  _vs_lock_release(&vs_out_lock);
+}
+
+/* Unmapped: 1 when the mapping was asleep (a foreign sleep unmapped it already: the wake will not
+ * map it again, and the program's unmap is done), else 0. */
+int _vs_outside_unmapped(CUdeviceptr va, bool asleep_only) {
+  int was_asleep = 0;
+  _vs_lock_take(&vs_out_lock);
+  vs_out_map_t *m;
+  HASH_FIND(hh, vs_out_maps, &va, sizeof va, m);
+  vs_out_entry_t *e = m ? vmm_entry(m->handle) : NULL;
+  if (m && e && e->asleep) was_asleep = 1;
+  if (m && (!asleep_only || was_asleep)) {
+    if (e && e->maps > 0) e->maps--;
+    if (e && was_asleep) e->pieces = true; /* no longer mapped where it slept: the wake leaves it */
+    HASH_DEL(vs_out_maps, m);
+    free(m);
+  }
+  _vs_lock_release(&vs_out_lock);
+  return was_asleep;
+}
+
+void _vs_outside_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count) {
+  _vs_lock_take(&vs_out_lock);
+  vs_out_map_t *m;
+  HASH_FIND(hh, vs_out_maps, &va, sizeof va, m);
+  vs_out_entry_t *e = m ? vmm_entry(m->handle) : NULL;
+  if (e && size == m->size) {
+    for (size_t i = 0; i < count; i++) { /* per location: the latest flags */
+      int j = 0;
+      while (j < e->naccess && (e->access[j].location.type != desc[i].location.type ||
+                                e->access[j].location.id != desc[i].location.id))
+        j++;
+      if (j == VS_FOREIGN_ACCESS) {
+        e->pieces = true;
+        break;
+      }
+      e->access[j] = desc[i];
+      if (j == e->naccess) e->naccess++;
+    }
+  } else if (!m) { /* a range over several mappings, or inside one: which handles it opened is not kept */
+    for (vs_out_entry_t *x = vs_out_entries[VS_OUTSIDE_VMM]; x; x = x->hh.next)
+      if (x->maps && x->va < va + size && va < x->va + x->size) x->pieces = true;
+  } else if (e) {
+    e->pieces = true;
+  }
+  _vs_lock_release(&vs_out_lock);
+}
+
+/* A foreign sleep's candidates: every awake VMM handle of a library that matches (lib_ok) with
+ * the reason it cannot sleep, or NULL. */
+int _vs_outside_foreign(vs_foreign_t *out, int max, bool (*lib_ok)(const char *name)) {
+  int n = 0;
+  _vs_lock_take(&vs_out_lock);
+  for (vs_out_entry_t *e = vs_out_entries[VS_OUTSIDE_VMM]; e && n < max; e = e->hh.next) {
+    if (e->asleep || !lib_ok(vs_out_libs[e->lib].name)) continue;
+    vs_foreign_t *f = &out[n++];
+    memset(f, 0, sizeof *f);
+    f->handle = e->key, f->va = e->va, f->size = e->size, f->dev = e->dev, f->prop = e->prop;
+    memcpy(f->access, e->access, sizeof f->access);
+    f->naccess = e->naccess;
+    snprintf(f->lib, sizeof f->lib, "%s", vs_out_libs[e->lib].name);
+    if (e->flags & VS_OUTSIDE_IMPORTED) f->skip = "imported, stays";
+    else if (e->flags & VS_OUTSIDE_EXPORTABLE) f->skip = "exportable, stays";
+    else if (!e->maps) f->skip = "not mapped, stays";
+    else if (e->pieces) f->skip = "mapped in pieces, stays";
+    else if (!e->naccess) f->skip = "no access set, stays";
+  }
+  _vs_lock_release(&vs_out_lock);
+  return n;
+}
+
+void _vs_outside_set_asleep(uint64_t handle, void *copy) {
+  _vs_lock_take(&vs_out_lock);
+  vs_out_entry_t *e = vmm_entry(handle);
+  if (e) e->asleep = copy;
+  _vs_lock_release(&vs_out_lock);
+}
+
+/* The handles asleep: their figures and copies (out[i].copy). */
+int _vs_outside_asleep_list(vs_foreign_t *out, int max) {
+  int n = 0;
+  _vs_lock_take(&vs_out_lock);
+  for (vs_out_entry_t *e = vs_out_entries[VS_OUTSIDE_VMM]; e && n < max; e = e->hh.next) {
+    if (!e->asleep) continue;
+    vs_foreign_t *f = &out[n++];
+    memset(f, 0, sizeof *f);
+    f->handle = e->key, f->va = e->va, f->size = e->size, f->dev = e->dev, f->prop = e->prop;
+    memcpy(f->access, e->access, sizeof f->access);
+    f->naccess = e->naccess;
+    f->copy = e->asleep;
+    snprintf(f->lib, sizeof f->lib, "%s", vs_out_libs[e->lib].name);
+    f->skip = e->pieces ? "unmapped by the program while asleep" : NULL;
+  }
+  _vs_lock_release(&vs_out_lock);
+  return n;
+}
+
+/* Woken as handle now (0: dropped, the program unmapped it meanwhile): the entry takes the new
+ * value, the program's old one is translated from now on. */
+void _vs_outside_woken(uint64_t old, uint64_t now) {
+  vs_out_alias_t *a = now ? calloc(1, sizeof *a) : NULL;
+  _vs_lock_take(&vs_out_lock);
+  vs_out_entry_t *e = vmm_entry(old);
+  if (e) {
+    HASH_DEL(vs_out_entries[VS_OUTSIDE_VMM], e);
+    e->asleep = NULL;
+    e->key = now;
+    if (now) HASH_ADD(hh, vs_out_entries[VS_OUTSIDE_VMM], key, sizeof e->key, e);
+    if (!now) {
+      vs_out_libs[e->lib].bytes[VS_OUTSIDE_VMM] -= e->size;
+      vs_out_sites[e->site].bytes -= e->size;
+      free(e);
+    }
+  }
+  for (vs_out_map_t *m = vs_out_maps; m && now; m = m->hh.next)
+    if (m->handle == old) m->handle = now;
+  if (a) {
+    /* The program knows the handle by its first value: an alias of an alias points at the first. */
+    uint64_t first = old;
+    for (vs_out_alias_t *x = vs_out_aliases; x; x = x->hh.next)
+      if (x->now == old) first = x->old, x->now = now;
+    vs_out_alias_t *in;
+    HASH_FIND(hh, vs_out_aliases, &first, sizeof first, in);
+    if (!in) {
+      a->old = first, a->now = now;
+      HASH_ADD(hh, vs_out_aliases, old, sizeof a->old, a);
+      a = NULL;
+    }
+  }
+  _vs_lock_release(&vs_out_lock);
+  free(a);
+}
+
+/* The program releases a handle: its value translated (an alias dropped); *asleep_copy the copy
+ * of a handle asleep (the release is then the shim's to finish: nothing is on the device). */
+uint64_t _vs_outside_release_begin(uint64_t handle, void **asleep_copy) {
+  *asleep_copy = NULL;
+  _vs_lock_take(&vs_out_lock);
+  vs_out_alias_t *a;
+  HASH_FIND(hh, vs_out_aliases, &handle, sizeof handle, a);
+  uint64_t now = handle;
+  if (a) {
+    now = a->now;
+    HASH_DEL(vs_out_aliases, a);
+    free(a);
+  }
+  vs_out_entry_t *e = vmm_entry(now);
+  if (e && e->asleep) *asleep_copy = e->asleep;
+  _vs_lock_release(&vs_out_lock);
+  return now;
 }

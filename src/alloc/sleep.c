@@ -101,6 +101,7 @@ static int sleep_tags(int tag, int mode, bool by_keep, vmmshim_sleep_result_t *r
     int n = _vs_park_tag(t, parked, VS_MAX_PARKED_ALL);
     for (int i = 0; i < n; i++) sleep_parked(&parked[i], &job);
   }
+  if (tag < 0) job.moved += _vs_foreign_sleep(by_keep ? VMMSHIM_SLEEP_HOST : job.mode, res); /* foreign.c */
   _vs_gate_open();
   if (!job.moved && !res->reason[0]) {
     result_reason(res, "%snothing to move: asleep already, or no memory", "");
@@ -139,6 +140,7 @@ static int wake_tags(int tag, bool zero, vmmshim_sleep_result_t *res) {
       else if (!rc) rc = r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
     }
   }
+  if (tag < 0) asleep += _vs_foreign_wake(res); /* foreign.c */
   _vs_gate_open();
   if (!asleep) {
     result_reason(res, "%snothing asleep", "");

@@ -1,4 +1,4 @@
-/* hook_outside.c: the driver entry points that make memory outside the shim's pools.
+/* hook_outside.c: the driver entry points that make memory outside the shim's pools, and map it.
  *
  * Libraries make memory of their own: NCCL and JAX's allocator map cuMemCreate handles, programs
  * ask for managed memory and pinned host buffers. The shim serves none of it: each hook calls the
@@ -12,6 +12,9 @@
 #define VS_OUTSIDE_HOOKS(X)                                                                   \
   X(CREATE, "cuMemCreate", 10020, cuMemCreate)                                                \
   X(RELEASE, "cuMemRelease", 10020, cuMemRelease)                                             \
+  X(MAP, "cuMemMap", 10020, cuMemMap)                                                         \
+  X(UNMAP, "cuMemUnmap", 10020, cuMemUnmap)                                                   \
+  X(SET_ACCESS, "cuMemSetAccess", 10020, cuMemSetAccess)                                      \
   X(IMPORT, "cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle)          \
   X(MANAGED, "cuMemAllocManaged", 6000, cuMemAllocManaged)                                    \
   X(HOST, "cuMemAllocHost", 3020, cuMemAllocHost_v2)                                          \
@@ -56,17 +59,59 @@ VS_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
   if (counted(r) && handle && prop) {
     bool on_host = prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE; /* host-location handles: host memory */
     _vs_outside_made(on_host ? VS_OUTSIDE_HOST : VS_OUTSIDE_VMM, *handle, size, on_host ? -1 : prop->location.id,
-                     prop->requestedHandleTypes ? VS_OUTSIDE_EXPORTABLE : 0, _vs_outside_caller());
+                     prop->requestedHandleTypes ? VS_OUTSIDE_EXPORTABLE : 0, _vs_outside_caller(), prop);
   }
   return r;
 }
 
+/* A handle a foreign wake made again is known to the program by its old value: translated. One
+ * still asleep was released by the shim already: its copy goes, and the release is done. */
 VS_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   typedef CUresult (*fn_t)(CUmemGenericAllocationHandle);
   fn_t real = REAL(RELEASE, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  void *asleep = NULL;
+  if (!_vs_guard && atomic_load(&_vs_state) == 1) handle = _vs_outside_release_begin(handle, &asleep);
+  if (asleep) {
+    _vs_outside_freed(VS_OUTSIDE_VMM, handle);
+    _vs_foreign_drop(asleep);
+    return CUDA_SUCCESS;
+  }
   CUresult r = real(handle);
   if (counted(r) && !_vs_outside_freed(VS_OUTSIDE_VMM, handle)) _vs_outside_freed(VS_OUTSIDE_HOST, handle);
+  return r;
+}
+
+VS_API CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags) {
+  typedef CUresult (*fn_t)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  fn_t real = REAL(MAP, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  bool ours = !_vs_guard && atomic_load(&_vs_state) == 1;
+  if (ours) handle = _vs_outside_current(handle);
+  CUresult r = real(va, size, offset, handle, flags);
+  if (ours && r == CUDA_SUCCESS) _vs_outside_mapped(va, size, offset, handle);
+  return r;
+}
+
+/* An unmap of memory a foreign sleep took is done already. */
+VS_API CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
+  typedef CUresult (*fn_t)(CUdeviceptr, size_t);
+  fn_t real = REAL(UNMAP, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  bool ours = !_vs_guard && atomic_load(&_vs_state) == 1;
+  if (ours && _vs_outside_unmapped(va, true)) return CUDA_SUCCESS;
+  CUresult r = real(va, size);
+  if (ours && r == CUDA_SUCCESS) _vs_outside_unmapped(va, false);
+  return r;
+}
+
+VS_API CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count) {
+  typedef CUresult (*fn_t)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+  fn_t real = REAL(SET_ACCESS, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(va, size, desc, count);
+  if (r == CUDA_SUCCESS && desc && !_vs_guard && atomic_load(&_vs_state) == 1) _vs_outside_access(va, size, desc, count);
   return r;
 }
 
@@ -77,7 +122,7 @@ VS_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *han
   fn_t real = REAL(IMPORT, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(handle, os_handle, type);
-  if (counted(r) && handle) _vs_outside_made(VS_OUTSIDE_VMM, *handle, 0, -1, VS_OUTSIDE_IMPORTED, _vs_outside_caller());
+  if (counted(r) && handle) _vs_outside_made(VS_OUTSIDE_VMM, *handle, 0, -1, VS_OUTSIDE_IMPORTED, _vs_outside_caller(), NULL);
   return r;
 }
 
@@ -86,7 +131,7 @@ VS_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int f
   fn_t real = REAL(MANAGED, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(dptr, size, flags);
-  if (counted(r) && dptr) _vs_outside_made(VS_OUTSIDE_MANAGED, *dptr, size, current_device(), 0, _vs_outside_caller());
+  if (counted(r) && dptr) _vs_outside_made(VS_OUTSIDE_MANAGED, *dptr, size, current_device(), 0, _vs_outside_caller(), NULL);
   return r;
 }
 
@@ -95,7 +140,7 @@ VS_API CUresult cuMemAllocHost_v2(void **pp, size_t size) {
   fn_t real = REAL(HOST, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(pp, size);
-  if (counted(r) && pp) _vs_outside_made(VS_OUTSIDE_HOST, (uintptr_t)*pp, size, -1, 0, _vs_outside_caller());
+  if (counted(r) && pp) _vs_outside_made(VS_OUTSIDE_HOST, (uintptr_t)*pp, size, -1, 0, _vs_outside_caller(), NULL);
   return r;
 }
 
@@ -104,7 +149,7 @@ VS_API CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
   fn_t real = REAL(HOST_ALLOC, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(pp, size, flags);
-  if (counted(r) && pp) _vs_outside_made(VS_OUTSIDE_HOST, (uintptr_t)*pp, size, -1, 0, _vs_outside_caller());
+  if (counted(r) && pp) _vs_outside_made(VS_OUTSIDE_HOST, (uintptr_t)*pp, size, -1, 0, _vs_outside_caller(), NULL);
   return r;
 }
 

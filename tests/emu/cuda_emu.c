@@ -2857,6 +2857,37 @@ static CUresult e_cuGraphDestroy(CUgraph hg) {
   return CUDA_SUCCESS;
 }
 
+/* ------------------------------------------------------------------ copies to and from host memory */
+
+/* cuMemcpyDtoH / cuMemcpyHtoD: synchronous, after the legacy stream's earlier work (an empty item
+ * queued there takes its place in the legacy order), checked as a copy engine of the current
+ * context's device would be (emu_device_access: a refusal is a violation and a device fault). */
+static CUresult host_copy(int to_host, void *h, CUdeviceptr d, size_t n, const char *fn) {
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!h && n) return CUDA_ERROR_INVALID_VALUE;
+  if ((r = check_unsafe(fn))) return r;
+  if ((r = enqueue_copy(CU_STREAM_LEGACY, 0, K_SET, d, 0, 0, 0))) return r;
+  force(c->legacy, c->legacy->enq);
+  if (emu_device_access(c->dev, d, n, to_host ? 0 : 1) != 0) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (n && to_host) memcpy(h, (const void *)(uintptr_t)d, n);
+  else if (n) memcpy((void *)(uintptr_t)d, h, n);
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+  ENTER(cuMemcpyDtoH);
+  NEED_INIT();
+  LOCKED();
+  return host_copy(1, dst, src, n, "cuMemcpyDtoH");
+}
+static CUresult e_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+  ENTER(cuMemcpyHtoD);
+  NEED_INIT();
+  LOCKED();
+  return host_copy(0, (void *)(uintptr_t)src, dst, n, "cuMemcpyHtoD");
+}
+
 /* ------------------------------------------------------------------ managed, pinned host and graph memory */
 
 /* Managed memory (cuMemAllocManaged): drawn from its device's budget at once (a GPU makes it
@@ -3124,6 +3155,8 @@ static const sym_t g_syms[] = {
     SYM("cuMemFree", 3020, e_cuMemFree_v2),
     SYMP("cuMemAllocAsync", 11020, e_cuMemAllocAsync, e_cuMemAllocAsync_ptsz),
     SYMP("cuMemFreeAsync", 11020, e_cuMemFreeAsync, e_cuMemFreeAsync_ptsz),
+    SYM("cuMemcpyDtoH", 3020, e_cuMemcpyDtoH_v2),
+    SYM("cuMemcpyHtoD", 3020, e_cuMemcpyHtoD_v2),
     SYM("cuMemAllocManaged", 6000, e_cuMemAllocManaged),
     SYM("cuMemAllocHost", 3020, e_cuMemAllocHost_v2),
     SYM("cuMemHostAlloc", 2020, e_cuMemHostAlloc),
@@ -3386,6 +3419,8 @@ EXPORT(cuStreamGetCaptureInfo_v3, e_cuStreamGetCaptureInfo_v3)
 EXPORT(cuStreamGetCaptureInfo_v3_ptsz, e_cuStreamGetCaptureInfo_v3_ptsz)
 EXPORT(cuThreadExchangeStreamCaptureMode, e_cuThreadExchangeStreamCaptureMode)
 EXPORT(cuGraphDestroy, e_cuGraphDestroy)
+EXPORT(cuMemcpyDtoH_v2, e_cuMemcpyDtoH_v2)
+EXPORT(cuMemcpyHtoD_v2, e_cuMemcpyHtoD_v2)
 EXPORT(cuMemAllocManaged, e_cuMemAllocManaged)
 EXPORT(cuMemAllocHost_v2, e_cuMemAllocHost_v2)
 EXPORT(cuMemHostAlloc, e_cuMemHostAlloc)

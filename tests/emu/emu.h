@@ -77,7 +77,8 @@
  * cuDeviceGetGraphMemAttribute: USED_MEM_CURRENT and RESERVED_MEM_CURRENT are the graph
  * allocations of the device still alive (made at once, so the two agree), the *_HIGH watermarks
  * follow them and cuDeviceSetGraphMemAttribute resets them (to 0 only); cuDeviceGraphMemTrim has
- * nothing unused to give back.
+ * nothing unused to give back. cuMemcpyDtoH and cuMemcpyHtoD (_v2) copy at once, after the legacy
+ * stream's earlier work, with the device access rules of the current context's device.
  *
  * Legacy IPC: cuIpcGetMemHandle gives a handle for the base of a cuMemAlloc allocation
  * (bytes "EMUIPC\0\0", the pid, the base and the size, zero-padded to 64) and refuses VMM,
@@ -126,7 +127,8 @@ extern "C" {
   X(cuMemsetD16) X(cuMemsetD16Async) X(cuMemsetD32) X(cuMemsetD32Async) X(cuStreamWaitValue32)            \
   X(cuStreamWaitValue64) X(cuStreamWriteValue32) X(cuStreamWriteValue64) X(cuStreamBatchMemOp)                \
   X(cuMemAllocManaged) X(cuMemAllocHost) X(cuMemHostAlloc) X(cuMemFreeHost)                                  \
-  X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)
+  X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)                  \
+  X(cuMemcpyDtoH) X(cuMemcpyHtoD)
 
 typedef struct emu_counters_s {
   /* ---- call counts (reset by emu_reset_counters) ---- */

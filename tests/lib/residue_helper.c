@@ -63,3 +63,27 @@ CUgraph helper_graph(size_t size) {
   cuStreamDestroy(s);
   return g;
 }
+
+/* One handle mapped in two halves (offset 0 and size/2): a foreign sleep must leave it. */
+int helper_vmm_make_halves(size_t size, int dev, helper_vmm_t *out) {
+  CUmemAllocationProp prop = {0};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  size = (size + 2 * VS_HELPER_GRAN - 1) / (2 * VS_HELPER_GRAN) * (2 * VS_HELPER_GRAN);
+  out->size = size;
+  if (cuMemAddressReserve(&out->va, size, 0, 0, 0) != CUDA_SUCCESS) return -1;
+  if (cuMemCreate(&out->handle, size, &prop, 0) != CUDA_SUCCESS) return -2;
+  if (cuMemMap(out->va, size / 2, 0, out->handle, 0) != CUDA_SUCCESS) return -3;
+  if (cuMemMap(out->va + size / 2, size / 2, size / 2, out->handle, 0) != CUDA_SUCCESS) return -3;
+  CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  return cuMemSetAccess(out->va, size, &a, 1) == CUDA_SUCCESS ? 0 : -4;
+}
+
+int helper_vmm_free_halves(helper_vmm_t *v) {
+  int bad = cuMemUnmap(v->va, v->size / 2) != CUDA_SUCCESS;
+  bad |= cuMemUnmap(v->va + v->size / 2, v->size / 2) != CUDA_SUCCESS;
+  bad |= cuMemRelease(v->handle) != CUDA_SUCCESS;
+  bad |= cuMemAddressFree(v->va, v->size) != CUDA_SUCCESS;
+  return bad ? -1 : 0;
+}
