@@ -16,6 +16,13 @@
  *           after the sleep (every owner, the helper's name), unexplained 0.
  *   ctl     `vmmshim ctl PID residue` over the control channel answers the same figures as JSON,
  *           and status counts the memory made outside the pools.
+ *   foreign VMMSHIM_SLEEP_FOREIGN names the helper: a sleep of every tag takes its plain handle
+ *           (bytes, access and the device's use checked at the wake), leaves its exportable one
+ *           and the one mapped in halves (skipped with the reasons); a sleep of one tag leaves
+ *           all; the helper freeing its memory while asleep, or by the old handle value after a
+ *           wake, works with no contract violation.
+ *   foreign-off  the option unset, naming another library, or malformed (said, none used):
+ *           a sleep of every tag leaves the helper's memory.
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -361,5 +368,9 @@ int main(int argc, char **argv) {
   check_run_child("foreign", "VMMSHIM_SLEEP_FOREIGN=libnccl*,libresidue_helper*", NULL);
   check_run_child("foreign-off", NULL);
   check_run_child("foreign-off", "VMMSHIM_SLEEP_FOREIGN=libnccl*", NULL);
+  check_run_child("foreign-off", "VMMSHIM_SLEEP_FOREIGN=lib nccl", NULL);
+  CHECK(strstr(check_child_output, "VMMSHIM_SLEEP_FOREIGN='lib nccl' is not valid") != NULL &&
+            strstr(check_child_output, "using the default none") != NULL,
+        "a malformed VMMSHIM_SLEEP_FOREIGN is said, and none is used");
   return check_summary();
 }

@@ -102,6 +102,7 @@ static int sleep_tags(int tag, int mode, bool by_keep, vmmshim_sleep_result_t *r
     for (int i = 0; i < n; i++) sleep_parked(&parked[i], &job);
   }
   if (tag < 0) job.moved += _vs_foreign_sleep(by_keep ? VMMSHIM_SLEEP_HOST : job.mode, res); /* foreign.c */
+  if (job.moved) _vs_residue_after_sleep(); /* what stays on the device (residue.c), before work goes on */
   _vs_gate_open();
   if (!job.moved && !res->reason[0]) {
     result_reason(res, "%snothing to move: asleep already, or no memory", "");
@@ -174,7 +175,6 @@ static int finish(int rc, uint64_t t0, vmmshim_sleep_result_t *res, vmmshim_slee
     _vs_trace_sleep(wake, id, id >= 0 ? tag : NULL, mode, wake ? res->restored : res->released, res->to_host, rc,
                     res->ns);
   }
-  if (!wake && rc == 0) _vs_residue_after_sleep(); /* what stays on the device (residue.c) */
   return rc;
 }
 
