@@ -46,14 +46,16 @@ static void nvml_open(void) {
   vs_nvml_procs = procs;
 }
 
-const char *_vs_nvml_why(void) { return vs_nvml_error; }
+/* Written once, by nvml_open: readers come after pthread_once. */
+const char *_vs_nvml_why(void) {
+  pthread_once(&vs_nvml_once, nvml_open);
+  if (vs_nvml_procs && !_vs_cu.cuDeviceGetPCIBusId) return "the driver has no cuDeviceGetPCIBusId";
+  return vs_nvml_procs ? "NVML did not answer for every device" : vs_nvml_error;
+}
 
 bool _vs_nvml_others(vmmshim_residue_t *r) {
   pthread_once(&vs_nvml_once, nvml_open);
-  if (!vs_nvml_procs || !_vs_cu.cuDeviceGetPCIBusId) {
-    if (vs_nvml_procs) snprintf(vs_nvml_error, sizeof vs_nvml_error, "the driver has no cuDeviceGetPCIBusId");
-    return false;
-  }
+  if (!vs_nvml_procs || !_vs_cu.cuDeviceGetPCIBusId) return false; /* _vs_nvml_why says why */
   unsigned int me = (unsigned int)getpid();
   bool all = true;
   for (int i = 0; i < r->ndevices; i++) {
@@ -71,6 +73,5 @@ bool _vs_nvml_others(vmmshim_residue_t *r) {
       if (p[k].pid != me && p[k].used != ~0ull) others += p[k].used;
     r->devices[i].others = others;
   }
-  if (!all) snprintf(vs_nvml_error, sizeof vs_nvml_error, "NVML did not answer for every device");
   return all;
 }
