@@ -192,6 +192,7 @@ typedef struct vmmshim_residue_site_s {
   char lib[64];
   uint64_t addr;       /* the return address into lib; 0: every other site */
   uint32_t stack;      /* the trace's stack id (VMMSHIM_TRACE_STACKS), 0 when none */
+  char python[96];     /* with stacks: the innermost Python frame, "FILE:LINE FUNCTION"; "" when none */
   int kind;            /* 0 VMM, 1 managed, 2 pinned host */
   uint64_t bytes;      /* live now */
   int64_t growth;      /* bytes - bytes at the first residue after a sleep */

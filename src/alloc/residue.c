@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "vmmshim/alloc.h"
+#include "vmmshim/stacks.h"
 
 #define VS_RESIDUE_GROWTH_MIN (2ull << 20) /* growth of a device's use below this is not reported */
 
@@ -142,6 +143,11 @@ static void add_sites(vmmshim_residue_t *r, const vs_outside_figures_t *of, cons
     snprintf(o->lib, sizeof o->lib, "%s", in->lib >= 0 ? of->libs[in->lib].name : "(other sites)");
     o->addr = in->addr;
     o->stack = in->stack;
+    const vs_stack_t *st = in->stack ? _vs_stack_get(in->stack) : NULL;
+    if (st && st->npy) { /* the Python line that made it (VMMSHIM_TRACE_STACKS, pyframes.c) */
+      const char *file = _vs_string_get(st->py[0].file), *func = _vs_string_get(st->py[0].func);
+      snprintf(o->python, sizeof o->python, "%.60s:%u %.30s", file ? file : "?", st->py[0].line, func ? func : "?");
+    }
     o->kind = in->kind;
     o->bytes = in->bytes;
     o->growth = best_growth;

@@ -52,6 +52,7 @@ static void residue_fields(vs_jout_t *o, const vmmshim_residue_t *r) {
     _vs_ctl_kv_u64(o, "bytes", s->bytes);
     _vs_ctl_kv_int(o, "growth", s->growth);
     _vs_ctl_kv_u64(o, "stack", s->stack);
+    _vs_ctl_kv_str(o, "python", s->python);
     _vs_ctl_out(o, "}");
   }
   _vs_ctl_out(o, "]");

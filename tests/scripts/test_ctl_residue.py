@@ -10,10 +10,12 @@ outside, through scripts/vmmshim:
     line, its site, exit 0; --json: the reply's members and figures; an argument is a usage error;
   - `ctl PID status` says what was made outside the pools; `top --once` has the process's
     "(outside)" line;
-  - in the target, vmmshim.residue() gave the same figures.
+  - in the target, vmmshim.residue() gave the same figures;
+  - with stacks on (VMMSHIM_TRACE_STACKS), the helper's site names the target's Python line.
 Ends with "N passed, N failed"."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -51,7 +53,8 @@ def ctl(*args):
 
 
 def main():
-    env = dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU)
+    trace = "/tmp/vmmshim-ctl-residue-%d.trace" % os.getpid()
+    env = dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU, VMMSHIM_TRACE=trace, VMMSHIM_TRACE_STACKS="16")
     target = subprocess.Popen([sys.executable, "-c", TARGET % {"pydir": PYDIR, "helper": HELPER}], env=env,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -78,6 +81,8 @@ def main():
         check("library libresidue_helper.so: VMM 6.00 MiB, managed 0 B, pinned host 2.00 MiB" in out,
               "the helper's line")
         check("site libresidue_helper.so+0x" in out, "the helper's site")
+        check(re.search(r"site libresidue_helper\.so\+0x[0-9a-f]+ \(<string>:1[0-9] <module>\): 6\.00 MiB vmm", out)
+              is not None, "with stacks, the site's Python line (the target's helper_vmm_make call)")
         rc, out = ctl("ctl", pid, "residue", "--json")
         try:
             r = json.loads(out)
@@ -97,6 +102,8 @@ def main():
     finally:
         target.stdin.close()
         target.wait(timeout=30)
+        if os.path.exists(trace):
+            os.unlink(trace)
     return summary()
 
 

@@ -26,7 +26,8 @@ class _Lib(ctypes.Structure):
 
 class _Site(ctypes.Structure):
     _fields_ = [("lib", ctypes.c_char * 64), ("addr", ctypes.c_uint64), ("stack", ctypes.c_uint32),
-                ("kind", ctypes.c_int), ("bytes", ctypes.c_uint64), ("growth", ctypes.c_int64)]
+                ("python", ctypes.c_char * 96), ("kind", ctypes.c_int), ("bytes", ctypes.c_uint64),
+                ("growth", ctypes.c_int64)]
 
 
 class _Residue(ctypes.Structure):
@@ -48,7 +49,8 @@ def _as_dict(r):
             for lb in r.libs[:min(r.nlibs, LIBS)]]
     sites = [{"library": s.lib.decode("utf-8", "replace"), "address": "0x%x" % s.addr,
               "kind": KINDS[s.kind] if 0 <= s.kind < 3 else "vmm", "bytes": s.bytes, "growth": s.growth,
-              "stack": s.stack} for s in r.sites[:min(r.nsites, SITES)]]
+              "stack": s.stack, "python": s.python.decode("utf-8", "replace")}
+             for s in r.sites[:min(r.nsites, SITES)]]
     return {"sleeps": r.seq, "devices": devs, "libraries": libs, "sites": sites, "host_pinned": r.host_pinned,
             "shared": r.shared, "other_processes_known": bool(r.others_known),
             "note": r.note.decode("utf-8", "replace")}
@@ -86,7 +88,9 @@ def residue_text(pid, r):
             c(lb["name"]), text.size(lb["vmm"]), text.size(lb["managed"]), text.size(lb["host"])))
     for s in r["sites"]:
         grew = (", grew %s since the first sleep" % text.size(s["growth"])) if s["growth"] > 0 else ""
-        lines.append("site %s+%s: %s %s%s" % (c(s["library"]), c(s["address"]), text.size(s["bytes"]), s["kind"], grew))
+        py = (" (%s)" % c(s["python"])) if s.get("python") else ""
+        lines.append("site %s+%s%s: %s %s%s" % (c(s["library"]), c(s["address"]), py, text.size(s["bytes"]), s["kind"],
+                                                grew))
     if r["host_pinned"]:
         lines.append("pinned host memory made outside the pools: %s" % text.size(r["host_pinned"]))
     if r["shared"]:
