@@ -179,8 +179,13 @@ def drive(lib, foreign):
     if foreign:
         env["VMMSHIM_SLEEP_FOREIGN"] = "libnccl*"
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--ranks"] + (["--foreign"] if foreign else []),
-                       env=env, capture_output=True, text=True, timeout=80)
+    try:
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--ranks"] + (["--foreign"] if foreign else []),
+                           env=env, capture_output=True, text=True, timeout=42)  # two runs stay under 90 s
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"")[-800:]
+        check(False, "%sranks" % ("foreign-" if foreign else ""), "no result within 42 s: %r" % out)
+        return None
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("RANKS ")]
     if not line:
         check(False, "%sranks" % ("foreign-" if foreign else ""), "exit %d, no result; %s" % (
