@@ -272,6 +272,18 @@ static void scenario_foreign(void) {
   CHECK(vmmshim_wake(NULL, 0, &r, sizeof r) == 0 && emu_host_mapped(a.va) == -1, "the wake maps nothing there");
   CHECK(helper_vmm_free(&b) == 0 && helper_vmm_free_halves(&c) == 0 && cuMemRelease(own) == CUDA_SUCCESS,
         "the rest freed");
+  /* Two handles back to back, opened by one cuMemSetAccess: both sleep and wake; one cuMemUnmap
+   * over both while they sleep is done by the shim. */
+  helper_vmm_t pair[2];
+  CHECK(helper_vmm_make_pair(2 * MiB, 0, pair) == 0, "the helper maps two handles back to back");
+  fill(pair[0].va, 4 * MiB, 5);
+  CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0 && emu_host_mapped(pair[0].va) == -1 &&
+            emu_host_mapped(pair[1].va) == -1 && r.skipped == 0, "both left the device (skipped %llu: %s)",
+        (unsigned long long)r.skipped, r.reason);
+  CHECK(vmmshim_wake(NULL, 0, &r, sizeof r) == 0 && same(pair[0].va, 4 * MiB, 5), "both back with their bytes");
+  CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0 && helper_vmm_free_pair(pair) == 0,
+        "unmapped by one call and released while asleep");
+  CHECK(vmmshim_wake(NULL, 0, &r, sizeof r) == 0 && emu_host_mapped(pair[0].va) == -1, "nothing mapped there");
   /* Woken once, freed by its old handle value. */
   CHECK(helper_vmm_make(4 * MiB, 0, 0, &a) == 0, "a new handle");
   fill(a.va, a.size, 3);

@@ -143,8 +143,8 @@ unsigned _vs_outside_flags(uint64_t handle); /* a VMM handle's VS_OUTSIDE_* flag
 void _vs_outside_figures(vs_outside_figures_t *out);
 /* The mappings of VMM handles made outside the pools (the hooks tell). */
 void _vs_outside_mapped(CUdeviceptr va, size_t size, size_t offset, uint64_t handle);
-/* 1 when the mapping at va is asleep (asleep_only: forget it only then). */
-int _vs_outside_unmapped(CUdeviceptr va, bool asleep_only);
+/* 1 when every mapping in [va, va + size) is asleep (asleep_only: forget them only then). */
+int _vs_outside_unmapped(CUdeviceptr va, size_t size, bool asleep_only);
 void _vs_outside_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count);
 /* The handle value the driver knows for the program's (a foreign wake made it again). */
 uint64_t _vs_outside_current(uint64_t handle);

@@ -314,18 +314,26 @@ void _vs_outside_mapped(CUdeviceptr va, size_t size, size_t offset, uint64_t han
   _vs_lock_release(&vs_out_lock);
 }
 
-/* Unmapped: 1 when the mapping was asleep (a foreign sleep unmapped it already: the wake will not
- * map it again, and the program's unmap is done), else 0. */
-int _vs_outside_unmapped(CUdeviceptr va, bool asleep_only) {
-  int was_asleep = 0;
+/* Unmapped [va, va + size) (whole mappings, as the driver requires): 1 when every mapping there is
+ * asleep (a foreign sleep unmapped them already: the wake will not map them again, and the
+ * program's unmap is done); asleep_only: forget them only then. */
+int _vs_outside_unmapped(CUdeviceptr va, size_t size, bool asleep_only) {
+  int n = 0, asleep = 0;
   _vs_lock_take(&vs_out_lock);
-  vs_out_map_t *m;
-  HASH_FIND(hh, vs_out_maps, &va, sizeof va, m);
-  vs_out_entry_t *e = m ? vmm_entry(m->handle) : NULL;
-  if (m && e && e->asleep) was_asleep = 1;
-  if (m && (!asleep_only || was_asleep)) {
+  for (vs_out_map_t *m = vs_out_maps; m; m = m->hh.next) {
+    if (m->va < va || m->va - va >= size) continue;
+    vs_out_entry_t *e = vmm_entry(m->handle);
+    n++;
+    asleep += e && e->asleep;
+  }
+  int was_asleep = n && asleep == n; /* some awake too: the driver unmaps (and refuses the range) */
+  vs_out_map_t *m, *next;
+  for (m = vs_out_maps; m && (!asleep_only || was_asleep); m = next) {
+    next = m->hh.next;
+    if (m->va < va || m->va - va >= size) continue;
+    vs_out_entry_t *e = vmm_entry(m->handle);
     if (e && e->maps > 0) e->maps--;
-    if (e && was_asleep) e->pieces = true; /* no longer mapped where it slept: the wake leaves it */
+    if (e && e->asleep) e->pieces = true; /* no longer mapped where it slept: the wake leaves it */
     HASH_DEL(vs_out_maps, m);
     free(m);
   }
@@ -333,13 +341,19 @@ int _vs_outside_unmapped(CUdeviceptr va, bool asleep_only) {
   return was_asleep;
 }
 
+/* Access given to [va, va + size): kept for each whole mapping inside it, per location (the
+ * latest flags); a mapping it covers in part is marked in pieces. */
 void _vs_outside_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count) {
   _vs_lock_take(&vs_out_lock);
-  vs_out_map_t *m;
-  HASH_FIND(hh, vs_out_maps, &va, sizeof va, m);
-  vs_out_entry_t *e = m ? vmm_entry(m->handle) : NULL;
-  if (e && size == m->size) {
-    for (size_t i = 0; i < count; i++) { /* per location: the latest flags */
+  for (vs_out_map_t *m = vs_out_maps; m; m = m->hh.next) {
+    if (m->va + m->size <= va || m->va >= va + size) continue;
+    vs_out_entry_t *e = vmm_entry(m->handle);
+    if (!e) continue;
+    if (m->va < va || m->va + m->size > va + size) {
+      e->pieces = true;
+      continue;
+    }
+    for (size_t i = 0; i < count && !e->pieces; i++) {
       int j = 0;
       while (j < e->naccess && (e->access[j].location.type != desc[i].location.type ||
                                 e->access[j].location.id != desc[i].location.id))
@@ -351,11 +365,6 @@ void _vs_outside_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc
       e->access[j] = desc[i];
       if (j == e->naccess) e->naccess++;
     }
-  } else if (!m) { /* a range over several mappings, or inside one: which handles it opened is not kept */
-    for (vs_out_entry_t *x = vs_out_entries[VS_OUTSIDE_VMM]; x; x = x->hh.next)
-      if (x->maps && x->va < va + size && va < x->va + x->size) x->pieces = true;
-  } else if (e) {
-    e->pieces = true;
   }
   _vs_lock_release(&vs_out_lock);
 }

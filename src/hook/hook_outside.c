@@ -100,9 +100,9 @@ VS_API CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
   fn_t real = REAL(UNMAP, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   bool ours = !_vs_guard && atomic_load(&_vs_state) == 1;
-  if (ours && _vs_outside_unmapped(va, true)) return CUDA_SUCCESS;
+  if (ours && _vs_outside_unmapped(va, size, true)) return CUDA_SUCCESS;
   CUresult r = real(va, size);
-  if (ours && r == CUDA_SUCCESS) _vs_outside_unmapped(va, false);
+  if (ours && r == CUDA_SUCCESS) _vs_outside_unmapped(va, size, false);
   return r;
 }
 

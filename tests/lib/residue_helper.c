@@ -87,3 +87,31 @@ int helper_vmm_free_halves(helper_vmm_t *v) {
   bad |= cuMemAddressFree(v->va, v->size) != CUDA_SUCCESS;
   return bad ? -1 : 0;
 }
+
+/* Two handles back to back in one reservation, opened by one cuMemSetAccess over both (as NCCL and
+ * PyTorch's expandable segments do), and unmapped by one cuMemUnmap. */
+int helper_vmm_make_pair(size_t size, int dev, helper_vmm_t out[2]) {
+  CUmemAllocationProp prop = {0};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  size = (size + VS_HELPER_GRAN - 1) / VS_HELPER_GRAN * VS_HELPER_GRAN;
+  CUdeviceptr va;
+  if (cuMemAddressReserve(&va, 2 * size, 0, 0, 0) != CUDA_SUCCESS) return -1;
+  for (int i = 0; i < 2; i++) {
+    out[i].va = va + (CUdeviceptr)i * size;
+    out[i].size = size;
+    if (cuMemCreate(&out[i].handle, size, &prop, 0) != CUDA_SUCCESS) return -2;
+    if (cuMemMap(out[i].va, size, 0, out[i].handle, 0) != CUDA_SUCCESS) return -3;
+  }
+  CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  return cuMemSetAccess(va, 2 * size, &a, 1) == CUDA_SUCCESS ? 0 : -4;
+}
+
+int helper_vmm_free_pair(helper_vmm_t v[2]) {
+  int bad = cuMemUnmap(v[0].va, 2 * v[0].size) != CUDA_SUCCESS;
+  bad |= cuMemRelease(v[0].handle) != CUDA_SUCCESS;
+  bad |= cuMemRelease(v[1].handle) != CUDA_SUCCESS;
+  bad |= cuMemAddressFree(v[0].va, 2 * v[0].size) != CUDA_SUCCESS;
+  return bad ? -1 : 0;
+}

@@ -22,5 +22,8 @@ int helper_managed_free(CUdeviceptr p);
 CUgraph helper_graph(size_t size); /* a captured graph holding size bytes of graph memory */
 int helper_vmm_make_halves(size_t size, int dev, helper_vmm_t *out); /* one handle, two mappings */
 int helper_vmm_free_halves(helper_vmm_t *v);
+/* Two handles back to back, opened by one cuMemSetAccess and unmapped by one cuMemUnmap. */
+int helper_vmm_make_pair(size_t size, int dev, helper_vmm_t out[2]);
+int helper_vmm_free_pair(helper_vmm_t v[2]);
 
 #endif
