@@ -320,6 +320,20 @@ void _vs_outside_mapped(CUdeviceptr va, size_t size, size_t offset, uint64_t han
 int _vs_outside_unmapped(CUdeviceptr va, size_t size, bool asleep_only) {
   int n = 0, asleep = 0;
   _vs_lock_take(&vs_out_lock);
+  vs_out_map_t *one;
+  HASH_FIND(hh, vs_out_maps, &va, sizeof va, one);
+  if (one && one->size == size) { /* one mapping, the usual case: no walk over the table */
+    vs_out_entry_t *e = vmm_entry(one->handle);
+    int was = e && e->asleep;
+    if (!asleep_only || was) {
+      if (e && e->maps > 0) e->maps--;
+      if (was) e->pieces = true;
+      HASH_DEL(vs_out_maps, one);
+      free(one);
+    }
+    _vs_lock_release(&vs_out_lock);
+    return was;
+  }
   for (vs_out_map_t *m = vs_out_maps; m; m = m->hh.next) {
     if (m->va < va || m->va - va >= size) continue;
     vs_out_entry_t *e = vmm_entry(m->handle);
@@ -343,8 +357,32 @@ int _vs_outside_unmapped(CUdeviceptr va, size_t size, bool asleep_only) {
 
 /* Access given to [va, va + size): kept for each whole mapping inside it, per location (the
  * latest flags); a mapping it covers in part is marked in pieces. */
+/* One whole mapping's entry gets the descriptors. Lock held. */
+static void give_access(vs_out_entry_t *e, const CUmemAccessDesc *desc, size_t count) {
+  for (size_t i = 0; i < count && !e->pieces; i++) {
+    int j = 0;
+    while (j < e->naccess && (e->access[j].location.type != desc[i].location.type ||
+                              e->access[j].location.id != desc[i].location.id))
+      j++;
+    if (j == VS_FOREIGN_ACCESS) {
+      e->pieces = true;
+      break;
+    }
+    e->access[j] = desc[i];
+    if (j == e->naccess) e->naccess++;
+  }
+}
+
 void _vs_outside_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count) {
   _vs_lock_take(&vs_out_lock);
+  vs_out_map_t *one;
+  HASH_FIND(hh, vs_out_maps, &va, sizeof va, one);
+  if (one && one->size == size) { /* one mapping, the usual case: no walk over the table */
+    vs_out_entry_t *e = vmm_entry(one->handle);
+    if (e) give_access(e, desc, count);
+    _vs_lock_release(&vs_out_lock);
+    return;
+  }
   for (vs_out_map_t *m = vs_out_maps; m; m = m->hh.next) {
     if (m->va + m->size <= va || m->va >= va + size) continue;
     vs_out_entry_t *e = vmm_entry(m->handle);
@@ -353,18 +391,7 @@ void _vs_outside_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc
       e->pieces = true;
       continue;
     }
-    for (size_t i = 0; i < count && !e->pieces; i++) {
-      int j = 0;
-      while (j < e->naccess && (e->access[j].location.type != desc[i].location.type ||
-                                e->access[j].location.id != desc[i].location.id))
-        j++;
-      if (j == VS_FOREIGN_ACCESS) {
-        e->pieces = true;
-        break;
-      }
-      e->access[j] = desc[i];
-      if (j == e->naccess) e->naccess++;
-    }
+    give_access(e, desc, count);
   }
   _vs_lock_release(&vs_out_lock);
 }
