@@ -179,6 +179,7 @@ typedef struct vmmshim_residue_device_s {
   uint64_t libraries;  /* VMM memory libraries made themselves (cuMemCreate) */
   uint64_t managed;    /* managed memory (cuMemAllocManaged), as allocated */
   uint64_t graph;      /* graph memory (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) */
+  uint64_t arrays;     /* CUDA arrays, by the free memory their creation took */
   uint64_t context;    /* context and modules, where measured (0: not) */
   uint64_t others;     /* other processes (NVML; 0 without it) */
   int64_t unexplained; /* used - every owner above */
@@ -186,14 +187,14 @@ typedef struct vmmshim_residue_device_s {
 } vmmshim_residue_device_t;
 typedef struct vmmshim_residue_lib_s {
   char name[64];       /* the shared object that asked (file name) */
-  uint64_t vmm, managed, host; /* its own VMM memory, managed memory, pinned host memory */
+  uint64_t vmm, managed, host, arrays; /* its own VMM memory, managed memory, pinned host memory, arrays */
 } vmmshim_residue_lib_t;
 typedef struct vmmshim_residue_site_s {
   char lib[64];
   uint64_t addr;       /* the return address into lib; 0: every other site */
   uint32_t stack;      /* the trace's stack id (VMMSHIM_TRACE_STACKS), 0 when none */
   char python[96];     /* with stacks: the innermost Python frame, "FILE:LINE FUNCTION"; "" when none */
-  int kind;            /* 0 VMM, 1 managed, 2 pinned host */
+  int kind;            /* 0 VMM, 1 managed, 2 pinned host, 3 arrays */
   uint64_t bytes;      /* live now */
   int64_t growth;      /* bytes - bytes at the first residue after a sleep */
 } vmmshim_residue_site_t;

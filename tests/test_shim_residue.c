@@ -6,8 +6,8 @@
  * and makes one VMM handle of its own. One process per scenario (the shim reads its options once).
  *
  *   exact   after a sleep of the tag, vmmshim_residue's figures are exact: used is the emulated
- *           device's use, the pools, the helper's VMM memory, managed and graph memory each as
- *           made, nothing unexplained; the helper is named for its VMM, managed and pinned host
+ *           device's use, the pools, the helper's VMM memory, managed and graph memory and an
+ *           array each as made, nothing unexplained; the helper is named for its VMM, managed and pinned host
  *           memory, the program for its own handle; the exportable handle counts as shared; the
  *           largest site is in the helper. Freed memory leaves the figures.
  *   growth  the helper keeps 2 MiB more at each cycle: the residue after the third sleep has grown
@@ -91,6 +91,7 @@ static void scenario_exact(void) {
   void *pin = helper_pinned(3 * MiB), *pin2 = helper_pinned_flags(1 * MiB);
   CUdeviceptr man = helper_managed(2 * MiB);
   CUgraph g = helper_graph(4 * MiB);
+  CUarray arr = helper_array(1024, 256); /* 1 MiB of floats */
   CHECK(pin && pin2 && man && g, "pinned %p %p, managed 0x%llx, graph %p", pin, pin2, (unsigned long long)man,
         (void *)g);
   CUmemGenericAllocationHandle own = own_handle(2 * MiB);
@@ -109,14 +110,16 @@ static void scenario_exact(void) {
         (unsigned long long)d->libraries);
   CHECK(d->managed == 2 * MiB, "managed %llu", (unsigned long long)d->managed);
   CHECK(d->graph == 4 * MiB, "graph memory %llu", (unsigned long long)d->graph);
+  CHECK(arr && d->arrays == 1 * MiB, "the array, by the free memory it took: %llu", (unsigned long long)d->arrays);
   CHECK(d->unexplained == 0, "nothing unexplained: %lld", (long long)d->unexplained);
   CHECK(r.host_pinned == 4 * MiB, "pinned host %llu", (unsigned long long)r.host_pinned);
   CHECK(r.shared == 2 * MiB, "exportable %llu", (unsigned long long)r.shared);
   CHECK(r.seq == 1, "one sleep so far: %llu", (unsigned long long)r.seq);
   const vmmshim_residue_lib_t *h = lib_named(&r, "libresidue_helper.so"), *me = lib_named(&r, "test_shim_residue");
-  CHECK(h && h->vmm == 8 * MiB && h->managed == 2 * MiB && h->host == 4 * MiB, "the helper: vmm %llu managed %llu "
-        "host %llu", h ? (unsigned long long)h->vmm : 0ull, h ? (unsigned long long)h->managed : 0ull,
-        h ? (unsigned long long)h->host : 0ull);
+  CHECK(h && h->vmm == 8 * MiB && h->managed == 2 * MiB && h->host == 4 * MiB && h->arrays == 1 * MiB,
+        "the helper: vmm %llu managed %llu host %llu arrays %llu", h ? (unsigned long long)h->vmm : 0ull,
+        h ? (unsigned long long)h->managed : 0ull, h ? (unsigned long long)h->host : 0ull,
+        h ? (unsigned long long)h->arrays : 0ull);
   CHECK(me && me->vmm == 2 * MiB, "the program's own handle under its name: %s (%s %s %s)", me ? "found" : "missing",
         r.libs[0].name, r.nlibs > 1 ? r.libs[1].name : "-", r.nlibs > 2 ? r.libs[2].name : "-");
   CHECK(r.nlibs >= 1 && !strcmp(r.libs[0].name, "libresidue_helper.so"), "the largest owner first: %s",
@@ -128,12 +131,14 @@ static void scenario_exact(void) {
 
   /* Freed memory leaves the figures. */
   CHECK(helper_vmm_free(&a) == 0 && helper_pinned_free(pin) == 0 && helper_managed_free(man) == 0, "frees");
-  CHECK(cuGraphDestroy(g) == CUDA_SUCCESS && cuMemRelease(own) == CUDA_SUCCESS, "graph destroyed, handle released");
+  CHECK(cuGraphDestroy(g) == CUDA_SUCCESS && cuMemRelease(own) == CUDA_SUCCESS && helper_array_free(arr) == 0,
+        "graph and array destroyed, handle released");
   CHECK(vmmshim_residue(&r, sizeof r) == 0, "residue after the frees");
   d = &r.devices[0];
-  CHECK(d->libraries == 2 * MiB && d->managed == 0 && d->graph == 0 && r.host_pinned == 1 * MiB,
-        "what is left: vmm %llu managed %llu graph %llu host %llu", (unsigned long long)d->libraries,
-        (unsigned long long)d->managed, (unsigned long long)d->graph, (unsigned long long)r.host_pinned);
+  CHECK(d->libraries == 2 * MiB && d->managed == 0 && d->graph == 0 && d->arrays == 0 && r.host_pinned == 1 * MiB,
+        "what is left: vmm %llu managed %llu graph %llu arrays %llu host %llu", (unsigned long long)d->libraries,
+        (unsigned long long)d->managed, (unsigned long long)d->graph, (unsigned long long)d->arrays,
+        (unsigned long long)r.host_pinned);
   CHECK(d->unexplained == 0 && d->used == emu_device_used(0), "still exact: unexplained %lld",
         (long long)d->unexplained);
   helper_vmm_free(&b);
@@ -207,7 +212,7 @@ static void scenario_ctl(void) {
   CHECK(strstr(buf, "\"ok\":true") != NULL, "done: %.200s", buf);
   CHECK(strstr(buf, "\"libraries\":6291456") != NULL, "the helper's VMM bytes: %.400s", buf);
   CHECK(strstr(buf, "\"unexplained\":0") != NULL, "nothing unexplained");
-  CHECK(strstr(buf, "{\"name\":\"libresidue_helper.so\",\"vmm\":6291456,\"managed\":0,\"host\":2097152}") != NULL,
+  CHECK(strstr(buf, "{\"name\":\"libresidue_helper.so\",\"vmm\":6291456,\"managed\":0,\"host\":2097152,\"arrays\":0}") != NULL,
         "the helper named with its bytes");
   CHECK(strstr(buf, "\"sleeps\":1") != NULL, "one sleep");
   CHECK(ctl_request("{\"v\":1,\"cmd\":\"status\"}\n", buf, sizeof buf) > 0, "status");

@@ -90,7 +90,8 @@ const char *_vs_nvml_why(void);
 #define VS_OUTSIDE_VMM 0     /* cuMemCreate, cuMemImportFromShareableHandle: device memory */
 #define VS_OUTSIDE_MANAGED 1 /* cuMemAllocManaged */
 #define VS_OUTSIDE_HOST 2    /* cuMemAllocHost, cuMemHostAlloc: pinned host memory */
-#define VS_OUTSIDE_KINDS 3
+#define VS_OUTSIDE_ARRAY 3   /* cuArrayCreate, cuArray3DCreate: by the free memory their creation took */
+#define VS_OUTSIDE_KINDS 4
 #define VS_OUTSIDE_EXPORTABLE 1u /* a VMM handle made with requestedHandleTypes != 0 */
 #define VS_OUTSIDE_IMPORTED 2u   /* a VMM handle of cuMemImportFromShareableHandle */
 #define VS_OUTSIDE_KNOWN 4u      /* _vs_outside_flags: the handle is in the table */

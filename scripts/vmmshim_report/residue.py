@@ -6,10 +6,12 @@ import html
 from .common import fmt_size
 
 # The owners of `r` records (docs/trace-format.md), in the order of the table's columns.
-TOTAL, USED, TAGS, LIBRARY, MANAGED, GRAPH, CONTEXT, OTHERS, UNEXPLAINED, HOST, NAME = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15
-COLUMNS = ("sleep", "time", "device", "used", "tags", "libraries", "managed", "graphs", "context", "others",
+TOTAL, USED, TAGS, LIBRARY, MANAGED, GRAPH, CONTEXT, OTHERS, UNEXPLAINED, HOST, ARRAYS, NAME = (
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15)
+COLUMNS = ("sleep", "time", "device", "used", "tags", "libraries", "managed", "graphs", "arrays", "context", "others",
            "unexplained")
-OUTSIDE_KINDS = ("VMM", "managed", "pinned host")
+FIGURES = (USED, TAGS, -1, MANAGED, GRAPH, ARRAYS, CONTEXT, OTHERS, UNEXPLAINED)  # -1: the libraries' sum
+OUTSIDE_KINDS = ("VMM", "managed", "pinned host", "arrays")
 U64 = 1 << 64
 
 
@@ -64,7 +66,7 @@ class Residue:
             first = {}
             for seq, t, dev, f in self.rows():
                 cells = ["%11d" % seq, "%10.3fs" % (t / 1e9), "%11d" % dev]
-                for owner in (USED, TAGS, -1, MANAGED, GRAPH, CONTEXT, OTHERS, UNEXPLAINED):
+                for owner in FIGURES:
                     if owner == -1:
                         n = sum(self.by_seq[seq]["libs"].values())
                     else:
@@ -89,12 +91,12 @@ class Residue:
         esc = html.escape
         out = ["<section id=\"residue-section\"><h2>Residue after each sleep</h2>\n<p class=\"ctl\">What stayed on "
                "each device after each sleep, by owner: the shim's pools (tags), the VMM memory libraries made "
-               "themselves, managed and graph memory, the context, other processes, and what none of these "
+               "themselves, managed and graph memory, arrays, the context, other processes, and what none of these "
                "explain.</p>\n<table class=\"tags\" id=\"residue\"><tr>%s</tr>\n" % "".join(
                    "<th>%s</th>" % esc(c) for c in COLUMNS)]
         for seq, t, dev, f in self.rows():
             tds = ["<td>%d</td>" % seq, "<td>%.3f s</td>" % (t / 1e9), "<td>%d</td>" % dev]
-            for owner in (USED, TAGS, -1, MANAGED, GRAPH, CONTEXT, OTHERS, UNEXPLAINED):
+            for owner in FIGURES:
                 n = sum(self.by_seq[seq]["libs"].values()) if owner == -1 else f.get(owner, 0)
                 tds.append("<td title=\"%d B\">%s</td>" % (n, esc(("-" + fmt_size(-n)) if n < 0 else fmt_size(n))))
             out.append("<tr>%s</tr>\n" % "".join(tds))

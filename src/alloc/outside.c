@@ -218,7 +218,8 @@ void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned fla
   _vs_lock_release(&vs_out_lock);
   if (vs_unlikely(_vs_trace_on)) _vs_trace_outside(kind, 0, dev, key, size, caller, stack);
   _vs_debug("outside: %s of %zu bytes (0x%llx) on device %d by %s", kind == VS_OUTSIDE_HOST ? "pinned host memory"
-            : kind == VS_OUTSIDE_MANAGED ? "managed memory" : "a VMM handle", size, (unsigned long long)key, dev,
+            : kind == VS_OUTSIDE_MANAGED ? "managed memory" : kind == VS_OUTSIDE_ARRAY ? "an array" : "a VMM handle",
+            size, (unsigned long long)key, dev,
             who);
 }
 

@@ -100,6 +100,7 @@ static void add_outside(vmmshim_residue_t *r, const vs_outside_figures_t *of) {
     if (d->device < 0 || d->device >= VS_OUTSIDE_DEVICES) continue;
     d->libraries = of->dev[d->device][VS_OUTSIDE_VMM];
     d->managed = of->dev[d->device][VS_OUTSIDE_MANAGED];
+    d->arrays = of->dev[d->device][VS_OUTSIDE_ARRAY];
   }
   r->host_pinned = of->host;
   r->shared = of->shared;
@@ -110,7 +111,8 @@ static void add_outside(vmmshim_residue_t *r, const vs_outside_figures_t *of) {
     int best = -1;
     uint64_t most = 0;
     for (int l = 0; l < of->nlibs; l++) {
-      uint64_t n = of->libs[l].bytes[0] + of->libs[l].bytes[1] + of->libs[l].bytes[2];
+      uint64_t n = 0;
+      for (int k = 0; k < VS_OUTSIDE_KINDS; k++) n += of->libs[l].bytes[k];
       if (!taken[l] && n > most) best = l, most = n;
     }
     if (best < 0) break;
@@ -120,6 +122,7 @@ static void add_outside(vmmshim_residue_t *r, const vs_outside_figures_t *of) {
     o->vmm = of->libs[best].bytes[VS_OUTSIDE_VMM];
     o->managed = of->libs[best].bytes[VS_OUTSIDE_MANAGED];
     o->host = of->libs[best].bytes[VS_OUTSIDE_HOST];
+    o->arrays = of->libs[best].bytes[VS_OUTSIDE_ARRAY];
   }
 }
 
@@ -155,7 +158,7 @@ static void add_sites(vmmshim_residue_t *r, const vs_outside_figures_t *of, cons
 }
 
 static void explain(vmmshim_residue_device_t *d) {
-  uint64_t known = d->tags + d->libraries + d->managed + d->graph + d->context + d->others;
+  uint64_t known = d->tags + d->libraries + d->managed + d->graph + d->arrays + d->context + d->others;
   d->unexplained = d->measured ? (int64_t)(d->used - known) : 0;
 }
 
@@ -235,6 +238,8 @@ static void trace_residue(const vmmshim_residue_t *r) {
     _vs_trace_residue(VS_RESIDUE_LIBRARY, -1, r->seq, r->libs[l].vmm, (unsigned)l + 1);
   }
   _vs_trace_residue(VS_RESIDUE_HOST, -1, r->seq, r->host_pinned, 0);
+  for (int i = 0; i < r->ndevices; i++)
+    if (r->devices[i].arrays) _vs_trace_residue(VS_RESIDUE_ARRAYS, r->devices[i].device, r->seq, r->devices[i].arrays, 0);
 }
 
 static void warn_growth(const vmmshim_residue_t *r) {

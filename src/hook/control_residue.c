@@ -6,7 +6,7 @@
 #include "vmmshim/alloc.h"
 #include "vmmshim/control.h"
 
-static const char *const vs_kind_names[] = {"vmm", "managed", "host"};
+static const char *const vs_kind_names[] = {"vmm", "managed", "host", "arrays"};
 
 static void put_device(vs_jout_t *o, const vmmshim_residue_device_t *d, bool first) {
   _vs_ctl_out(o, "%s{\"device\":%d", first ? "" : ",", d->device);
@@ -19,6 +19,7 @@ static void put_device(vs_jout_t *o, const vmmshim_residue_device_t *d, bool fir
   _vs_ctl_kv_u64(o, "libraries", d->libraries);
   _vs_ctl_kv_u64(o, "managed", d->managed);
   _vs_ctl_kv_u64(o, "graphs", d->graph);
+  _vs_ctl_kv_u64(o, "arrays", d->arrays);
   _vs_ctl_kv_u64(o, "context", d->context);
   _vs_ctl_kv_u64(o, "other_processes", d->others);
   _vs_ctl_kv_int(o, "unexplained", d->unexplained);
@@ -40,6 +41,7 @@ static void residue_fields(vs_jout_t *o, const vmmshim_residue_t *r) {
     _vs_ctl_kv_u64(o, "vmm", l->vmm);
     _vs_ctl_kv_u64(o, "managed", l->managed);
     _vs_ctl_kv_u64(o, "host", l->host);
+    _vs_ctl_kv_u64(o, "arrays", l->arrays);
     _vs_ctl_out(o, "}");
   }
   _vs_ctl_out(o, "],\"sites\":[");
@@ -48,7 +50,7 @@ static void residue_fields(vs_jout_t *o, const vmmshim_residue_t *r) {
     _vs_ctl_out(o, "%s{\"library\":", i ? "," : "");
     _vs_ctl_out_str(o, s->lib);
     _vs_ctl_out(o, ",\"address\":\"0x%llx\"", (unsigned long long)s->addr);
-    _vs_ctl_kv_str(o, "kind", vs_kind_names[s->kind >= 0 && s->kind < 3 ? s->kind : 0]);
+    _vs_ctl_kv_str(o, "kind", vs_kind_names[s->kind >= 0 && s->kind < 4 ? s->kind : 0]);
     _vs_ctl_kv_u64(o, "bytes", s->bytes);
     _vs_ctl_kv_int(o, "growth", s->growth);
     _vs_ctl_kv_u64(o, "stack", s->stack);

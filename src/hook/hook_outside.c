@@ -19,7 +19,10 @@
   X(MANAGED, "cuMemAllocManaged", 6000, cuMemAllocManaged)                                    \
   X(HOST, "cuMemAllocHost", 3020, cuMemAllocHost_v2)                                          \
   X(HOST_ALLOC, "cuMemHostAlloc", 2020, cuMemHostAlloc)                                       \
-  X(FREE_HOST, "cuMemFreeHost", 2000, cuMemFreeHost)
+  X(FREE_HOST, "cuMemFreeHost", 2000, cuMemFreeHost)                                         \
+  X(ARRAY, "cuArrayCreate", 3020, cuArrayCreate_v2)                                           \
+  X(ARRAY_3D, "cuArray3DCreate", 3020, cuArray3DCreate_v2)                                    \
+  X(ARRAY_DESTROY, "cuArrayDestroy", 2000, cuArrayDestroy)
 
 typedef enum vs_outside_hook_e {
 #define VS_OUT_ENUM(id, base, ver, sym) VS_OUT_##id,
@@ -159,6 +162,50 @@ VS_API CUresult cuMemFreeHost(void *p) {
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(p);
   if (counted(r)) _vs_outside_freed(VS_OUTSIDE_HOST, (uintptr_t)p);
+  return r;
+}
+
+/* An array's size is the driver's own (padding, alignment): it counts as the free memory its
+ * creation took in the current context (what another thread allocates meanwhile counts too; an
+ * array made of memory the driver already held counts nothing). */
+static size_t free_now(void) {
+  size_t f = 0, t = 0;
+  return _vs_cu.cuMemGetInfo && _vs_cu.cuMemGetInfo(&f, &t) == CUDA_SUCCESS ? f : 0;
+}
+static void array_made(CUresult r, CUarray *arr, size_t before) {
+  size_t after = r == CUDA_SUCCESS && arr ? free_now() : before;
+  if (before > after) _vs_outside_made(VS_OUTSIDE_ARRAY, (uintptr_t)*arr, before - after, current_device(), 0,
+                                       _vs_outside_caller(), NULL);
+}
+
+VS_API CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
+  typedef CUresult (*fn_t)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+  fn_t real = REAL(ARRAY, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  bool ours = !_vs_guard && _vs_active();
+  size_t before = ours ? free_now() : 0;
+  CUresult r = real(arr, desc);
+  if (ours) array_made(r, arr, before);
+  return r;
+}
+
+VS_API CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+  typedef CUresult (*fn_t)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+  fn_t real = REAL(ARRAY_3D, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  bool ours = !_vs_guard && _vs_active();
+  size_t before = ours ? free_now() : 0;
+  CUresult r = real(arr, desc);
+  if (ours) array_made(r, arr, before);
+  return r;
+}
+
+VS_API CUresult cuArrayDestroy(CUarray arr) {
+  typedef CUresult (*fn_t)(CUarray);
+  fn_t real = REAL(ARRAY_DESTROY, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(arr);
+  if (counted(r)) _vs_outside_freed(VS_OUTSIDE_ARRAY, (uintptr_t)arr);
   return r;
 }
 

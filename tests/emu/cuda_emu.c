@@ -2888,6 +2888,80 @@ static CUresult e_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
   return host_copy(0, (void *)(uintptr_t)src, dst, n, "cuMemcpyHtoD");
 }
 
+/* ------------------------------------------------------------------ arrays */
+
+/* CUDA arrays (cuArrayCreate, cuArray3DCreate): memory of their device, Width x Height x Depth
+ * elements of NumChannels (1, 2 or 4) channels of Format, drawn from the device's budget at once
+ * and given back by cuArrayDestroy. Formats other than the 8/16/32-bit integers, half and float
+ * are not emulated (CUDA_ERROR_NOT_SUPPORTED, not a violation). */
+#define MAGIC_ARRAY 0x41525259u
+struct CUarray_st {
+  uint32_t magic;
+  int dev;
+  size_t size;
+  struct CUarray_st *next;
+};
+static struct CUarray_st *g_arrays;
+
+static size_t format_bytes(CUarray_format f) {
+  switch (f) {
+  case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+  case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+  case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
+  default: return 0;
+  }
+}
+
+static CUresult array_create(CUarray *out, size_t w, size_t h, size_t d, CUarray_format f, unsigned ch, const char *fn) {
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!out || w == 0 || (ch != 1 && ch != 2 && ch != 4)) {
+    violation("%s: width %zu, %u channels (1, 2 or 4)", fn, w, ch);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  size_t eb = format_bytes(f);
+  if (!eb) return CUDA_ERROR_NOT_SUPPORTED;
+  size_t size = w * (h ? h : 1) * (d ? d : 1) * ch * eb;
+  device_t *dv = &g_dev[c->dev];
+  struct CUarray_st *a = dv->used <= dv->total && size <= dv->total - dv->used ? calloc(1, sizeof *a) : NULL;
+  if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
+  *a = (struct CUarray_st){MAGIC_ARRAY, c->dev, size, g_arrays};
+  g_arrays = a;
+  dv->used += size;
+  *out = a;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuArrayCreate_v2(CUarray *out, const CUDA_ARRAY_DESCRIPTOR *desc) {
+  ENTER(cuArrayCreate);
+  NEED_INIT();
+  LOCKED();
+  if (!desc) return CUDA_ERROR_INVALID_VALUE;
+  return array_create(out, desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, "cuArrayCreate");
+}
+static CUresult e_cuArray3DCreate_v2(CUarray *out, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+  ENTER(cuArray3DCreate);
+  NEED_INIT();
+  LOCKED();
+  if (!desc) return CUDA_ERROR_INVALID_VALUE;
+  return array_create(out, desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, "cuArray3DCreate");
+}
+static CUresult e_cuArrayDestroy(CUarray a) {
+  ENTER(cuArrayDestroy);
+  NEED_INIT();
+  LOCKED();
+  for (struct CUarray_st **pp = &g_arrays; *pp; pp = &(*pp)->next)
+    if (*pp == a) {
+      *pp = a->next;
+      g_dev[a->dev].used -= a->size;
+      a->magic = 0;
+      free(a);
+      return CUDA_SUCCESS;
+    }
+  violation("cuArrayDestroy of an invalid array %p", (void *)a);
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
 /* ------------------------------------------------------------------ managed, pinned host and graph memory */
 
 /* Managed memory (cuMemAllocManaged): drawn from its device's budget at once (a GPU makes it
@@ -3155,6 +3229,9 @@ static const sym_t g_syms[] = {
     SYM("cuMemFree", 3020, e_cuMemFree_v2),
     SYMP("cuMemAllocAsync", 11020, e_cuMemAllocAsync, e_cuMemAllocAsync_ptsz),
     SYMP("cuMemFreeAsync", 11020, e_cuMemFreeAsync, e_cuMemFreeAsync_ptsz),
+    SYM("cuArrayCreate", 3020, e_cuArrayCreate_v2),
+    SYM("cuArray3DCreate", 3020, e_cuArray3DCreate_v2),
+    SYM("cuArrayDestroy", 2000, e_cuArrayDestroy),
     SYM("cuMemcpyDtoH", 3020, e_cuMemcpyDtoH_v2),
     SYM("cuMemcpyHtoD", 3020, e_cuMemcpyHtoD_v2),
     SYM("cuMemAllocManaged", 6000, e_cuMemAllocManaged),
@@ -3419,6 +3496,9 @@ EXPORT(cuStreamGetCaptureInfo_v3, e_cuStreamGetCaptureInfo_v3)
 EXPORT(cuStreamGetCaptureInfo_v3_ptsz, e_cuStreamGetCaptureInfo_v3_ptsz)
 EXPORT(cuThreadExchangeStreamCaptureMode, e_cuThreadExchangeStreamCaptureMode)
 EXPORT(cuGraphDestroy, e_cuGraphDestroy)
+EXPORT(cuArrayCreate_v2, e_cuArrayCreate_v2)
+EXPORT(cuArray3DCreate_v2, e_cuArray3DCreate_v2)
+EXPORT(cuArrayDestroy, e_cuArrayDestroy)
 EXPORT(cuMemcpyDtoH_v2, e_cuMemcpyDtoH_v2)
 EXPORT(cuMemcpyHtoD_v2, e_cuMemcpyHtoD_v2)
 EXPORT(cuMemAllocManaged, e_cuMemAllocManaged)

@@ -79,6 +79,9 @@
  * follow them and cuDeviceSetGraphMemAttribute resets them (to 0 only); cuDeviceGraphMemTrim has
  * nothing unused to give back. cuMemcpyDtoH and cuMemcpyHtoD (_v2) copy at once, after the legacy
  * stream's earlier work, with the device access rules of the current context's device.
+ * cuArrayCreate and cuArray3DCreate (_v2) draw Width x Height x Depth elements (1, 2 or 4 channels
+ * of an 8/16/32-bit integer, half or float format; others: CUDA_ERROR_NOT_SUPPORTED) from the
+ * current context's device at once; cuArrayDestroy gives them back.
  *
  * Legacy IPC: cuIpcGetMemHandle gives a handle for the base of a cuMemAlloc allocation
  * (bytes "EMUIPC\0\0", the pid, the base and the size, zero-padded to 64) and refuses VMM,
@@ -128,7 +131,7 @@ extern "C" {
   X(cuStreamWaitValue64) X(cuStreamWriteValue32) X(cuStreamWriteValue64) X(cuStreamBatchMemOp)                \
   X(cuMemAllocManaged) X(cuMemAllocHost) X(cuMemHostAlloc) X(cuMemFreeHost)                                  \
   X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)                  \
-  X(cuMemcpyDtoH) X(cuMemcpyHtoD)
+  X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuArrayCreate) X(cuArray3DCreate) X(cuArrayDestroy)
 
 typedef struct emu_counters_s {
   /* ---- call counts (reset by emu_reset_counters) ---- */

@@ -115,3 +115,12 @@ int helper_vmm_free_pair(helper_vmm_t v[2]) {
   bad |= cuMemAddressFree(v[0].va, 2 * v[0].size) != CUDA_SUCCESS;
   return bad ? -1 : 0;
 }
+
+/* A 2D array of width x height 32-bit floats (cuArrayCreate). */
+CUarray helper_array(size_t width, size_t height) {
+  CUDA_ARRAY_DESCRIPTOR d = {width, height, CU_AD_FORMAT_FLOAT, 1};
+  CUarray a = NULL;
+  return cuArrayCreate(&a, &d) == CUDA_SUCCESS ? a : NULL;
+}
+
+int helper_array_free(CUarray a) { return cuArrayDestroy(a) == CUDA_SUCCESS ? 0 : -1; }

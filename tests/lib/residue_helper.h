@@ -20,6 +20,8 @@ int helper_pinned_free(void *p);
 CUdeviceptr helper_managed(size_t size);
 int helper_managed_free(CUdeviceptr p);
 CUgraph helper_graph(size_t size); /* a captured graph holding size bytes of graph memory */
+CUarray helper_array(size_t width, size_t height); /* width x height floats */
+int helper_array_free(CUarray a);
 int helper_vmm_make_halves(size_t size, int dev, helper_vmm_t *out); /* one handle, two mappings */
 int helper_vmm_free_halves(helper_vmm_t *v);
 /* Two handles back to back, opened by one cuMemSetAccess and unmapped by one cuMemUnmap. */

@@ -76,9 +76,9 @@ def main():
         rc, out = ctl("ctl", pid, "residue")
         check(rc == 0 and "residue after 1 sleep" in out, "ctl residue (exit %d): %s" % (rc, out[:300]))
         rows = [ln.split() for ln in out.splitlines() if ln.startswith("0 ")]
-        check(len(rows) == 1 and rows[0][3] == "6.00M" and rows[0][8] == "0", "the device row: libs 6.00M, "
+        check(len(rows) == 1 and rows[0][3] == "6.00M" and rows[0][9] == "0", "the device row: libs 6.00M, "
               "unexplained 0 %s" % rows)
-        check("library libresidue_helper.so: VMM 6.00 MiB, managed 0 B, pinned host 2.00 MiB" in out,
+        check("library libresidue_helper.so: VMM 6.00 MiB, managed 0 B, pinned host 2.00 MiB, arrays 0 B" in out,
               "the helper's line")
         check("site libresidue_helper.so+0x" in out, "the helper's site")
         check(re.search(r"site libresidue_helper\.so\+0x[0-9a-f]+ \(<string>:1[0-9] <module>\): 6\.00 MiB vmm", out)

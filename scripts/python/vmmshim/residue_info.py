@@ -9,19 +9,19 @@ import errno
 from . import text
 
 DEVICES, LIBS, SITES = 8, 8, 8
-KINDS = ("vmm", "managed", "host")
-OWNERS = ("tags", "libraries", "managed", "graphs", "context", "other_processes", "unexplained")
+KINDS = ("vmm", "managed", "host", "arrays")
+OWNERS = ("tags", "libraries", "managed", "graphs", "arrays", "context", "other_processes", "unexplained")
 
 
 class _Device(ctypes.Structure):
     _fields_ = [("device", ctypes.c_int), ("measured", ctypes.c_int)] + [
-        (n, ctypes.c_uint64) for n in ("total", "free", "used", "tags", "libraries", "managed", "graph", "context",
-                                       "others")] + [("unexplained", ctypes.c_int64), ("growth", ctypes.c_int64)]
+        (n, ctypes.c_uint64) for n in ("total", "free", "used", "tags", "libraries", "managed", "graph", "arrays",
+                                       "context", "others")] + [("unexplained", ctypes.c_int64), ("growth", ctypes.c_int64)]
 
 
 class _Lib(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 64), ("vmm", ctypes.c_uint64), ("managed", ctypes.c_uint64),
-                ("host", ctypes.c_uint64)]
+                ("host", ctypes.c_uint64), ("arrays", ctypes.c_uint64)]
 
 
 class _Site(ctypes.Structure):
@@ -42,13 +42,14 @@ def _as_dict(r):
     devs = []
     for d in r.devices[:min(r.ndevices, DEVICES)]:
         owners = {"tags": d.tags, "libraries": d.libraries, "managed": d.managed, "graphs": d.graph,
-                  "context": d.context, "other_processes": d.others, "unexplained": d.unexplained}
+                  "arrays": d.arrays, "context": d.context, "other_processes": d.others, "unexplained": d.unexplained}
         devs.append({"device": d.device, "measured": bool(d.measured), "total": d.total, "free": d.free,
                      "used": d.used, "owners": owners, "growth": d.growth})
-    libs = [{"name": lb.name.decode("utf-8", "replace"), "vmm": lb.vmm, "managed": lb.managed, "host": lb.host}
+    libs = [{"name": lb.name.decode("utf-8", "replace"), "vmm": lb.vmm, "managed": lb.managed, "host": lb.host,
+             "arrays": lb.arrays}
             for lb in r.libs[:min(r.nlibs, LIBS)]]
     sites = [{"library": s.lib.decode("utf-8", "replace"), "address": "0x%x" % s.addr,
-              "kind": KINDS[s.kind] if 0 <= s.kind < 3 else "vmm", "bytes": s.bytes, "growth": s.growth,
+              "kind": KINDS[s.kind] if 0 <= s.kind < len(KINDS) else "vmm", "bytes": s.bytes, "growth": s.growth,
               "stack": s.stack, "python": s.python.decode("utf-8", "replace")}
              for s in r.sites[:min(r.nsites, SITES)]]
     return {"sleeps": r.seq, "devices": devs, "libraries": libs, "sites": sites, "host_pinned": r.host_pinned,
@@ -73,19 +74,22 @@ def residue_text(pid, r):
     """A residue (either source) for people."""
     c = text.clean
     lines = ["pid %d: residue after %d sleep%s" % (pid, r["sleeps"], "" if r["sleeps"] == 1 else "s")]
-    lines.append("%-6s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s" % (
-        "DEVICE", "USED", "TAGS", "LIBS", "MANAGED", "GRAPHS", "CONTEXT", "OTHERS", "UNEXPL", "TOTAL", "GROWTH"))
+    lines.append("%-6s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s" % (
+        "DEVICE", "USED", "TAGS", "LIBS", "MANAGED", "GRAPHS", "ARRAYS", "CONTEXT", "OTHERS", "UNEXPL", "TOTAL",
+        "GROWTH"))
     for d in r["devices"]:
         o = d["owners"]
         signed = lambda n: ("-" + text.short(-n)) if n < 0 else text.short(n)  # noqa: E731
-        lines.append("%-6d %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s" % (
+        lines.append("%-6d %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s" % (
             d["device"], text.short(d["used"]) if d["measured"] else "?", text.short(o["tags"]),
-            text.short(o["libraries"]), text.short(o["managed"]), text.short(o["graphs"]), text.short(o["context"]),
+            text.short(o["libraries"]), text.short(o["managed"]), text.short(o["graphs"]),
+            text.short(o.get("arrays", 0)), text.short(o["context"]),
             text.short(o["other_processes"]), signed(o["unexplained"]) if d["measured"] else "?",
             text.short(d["total"]), signed(d["growth"])))
     for lb in r["libraries"]:
-        lines.append("library %s: VMM %s, managed %s, pinned host %s" % (
-            c(lb["name"]), text.size(lb["vmm"]), text.size(lb["managed"]), text.size(lb["host"])))
+        lines.append("library %s: VMM %s, managed %s, pinned host %s, arrays %s" % (
+            c(lb["name"]), text.size(lb["vmm"]), text.size(lb["managed"]), text.size(lb["host"]),
+            text.size(lb.get("arrays", 0))))
     for s in r["sites"]:
         grew = (", grew %s since the first sleep" % text.size(s["growth"])) if s["growth"] > 0 else ""
         py = (" (%s)" % c(s["python"])) if s.get("python") else ""
