@@ -158,6 +158,12 @@ $(BUILD)/tests/test_shim_rules: tests/test_shim_rules.c $(BUILD)/tests/librules_
 $(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC_ALL) $(EMU_DRV) | $(BUILD)/tests deps
 	$(CC) $(T_CFLAGS) -fvisibility=hidden -o $@ $< $(filter-out src/hook/%.c,$(SRC)) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 
+# test_shim_residue links a library that makes device memory of its own (tests/lib/residue_helper.c).
+$(BUILD)/tests/libresidue_helper.so: tests/lib/residue_helper.c tests/lib/residue_helper.h $(EMU_DRV) | $(BUILD)/tests
+	$(CC) $(T_CFLAGS) -fPIC -shared -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcuda
+$(BUILD)/tests/test_shim_residue: tests/test_shim_residue.c $(BUILD)/tests/libresidue_helper.so $(T_HDR) $(EMU_DRV) $(EMU_RT) | $(BUILD)/tests
+	$(CC) $(T_CFLAGS) -rdynamic -o $@ $< -L$(BUILD)/tests -lresidue_helper -Wl,-rpath,'$$ORIGIN' -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -pthread
+
 $(BUILD)/tests/test_emu_%: tests/test_emu_%.c $(T_HDR) $(EMU_DRV) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 

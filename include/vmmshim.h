@@ -175,6 +175,54 @@ int vmmshim_set_disk_dir(const char *dir);
  * -ENOMEM when none could move, -EALREADY when nothing is on the host, -EBUSY, -ENODEV. */
 int vmmshim_promote(vmmshim_sleep_result_t *out, size_t size);
 
+/* ---- the residue: what is still on the device, and who owns it (docs/sleep.md) ----
+ * The shim computes one after every sleep (traced, and compared with the one after the first
+ * sleep: growth is logged as a warning with the call sites that grew); vmmshim_residue computes
+ * one now. Since API version 5. */
+#define VMMSHIM_RESIDUE_DEVICES 8
+#define VMMSHIM_RESIDUE_LIBS 8
+#define VMMSHIM_RESIDUE_SITES 8
+typedef struct vmmshim_residue_device_s {
+  int device;
+  int measured;        /* 1 when the driver answered cuMemGetInfo for it */
+  uint64_t total, free, used; /* used = total - free: every process's */
+  uint64_t tags;       /* the shim's pools: awake tags, and what stays of sleeping ones */
+  uint64_t libraries;  /* VMM memory libraries made themselves (cuMemCreate) */
+  uint64_t managed;    /* managed memory (cuMemAllocManaged), as allocated */
+  uint64_t graph;      /* graph memory (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) */
+  uint64_t arrays;     /* CUDA arrays, by the free memory their creation took */
+  uint64_t context;    /* context and modules, where measured (0: not) */
+  uint64_t others;     /* other processes (NVML; 0 without it) */
+  int64_t unexplained; /* used - every owner above */
+  int64_t growth;      /* used now - used at the first residue after a sleep */
+} vmmshim_residue_device_t;
+typedef struct vmmshim_residue_lib_s {
+  char name[64];       /* the shared object that asked (file name) */
+  uint64_t vmm, managed, host, arrays; /* its own VMM memory, managed memory, pinned host memory, arrays */
+} vmmshim_residue_lib_t;
+typedef struct vmmshim_residue_site_s {
+  char lib[64];
+  uint64_t addr;       /* the return address into lib; 0: every other site */
+  uint32_t stack;      /* the trace's stack id (VMMSHIM_TRACE_STACKS), 0 when none */
+  char python[96];     /* with stacks: the innermost Python frame, "FILE:LINE FUNCTION"; "" when none */
+  int kind;            /* 0 VMM, 1 managed, 2 pinned host, 3 arrays */
+  uint64_t bytes;      /* live now */
+  int64_t growth;      /* bytes - bytes at the first residue after a sleep */
+} vmmshim_residue_site_t;
+typedef struct vmmshim_residue_s {
+  uint64_t seq;        /* residues after sleeps so far (0: no sleep yet) */
+  int ndevices, nlibs, nsites;
+  vmmshim_residue_device_t devices[VMMSHIM_RESIDUE_DEVICES];
+  vmmshim_residue_lib_t libs[VMMSHIM_RESIDUE_LIBS];    /* the largest first */
+  vmmshim_residue_site_t sites[VMMSHIM_RESIDUE_SITES]; /* the largest first */
+  uint64_t host_pinned; /* pinned host memory made outside the shim (not the device's) */
+  uint64_t shared;      /* of libraries: VMM memory made exportable or imported */
+  int others_known;     /* 1: NVML answered for other processes */
+  char note[160];       /* what could not be measured, "" when all was */
+} vmmshim_residue_t;
+/* Fills out (size = sizeof(vmmshim_residue_t)) with the residue now: 0, -EINVAL, -ENODEV. */
+int vmmshim_residue(vmmshim_residue_t *out, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -53,6 +53,8 @@ typedef enum {
   C_WAIT32,
   C_WAIT64,
   C_MEMOP,
+  C_DTOH,
+  C_HTOD,
 } call_t;
 
 typedef struct {
@@ -75,9 +77,9 @@ static const entry_t g_table[] = {
     {"cuMemcpy_ptds", "cuMemcpy", 4000, 1, C_NONE},
     {"cuMemcpyAsync", "cuMemcpyAsync", 4000, 0, C_NONE},
     {"cuMemcpyAsync_ptsz", "cuMemcpyAsync", 4000, 1, C_NONE},
-    {"cuMemcpyHtoD_v2", "cuMemcpyHtoD", 3020, 0, C_NONE},
+    {"cuMemcpyHtoD_v2", "cuMemcpyHtoD", 3020, 0, C_HTOD},
     {"cuMemcpyHtoD_v2_ptds", "cuMemcpyHtoD", 3020, 1, C_NONE},
-    {"cuMemcpyDtoH_v2", "cuMemcpyDtoH", 3020, 0, C_NONE},
+    {"cuMemcpyDtoH_v2", "cuMemcpyDtoH", 3020, 0, C_DTOH},
     {"cuMemcpyDtoH_v2_ptds", "cuMemcpyDtoH", 3020, 1, C_NONE},
     {"cuMemcpyDtoD_v2", "cuMemcpyDtoD", 3020, 0, C_DTOD},
     {"cuMemcpyDtoD_v2_ptds", "cuMemcpyDtoD", 3020, 1, C_NONE},
@@ -177,6 +179,7 @@ static CUresult g_result[N_ENTRIES];
 static void *g_fn[N_ENTRIES];
 
 #define SLICE 512
+static unsigned char g_host[2][SLICE]; /* the host side of cuMemcpyDtoH (0) and cuMemcpyHtoD (1) */
 
 static CUresult call_entry(size_t i) {
   void *f = g_fn[i];
@@ -189,6 +192,10 @@ static CUresult call_entry(size_t i) {
     return ((CUresult(*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                          void **, void **))f)((CUfunction)&kernel_stub, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
   case C_DTOD: return ((CUresult(*)(CUdeviceptr, CUdeviceptr, size_t))f)(at, at + SLICE / 2, SLICE / 2);
+  case C_DTOH: return ((CUresult(*)(void *, CUdeviceptr, size_t))f)(g_host[0], at + SLICE / 2, SLICE / 2);
+  case C_HTOD:
+    memset(g_host[1], 0x5a, SLICE);
+    return ((CUresult(*)(CUdeviceptr, const void *, size_t))f)(at, g_host[1], SLICE);
   case C_DTOD_ASYNC: return ((CUresult(*)(CUdeviceptr, CUdeviceptr, size_t, CUstream))f)(at, at + SLICE / 2, SLICE / 2, s);
   case C_SET8: return ((CUresult(*)(CUdeviceptr, unsigned char, size_t))f)(at, 0x5a, SLICE);
   case C_SET16: return ((CUresult(*)(CUdeviceptr, unsigned short, size_t))f)(at, 0x5a5a, SLICE / 2);
@@ -226,6 +233,7 @@ static int work_done(size_t i) {
   case C_MEMOP: return g_words[i] == 0x5a;
   case C_DTOD:
   case C_DTOD_ASYNC: return g_buf[i * SLICE] == 0xee;
+  case C_DTOH: return g_host[0][0] == 0xee && g_host[0][SLICE / 2 - 1] == 0xee;
   default: return g_buf[i * SLICE] == 0x5a && g_buf[i * SLICE + SLICE - 1] == 0x5a;
   }
 }

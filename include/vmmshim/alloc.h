@@ -95,6 +95,96 @@ int _vs_host_copy_at(CUdeviceptr addr, CUdeviceptr *home, size_t *len);
  * 0 with *got the bytes that left, or -errno with why. */
 int _vs_borrow(pid_t lender, uint64_t want, uint64_t deadline_ns, uint64_t *got, char *why, size_t n);
 
+/* ---------------------------------------------------------------- "residue.c", "nvml.c" */
+/* vmmshim_residue: the residue now (out not NULL); 0, -ENODEV. */
+int _vs_residue(vmmshim_residue_t *out);
+/* After a sleep (sleep.c): a residue, traced, logged, compared with the first one's. */
+void _vs_residue_after_sleep(void);
+/* Other processes' bytes on r's devices from NVML: false when NVML could not tell (why: _vs_nvml_why). */
+bool _vs_nvml_others(vmmshim_residue_t *r);
+const char *_vs_nvml_why(void);
+
+/* ---------------------------------------------------------------- "outside.c" */
+/* Memory made outside the shim's pools (src/hook/hook_outside.c tells): by kind, library and
+ * call site. */
+#define VS_OUTSIDE_VMM 0     /* cuMemCreate, cuMemImportFromShareableHandle: device memory */
+#define VS_OUTSIDE_MANAGED 1 /* cuMemAllocManaged */
+#define VS_OUTSIDE_HOST 2    /* cuMemAllocHost, cuMemHostAlloc: pinned host memory */
+#define VS_OUTSIDE_ARRAY 3   /* cuArrayCreate, cuArray3DCreate: by the free memory their creation took */
+#define VS_OUTSIDE_KINDS 4
+#define VS_OUTSIDE_EXPORTABLE 1u /* a VMM handle made with requestedHandleTypes != 0 */
+#define VS_OUTSIDE_IMPORTED 2u   /* a VMM handle of cuMemImportFromShareableHandle */
+#define VS_OUTSIDE_KNOWN 4u      /* _vs_outside_flags: the handle is in the table */
+#define VS_OUTSIDE_LIBS 32       /* libraries told apart (the last stands for the rest) */
+#define VS_OUTSIDE_SITES 256     /* call sites told apart (the last stands for the rest) */
+#define VS_OUTSIDE_DEVICES 16
+typedef struct vs_outside_lib_s {
+  char name[64]; /* the shared object's file name */
+  uint64_t bytes[VS_OUTSIDE_KINDS];
+} vs_outside_lib_t;
+typedef struct vs_outside_site_s {
+  uintptr_t addr; /* the return address into the library; 0: the other sites */
+  int lib, kind;  /* lib -1: the other sites */
+  uint32_t stack; /* the trace's stack id, 0 when none */
+  uint64_t bytes; /* live now */
+} vs_outside_site_t;
+typedef struct vs_outside_figures_s {
+  uint64_t dev[VS_OUTSIDE_DEVICES][VS_OUTSIDE_KINDS]; /* device memory by device and kind (HOST unused) */
+  uint64_t host, shared, untracked; /* pinned host; VMM exported or imported; made while a table was full */
+  uint64_t asleep;                  /* VMM memory a foreign sleep took off the device */
+  int nlibs, nsites;
+  vs_outside_lib_t libs[VS_OUTSIDE_LIBS];
+  vs_outside_site_t sites[VS_OUTSIDE_SITES];
+} vs_outside_figures_t;
+/* A VMM handle a foreign sleep may take (foreign.c), as outside.c knows it. */
+#define VS_FOREIGN_ACCESS 8 /* access descriptors kept per handle (more: left awake) */
+typedef struct vs_foreign_s {
+  uint64_t handle;
+  CUdeviceptr va;
+  size_t size;
+  int dev;
+  CUmemAllocationProp prop;
+  CUmemAccessDesc access[VS_FOREIGN_ACCESS];
+  int naccess;
+  char lib[64];
+  const char *skip; /* why it stays (or, asleep, is not mapped again), NULL: it may move */
+  void *copy;       /* asleep: its bytes (VS_FOREIGN_DISCARDED: none kept) */
+} vs_foreign_t;
+#define VS_FOREIGN_DISCARDED ((void *)1)
+/* The first return address of the calling thread's stack outside the shim and CUDA's runtime and
+ * driver (where none, the first outside the shim). */
+uintptr_t _vs_outside_caller(void);
+/* kind (VS_OUTSIDE_*) of size bytes, known by key (handle or address), made on device dev (a VMM
+ * handle: with its properties, else prop NULL). */
+void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned flags, uintptr_t caller,
+                      const CUmemAllocationProp *prop);
+/* Freed: false when key was not in the table. */
+bool _vs_outside_freed(int kind, uint64_t key);
+unsigned _vs_outside_flags(uint64_t handle); /* a VMM handle's VS_OUTSIDE_* flags, 0 when unknown */
+void _vs_outside_figures(vs_outside_figures_t *out);
+/* The mappings of VMM handles made outside the pools (the hooks tell). */
+void _vs_outside_mapped(CUdeviceptr va, size_t size, size_t offset, uint64_t handle);
+/* 1 when every mapping in [va, va + size) is asleep (asleep_only: forget them only then). */
+int _vs_outside_unmapped(CUdeviceptr va, size_t size, bool asleep_only);
+void _vs_outside_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count);
+/* The handle value the driver knows for the program's (a foreign wake made it again). */
+uint64_t _vs_outside_current(uint64_t handle);
+/* A release by the program: the driver's value; *asleep_copy set when the handle sleeps. */
+uint64_t _vs_outside_release_begin(uint64_t handle, void **asleep_copy);
+/* For foreign.c: the candidates of libraries lib_ok accepts, those asleep, and the changes. */
+int _vs_outside_foreign(vs_foreign_t *out, int max, bool (*lib_ok)(const char *name));
+int _vs_outside_asleep_list(vs_foreign_t *out, int max);
+void _vs_outside_set_asleep(uint64_t handle, void *copy);
+void _vs_outside_woken(uint64_t old, uint64_t now);
+
+/* ---------------------------------------------------------------- "foreign.c" */
+/* VMMSHIM_SLEEP_FOREIGN: with every tag, the process's own VMM memory of the libraries named
+ * sleeps (gate closed, contexts synchronised) and wakes; what it moved and skipped is added to res. */
+int _vs_foreign_sleep(int mode, vmmshim_sleep_result_t *res); /* handles moved */
+int _vs_foreign_wake(vmmshim_sleep_result_t *res);            /* handles that were asleep */
+/* A copy of memory asleep, given back (its handle released by the program meanwhile). */
+void _vs_foreign_drop(void *copy);
+
 /* ---------------------------------------------------------------- "tags.c" */
 #define VS_MAX_TAGS VMMSHIM_MAX_TAGS
 extern atomic_int _vs_process_tag; /* the tag of threads that set none */

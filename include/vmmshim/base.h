@@ -132,7 +132,8 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(STITCH, VS_KIND_BOOL, 0)                     /* 1: growth maps idle handles side by side before new ones */ \
   X(TAG_RULES, VS_KIND_RULES, 0)                 /* TAG=MATCHER;...: tags by library, Python file, site, phase (rules.c) */ \
   X(PRIORITY, VS_KIND_PRIORITY, 0)               /* a group member's priority, 0 .. 1000: higher borrows from lower */ \
-  X(COLD_TAGS, VS_KIND_COLD_TAGS, 0)               /* TAG[:MODE],...: tags lent first when a higher member needs room */
+  X(COLD_TAGS, VS_KIND_COLD_TAGS, 0)               /* TAG[:MODE],...: tags lent first when a higher member needs room */ \
+  X(SLEEP_FOREIGN, VS_KIND_LIBS, 0)              /* none | all | library globs: their own VMM memory sleeps too */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -156,7 +157,8 @@ typedef enum vs_option_kind_e {
   VS_KIND_ON_LIMIT, /* fail, wait[:SECONDS], host[:SIZE], balloon[:SECONDS]: the mode, its number in _vs_option_arg */
   VS_KIND_PRIORITY, /* 0 .. 1000 */
   VS_KIND_COLD_TAGS, /* TAG[:MODE] items, comma-separated (MODE mapped, host or discard) */
-  VS_KIND_RULES      /* tag rules: non-empty text, parsed by src/alloc/rules.c at first use */
+  VS_KIND_RULES,     /* tag rules: non-empty text, parsed by src/alloc/rules.c at first use */
+  VS_KIND_LIBS       /* none, all, or comma-separated globs of library file names */
 } vs_option_kind_t;
 
 typedef enum vs_option_e {
@@ -193,6 +195,8 @@ int _vs_parse_limit(const char *text, uint64_t *all, uint64_t dev[VS_LIMIT_DEVIC
 int _vs_parse_on_limit(const char *text, uint64_t *mode, uint64_t *arg);
 /* A name of a tag or group: 1-31 of A-Z a-z 0-9 _ . - */
 bool _vs_name_ok(const char *name);
+/* A list of library globs (VS_KIND_LIBS): 1-255 of A-Z a-z 0-9 _ . - + * ? and commas between. */
+bool _vs_libs_ok(const char *text);
 /* Re-reads the environment (tests only). */
 void _vs_config_reload(void);
 /* Option i (0 .. VS_OPT_COUNT-1) as its messages word it, for the vmmshim(7) page: the variable,
@@ -295,7 +299,12 @@ void _vs_log_copy(void (*fn)(void *arg, const char *line, size_t n), void *arg);
   X(cuMemHostAlloc, 3020, CUresult, (void **, size_t, unsigned int))                                 \
   X(cuMemFreeHost, 2000, CUresult, (void *))                                                          \
   X(cuMemcpyDtoHAsync, 3020, CUresult, (void *, CUdeviceptr, size_t, CUstream))                       \
-  X(cuMemcpyHtoDAsync, 3020, CUresult, (CUdeviceptr, const void *, size_t, CUstream))
+  X(cuMemcpyHtoDAsync, 3020, CUresult, (CUdeviceptr, const void *, size_t, CUstream)) \
+  X(cuDeviceGetGraphMemAttribute, 11040, CUresult, (CUdevice, CUgraphMem_attribute, void *))         \
+  X(cuDevicePrimaryCtxGetState, 7000, CUresult, (CUdevice, unsigned int *, int *))                   \
+  X(cuDeviceGetPCIBusId, 4010, CUresult, (char *, int, CUdevice))                                  \
+  X(cuMemcpyDtoH, 3020, CUresult, (void *, CUdeviceptr, size_t))                                     \
+  X(cuMemcpyHtoD, 3020, CUresult, (CUdeviceptr, const void *, size_t))
 
 typedef struct vs_real_driver_s {
 #define VS_REAL_FIELD(name, ver, ret, args) ret(*name) args;
@@ -423,6 +432,26 @@ void _vs_trace_rule(CUdeviceptr ptr, int rule, int device, const char *tag, cons
 /* A group operation seen by this member (trace.h: VS_TRACE_GROUP_*): the other member's pid (0:
  * none), the bytes, the result (0 or a negative errno), its duration. */
 void _vs_trace_group(int kind, int peer, uint64_t bytes, int result, uint64_t duration_ns);
+/* Memory made (freed 0) or freed outside the shim's pools (outside.c): a 'u' record; kind is
+ * outside.c's VS_OUTSIDE_*, caller the return address that asked, stack its stack id or 0. */
+void _vs_trace_outside(int kind, int freed, int device, uint64_t key, size_t size, uintptr_t caller, uint32_t stack);
+/* The owners of a residue's figures ('r' records, docs/trace-format.md). */
+#define VS_RESIDUE_TOTAL 0       /* the device's memory */
+#define VS_RESIDUE_USED 1        /* in use: total - free (cuMemGetInfo) */
+#define VS_RESIDUE_TAGS 2        /* the shim's pools (awake tags, what stays of sleeping ones) */
+#define VS_RESIDUE_LIBRARY 3     /* one library's own VMM memory (cuMemCreate) */
+#define VS_RESIDUE_MANAGED 4     /* managed memory */
+#define VS_RESIDUE_GRAPH 5       /* graph memory (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) */
+#define VS_RESIDUE_CONTEXT 6     /* context and modules (measured around their creation) */
+#define VS_RESIDUE_OTHERS 7      /* other processes (NVML) */
+#define VS_RESIDUE_UNEXPLAINED 8 /* used - every owner above (signed, two's complement) */
+#define VS_RESIDUE_HOST 9        /* pinned host memory (not the device's) */
+#define VS_RESIDUE_ARRAYS 10     /* CUDA arrays (by the free memory their creation took) */
+#define VS_RESIDUE_NAME 15       /* a library's name */
+/* One figure of a residue (residue.c): an 'r' record. owner: VS_RESIDUE_*; lib: a library's
+ * index (its name in an earlier 'r' record of owner VS_RESIDUE_NAME, written by _vs_trace_residue_name). */
+void _vs_trace_residue(int owner, int device, uint64_t seq, uint64_t bytes, unsigned lib);
+void _vs_trace_residue_name(unsigned lib, const char *name);
 void _vs_trace_flush(void);
 void _vs_trace_close(void);
 

@@ -90,4 +90,8 @@ void _vs_ctl_demote(const vs_jobject_t *req, vs_jout_t *o);
 /* A connection closed: a hold it took ends. */
 void _vs_ctl_group_closed(uint64_t conn);
 
+/* ---------------------------------------------------------------- "control_residue.c" */
+void _vs_ctl_do_residue(const vs_jobject_t *req, vs_jout_t *o); /* the `residue` verb */
+void _vs_ctl_outside_fields(vs_jout_t *o); /* status: "outside": memory made outside the pools */
+
 #endif

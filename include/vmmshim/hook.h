@@ -38,4 +38,13 @@ extern const vs_hook_desc_t _vs_gated_hooks[];
 extern void *_vs_gated_real[];
 extern const int _vs_gated_count;
 
+/* ---------------------------------------------------------------- "hook_outside.c" */
+/* The entry points that make memory outside the shim's pools (cuMemCreate, managed, pinned
+ * host): _vs_outside_count hooks, and the real function behind each. */
+extern const vs_hook_desc_t _vs_outside_hooks[];
+extern void *_vs_outside_real[];
+extern const int _vs_outside_count;
+/* cuMemFree of memory the shim does not serve succeeded: managed memory leaves the count. */
+void _vs_hook_outside_freed(CUdeviceptr dptr);
+
 #endif

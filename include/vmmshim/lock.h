@@ -52,6 +52,8 @@ typedef enum vs_lock_rank_e {
   VS_RANK_GATE,     /* gate.c: the submission gate */
   VS_RANK_BALLOON,  /* balloon.c: the memory this member lent (a leaf) */
   VS_RANK_SERVER,   /* server.c: one server's connection table (a leaf: nothing is taken under it) */
+  VS_RANK_OUTSIDE,  /* outside.c: memory made outside the pools (a leaf: nothing is taken under it) */
+  VS_RANK_RESIDUE,  /* residue.c: the first residue after a sleep, the baseline (a leaf) */
 } vs_lock_rank_t;
 
 typedef struct vs_lock_s {

@@ -55,5 +55,11 @@ CUresult _vs_vmm_set_access_devices(const vs_device_caps_t *caps, CUdeviceptr va
  * closes the descriptor). CUDA_ERROR_NOT_SUPPORTED where the driver or device has no such handles. */
 CUresult _vs_vmm_export(const vs_device_caps_t *caps, CUmemGenericAllocationHandle handle, int *fd_out);
 CUresult _vs_vmm_import(int fd, CUmemGenericAllocationHandle *handle_out);
+/* Memory a library made itself, made again by a foreign wake: a handle of the same properties,
+ * and the access descriptors its mapping had (src/alloc/foreign.c). */
+CUresult _vs_vmm_create_as(const vs_device_caps_t *caps, size_t size, const CUmemAllocationProp *prop,
+                           CUmemGenericAllocationHandle *handle_out);
+CUresult _vs_vmm_set_access_as(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, const CUmemAccessDesc *desc,
+                               size_t n);
 
 #endif

@@ -25,7 +25,8 @@ PARAGRAPHS = [
     "With the call stacks of a trace of version 2 or later (vmmshim --stacks N) it lists where "
     "memory went by call site. With the sleeps and wakes of a version-3 trace it lists them, and a "
     "table by tag: allocations, live bytes, bytes put to sleep, copied to the host and woken, and "
-    "the time asleep. It can also write a self-contained HTML page (where asleep tags are bands "
+    "the time asleep. With the residue records of a version-4 trace it counts the memory made outside "
+    "the shim's pools and shows what stayed on each device after each sleep, by owner. It can also write a self-contained HTML page (where asleep tags are bands "
     "over the memory chart), a snapshot for PyTorch's memory_viz and a Chrome/Perfetto trace.",
     "The trace is streamed: traces of tens of millions of events fit in memory. A line that is "
     "malformed or holds a value out of range is skipped and counted (the first three with a warning). "

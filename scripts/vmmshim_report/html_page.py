@@ -107,6 +107,7 @@ def page(an, rule=None, top=25):
                                 if native else ""))
     if an.sleeps:
         parts.append(html_tags(an))
+    parts.append(an.residue.html())
     if note is None:
         parts.append(
             "<section id=\"chart-flame-section\"><h2>Where live memory was at the peak (%s at %.6f s), "

@@ -50,6 +50,9 @@ H_REC = _record("h", _H, _H, _H, _D, _H, _H, _H, _H, _H)  # a stitch (version 4)
 # j: the tag rule that tagged the allocation at PTR (version 4): index, device, PTR, tag, the rule's text.
 J_REC = re.compile(r"j (%s) (%s) (%s) (%s) (%s) ([A-Za-z0-9_.-]{1,31}) (.*)\n\Z" % (_H, _H, _H, _D, _H))
 B_REC = _record("b", _H, _H, _H, _D, _H, _H, _H, _H)
+U_REC = _record("u", _H, _H, _H, _D, _H, _H, _H, _H)
+R_REC = _record("r", _H, _H, _H, _D, _H, _H, _H)
+RN_REC = re.compile(r"r %s %s f - (%s) ([^ \n]{1,31})\n\Z" % (_H, _H, _H))  # a library's name
 K_REC = re.compile(r"k(?: %s){3,}\n\Z" % _H)
 N_REC = re.compile(r"n (%s)(?: (.*))?\n\Z" % _H, re.S)  # the text: everything after one space
 L_REC = re.compile(r"l (%s) (%s) (%s) (%s) (-|[0-9a-fA-F]{1,128}) (.*)\n\Z" % (_H, _H, _H, _H), re.S)
@@ -93,6 +96,7 @@ class Trace:
         self.cut_at = None  # the cap in bytes, when VMMSHIM_TRACE_MAX cut the trace
         self.tag_names = {}  # tag index -> name ('g' records)
         self.group_ops = collections.Counter()  # 'b' records (version 4) by kind: read, not reported
+        self.residue_names = {}  # library index -> name ('r' records of owner f)
         self.partial_tail = False
         self.malformed = 0
         self.unknown = collections.Counter()
@@ -313,6 +317,28 @@ class Trace:
                     if m is None:
                         raise ValueError
                     self.group_ops[int(line.split()[3], 16)] += 1
+                elif c == "u":
+                    if U_REC.match(line) is None:
+                        raise ValueError
+                    _, t, tid, op, dev, key, size, caller, stk = line.split()
+                    dev = -1 if dev == "-" else int(dev, 16)
+                    if dev > MAX_DEVICE:
+                        raise ValueError
+                    yield ("u", int(t, 16), int(tid, 16), int(op, 16), dev, int(key, 16), int(size, 16),
+                           int(caller, 16), int(stk, 16))
+                elif c == "r":
+                    m = RN_REC.match(line)
+                    if m is not None:
+                        self.residue_names[int(m.group(1), 16)] = m.group(2)
+                        continue
+                    if R_REC.match(line) is None:
+                        raise ValueError
+                    _, t, tid, owner, dev, seq, nbytes, lib = line.split()
+                    dev = -1 if dev == "-" else int(dev, 16)
+                    if dev > MAX_DEVICE:
+                        raise ValueError
+                    yield ("r", int(t, 16), int(tid, 16), int(owner, 16), dev, int(seq, 16), int(nbytes, 16),
+                           int(lib, 16))
                 elif c == "v":
                     self._bad(line)
                 else:

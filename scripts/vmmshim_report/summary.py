@@ -7,6 +7,7 @@ import heapq
 from .common import fmt_bytes, fmt_pow2, fmt_size, plural
 from .common import TraceError
 from .reading import ALIAS, HOST_MEMORY, Trace
+from .residue import Residue
 from .sites import NO_STACKS, Stacks
 from .tags import SLEEP_MODES, Tags, result_name
 
@@ -103,6 +104,7 @@ class Analysis:
         self.vmm_fail = 0
         self.sleeps = []  # (t, kind, tag, mode, device bytes, host bytes, result, duration)
         self.tags = Tags()
+        self.residue = Residue()  # 'r' and 'u' records (version 4)
         self.vmm_events = []  # (t, op, size, va, duration, result, flags), the first VMM_EVENTS_KEPT
         self.n_vmm = 0
         self.stitches = [0, 0, 0, 0]  # stitches, handles mapped, of which idle ones, bytes not created anew
@@ -298,6 +300,13 @@ class Analysis:
             elif kind == "w":
                 self.sleeps.append(ev[1:2] + ev[3:4] + ev[5:])
                 tags.sleep_or_wake(*ev[1:])
+            elif kind == "u":
+                t = ev[1]
+                self.residue.add_outside(ev[3], ev[6])
+            elif kind == "r":
+                t = ev[1]
+                self.residue.names = self.trace.residue_names
+                self.residue.add(t, ev[3], ev[4], ev[5], ev[6], ev[7])
             elif kind == "o":
                 _, t, tid, api, dev, st, req, err = ev
                 if touched:
@@ -468,6 +477,10 @@ class Analysis:
                     w("  ... %d more" % (len(self.sleeps) - 20))
                 w("")
                 out.extend(self.tag_text())
+        residue = self.residue.text()
+        if residue:
+            w("")
+            out.extend(residue)
         if tr.format == "native" and (tr.version or 0) >= 2 and hint:
             w("")
             if self.has_stacks():

@@ -107,6 +107,8 @@ static int sleep_tags(int tag, int mode, bool by_keep, vmmshim_sleep_result_t *r
     int n = _vs_park_tag(t, parked, VS_MAX_PARKED_ALL);
     for (int i = 0; i < n; i++) sleep_parked(&parked[i], &job);
   }
+  if (tag < 0) job.moved += _vs_foreign_sleep(by_keep ? VMMSHIM_SLEEP_HOST : job.mode, res); /* foreign.c */
+  if (job.moved) _vs_residue_after_sleep(); /* what stays on the device (residue.c), before work goes on */
   _vs_gate_open();
   if (job.errnum) return -job.errnum; /* a disk write failed: what it was for stays awake, intact */
   if (!job.moved && !res->reason[0]) {
@@ -146,6 +148,7 @@ static int wake_tags(int tag, bool zero, vmmshim_sleep_result_t *res) {
       else if (!rc) rc = mv.errnum ? -mv.errnum : r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
     }
   }
+  if (tag < 0) asleep += _vs_foreign_wake(res); /* foreign.c */
   _vs_gate_open();
   if (!asleep) {
     result_reason(res, "%snothing asleep", "");

@@ -189,6 +189,15 @@ int _vs_parse_on_limit(const char *text, uint64_t *mode, uint64_t *arg) {
   return 0;
 }
 
+/* VMMSHIM_SLEEP_FOREIGN's libraries: none, all, or comma-separated globs of library file names. */
+bool _vs_libs_ok(const char *text) {
+  size_t n = strlen(text);
+  if (!n || n > 255 || text[0] == ',' || text[n - 1] == ',' || strstr(text, ",,")) return false;
+  for (const char *c = text; *c; c++)
+    if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-+*?,", *c)) return false;
+  return true;
+}
+
 bool _vs_name_ok(const char *name) {
   size_t n = name ? strlen(name) : 0;
   if (n == 0 || n > 31) return false;
@@ -251,6 +260,7 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_SECONDS: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
   case VS_KIND_LIMIT: return "0";
   case VS_KIND_NAME: return "unset";
+  case VS_KIND_LIBS: return "none";
   case VS_KIND_ON_LIMIT: return "fail";
   case VS_KIND_PRIORITY: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
   case VS_KIND_COLD_TAGS: return "unset";
@@ -295,6 +305,10 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     return 0;
   }
   case VS_KIND_NAME: *expect = "a group name: 1 to 31 of A-Z a-z 0-9 _ . -"; *v = 1; return _vs_name_ok(text) ? 0 : -1;
+  case VS_KIND_LIBS:
+    *expect = "none, all, or library names, comma-separated, with * and ? (A-Z a-z 0-9 _ . - + * ?; at most 255)";
+    *v = 1;
+    return _vs_libs_ok(text) ? 0 : -1;
   case VS_KIND_ON_LIMIT:
     *expect = "fail, wait, wait:SECONDS, host, host:SIZE, balloon or balloon:SECONDS (1 to 3600)";
     return _vs_parse_on_limit(text, v, &o->arg);
@@ -482,7 +496,7 @@ static void config_read(void) {
     o->value = v;
     o->set = true;
     if (o->kind == VS_KIND_STRING || o->kind == VS_KIND_LOG || o->kind == VS_KIND_TAG || o->kind == VS_KIND_NAME ||
-        o->kind == VS_KIND_LIMIT || o->kind == VS_KIND_RULES ||
+        o->kind == VS_KIND_LIMIT || o->kind == VS_KIND_RULES || o->kind == VS_KIND_LIBS ||
         o->kind == VS_KIND_COLD_TAGS)
       o->text = text;
   }
@@ -555,6 +569,7 @@ void _vs_config_print(void) {
     case VS_KIND_RULES:
     case VS_KIND_COLD_TAGS:
     case VS_KIND_NAME: shown = o->text ? o->text : "(unset)"; break;
+    case VS_KIND_LIBS: shown = o->text ? o->text : "none"; break;
     case VS_KIND_TAG: shown = o->text ? o->text : "tag 'untagged'"; break;
     case VS_KIND_LIMIT:
       if (!o->text) shown = "0 (off)";

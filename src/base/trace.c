@@ -437,6 +437,40 @@ void _vs_trace_group(int kind, int peer, uint64_t bytes, int result, uint64_t du
   rec_publish(r, pos);
 }
 
+void _vs_trace_outside(int kind, int freed, int device, uint64_t key, size_t size, uintptr_t caller, uint32_t stack) {
+  if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return;
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('u', (unsigned)(2 * kind + (freed ? 1 : 0)), device, &pos);
+  r->a = key;
+  r->b = size;
+  r->c = caller;
+  r->e = stack;
+  rec_publish(r, pos);
+}
+
+void _vs_trace_residue(int owner, int device, uint64_t seq, uint64_t bytes, unsigned lib) {
+  if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return;
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('r', (unsigned)owner, device, &pos);
+  r->a = seq;
+  r->b = bytes;
+  r->e = lib;
+  rec_publish(r, pos);
+}
+
+void _vs_trace_residue_name(unsigned lib, const char *name) {
+  if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return;
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('r', VS_RESIDUE_NAME, -1, &pos);
+  char buf[32] = {0};
+  strncpy(buf, name, sizeof buf - 1);
+  for (int i = 0; i < 32; i++)
+    if (buf[i] == ' ' || buf[i] == '\n') buf[i] = '_';
+  memcpy(&r->a, buf, 8), memcpy(&r->b, buf + 8, 8), memcpy(&r->c, buf + 16, 8), memcpy(&r->d, buf + 24, 8);
+  r->e = lib;
+  rec_publish(r, pos);
+}
+
 void _vs_trace_flush(void) {
   if (vs_trace_fd < 0) return;
   lock_take(trace_tid());

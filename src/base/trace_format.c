@@ -159,6 +159,26 @@ char *_vs_trace_format_record(char *p, const vs_trace_rec_t *r, uint64_t mono, c
     p = put_sp_hex(p, r->e);
     p = put_sp_hex(p, r->d);
     break;
+  case 'u':
+    p = put_sp_hex(p, r->a);
+    p = put_sp_hex(p, r->b);
+    p = put_sp_hex(p, r->c);
+    p = put_sp_hex(p, r->e);
+    break;
+  case 'r':
+    if (r->sub == VS_RESIDUE_NAME) {
+      char name[33];
+      memcpy(name, &r->a, 8), memcpy(name + 8, &r->b, 8), memcpy(name + 16, &r->c, 8), memcpy(name + 24, &r->d, 8);
+      name[32] = 0;
+      p = put_sp_hex(p, r->e);
+      *p++ = ' ';
+      for (int i = 0; name[i] && i < 31; i++) *p++ = name[i];
+    } else {
+      p = put_sp_hex(p, r->a);
+      p = put_sp_hex(p, r->b);
+      p = put_sp_hex(p, r->e);
+    }
+    break;
   case 'w':
     p = put_sp_hex(p, r->c);
     p = put_sp_hex(p, r->flags);

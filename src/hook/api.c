@@ -88,3 +88,10 @@ VS_API int vmmshim_host_copy(const void *addr, void **home, size_t *len) {
 VS_API int vmmshim_set_disk_dir(const char *dir) { return _vs_disk_set_dir(dir); }
 
 VS_API size_t vmmshim_release_host(size_t keep) { return _vs_active() ? _vs_release_host(keep) : 0; }
+
+/* ------------------------------------------------------------------ the residue */
+
+VS_API int vmmshim_residue(vmmshim_residue_t *out, size_t size) {
+  if (!out || size != sizeof *out) return -EINVAL;
+  return _vs_residue(out);
+}

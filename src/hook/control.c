@@ -289,6 +289,7 @@ static void do_status(const vs_jobject_t *req, vs_jout_t *o) {
   _vs_ctl_kv_u64(o, "mapped", _vs_mapped_total());
   _vs_ctl_out(o, ",\"host\":{\"in_use\":%llu,\"cached\":%llu,\"limit\":%llu}", (unsigned long long)in_use,
           (unsigned long long)cached, (unsigned long long)_vs_option(VS_OPT_HOST_LIMIT));
+  _vs_ctl_outside_fields(o);
   _vs_ctl_out(o, ",\"stats\":{\"allocs\":[%llu,%llu,%llu,%llu],\"frees\":[%llu,%llu,%llu,%llu]",
           (unsigned long long)st.allocs[0], (unsigned long long)st.allocs[1], (unsigned long long)st.allocs[2],
           (unsigned long long)st.allocs[3], (unsigned long long)st.frees[0], (unsigned long long)st.frees[1],
@@ -355,6 +356,7 @@ static const vs_verb_t vs_verbs[] = {
     {"rules", _vs_ctl_rules},
     {"quiesce", _vs_ctl_quiesce}, {"release", _vs_ctl_release},
     {"priority", _vs_ctl_priority}, {"cold", _vs_ctl_cold}, {"demote", _vs_ctl_demote},
+    {"residue", _vs_ctl_do_residue},
 };
 
 static atomic_bool vs_ctl_exiting; /* set at exit: what arrives then is refused */
@@ -384,7 +386,7 @@ static void answer(const char *line, size_t len, vs_jout_t *o) {
         if (!strcmp(cmd->str, vs_verbs[i].name)) verb = &vs_verbs[i];
       if (verb) verb->fn(&req, o);
       else _vs_ctl_error(o, &req, EINVAL, "unknown verb '%.40s': status, tag, sleep, wake, trim, limit, dump, "
-                       "release-host, promote, rules, quiesce, release, priority, cold, demote", cmd->str);
+                       "release-host, promote, rules, quiesce, release, priority, cold, demote, residue", cmd->str);
     }
   }
   _vs_ctl_out(o, "}\n");

@@ -84,9 +84,16 @@ static void *vs_real[VS_HOOK_COUNT];
 
 /* Every hook the lookups answer from: this file's, then the submissions' (hook_gated.c), in
  * that order (a lookup takes the first that fits). */
-#define VS_HOOK_ALL (VS_HOOK_COUNT + _vs_gated_count)
-static const vs_hook_desc_t *hook_at(int i) { return i < VS_HOOK_COUNT ? &vs_hooks[i] : &_vs_gated_hooks[i - VS_HOOK_COUNT]; }
-static void **real_at(int i) { return i < VS_HOOK_COUNT ? &vs_real[i] : &_vs_gated_real[i - VS_HOOK_COUNT]; }
+#define VS_HOOK_GATED_END (VS_HOOK_COUNT + _vs_gated_count)
+#define VS_HOOK_ALL (VS_HOOK_GATED_END + _vs_outside_count) /* then hook_outside.c's */
+static const vs_hook_desc_t *hook_at(int i) {
+  return i < VS_HOOK_COUNT ? &vs_hooks[i] : i < VS_HOOK_GATED_END ? &_vs_gated_hooks[i - VS_HOOK_COUNT]
+                                                                  : &_vs_outside_hooks[i - VS_HOOK_GATED_END];
+}
+static void **real_at(int i) {
+  return i < VS_HOOK_COUNT ? &vs_real[i] : i < VS_HOOK_GATED_END ? &_vs_gated_real[i - VS_HOOK_COUNT]
+                                                                 : &_vs_outside_real[i - VS_HOOK_GATED_END];
+}
 
 void *_vs_hook_resolve(const vs_hook_desc_t *h, void **real) {
   void *fn = __atomic_load_n(real, __ATOMIC_ACQUIRE);
@@ -138,7 +145,8 @@ static int hook_for_lookup(const char *symbol, int version, cuuint64_t flags) {
 
 /* Whether a hook submits work (or begins a capture): order.c must see every such call. */
 static bool submits(int id) {
-  return id >= VS_HOOK_COUNT || (id >= VS_HOOK_BEGIN_CAPTURE && id <= VS_HOOK_BEGIN_CAPTURE_GRAPH_PTSZ);
+  return (id >= VS_HOOK_COUNT && id < VS_HOOK_GATED_END) ||
+         (id >= VS_HOOK_BEGIN_CAPTURE && id <= VS_HOOK_BEGIN_CAPTURE_GRAPH_PTSZ);
 }
 
 /* Whether a driver symbol is a variant of a function that submits work: its base name,
@@ -270,6 +278,7 @@ VS_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   _vs_guard++;
   CUresult r = real(dptr);
   _vs_guard--;
+  if (r == CUDA_SUCCESS && dptr) _vs_hook_outside_freed(dptr); /* managed memory (hook_outside.c) */
   return dptr && !_vs_guard ? report_bad_free("cuMemFree", dptr, r) : r;
 }
 

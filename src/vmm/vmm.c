@@ -303,3 +303,29 @@ CUresult _vs_vmm_import(int fd, CUmemGenericAllocationHandle *handle_out) {
                 (double)dt / 1000.0);
   return r;
 }
+
+/* ------------------------------------------------------------------ memory a library made (a foreign sleep) */
+
+/* The same properties as a library's handle had, for its foreign wake (src/alloc/foreign.c). */
+CUresult _vs_vmm_create_as(const vs_device_caps_t *caps, size_t size, const CUmemAllocationProp *prop,
+                           CUmemGenericAllocationHandle *handle_out) {
+  CUresult r = check_range("cuMemCreate", caps, 0, size, false);
+  if (r != CUDA_SUCCESS) return r;
+  VS_DRIVER_CALL_START();
+  uint64_t t0 = _vs_now_ns();
+  *handle_out = 0;
+  r = _vs_cu.cuMemCreate(handle_out, size, prop, 0);
+  return finish(VS_VMM_CREATE, "cuMemCreate", r, t0, 0, size, (uint64_t)*handle_out, 0, caps->device);
+}
+
+/* The access a library had given its mapping, every location's, in one call. */
+CUresult _vs_vmm_set_access_as(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, const CUmemAccessDesc *desc,
+                               size_t n) {
+  CUresult r = check_range("cuMemSetAccess", caps, va, size, true);
+  if (r != CUDA_SUCCESS) return r;
+  VS_DRIVER_CALL_START();
+  uint64_t t0 = _vs_now_ns();
+  r = _vs_cu.cuMemSetAccess(va, size, desc, n);
+  return finish(VS_VMM_SET_ACCESS, "cuMemSetAccess", r, t0, va, size, 0, n ? (unsigned)desc[0].flags : 0,
+                caps->device);
+}

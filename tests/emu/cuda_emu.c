@@ -199,7 +199,7 @@ static struct CUgraph_st *g_graphs;
 /* Where a plain allocation came from: cuMemAlloc (legacy IPC capable, shared with peers by
  * cuCtxEnablePeerAccess), cuMemAllocAsync outside a capture (the device's default pool, shared
  * by cuMemPoolSetAccess), or a captured cuMemAllocAsync (a graph allocation: its device only). */
-enum { P_ALLOC = 0, P_POOL, P_GRAPH };
+enum { P_ALLOC = 0, P_POOL, P_GRAPH, P_MANAGED };
 typedef struct plain_s {
   CUdeviceptr base;
   size_t size, maplen;
@@ -1662,7 +1662,7 @@ static CUresult pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr p
     }
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = found ? p : 0; break;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER: *(void **)data = NULL; break;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)data = found && !vmm && origin == P_MANAGED; break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = found ? dev : -2; break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = found ? b : 0; break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = found ? n : 0; break;
@@ -2931,6 +2931,247 @@ static CUresult e_cuGraphDestroy(CUgraph hg) {
   return CUDA_SUCCESS;
 }
 
+/* ------------------------------------------------------------------ copies to and from host memory */
+
+/* cuMemcpyDtoH / cuMemcpyHtoD: synchronous, after the legacy stream's earlier work (an empty item
+ * queued there takes its place in the legacy order), checked as a copy engine of the current
+ * context's device would be (emu_device_access: a refusal is a violation and a device fault). */
+static CUresult host_copy(int to_host, void *h, CUdeviceptr d, size_t n, const char *fn) {
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!h && n) return CUDA_ERROR_INVALID_VALUE;
+  if ((r = check_unsafe(fn))) return r;
+  if ((r = enqueue_copy(CU_STREAM_LEGACY, 0, K_SET, d, 0, 0, 0))) return r;
+  force(c->legacy, c->legacy->enq);
+  if (emu_device_access(c->dev, d, n, to_host ? 0 : 1) != 0) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (n && to_host) memcpy(h, (const void *)(uintptr_t)d, n);
+  else if (n) memcpy((void *)(uintptr_t)d, h, n);
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+  ENTER(cuMemcpyDtoH);
+  NEED_INIT();
+  LOCKED();
+  return host_copy(1, dst, src, n, "cuMemcpyDtoH");
+}
+static CUresult e_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+  ENTER(cuMemcpyHtoD);
+  NEED_INIT();
+  LOCKED();
+  return host_copy(0, (void *)(uintptr_t)src, dst, n, "cuMemcpyHtoD");
+}
+
+/* ------------------------------------------------------------------ arrays */
+
+/* CUDA arrays (cuArrayCreate, cuArray3DCreate): memory of their device, Width x Height x Depth
+ * elements of NumChannels (1, 2 or 4) channels of Format, drawn from the device's budget at once
+ * and given back by cuArrayDestroy. Formats other than the 8/16/32-bit integers, half and float
+ * are not emulated (CUDA_ERROR_NOT_SUPPORTED, not a violation). */
+#define MAGIC_ARRAY 0x41525259u
+struct CUarray_st {
+  uint32_t magic;
+  int dev;
+  size_t size;
+  struct CUarray_st *next;
+};
+static struct CUarray_st *g_arrays;
+
+static size_t format_bytes(CUarray_format f) {
+  switch (f) {
+  case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+  case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+  case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
+  default: return 0;
+  }
+}
+
+static CUresult array_create(CUarray *out, size_t w, size_t h, size_t d, CUarray_format f, unsigned ch, const char *fn) {
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!out || w == 0 || (ch != 1 && ch != 2 && ch != 4)) {
+    violation("%s: width %zu, %u channels (1, 2 or 4)", fn, w, ch);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  size_t eb = format_bytes(f);
+  if (!eb) return CUDA_ERROR_NOT_SUPPORTED;
+  size_t size = w * (h ? h : 1) * (d ? d : 1) * ch * eb;
+  device_t *dv = &g_dev[c->dev];
+  struct CUarray_st *a = dv->used <= dv->total && size <= dv->total - dv->used ? calloc(1, sizeof *a) : NULL;
+  if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
+  *a = (struct CUarray_st){MAGIC_ARRAY, c->dev, size, g_arrays};
+  g_arrays = a;
+  dv->used += size;
+  *out = a;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuArrayCreate_v2(CUarray *out, const CUDA_ARRAY_DESCRIPTOR *desc) {
+  ENTER(cuArrayCreate);
+  NEED_INIT();
+  LOCKED();
+  if (!desc) return CUDA_ERROR_INVALID_VALUE;
+  return array_create(out, desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, "cuArrayCreate");
+}
+static CUresult e_cuArray3DCreate_v2(CUarray *out, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+  ENTER(cuArray3DCreate);
+  NEED_INIT();
+  LOCKED();
+  if (!desc) return CUDA_ERROR_INVALID_VALUE;
+  return array_create(out, desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, "cuArray3DCreate");
+}
+static CUresult e_cuArrayDestroy(CUarray a) {
+  ENTER(cuArrayDestroy);
+  NEED_INIT();
+  LOCKED();
+  for (struct CUarray_st **pp = &g_arrays; *pp; pp = &(*pp)->next)
+    if (*pp == a) {
+      *pp = a->next;
+      g_dev[a->dev].used -= a->size;
+      a->magic = 0;
+      free(a);
+      return CUDA_SUCCESS;
+    }
+  violation("cuArrayDestroy of an invalid array %p", (void *)a);
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* ------------------------------------------------------------------ managed, pinned host and graph memory */
+
+/* Managed memory (cuMemAllocManaged): drawn from its device's budget at once (a GPU makes it
+ * resident when touched; the emulation counts it from the start, so cuMemGetInfo moves by its
+ * size), reached by every device, freed by cuMemFree. */
+static CUresult e_cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
+  ENTER(cuMemAllocManaged);
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) {
+    violation("cuMemAllocManaged with flags 0x%x (CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST)", flags);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  r = check_unsafe("cuMemAllocManaged");
+  if (r) return r;
+  return plain_alloc(c, size, 0, P_MANAGED, dptr);
+}
+
+/* Pinned host memory (cuMemAllocHost, cuMemHostAlloc): host memory, never the device's; freed by
+ * cuMemFreeHost only. */
+typedef struct hostmem_s {
+  void *p;
+  size_t size, len;
+  struct hostmem_s *next;
+} hostmem_t;
+static hostmem_t *g_hostmem;
+static size_t g_hostmem_bytes;
+
+static CUresult host_alloc(void **pp, size_t size, unsigned int flags, const char *fn) {
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!pp || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)) {
+    violation("%s with unknown flags 0x%x", fn, flags);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  size_t len = round_up(size, (size_t)sysconf(_SC_PAGESIZE));
+  if (g_host_used + g_hostmem_bytes + len > g_host_total) return CUDA_ERROR_OUT_OF_MEMORY;
+  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  hostmem_t *h = m == MAP_FAILED ? NULL : calloc(1, sizeof *h);
+  if (!h) {
+    if (m != MAP_FAILED) munmap(m, len);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  h->p = m, h->size = size, h->len = len, h->next = g_hostmem;
+  g_hostmem = h;
+  g_hostmem_bytes += len;
+  *pp = m;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMemAllocHost_v2(void **pp, size_t size) {
+  ENTER(cuMemAllocHost);
+  LOCKED();
+  return host_alloc(pp, size, 0, "cuMemAllocHost");
+}
+static CUresult e_cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+  ENTER(cuMemHostAlloc);
+  LOCKED();
+  return host_alloc(pp, size, flags, "cuMemHostAlloc");
+}
+static CUresult e_cuMemFreeHost(void *p) {
+  ENTER(cuMemFreeHost);
+  NEED_INIT();
+  LOCKED();
+  for (hostmem_t **pp = &g_hostmem; *pp; pp = &(*pp)->next)
+    if ((*pp)->p == p) {
+      hostmem_t *h = *pp;
+      *pp = h->next;
+      g_hostmem_bytes -= h->len;
+      munmap(h->p, h->len);
+      free(h);
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_INVALID_VALUE; /* not memory of cuMemAllocHost / cuMemHostAlloc */
+}
+
+/* Graph memory: the graph allocations (cuMemAllocAsync in a capture) of a device, live until
+ * their graph is destroyed; they are made at once and freed whole, so what the driver reserves
+ * for graphs is what they use (USED and RESERVED agree; the high watermarks follow, reset by
+ * setting 0). cuGraphMemTrim has nothing unused to give back. */
+static size_t g_graph_high[EMU_MAXDEV][2];
+static size_t graph_used(int dev) {
+  size_t n = 0;
+  for (plain_t *a = g_plain; a; a = a->next)
+    if (a->dev == dev && a->origin == P_GRAPH) n += a->size;
+  return n;
+}
+static CUresult e_cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value) {
+  ENTER(cuDeviceGetGraphMemAttribute);
+  NEED_INIT();
+  LOCKED();
+  if (!valid_dev(dev) || !value) {
+    violation("cuDeviceGetGraphMemAttribute(device %d, value %p)", (int)dev, value);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  size_t used = graph_used(dev);
+  for (int i = 0; i < 2; i++)
+    if (g_graph_high[dev][i] < used) g_graph_high[dev][i] = used;
+  switch (attr) {
+  case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+  case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = used; break;
+  case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = g_graph_high[dev][0]; break;
+  case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = g_graph_high[dev][1]; break;
+  default:
+    violation("cuDeviceGetGraphMemAttribute of unknown attribute %d", (int)attr);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuDeviceSetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value) {
+  ENTER(cuDeviceSetGraphMemAttribute);
+  NEED_INIT();
+  LOCKED();
+  int i = attr == CU_GRAPH_MEM_ATTR_USED_MEM_HIGH ? 0 : attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH ? 1 : -1;
+  if (!valid_dev(dev) || !value || i < 0 || *(cuuint64_t *)value != 0) {
+    violation("cuDeviceSetGraphMemAttribute: only a high watermark, reset to 0");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  g_graph_high[dev][i] = graph_used(dev);
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuDeviceGraphMemTrim(CUdevice dev) {
+  ENTER(cuDeviceGraphMemTrim);
+  NEED_INIT();
+  LOCKED();
+  if (!valid_dev(dev)) {
+    violation("cuDeviceGraphMemTrim of device %d", (int)dev);
+    return CUDA_ERROR_INVALID_DEVICE;
+  }
+  return CUDA_SUCCESS;
+}
+
 /* ------------------------------------------------------------------ errors */
 
 static const struct {
@@ -3062,6 +3303,18 @@ static const sym_t g_syms[] = {
     SYM("cuMemFree", 3020, e_cuMemFree_v2),
     SYMP("cuMemAllocAsync", 11020, e_cuMemAllocAsync, e_cuMemAllocAsync_ptsz),
     SYMP("cuMemFreeAsync", 11020, e_cuMemFreeAsync, e_cuMemFreeAsync_ptsz),
+    SYM("cuArrayCreate", 3020, e_cuArrayCreate_v2),
+    SYM("cuArray3DCreate", 3020, e_cuArray3DCreate_v2),
+    SYM("cuArrayDestroy", 2000, e_cuArrayDestroy),
+    SYM("cuMemcpyDtoH", 3020, e_cuMemcpyDtoH_v2),
+    SYM("cuMemcpyHtoD", 3020, e_cuMemcpyHtoD_v2),
+    SYM("cuMemAllocManaged", 6000, e_cuMemAllocManaged),
+    SYM("cuMemAllocHost", 3020, e_cuMemAllocHost_v2),
+    SYM("cuMemHostAlloc", 2020, e_cuMemHostAlloc),
+    SYM("cuMemFreeHost", 2000, e_cuMemFreeHost),
+    SYM("cuDeviceGetGraphMemAttribute", 11040, e_cuDeviceGetGraphMemAttribute),
+    SYM("cuDeviceSetGraphMemAttribute", 11040, e_cuDeviceSetGraphMemAttribute),
+    SYM("cuDeviceGraphMemTrim", 11040, e_cuDeviceGraphMemTrim),
     SYM("cuMemGetInfo", 2000, e_cuMemGetInfo_v1),
     SYM("cuMemGetInfo", 3020, e_cuMemGetInfo_v2),
     SYM("cuMemGetAddressRange", 2000, e_cuMemGetAddressRange_v1),
@@ -3325,6 +3578,18 @@ EXPORT(cuStreamGetCaptureInfo_v3, e_cuStreamGetCaptureInfo_v3)
 EXPORT(cuStreamGetCaptureInfo_v3_ptsz, e_cuStreamGetCaptureInfo_v3_ptsz)
 EXPORT(cuThreadExchangeStreamCaptureMode, e_cuThreadExchangeStreamCaptureMode)
 EXPORT(cuGraphDestroy, e_cuGraphDestroy)
+EXPORT(cuArrayCreate_v2, e_cuArrayCreate_v2)
+EXPORT(cuArray3DCreate_v2, e_cuArray3DCreate_v2)
+EXPORT(cuArrayDestroy, e_cuArrayDestroy)
+EXPORT(cuMemcpyDtoH_v2, e_cuMemcpyDtoH_v2)
+EXPORT(cuMemcpyHtoD_v2, e_cuMemcpyHtoD_v2)
+EXPORT(cuMemAllocManaged, e_cuMemAllocManaged)
+EXPORT(cuMemAllocHost_v2, e_cuMemAllocHost_v2)
+EXPORT(cuMemHostAlloc, e_cuMemHostAlloc)
+EXPORT(cuMemFreeHost, e_cuMemFreeHost)
+EXPORT(cuDeviceGetGraphMemAttribute, e_cuDeviceGetGraphMemAttribute)
+EXPORT(cuDeviceSetGraphMemAttribute, e_cuDeviceSetGraphMemAttribute)
+EXPORT(cuDeviceGraphMemTrim, e_cuDeviceGraphMemTrim)
 EXPORT(cuGetErrorName, e_cuGetErrorName)
 EXPORT(cuGetErrorString, e_cuGetErrorString)
 
@@ -3665,7 +3930,7 @@ API int emu_device_access(int dev, CUdeviceptr ptr, size_t n, int write) {
     if (n > a->base + a->size - ptr)
       return device_fault(dev, ptr, n, write, "the range runs past the end of the allocation 0x%llx (%zu bytes)",
                           (unsigned long long)a->base, a->size);
-    if (dev == a->dev) return 0;
+    if (dev == a->dev || a->origin == P_MANAGED) return 0; /* managed memory: every device */
     if (a->origin == P_ALLOC) {
       for (peer_t *p = g_peers; p; p = p->next)
         if (p->to == a->ctx && p->from->alive && p->from->dev == dev) return 0;

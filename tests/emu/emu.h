@@ -69,6 +69,20 @@
  * pool's. Handles imported with cuMemImportFromShareableHandle belong to device 0; the fd is
  * the exporter's memfd, so another process sees the same bytes.
  *
+ * Managed, pinned host and graph memory: cuMemAllocManaged (CU_MEM_ATTACH_GLOBAL or _HOST) draws
+ * from its device's budget at once (a GPU makes it resident when touched; here cuMemGetInfo moves
+ * by its size), any device may reach it, and cuMemFree frees it. cuMemAllocHost and cuMemHostAlloc
+ * (flags PORTABLE, DEVICEMAP, WRITECOMBINED) make host memory, never the device's, from the host
+ * budget; cuMemFreeHost frees it (another pointer: CUDA_ERROR_INVALID_VALUE, not a violation).
+ * cuDeviceGetGraphMemAttribute: USED_MEM_CURRENT and RESERVED_MEM_CURRENT are the graph
+ * allocations of the device still alive (made at once, so the two agree), the *_HIGH watermarks
+ * follow them and cuDeviceSetGraphMemAttribute resets them (to 0 only); cuDeviceGraphMemTrim has
+ * nothing unused to give back. cuMemcpyDtoH and cuMemcpyHtoD (_v2) copy at once, after the legacy
+ * stream's earlier work, with the device access rules of the current context's device.
+ * cuArrayCreate and cuArray3DCreate (_v2) draw Width x Height x Depth elements (1, 2 or 4 channels
+ * of an 8/16/32-bit integer, half or float format; others: CUDA_ERROR_NOT_SUPPORTED) from the
+ * current context's device at once; cuArrayDestroy gives them back.
+ *
  * Legacy IPC: cuIpcGetMemHandle gives a handle for the base of a cuMemAlloc allocation
  * (bytes "EMUIPC\0\0", the pid, the base and the size, zero-padded to 64) and refuses VMM,
  * pool and graph memory with CUDA_ERROR_INVALID_VALUE, not a violation. No handle ever
@@ -114,8 +128,10 @@ extern "C" {
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)                                \
   X(cuMemcpyDtoD) X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD8Async) X(cuMemsetD2D8) X(cuMemsetD2D8Async) X(cuLaunchKernel) \
   X(cuMemsetD16) X(cuMemsetD16Async) X(cuMemsetD32) X(cuMemsetD32Async) X(cuStreamWaitValue32)            \
-  X(cuStreamWaitValue64) X(cuStreamWriteValue32) X(cuStreamWriteValue64) X(cuStreamBatchMemOp)            \
-  X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync)
+  X(cuStreamWaitValue64) X(cuStreamWriteValue32) X(cuStreamWriteValue64) X(cuStreamBatchMemOp)                \
+  X(cuMemAllocManaged) X(cuMemAllocHost) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync) \
+  X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)                  \
+  X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuArrayCreate) X(cuArray3DCreate) X(cuArrayDestroy)
 
 typedef struct emu_counters_s {
   /* ---- call counts (reset by emu_reset_counters) ---- */

@@ -235,6 +235,10 @@ run_python tms-compat-nocache tests/gpu/tms_compat.py --no-cache
 # the wake are the reference's; with the caching allocator on, INFO only. PyTorch missing: SKIP ----
 run_python rules-llm tests/gpu/rules_llm.py
 
+# ---- the residue after a sleep of PyTorch DDP over NCCL (tests/gpu/residue_ddp.py): NCCL's own
+# memory named, a captured graph's memory counted, the all-reduce after the wake; no NCCL: SKIP ----
+run_python residue-ddp tests/gpu/residue_ddp.py
+
 # ---- robustness (tests/gpu/t_robust.cu, one ROBUST_MODE per run) ----
 # robust_value LOG KEY: KEY=value of the "RESULT pressure" line.
 robust_value() { sed -n "s/^RESULT pressure .*$2=\([^ ]*\).*/\1/p" "$1" | head -n 1; }

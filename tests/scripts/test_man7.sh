@@ -40,7 +40,7 @@ entries=$(plain | sed -n '/^\.TP$/{n;p;}' | LC_ALL=C sort)
 # Names that are not environment variables: include guards (*_H), the public API's enum values
 # and version macro, the sleep API's constants, the launcher's own version variable, the bare
 # prefix in messages.
-not_variables='_H$|^VMMSHIM_API_|^VMMSHIM_VERSION$|^VMMSHIM_LAUNCHER_VERSION$|^VMMSHIM_$|^VMMSHIM_SLEEP_(DISCARD|HOST|MAPPED|DISK)?$|^VMMSHIM_WAKE_ZERO$|^VMMSHIM_(MAX_TAGS|TAG_MAX)$'
+not_variables='_H$|^VMMSHIM_API_|^VMMSHIM_VERSION$|^VMMSHIM_LAUNCHER_VERSION$|^VMMSHIM_$|^VMMSHIM_SLEEP_(DISCARD|HOST|MAPPED|DISK)?$|^VMMSHIM_WAKE_ZERO$|^VMMSHIM_(MAX_TAGS|TAG_MAX)$|^VMMSHIM_RESIDUE_(DEVICES|LIBS|SITES)$'
 files=$(git ls-files --cached --others --exclude-standard 2>/dev/null | grep -Ev '^(tests|docs|man|examples|bench/results)/|README' |
   grep -E '^(src|scripts|include|bench)/|^Makefile$')
 [ -n "$files" ] || files=$(find src scripts include bench -type f ! -path 'bench/results/*')
@@ -67,11 +67,12 @@ int main(void) {
 EOF
 if $CC -I"$CUDA_HOME/include" -o "$tmp/prog" "$tmp/prog.c" -L"$B/emu" -Wl,-rpath,"$B/emu" -lcudart 2>"$tmp/cc.log"; then
   # Every variable of the table malformed at once ('' is the one value a path refuses; a tag
-  # or group name, and a list of cold tags, has no spaces).
+  # or group name, and a list of cold tags or of library names, has no spaces).
   set --
   for v in $table; do
     if [ "$v" = VMMSHIM_TRACE ] || [ "$v" = VMMSHIM_DISK_DIR ] || [ "$v" = VMMSHIM_TAG_RULES ]; then set -- "$@" "$v="
-    elif [ "$v" = VMMSHIM_TAG ] || [ "$v" = VMMSHIM_LIMIT_GROUP ] || [ "$v" = VMMSHIM_COLD_TAGS ]; then
+    elif [ "$v" = VMMSHIM_TAG ] || [ "$v" = VMMSHIM_LIMIT_GROUP ] || [ "$v" = VMMSHIM_COLD_TAGS ] ||
+         [ "$v" = VMMSHIM_SLEEP_FOREIGN ]; then
       set -- "$@" "$v=not a name"
     else set -- "$@" "$v=not-a-value"; fi
   done

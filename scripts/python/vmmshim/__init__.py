@@ -36,7 +36,7 @@ from .client import Control, ControlError, reachable  # noqa: F401  (the public 
 __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
            "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "host_copy", "set_disk_dir", "stats", "trim", "dump",
            "control", "control_group", "reachable", "loaded", "library_path", "UNTAGGED", "SleepResult", "Error", "NotPreloaded",
-           "ControlError", "Control", "set_tag_rules"]
+           "ControlError", "Control", "set_tag_rules", "residue"]
 
 TAG_MAX = 32
 UNTAGGED = "untagged"  # the tag of memory allocated with no tag set
@@ -305,6 +305,20 @@ def tag_stats():
                                 "host_mapped": t.host_mapped, "discarded": t.discarded, "asleep": bool(t.asleep),
                                 "keep": bool(t.keep), "disk": t.disk}
     return out
+
+
+def residue():
+    """What is still on each device and who owns it (docs/sleep.md, "Residue"): a dict with
+    "devices" (used, total, free, "owners": tags, libraries, managed, graphs, context,
+    other_processes, unexplained; growth since the first sleep), "libraries", "sites",
+    "host_pinned", "sleeps" and "note". Needs a shim of API version 5 or later."""
+    from . import residue_info as _residue
+    try:
+        return _residue.residue(_shim())
+    except AttributeError as e:
+        raise NotPreloaded("vmmshim: %s" % e) from None
+    except OSError as e:
+        raise Error("residue", e.errno, e.strerror) from None
 
 
 def host_memory():

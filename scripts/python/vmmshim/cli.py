@@ -6,6 +6,7 @@ import signal
 import sys
 
 from . import client, groups, text
+from .residue_info import residue_text
 from .client import (EXIT_GONE, EXIT_NOT_SHIM, EXIT_OK, EXIT_OTHER_USER, EXIT_REFUSED, EXIT_TIMEOUT, EXIT_USAGE,
                       Control, ControlError)
 
@@ -23,6 +24,7 @@ Usage: vmmshim ctl list [--json] [--pid PID[,PID...]]
        vmmshim ctl PID rules [SPEC|--clear]
        vmmshim ctl PID priority [N]
        vmmshim ctl PID cold TAG [--mode mapped|host|discard|off]
+       vmmshim ctl PID residue
 """
 
 ABOUT = """\
@@ -52,6 +54,8 @@ See and steer a program running under vmmshim, from outside (docs/control.md).
                 balloon borrows from lower ones); no N: show it
   cold TAG      lend TAG first when a higher member needs room (--mode mapped,
                 the default, host or discard; off: no longer)
+  residue       what is still on each device and who owns it (tags, libraries'
+                own memory, graphs, other processes, unexplained)
   --group NAME  the limit and status of a group of processes (VMMSHIM_LIMIT_GROUP)
 Options: --json (the reply as JSON), --timeout SECONDS (default 10; 300 for sleep,
 wake and trim). SIZE takes K, M, G suffixes. PID: a process id, a number above 0.
@@ -64,7 +68,7 @@ connection before answering (or sent a bad reply).
 """
 
 SHORT = "vmmshim ctl list | PID VERB [ARGS...] | --group NAME VERB [ARGS...]"
-VERBS = ("status", "tag", "sleep", "wake", "trim", "limit", "dump", "release-host", "promote", "rules", "priority", "cold")
+VERBS = ("status", "tag", "sleep", "wake", "trim", "limit", "dump", "release-host", "promote", "rules", "priority", "cold", "residue")
 
 
 def help_text():
@@ -211,6 +215,10 @@ def _status_text(st):
     if st.get("rules"):
         lines.append("tag rules (the first that matches tags an allocation of a thread with no tag of its own):")
         lines.extend(_rules_lines(st["rules"]))
+    out = st.get("outside") or {}
+    if any(isinstance(v, int) and v for v in out.values()):
+        lines.append("made outside the pools: VMM %s, managed %s, pinned host %s (ctl residue: by owner)" % (
+            text.size(out.get("vmm", 0)), text.size(out.get("managed", 0)), text.size(out.get("host", 0))))
     h = st["host"]
     lines.append("host memory: in use %s, kept %s%s" % (text.size(h["in_use"]), text.size(h["cached"]),
                                                         ", limit %s" % text.size(h["limit"]) if h["limit"] else ""))
@@ -365,6 +373,11 @@ def _verb(pid, verb, rest, as_json, timeout):
             raise Usage("cold takes one TAG")
         r = ctl.call("cold", tag=rest[0], mode=mode)
         out = "pid %d: tag '%s' cold: %s (was %s)" % (pid, text.clean(r["tag"]), r["mode"], r["previous"])
+    elif verb == "residue":
+        if rest:
+            raise Usage("residue takes no argument")
+        r = ctl.residue()
+        out = residue_text(pid, r)
     print(json.dumps(r, separators=(",", ":")) if as_json else out)
     return EXIT_OK
 

@@ -298,6 +298,14 @@ REPLIES = {
     "rules": {"changed": "bool", "rules": [{"rule": "string", "tag": "string", "matched": "count"}]},
     "priority": {"priority": "count", "previous": "count"},
     "cold": {"tag": "string", "mode": "string", "previous": "string"},
+    "residue": {"sleeps": "count", "host_pinned": "count", "shared": "count", "note": "string",
+                "devices": [{"device": "count", "used": "count", "total": "count", "free": "count",
+                             "owners": {"tags": "count", "libraries": "count", "managed": "count", "graphs": "count",
+                                        "arrays": "count", "context": "count", "other_processes": "count",
+                                        "unexplained": "number"},
+                             "growth": "number"}],
+                "libraries": [{"name": "string", "vmm": "count", "managed": "count", "host": "count"}],
+                "sites": [{"library": "string", "address": "string", "bytes": "count", "growth": "number"}]},
 }
 _REFUSAL = {"error": Opt("string"), "message": Opt("string")}
 
@@ -392,6 +400,10 @@ class Control:
         them (docs/tag-rules.md), clear removes them. A malformed spec is refused (EINVAL), its
         message naming the rule and the character; the rules in force then stay."""
         return self.call("rules", spec=spec, clear=True if clear else None)
+
+    def residue(self):
+        """What is still on each device and who owns it (docs/sleep.md, "Residue")."""
+        return self.call("residue")
 
     def promote(self):
         """Memory served from host memory past a limit (VMMSHIM_ON_LIMIT=host) back to the device,

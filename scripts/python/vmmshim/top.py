@@ -5,8 +5,9 @@ and exits, for scripts: as wide as the terminal it prints to (80 columns into a 
 process.
 
 Per process: live, mapped (on the device), asleep and host bytes, allocations per second since
-the last frame, VMM calls and out-of-memory answers so far; below it, one line per tag that holds
-memory. The name column takes the width the other columns leave. Processes come in the order of
+the last frame, VMM calls and out-of-memory answers so far; below it, a line "(outside)" for the
+memory libraries made themselves outside the pools (device and pinned host), when there is any,
+and one line per tag that holds memory. The name column takes the width the other columns leave. Processes come in the order of
 the sort key (mapped bytes, most first, by default); those that do not fit the terminal's height
 are counted on a last line, "... N more (sorted by KEY)". A process that does not answer in time,
 or answers something that is not a status reply, is a row with the reason; every name a process
@@ -86,6 +87,11 @@ def _block(pid, st, why, previous, name):
     lines = [ROW % (pid, name, c(st["program"])[:name], devs[:3], text.short(_live(st)), text.short(st["mapped"]),
                     text.short(_asleep(st)), text.short(st["host"]["in_use"]), rate,
                     text.count(st["stats"]["vmm_calls"]), text.count(st["stats"]["alloc_failures"]))]
+    out = st.get("outside") or {}
+    dev_out = out.get("vmm", 0) + out.get("managed", 0) if isinstance(out, dict) else 0
+    if dev_out or (isinstance(out, dict) and out.get("host")):  # memory libraries made themselves
+        lines.append((ROW % ("", name, " (outside)"[:name], "", text.short(dev_out), text.short(dev_out), "",
+                             text.short(out.get("host", 0)), "libs", "", "")).rstrip())
     for t in st["tags"]:
         t_asleep = client.asleep(t)
         if not (t["live"] or t["device"] or t_asleep) and t["name"] != st["process_tag"]:

@@ -1,0 +1,109 @@
+"""The residue over time: what stayed on each device after each sleep, by owner (the `r` records
+of a version-4 trace), and the memory made outside the shim's pools (`u` records)."""
+
+import html
+
+from .common import fmt_size
+
+# The owners of `r` records (docs/trace-format.md), in the order of the table's columns.
+TOTAL, USED, TAGS, LIBRARY, MANAGED, GRAPH, CONTEXT, OTHERS, UNEXPLAINED, HOST, ARRAYS, NAME = (
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15)
+COLUMNS = ("sleep", "time", "device", "used", "tags", "libraries", "managed", "graphs", "arrays", "context", "others",
+           "unexplained")
+FIGURES = (USED, TAGS, -1, MANAGED, GRAPH, ARRAYS, CONTEXT, OTHERS, UNEXPLAINED)  # -1: the libraries' sum
+OUTSIDE_KINDS = ("VMM", "managed", "pinned host", "arrays")
+U64 = 1 << 64
+
+
+class Residue:
+    """The residues of a trace, by sleep: each a dict of device -> {owner: bytes}, the libraries'
+    VMM bytes and the pinned host bytes; and the outside memory's counts (made, freed by kind)."""
+
+    def __init__(self):
+        self.by_seq = {}  # seq -> {"t": t, "devices": {dev: {owner: bytes}}, "libs": {name: bytes}, "host": n}
+        self.names = {}  # library index -> name (the latest `r` name record)
+        self.outside = [[0, 0, 0, 0] for _ in OUTSIDE_KINDS]  # kind -> [made, bytes made, freed, bytes freed]
+
+    def add_outside(self, op, size):
+        kind, freed = op // 2, op % 2
+        if 0 <= kind < len(OUTSIDE_KINDS):
+            row = self.outside[kind]
+            row[2 * freed] += 1
+            row[2 * freed + 1] += size
+
+    def add(self, t, owner, dev, seq, nbytes, lib):
+        r = self.by_seq.setdefault(seq, {"t": t, "devices": {}, "libs": {}, "host": 0})
+        if owner == LIBRARY:
+            r["libs"][self.names.get(lib, "#%d" % lib)] = nbytes
+        elif owner == HOST:
+            r["host"] = nbytes
+        elif dev >= 0:
+            if owner == UNEXPLAINED and nbytes >= U64 // 2:
+                nbytes -= U64  # signed: more explained than in use
+            r["devices"].setdefault(dev, {})[owner] = nbytes
+
+    def rows(self):
+        """(seq, t, dev, figures by owner) in order of sleep and device."""
+        for seq in sorted(self.by_seq):
+            r = self.by_seq[seq]
+            for dev in sorted(r["devices"]):
+                yield seq, r["t"], dev, r["devices"][dev]
+
+    def text(self):
+        out = []
+        made = [k for k, row in enumerate(self.outside) if row[0] or row[2]]
+        if made:
+            out.append("memory made outside the shim's pools:")
+            for k in made:
+                row = self.outside[k]
+                out.append("  %-12s made %d (%s), freed %d (%s)" % (OUTSIDE_KINDS[k], row[0], fmt_size(row[1]), row[2],
+                                                                   fmt_size(row[3])))
+        if self.by_seq:
+            if out:
+                out.append("")
+            out.append("residue after each sleep (what stayed on the device, by owner):")
+            out.append("  " + " ".join("%11s" % c for c in COLUMNS))
+            first = {}
+            for seq, t, dev, f in self.rows():
+                cells = ["%11d" % seq, "%10.3fs" % (t / 1e9), "%11d" % dev]
+                for owner in FIGURES:
+                    if owner == -1:
+                        n = sum(self.by_seq[seq]["libs"].values())
+                    else:
+                        n = f.get(owner, 0)
+                    cells.append("%11s" % (("-" + fmt_size(-n)) if n < 0 else fmt_size(n)))
+                out.append("  " + " ".join(cells))
+                first.setdefault(dev, f.get(USED, 0))
+                grew = f.get(USED, 0) - first[dev]
+                if grew > 0:
+                    out.append("  %11s %s more in use than after the first sleep" % ("", fmt_size(grew)))
+            last = self.by_seq[max(self.by_seq)]
+            if last["libs"]:
+                out.append("  libraries' own VMM memory after the last sleep: " + ", ".join(
+                    "%s %s" % (name, fmt_size(n)) for name, n in sorted(last["libs"].items(), key=lambda x: -x[1])))
+            if last["host"]:
+                out.append("  pinned host memory made outside the pools: %s" % fmt_size(last["host"]))
+        return out
+
+    def html(self):
+        if not self.by_seq:
+            return ""
+        esc = html.escape
+        out = ["<section id=\"residue-section\"><h2>Residue after each sleep</h2>\n<p class=\"ctl\">What stayed on "
+               "each device after each sleep, by owner: the shim's pools (tags), the VMM memory libraries made "
+               "themselves, managed and graph memory, arrays, the context, other processes, and what none of these "
+               "explain.</p>\n<table class=\"tags\" id=\"residue\"><tr>%s</tr>\n" % "".join(
+                   "<th>%s</th>" % esc(c) for c in COLUMNS)]
+        for seq, t, dev, f in self.rows():
+            tds = ["<td>%d</td>" % seq, "<td>%.3f s</td>" % (t / 1e9), "<td>%d</td>" % dev]
+            for owner in FIGURES:
+                n = sum(self.by_seq[seq]["libs"].values()) if owner == -1 else f.get(owner, 0)
+                tds.append("<td title=\"%d B\">%s</td>" % (n, esc(("-" + fmt_size(-n)) if n < 0 else fmt_size(n))))
+            out.append("<tr>%s</tr>\n" % "".join(tds))
+        out.append("</table>\n")
+        last = self.by_seq[max(self.by_seq)]
+        if last["libs"]:
+            out.append("<p>Libraries' own VMM memory after the last sleep: %s</p>\n" % esc(", ".join(
+                "%s %s" % (name, fmt_size(n)) for name, n in sorted(last["libs"].items(), key=lambda x: -x[1]))))
+        out.append("</section>\n")
+        return "".join(out)

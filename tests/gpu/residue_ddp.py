@@ -1,0 +1,238 @@
+"""The residue of a PyTorch DDP program over NCCL: python3 tests/gpu/residue_ddp.py --lib LIB
+
+Two ranks (torch.multiprocessing, spawn), every one under the shim (this script runs itself again
+with LD_PRELOAD=LIB, and the ranks inherit it): on GPUs 0 and 1 when two are visible, else both on
+GPU 0 (NCCL may refuse two ranks on one GPU: then SKIP). Each rank all-reduces a tensor, runs a
+matmul (cuBLAS's workspace), captures and replays a CUDA graph holding a memory node
+(cudaMallocAsync and cudaFreeAsync in the capture), then sleeps every tag (host mode) and reads
+vmmshim.residue():
+  - INFO the residue by owner, the libraries and the largest sites;
+  - PASS/FAIL NCCL's own memory is named under a library called libnccl*;
+  - PASS/FAIL the captured graph's memory is counted as graph memory;
+  - INFO where cuBLAS's workspace is (PyTorch makes it through its allocator: in the pools);
+then wakes and all-reduces again: PASS/FAIL the same result. With VMMSHIM_SLEEP_FOREIGN=libnccl*
+(when the shim has that option) the run is made again: INFO how much of NCCL's memory left the
+device and how much was exported (skipped), PASS/FAIL the all-reduce after the wake.
+
+Prints "PASS name" / "FAIL name: why" / "INFO ..." and "residue-ddp: N passed, N failed"; exit 0,
+1 when a check failed, 77 (a "SKIP why" line) without PyTorch, CUDA or NCCL. Bounded to 90 s."""
+import argparse
+import ctypes
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from gpu_checks import check, summary
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "python"))
+MiB = 1 << 20
+N = 1 << 20  # elements all-reduced
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def graph_with_memory_node(torch):
+    """A captured graph whose capture holds a cudaMallocAsync of 64 MiB and its free: graph memory."""
+    rt = ctypes.CDLL("libcudart.so.13") if os.path.exists("/usr/local/cuda/lib64/libcudart.so.13") else None
+    if rt is None:
+        for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+            try:
+                rt = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+    if rt is None:
+        return None, "no libcudart to call cudaMallocAsync"
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    x = torch.ones(1024, device="cuda")
+    with torch.cuda.stream(s):
+        g.capture_begin()
+        p = ctypes.c_void_p()
+        rc = rt.cudaMallocAsync(ctypes.byref(p), ctypes.c_size_t(64 * MiB), ctypes.c_void_p(s.cuda_stream))
+        y = x * 2
+        if rc == 0:
+            rt.cudaFreeAsync(p, ctypes.c_void_p(s.cuda_stream))
+        g.capture_end()
+    g.replay()
+    torch.cuda.synchronize()
+    return (g, y), None if rc == 0 else "cudaMallocAsync in the capture: error %d" % rc
+
+
+def worker(rank, world, port, devices, out_dir):
+    import torch
+    import torch.distributed as dist
+    import vmmshim
+    dev = devices[rank]
+    torch.cuda.set_device(dev)
+    res = {"rank": rank}
+    try:
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world,
+                                device_id=torch.device("cuda", dev))
+        x = torch.full((N,), float(rank + 1), device="cuda")
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        res["sum_before"] = float(x[0].item())
+        a = torch.randn(1024, 1024, device="cuda")
+        (a @ a).sum().item()  # cuBLAS makes its workspace
+        keep, why = graph_with_memory_node(torch)
+        res["graph_note"] = why or ""
+        torch.cuda.synchronize()
+        r = vmmshim.sleep(None, "host")
+        res["slept"] = {"released": r.released, "skipped": r.skipped, "reason": r.reason}
+        res["residue"] = vmmshim.residue()
+        vmmshim.wake(None)
+        y = torch.full((N,), float(rank + 1), device="cuda")
+        dist.all_reduce(y)
+        dist.all_reduce(x)  # the tensor that slept, reduced again
+        torch.cuda.synchronize()
+        res["sum_after"] = float(y[0].item())
+        res["sum_slept"] = float(x[0].item())
+        del keep
+        dist.destroy_process_group()
+    except Exception as e:  # reported by the driver as a failure or a skip
+        res["error"] = "%s: %s" % (type(e).__name__, e)
+    with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
+        json.dump(res, f)
+
+
+def run_ranks(foreign):
+    """In the process under the shim: two ranks; prints one JSON line of their results."""
+    import tempfile
+    import torch
+    import torch.multiprocessing as mp
+    n = torch.cuda.device_count()
+    devices = [0, 1] if n >= 2 else [0, 0]
+    out_dir = tempfile.mkdtemp(prefix="residue-ddp-")
+    mp.spawn(worker, args=(2, free_port(), devices, out_dir), nprocs=2, join=True)
+    ranks = []
+    for r in range(2):
+        with open(os.path.join(out_dir, "rank%d.json" % r)) as f:
+            ranks.append(json.load(f))
+    print("RANKS " + json.dumps({"gpus": n, "devices": devices, "foreign": foreign, "ranks": ranks}))
+
+
+def nccl_of(res):
+    return [lb for lb in res["residue"]["libraries"] if lb["name"].startswith("libnccl")]
+
+
+def report(run, foreign):
+    same_gpu = run["devices"][0] == run["devices"][1]
+    for r in run["ranks"]:
+        tag = "%srank%d" % ("foreign-" if foreign else "", r["rank"])
+        if "error" in r:
+            if same_gpu and "Duplicate GPU" in r["error"]:
+                print("INFO %s: NCCL refuses two ranks on one GPU (%s)" % (tag, r["error"][:200]))
+                return "skip"
+            check(False, "%s/ran" % tag, r["error"][:300])
+            continue
+        res = r["residue"]
+        for d in res["devices"]:
+            o = d["owners"]
+            print("INFO %s device %d: used %.1f MiB of %.1f MiB; tags %.1f, libraries %.1f, managed %.1f, graphs "
+                  "%.1f, other processes %.1f, unexplained %.1f MiB" % (
+                      tag, d["device"], d["used"] / MiB, d["total"] / MiB, o["tags"] / MiB, o["libraries"] / MiB,
+                      o["managed"] / MiB, o["graphs"] / MiB, o["other_processes"] / MiB, o["unexplained"] / MiB))
+        for lb in res["libraries"]:
+            print("INFO %s library %s: VMM %.1f MiB, managed %.1f MiB, pinned host %.1f MiB" % (
+                tag, lb["name"], lb["vmm"] / MiB, lb["managed"] / MiB, lb["host"] / MiB))
+        for s in res["sites"][:4]:
+            print("INFO %s site %s+%s: %.1f MiB (%s)" % (tag, s["library"], s["address"], s["bytes"] / MiB, s["kind"]))
+        print("INFO %s: exported or imported %.1f MiB; note: %s; sleep released %.1f MiB, skipped %.1f MiB (%s)" % (
+            tag, res["shared"] / MiB, res["note"] or "-", r["slept"]["released"] / MiB, r["slept"]["skipped"] / MiB,
+            r["slept"]["reason"] or "-"))
+        nccl = nccl_of(r)
+        if not foreign:
+            check(bool(nccl) and nccl[0]["vmm"] > 0, "%s/nccl-named" % tag,
+                  "no libnccl* library with VMM memory in the residue: %s" % res["libraries"])
+            graphs = sum(d["owners"]["graphs"] for d in res["devices"])
+            check(graphs >= 64 * MiB or bool(r.get("graph_note")), "%s/graph-memory-counted" % tag,
+                  "graph memory %d bytes after a capture with a 64 MiB node" % graphs)
+            if r.get("graph_note"):
+                print("INFO %s: %s" % (tag, r["graph_note"]))
+            print("INFO %s: cuBLAS's workspace comes from PyTorch's allocator: it is in the pools (tags %.1f MiB)" % (
+                tag, sum(d["owners"]["tags"] for d in res["devices"]) / MiB))
+        else:
+            left = sum(lb["vmm"] for lb in nccl)
+            print("INFO %s: NCCL's VMM memory on the device while asleep: %.1f MiB (exported, skipped: %.1f MiB)" % (
+                tag, left / MiB, res["shared"] / MiB))
+        check(r["sum_before"] == 3.0 and r["sum_after"] == 3.0 and r["sum_slept"] == 6.0,
+              "%s/all-reduce-after-wake" % tag, "sums %s, %s, %s (3, 3, 6 expected)" % (
+                  r["sum_before"], r["sum_after"], r["sum_slept"]))
+    return "ok"
+
+
+def drive(lib, foreign):
+    env = dict(os.environ, LD_PRELOAD=lib, PYTHONPATH=os.pathsep.join(
+        [HERE, os.path.join(ROOT, "scripts", "python"), os.environ.get("PYTHONPATH", "")]))
+    if foreign:
+        env["VMMSHIM_SLEEP_FOREIGN"] = "libnccl*"
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--ranks"] + (["--foreign"] if foreign else []),
+                           env=env, capture_output=True, text=True, timeout=42)  # two runs stay under 90 s
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"")[-800:]
+        check(False, "%sranks" % ("foreign-" if foreign else ""), "no result within 42 s: %r" % out)
+        return None
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RANKS ")]
+    if not line:
+        check(False, "%sranks" % ("foreign-" if foreign else ""), "exit %d, no result; %s" % (
+            p.returncode, (p.stdout + p.stderr)[-800:]))
+        return None
+    print("INFO %sruns took %.1f s" % ("foreign " if foreign else "", time.monotonic() - t0))
+    return json.loads(line[0][6:])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib")
+    ap.add_argument("--ranks", action="store_true")
+    ap.add_argument("--foreign", action="store_true")
+    args = ap.parse_args()
+    if args.ranks:
+        run_ranks(args.foreign)
+        return 0
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        print("SKIP PyTorch is not installed")
+        return 77
+    if not torch.cuda.is_available() or not dist.is_nccl_available():
+        print("SKIP no CUDA device or no NCCL in this PyTorch")
+        return 77
+    if not args.lib or not os.path.exists(args.lib):
+        check(False, "shim-library", "--lib %s: no such file" % args.lib)
+        return summary("residue-ddp")
+    print("INFO %d GPU(s) visible: %s" % (torch.cuda.device_count(), "two ranks on GPUs 0 and 1"
+                                           if torch.cuda.device_count() >= 2 else "two ranks on GPU 0"))
+    run = drive(args.lib, False)
+    if run is None or report(run, False) == "skip":
+        if run is not None:
+            print("SKIP NCCL does not run two ranks on one GPU here")
+            return 77
+        return summary("residue-ddp")
+    strings = subprocess.run(["grep", "-c", "VMMSHIM_SLEEP_FOREIGN", args.lib], capture_output=True, text=True)
+    if strings.stdout.strip() not in ("", "0"):
+        run = drive(args.lib, True)
+        if run is not None:
+            report(run, True)
+    else:
+        print("INFO this shim has no VMMSHIM_SLEEP_FOREIGN: NCCL's own memory stays on the device while asleep")
+    return summary("residue-ddp")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
