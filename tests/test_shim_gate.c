@@ -55,6 +55,8 @@ typedef enum {
   C_MEMOP,
   C_DTOH,
   C_HTOD,
+  C_DTOH_ASYNC,
+  C_HTOD_ASYNC,
 } call_t;
 
 typedef struct {
@@ -83,9 +85,9 @@ static const entry_t g_table[] = {
     {"cuMemcpyDtoH_v2_ptds", "cuMemcpyDtoH", 3020, 1, C_NONE},
     {"cuMemcpyDtoD_v2", "cuMemcpyDtoD", 3020, 0, C_DTOD},
     {"cuMemcpyDtoD_v2_ptds", "cuMemcpyDtoD", 3020, 1, C_NONE},
-    {"cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync", 3020, 0, C_NONE},
+    {"cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync", 3020, 0, C_HTOD_ASYNC},
     {"cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyHtoDAsync", 3020, 1, C_NONE},
-    {"cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync", 3020, 0, C_NONE},
+    {"cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync", 3020, 0, C_DTOH_ASYNC},
     {"cuMemcpyDtoHAsync_v2_ptsz", "cuMemcpyDtoHAsync", 3020, 1, C_NONE},
     {"cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync", 3020, 0, C_DTOD_ASYNC},
     {"cuMemcpyDtoDAsync_v2_ptsz", "cuMemcpyDtoDAsync", 3020, 1, C_DTOD_ASYNC},
@@ -180,6 +182,8 @@ static void *g_fn[N_ENTRIES];
 
 #define SLICE 512
 static unsigned char g_host[2][SLICE]; /* the host side of cuMemcpyDtoH (0) and cuMemcpyHtoD (1) */
+/* The same for the async copies, which take pinned memory only (cuMemHostAlloc, made in main). */
+static unsigned char *g_pinned[2];
 
 static CUresult call_entry(size_t i) {
   void *f = g_fn[i];
@@ -196,6 +200,11 @@ static CUresult call_entry(size_t i) {
   case C_HTOD:
     memset(g_host[1], 0x5a, SLICE);
     return ((CUresult(*)(CUdeviceptr, const void *, size_t))f)(at, g_host[1], SLICE);
+  case C_DTOH_ASYNC:
+    return ((CUresult(*)(void *, CUdeviceptr, size_t, CUstream))f)(g_pinned[0], at + SLICE / 2, SLICE / 2, s);
+  case C_HTOD_ASYNC:
+    memset(g_pinned[1], 0x5a, SLICE);
+    return ((CUresult(*)(CUdeviceptr, const void *, size_t, CUstream))f)(at, g_pinned[1], SLICE, s);
   case C_DTOD_ASYNC: return ((CUresult(*)(CUdeviceptr, CUdeviceptr, size_t, CUstream))f)(at, at + SLICE / 2, SLICE / 2, s);
   case C_SET8: return ((CUresult(*)(CUdeviceptr, unsigned char, size_t))f)(at, 0x5a, SLICE);
   case C_SET16: return ((CUresult(*)(CUdeviceptr, unsigned short, size_t))f)(at, 0x5a5a, SLICE / 2);
@@ -234,6 +243,7 @@ static int work_done(size_t i) {
   case C_DTOD:
   case C_DTOD_ASYNC: return g_buf[i * SLICE] == 0xee;
   case C_DTOH: return g_host[0][0] == 0xee && g_host[0][SLICE / 2 - 1] == 0xee;
+  case C_DTOH_ASYNC: return g_pinned[0][0] == 0xee && g_pinned[0][SLICE / 2 - 1] == 0xee;
   default: return g_buf[i * SLICE] == 0x5a && g_buf[i * SLICE + SLICE - 1] == 0x5a;
   }
 }
@@ -303,6 +313,10 @@ int main(void) {
   CHECK(shim_active() == 1 && vmmshim_sleep, "the shim is active");
   if (!vmmshim_sleep) return check_summary();
   compare_with_source();
+  CHECK(cuMemHostAlloc((void **)&g_pinned[0], SLICE, 0) == CUDA_SUCCESS &&
+            cuMemHostAlloc((void **)&g_pinned[1], SLICE, 0) == CUDA_SUCCESS,
+        "pinned host memory for the async copies");
+  if (!g_pinned[0] || !g_pinned[1]) return check_summary();
 
   void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   CHECK(cuda != NULL, "libcuda.so.1 loaded");

@@ -293,8 +293,8 @@ static int parse_count(const char *text, uint64_t lo, uint64_t hi, uint64_t *v) 
   return 0;
 }
 
-static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const char **expect) {
-  o->arg = 0;
+/* The kinds whose value is text kept as given (parse_one's others are numbers and names). */
+static int parse_text(vs_option_desc_t *o, const char *text, uint64_t *v, const char **expect) {
   switch (o->kind) {
   case VS_KIND_LIMIT: {
     *expect = "a size (every device together) and/or DEVICE:SIZE items (DEVICE 0 to " VS_STR(VS_LIMIT_DEVICE_LAST) "), "
@@ -309,6 +309,27 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     *expect = "none, all, or library names, comma-separated, with * and ? (A-Z a-z 0-9 _ . - + * ?; at most 255)";
     *v = 1;
     return _vs_libs_ok(text) ? 0 : -1;
+  case VS_KIND_RULES:
+    *expect = "TAG=MATCHER rules separated by ';' (docs/tag-rules.md)";
+    *v = 1;
+    return *text ? 0 : -1;
+  case VS_KIND_STRING:
+    *expect = "a non-empty path";
+    *v = 1;
+    return *text ? 0 : -1;
+  case VS_KIND_TAG: *expect = "a tag name: 1 to 31 of A-Z a-z 0-9 _ . -"; *v = 1; return _vs_name_ok(text) ? 0 : -1;
+  case VS_KIND_COLD_TAGS:
+    *expect = "TAG or TAG:MODE items, comma-separated (a tag name: 1 to 31 of A-Z a-z 0-9 _ . -; MODE mapped, host or "
+              "discard)";
+    *v = 1;
+    return cold_tags_ok(text) ? 0 : -1;
+  default: return -1;
+  }
+}
+
+static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const char **expect) {
+  o->arg = 0;
+  switch (o->kind) {
   case VS_KIND_ON_LIMIT:
     *expect = "fail, wait, wait:SECONDS, host, host:SIZE, balloon or balloon:SECONDS (1 to 3600)";
     return _vs_parse_on_limit(text, v, &o->arg);
@@ -357,22 +378,8 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     *expect = "USR1, USR2, PWR, WINCH or URG (with or without SIG), their number or a real-time signal's, or "
               "0/off; termination, job-control and fault signals are refused";
     return _vs_parse_signal(text, v);
-  case VS_KIND_RULES:
-    *expect = "TAG=MATCHER rules separated by ';' (docs/tag-rules.md)";
-    *v = 1;
-    return *text ? 0 : -1;
-  case VS_KIND_STRING:
-    *expect = "a non-empty path";
-    *v = 1;
-    return *text ? 0 : -1;
-  case VS_KIND_TAG: *expect = "a tag name: 1 to 31 of A-Z a-z 0-9 _ . -"; *v = 1; return _vs_name_ok(text) ? 0 : -1;
-  case VS_KIND_COLD_TAGS:
-    *expect = "TAG or TAG:MODE items, comma-separated (a tag name: 1 to 31 of A-Z a-z 0-9 _ . -; MODE mapped, host or "
-              "discard)";
-    *v = 1;
-    return cold_tags_ok(text) ? 0 : -1;
+  default: return parse_text(o, text, v, expect);
   }
-  return -1;
 }
 
 /* Messages found while parsing wait until the log is open (its destination is an option). */

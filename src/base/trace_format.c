@@ -114,6 +114,60 @@ static char *rmm_tail(char *p, uint64_t ptr, uint64_t size, uint64_t stream) {
   return p;
 }
 
+/* The columns after DEV of each record type, in order: a-e the record's fields, F its flags, S
+ * the stream in d (docs/trace-format.md). 'g', a library's name in 'r' and 'j' write text. */
+static const char *columns_of(int type) {
+  switch (type) {
+  case 'a': return "Sabce";
+  case 'f': return "Sac";
+  case 'o': return "Sbe";
+  case 'b': return "abed";
+  case 'u': return "abce";
+  case 'r': return "abe";
+  case 'w': return "cFabed";
+  case 'h': return "abecd"; /* a stitch: va, size, handles, fresh bytes, duration */
+  default: return "abcFed"; /* 'm' */
+  }
+}
+
+static char *put_columns(char *p, const vs_trace_rec_t *r, const char *cols) {
+  for (; *cols; cols++) {
+    switch (*cols) {
+    case 'S': p = put_sp_stream(p, r->d); break;
+    case 'F': p = put_sp_hex(p, r->flags); break;
+    case 'a': p = put_sp_hex(p, r->a); break;
+    case 'b': p = put_sp_hex(p, r->b); break;
+    case 'c': p = put_sp_hex(p, r->c); break;
+    case 'd': p = put_sp_hex(p, r->d); break;
+    default: p = put_sp_hex(p, r->e); break;
+    }
+  }
+  return p;
+}
+
+/* 'g' and a library's name in 'r': e, then the name kept in a-d (up to 31 bytes). */
+static char *put_index_name(char *p, const vs_trace_rec_t *r) {
+  char name[33];
+  memcpy(name, &r->a, 8), memcpy(name + 8, &r->b, 8), memcpy(name + 16, &r->c, 8), memcpy(name + 24, &r->d, 8);
+  name[32] = 0;
+  p = put_sp_hex(p, r->e);
+  *p++ = ' ';
+  for (int i = 0; name[i] && i < 31; i++) *p++ = name[i];
+  return p;
+}
+
+/* 'j': the pointer, the tag's name, then the rule's text: the rest of the line, cut at
+ * VS_TRACE_RULE_TEXT. */
+static char *put_rule(char *p, const vs_trace_rec_t *r) {
+  const char *tag = (const char *)(uintptr_t)r->c, *text = (const char *)(uintptr_t)r->d;
+  p = put_sp_hex(p, r->a);
+  *p++ = ' ';
+  for (int i = 0; tag[i] && i < 31; i++) *p++ = tag[i];
+  *p++ = ' ';
+  for (int i = 0; text[i] && i < VS_TRACE_RULE_TEXT; i++) *p++ = text[i] == '\n' ? ' ' : text[i];
+  return p;
+}
+
 char *_vs_trace_format_record(char *p, const vs_trace_rec_t *r, uint64_t mono, const vs_trace_fmt_t *f) {
   if (f->format == VS_TRACE_RMM) {
     p = rmm_head(p, r->tid, mono, f);
@@ -126,92 +180,9 @@ char *_vs_trace_format_record(char *p, const vs_trace_rec_t *r, uint64_t mono, c
   p = put_sp_hex(p, r->tid);
   p = put_sp_hex(p, r->sub);
   p = put_sp_dev(p, r->dev);
-  switch (r->type) {
-  case 'a':
-    p = put_sp_stream(p, r->d);
-    p = put_sp_hex(p, r->a);
-    p = put_sp_hex(p, r->b);
-    p = put_sp_hex(p, r->c);
-    p = put_sp_hex(p, r->e);
-    break;
-  case 'f':
-    p = put_sp_stream(p, r->d);
-    p = put_sp_hex(p, r->a);
-    p = put_sp_hex(p, r->c);
-    break;
-  case 'o':
-    p = put_sp_stream(p, r->d);
-    p = put_sp_hex(p, r->b);
-    p = put_sp_hex(p, r->e);
-    break;
-  case 'g': {
-    char name[33];
-    memcpy(name, &r->a, 8), memcpy(name + 8, &r->b, 8), memcpy(name + 16, &r->c, 8), memcpy(name + 24, &r->d, 8);
-    name[32] = 0;
-    p = put_sp_hex(p, r->e);
-    *p++ = ' ';
-    for (int i = 0; name[i] && i < 31; i++) *p++ = name[i];
-    break;
-  }
-  case 'b':
-    p = put_sp_hex(p, r->a);
-    p = put_sp_hex(p, r->b);
-    p = put_sp_hex(p, r->e);
-    p = put_sp_hex(p, r->d);
-    break;
-  case 'u':
-    p = put_sp_hex(p, r->a);
-    p = put_sp_hex(p, r->b);
-    p = put_sp_hex(p, r->c);
-    p = put_sp_hex(p, r->e);
-    break;
-  case 'r':
-    if (r->sub == VS_RESIDUE_NAME) {
-      char name[33];
-      memcpy(name, &r->a, 8), memcpy(name + 8, &r->b, 8), memcpy(name + 16, &r->c, 8), memcpy(name + 24, &r->d, 8);
-      name[32] = 0;
-      p = put_sp_hex(p, r->e);
-      *p++ = ' ';
-      for (int i = 0; name[i] && i < 31; i++) *p++ = name[i];
-    } else {
-      p = put_sp_hex(p, r->a);
-      p = put_sp_hex(p, r->b);
-      p = put_sp_hex(p, r->e);
-    }
-    break;
-  case 'w':
-    p = put_sp_hex(p, r->c);
-    p = put_sp_hex(p, r->flags);
-    p = put_sp_hex(p, r->a);
-    p = put_sp_hex(p, r->b);
-    p = put_sp_hex(p, r->e);
-    p = put_sp_hex(p, r->d);
-    break;
-  case 'h': /* a stitch: va, size, handles, fresh bytes, duration */
-    p = put_sp_hex(p, r->a);
-    p = put_sp_hex(p, r->b);
-    p = put_sp_hex(p, r->e);
-    p = put_sp_hex(p, r->c);
-    p = put_sp_hex(p, r->d);
-    break;
-  case 'j': { /* the rule's text last: it is the rest of the line, cut at VS_TRACE_RULE_TEXT */
-    const char *tag = (const char *)(uintptr_t)r->c, *text = (const char *)(uintptr_t)r->d;
-    p = put_sp_hex(p, r->a);
-    *p++ = ' ';
-    for (int i = 0; tag[i] && i < 31; i++) *p++ = tag[i];
-    *p++ = ' ';
-    for (int i = 0; text[i] && i < VS_TRACE_RULE_TEXT; i++) *p++ = text[i] == '\n' ? ' ' : text[i];
-    break;
-  }
-  default: /* 'm' */
-    p = put_sp_hex(p, r->a);
-    p = put_sp_hex(p, r->b);
-    p = put_sp_hex(p, r->c);
-    p = put_sp_hex(p, r->flags);
-    p = put_sp_hex(p, r->e);
-    p = put_sp_hex(p, r->d);
-    break;
-  }
+  if (r->type == 'g' || (r->type == 'r' && r->sub == VS_RESIDUE_NAME)) p = put_index_name(p, r);
+  else if (r->type == 'j') p = put_rule(p, r);
+  else p = put_columns(p, r, columns_of(r->type));
   *p++ = '\n';
   return p;
 }

@@ -1763,16 +1763,17 @@ static CUresult e_cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, si
   LOCKED();
   return enqueue_copy(h, 1, K_COPY, dst, src, n, 0);
 }
-/* Pinned host memory (cuMemHostAlloc): page-aligned host memory that every device reaches at
+/* Pinned host memory (cuMemAllocHost, cuMemHostAlloc): page-aligned host memory that every device reaches at
  * the same address (unified addressing), for the host side of cuMemcpyDtoHAsync and
  * cuMemcpyHtoDAsync, which take nothing else here (a pageable buffer is a violation: the real
  * driver would not overlap the copy). */
 typedef struct pinned_s {
   uintptr_t base;
-  size_t size;
+  size_t size, len; /* asked for; mapped (whole pages) */
   struct pinned_s *next;
 } pinned_t;
 static pinned_t *g_pinned;
+static size_t g_pinned_bytes; /* counted against the host's memory, with host-location handles */
 
 static pinned_t *find_pinned(uintptr_t p, size_t n) {
   for (pinned_t *h = g_pinned; h; h = h->next)
@@ -1780,24 +1781,42 @@ static pinned_t *find_pinned(uintptr_t p, size_t n) {
   return NULL;
 }
 
-static CUresult e_cuMemHostAlloc(void **pp, size_t n, unsigned int flags) {
-  ENTER(cuMemHostAlloc);
-  NEED_INIT();
-  LOCKED();
+static CUresult host_alloc(void **pp, size_t size, unsigned int flags, const char *fn) {
   struct CUctx_st *c;
   CUresult r = cur_ctx(&c);
   if (r) return r;
-  if (!pp || !n || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
-  pinned_t *h = calloc(1, sizeof *h);
-  void *mem = NULL;
-  if (!h || posix_memalign(&mem, 4096, n) != 0) {
-    free(h);
+  if (!pp || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)) {
+    violation("%s with unknown flags 0x%x", fn, flags);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  size_t len = round_up(size, (size_t)sysconf(_SC_PAGESIZE));
+  if (g_host_used + g_pinned_bytes + len > g_host_total) return CUDA_ERROR_OUT_OF_MEMORY;
+  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  pinned_t *h = m == MAP_FAILED ? NULL : calloc(1, sizeof *h);
+  if (!h) {
+    if (m != MAP_FAILED) munmap(m, len);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  *h = (pinned_t){(uintptr_t)mem, n, g_pinned};
+  *h = (pinned_t){(uintptr_t)m, size, len, g_pinned};
   g_pinned = h;
-  *pp = mem;
+  g_pinned_bytes += len;
+  *pp = m;
   return CUDA_SUCCESS;
+}
+
+static CUresult e_cuMemAllocHost_v2(void **pp, size_t size) {
+  ENTER(cuMemAllocHost);
+  NEED_INIT();
+  LOCKED();
+  return host_alloc(pp, size, 0, "cuMemAllocHost");
+}
+
+static CUresult e_cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+  ENTER(cuMemHostAlloc);
+  NEED_INIT();
+  LOCKED();
+  return host_alloc(pp, size, flags, "cuMemHostAlloc");
 }
 
 static CUresult e_cuMemFreeHost(void *p) {
@@ -1808,11 +1827,12 @@ static CUresult e_cuMemFreeHost(void *p) {
     if ((*pp)->base == (uintptr_t)p) {
       pinned_t *h = *pp;
       *pp = h->next;
-      free((void *)h->base);
+      g_pinned_bytes -= h->len;
+      munmap((void *)h->base, h->len);
       free(h);
       return CUDA_SUCCESS;
     }
-  return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_ERROR_INVALID_VALUE; /* not memory of cuMemAllocHost / cuMemHostAlloc */
 }
 
 static CUresult host_side(const void *p, size_t n, const char *fn) {
@@ -3057,65 +3077,6 @@ static CUresult e_cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int
   return plain_alloc(c, size, 0, P_MANAGED, dptr);
 }
 
-/* Pinned host memory (cuMemAllocHost, cuMemHostAlloc): host memory, never the device's; freed by
- * cuMemFreeHost only. */
-typedef struct hostmem_s {
-  void *p;
-  size_t size, len;
-  struct hostmem_s *next;
-} hostmem_t;
-static hostmem_t *g_hostmem;
-static size_t g_hostmem_bytes;
-
-static CUresult host_alloc(void **pp, size_t size, unsigned int flags, const char *fn) {
-  struct CUctx_st *c;
-  CUresult r = cur_ctx(&c);
-  if (r) return r;
-  if (!pp || size == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)) {
-    violation("%s with unknown flags 0x%x", fn, flags);
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  size_t len = round_up(size, (size_t)sysconf(_SC_PAGESIZE));
-  if (g_host_used + g_hostmem_bytes + len > g_host_total) return CUDA_ERROR_OUT_OF_MEMORY;
-  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  hostmem_t *h = m == MAP_FAILED ? NULL : calloc(1, sizeof *h);
-  if (!h) {
-    if (m != MAP_FAILED) munmap(m, len);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  h->p = m, h->size = size, h->len = len, h->next = g_hostmem;
-  g_hostmem = h;
-  g_hostmem_bytes += len;
-  *pp = m;
-  return CUDA_SUCCESS;
-}
-static CUresult e_cuMemAllocHost_v2(void **pp, size_t size) {
-  ENTER(cuMemAllocHost);
-  LOCKED();
-  return host_alloc(pp, size, 0, "cuMemAllocHost");
-}
-static CUresult e_cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
-  ENTER(cuMemHostAlloc);
-  LOCKED();
-  return host_alloc(pp, size, flags, "cuMemHostAlloc");
-}
-static CUresult e_cuMemFreeHost(void *p) {
-  ENTER(cuMemFreeHost);
-  NEED_INIT();
-  LOCKED();
-  for (hostmem_t **pp = &g_hostmem; *pp; pp = &(*pp)->next)
-    if ((*pp)->p == p) {
-      hostmem_t *h = *pp;
-      *pp = h->next;
-      g_hostmem_bytes -= h->len;
-      munmap(h->p, h->len);
-      free(h);
-      return CUDA_SUCCESS;
-    }
-  return CUDA_ERROR_INVALID_VALUE; /* not memory of cuMemAllocHost / cuMemHostAlloc */
-}
-
 /* Graph memory: the graph allocations (cuMemAllocAsync in a capture) of a device, live until
  * their graph is destroyed; they are made at once and freed whole, so what the driver reserves
  * for graphs is what they use (USED and RESERVED agree; the high watermarks follow, reset by
@@ -3355,8 +3316,6 @@ static const sym_t g_syms[] = {
     SYM("cuThreadExchangeStreamCaptureMode", 10010, e_cuThreadExchangeStreamCaptureMode),
     SYM("cuGraphDestroy", 10000, e_cuGraphDestroy),
     SYM("cuMemcpyDtoD", 3020, e_cuMemcpyDtoD_v2),
-    SYM("cuMemHostAlloc", 2020, e_cuMemHostAlloc),
-    SYM("cuMemFreeHost", 2000, e_cuMemFreeHost),
     SYM("cuMemcpyDtoHAsync", 3020, e_cuMemcpyDtoHAsync_v2),
     SYM("cuMemcpyHtoDAsync", 3020, e_cuMemcpyHtoDAsync_v2),
     SYMP("cuMemcpyDtoDAsync", 3020, e_cuMemcpyDtoDAsync_v2, e_cuMemcpyDtoDAsync_v2_ptsz),
@@ -3585,8 +3544,6 @@ EXPORT(cuMemcpyDtoH_v2, e_cuMemcpyDtoH_v2)
 EXPORT(cuMemcpyHtoD_v2, e_cuMemcpyHtoD_v2)
 EXPORT(cuMemAllocManaged, e_cuMemAllocManaged)
 EXPORT(cuMemAllocHost_v2, e_cuMemAllocHost_v2)
-EXPORT(cuMemHostAlloc, e_cuMemHostAlloc)
-EXPORT(cuMemFreeHost, e_cuMemFreeHost)
 EXPORT(cuDeviceGetGraphMemAttribute, e_cuDeviceGetGraphMemAttribute)
 EXPORT(cuDeviceSetGraphMemAttribute, e_cuDeviceSetGraphMemAttribute)
 EXPORT(cuDeviceGraphMemTrim, e_cuDeviceGraphMemTrim)
