@@ -141,12 +141,14 @@ void _vs_handles_set_access(const vs_device_caps_t *caps, const vs_seg_t *segs, 
 /* ---- host memory for sleeping pools (host.c) ---- */
 #define VS_HOST_CHUNK (64ull << 20) /* a sleeping segment's bytes go to host buffers of this size */
 
-/* Host memory mapped at `home` (its own reservation) with access for device `dev`. */
+/* Host memory mapped at `home` (its own reservation) with access for device `dev`, and for the
+ * CPU too (`cpu`) where the driver grants it: then the CPU reads and writes its bytes at home. */
 typedef struct vs_host_buf_s {
   CUmemGenericAllocationHandle handle;
   CUdeviceptr home;
   size_t size;
   int dev;
+  bool cpu;
 } vs_host_buf_t;
 
 /* A buffer of exactly size bytes for caps->device: from the cache, or new (under

@@ -3,16 +3,18 @@
  * A host buffer is a host-location handle (cuMemCreate on the host NUMA node nearest the
  * device) mapped at a "home" address of its own reservation, with access for one device, so
  * that the device copies into it and out of it at the link's speed, far faster than new host
- * memory is pinned (docs/sleep.md has the figures). A sleeping segment of S bytes is backed by
- * S / VS_HOST_CHUNK buffers of VS_HOST_CHUNK bytes and one of the rest. In the `mapped` mode the
- * buffers are mapped at the segment's own address as well, and leave it at the wake; the copies
- * always go through home.
+ * memory is pinned (docs/sleep.md has the figures); and for the CPU as well where the driver
+ * grants it, so that a sleeping tag's bytes can be read in place. A sleeping segment of S
+ * bytes is backed by S / VS_HOST_CHUNK buffers of VS_HOST_CHUNK bytes and one of the rest. In the
+ * `mapped` mode the buffers are mapped at the segment's own address as well, and leave it at the
+ * wake; the copies always go through home.
  *
  * Obtaining host memory costs far more than filling it, so buffers are kept across cycles
  * in a cache (given back by _vs_host_trim, on request) and can be made ahead
  * (VMMSHIM_HOST_RESERVE); VMMSHIM_HOST_LIMIT caps them all, cached and lent. The cache lock is
  * never held across a driver call. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "vmmshim/handles.h"
@@ -65,16 +67,38 @@ static bool make_room(const vs_device_caps_t *caps, size_t need) {
   }
 }
 
+/* Whether the driver refused CPU access to host-location memory: asked once, then not again
+ * (each refusal would cost a driver call per buffer). */
+static atomic_bool vs_host_cpu_refused;
+
+/* Access at home: the device's, and the CPU's in the same call where the driver grants it (the
+ * CPU then reads a sleeping tag's bytes in place: vmmshim_host_view). */
+static CUresult give_access(const vs_device_caps_t *caps, vs_host_buf_t *b, int numa) {
+  if (!atomic_load_explicit(&vs_host_cpu_refused, memory_order_relaxed)) {
+    CUresult r = _vs_vmm_set_access_cpu(caps, b->home, b->size, numa);
+    if (r == CUDA_SUCCESS) {
+      b->cpu = true;
+      return r;
+    }
+    if (!atomic_exchange(&vs_host_cpu_refused, true))
+      _vs_info("host buffers: the driver refuses CPU access to host-location memory (%s): they are mapped for the "
+               "device only, and vmmshim_host_view answers -ENOTSUP",
+               _vs_cu_error_name(r));
+  }
+  return _vs_vmm_set_access(caps, b->home, b->size);
+}
+
 /* A new buffer of size bytes for caps->device, at home. */
 static CUresult create(const vs_device_caps_t *caps, size_t size, vs_host_buf_t *out) {
-  *out = (vs_host_buf_t){0, 0, size, (int)caps->device};
+  *out = (vs_host_buf_t){0, 0, size, (int)caps->device, false};
   CUresult r = _vs_vmm_reserve(caps, size, 0, &out->home);
   if (r != CUDA_SUCCESS) return r;
-  r = _vs_vmm_create_host(caps, size, &out->handle);
+  int numa = -1;
+  r = _vs_vmm_create_host(caps, size, &out->handle, &numa);
   if (r == CUDA_SUCCESS) {
     r = _vs_vmm_map_host(caps, out->home, size, out->handle);
     if (r == CUDA_SUCCESS) {
-      r = _vs_vmm_set_access(caps, out->home, size);
+      r = give_access(caps, out, numa);
       if (r != CUDA_SUCCESS) _vs_vmm_unmap_host(caps, out->home, size);
     }
     if (r != CUDA_SUCCESS) _vs_vmm_release(caps, out->handle, size);

@@ -84,3 +84,13 @@ VS_API int vmmshim_host_copy(const void *addr, void **home, size_t *len) {
 VS_API int vmmshim_set_disk_dir(const char *dir) { return _vs_disk_set_dir(dir); }
 
 VS_API size_t vmmshim_release_host(size_t keep) { return _vs_active() ? _vs_release_host(keep) : 0; }
+
+VS_API int vmmshim_host_view(const void *addr, size_t size, void **host) {
+  if (!host) return -EINVAL;
+  *host = NULL;
+  if (!size) return -EINVAL;
+  CUdeviceptr h = 0;
+  int rc = _vs_host_view_at((CUdeviceptr)(uintptr_t)addr, size, &h);
+  if (!rc) *host = (void *)(uintptr_t)h;
+  return rc;
+}
