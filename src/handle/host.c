@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "vmmshim/handles.h"
 
@@ -199,31 +200,33 @@ void _vs_host_counts(size_t *cached, size_t *lent) {
 }
 
 /* ---- staging buffers of disk mode ----
- * Two pinned host buffers (cuMemHostAlloc, portable: any context copies through them) that the
- * CPU reads and writes: the bytes of a disk-mode sleep pass through them on their way to the
- * files, one filling from the device while the other is written. Pinning costs far more than
+ * VS_DISK_BUFS pinned host buffers (cuMemHostAlloc, portable: any context copies through them)
+ * that the CPU reads and writes: the bytes of a disk-mode sleep pass through them on their way
+ * to the files, one filling from the device while another is written; a wake keeps reads in
+ * flight into several while the ones read are copied to the device. Pinning costs far more than
  * filling, so they are kept across cycles, as the host buffers are, until the kept host memory is
  * given back (_vs_host_trim to 0). They hold no tag's bytes between cycles and are not counted
  * under VMMSHIM_HOST_LIMIT. One disk sleep or wake at a time uses them (taken, then given). */
-static void *vs_staging[2];
+static void *vs_staging[VS_DISK_BUFS];
 static bool vs_staging_lent;
 
-CUresult _vs_host_staging_take(void *bufs[2]) {
+CUresult _vs_host_staging_take(void *bufs[VS_DISK_BUFS]) {
   if (!_vs_cu.cuMemHostAlloc || !_vs_cu.cuMemFreeHost) return CUDA_ERROR_NOT_SUPPORTED;
+  void *have[VS_DISK_BUFS];
   host_lock();
   bool busy = vs_staging_lent;
   vs_staging_lent = true;
-  void *have[2] = {vs_staging[0], vs_staging[1]};
+  memcpy(have, vs_staging, sizeof have);
   host_unlock();
   if (busy) return CUDA_ERROR_NOT_READY;
   CUresult r = CUDA_SUCCESS;
-  for (int i = 0; i < 2 && r == CUDA_SUCCESS; i++)
+  for (int i = 0; i < VS_DISK_BUFS && r == CUDA_SUCCESS; i++)
     if (!have[i]) r = _vs_cu.cuMemHostAlloc(&have[i], VS_DISK_PIECE, CU_MEMHOSTALLOC_PORTABLE);
   host_lock();
-  vs_staging[0] = have[0], vs_staging[1] = have[1];
+  memcpy(vs_staging, have, sizeof have);
   if (r != CUDA_SUCCESS) vs_staging_lent = false;
   host_unlock();
-  bufs[0] = have[0], bufs[1] = have[1];
+  memcpy(bufs, have, sizeof have);
   return r;
 }
 
@@ -234,22 +237,22 @@ void _vs_host_staging_give(void) {
 }
 
 size_t _vs_host_staging_trim(void) {
+  void *have[VS_DISK_BUFS] = {NULL};
   host_lock();
-  void *have[2] = {NULL, NULL};
   if (!vs_staging_lent) {
-    have[0] = vs_staging[0], have[1] = vs_staging[1];
-    vs_staging[0] = vs_staging[1] = NULL;
+    memcpy(have, vs_staging, sizeof have);
+    memset(vs_staging, 0, sizeof vs_staging);
   }
   host_unlock();
   size_t released = 0;
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < VS_DISK_BUFS; i++) {
     if (have[i] && _vs_cu.cuMemFreeHost(have[i]) == CUDA_SUCCESS) {
       released += VS_DISK_PIECE;
       have[i] = NULL;
     }
   }
   host_lock(); /* one that could not be freed (no context now) is kept for the next time */
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < VS_DISK_BUFS; i++)
     if (have[i] && !vs_staging[i]) vs_staging[i] = have[i];
   host_unlock();
   return released;
