@@ -825,6 +825,9 @@ def sec_tms(recs, out):
         if w.get("bs_mib"):
             out.append("dd's block size: %s MiB (the disk mode: pieces of 32 MiB, up to 4 reads in flight at a wake)."
                        % w.get("bs_mib"))
+    again = one(recs, "tms", dd="read-after")
+    if again:
+        out.append("dd's read again after the disk cycles: %s GiB/s." % fnum(num(again, "gibps")))
     files = find(recs, "tms", files="disk")
     if files:
         out.append("\n| disk cycle | files | bytes | allocated | extents | page cache before pause | paused |")

@@ -16,7 +16,9 @@ disk mode's steady pause and resume speeds are printed as a ratio of dd's (the t
 more). While each disk cycle is paused (outside its timings), a record gives the tag's files:
 their count, bytes, the bytes the disk allocated for them and their extents (`filefrag`, where
 installed), and the page cache's size (/proc/meminfo Cached) before the pause and after it: what
-tells a cycle that slows down from fragmentation, from files left behind or from the cache. When the directory
+tells a cycle that slows down from fragmentation, from files left behind or from the cache.
+dd's file stays during the cycles and is read again after them: a disk that itself got slower
+meanwhile (a cloud volume's burst spent) shows there. When the directory
 has less free space than the tag and dd's file need, the disk mode and dd are skipped with a
 line that says so. Fewer disk cycles run when dd says the disk is too slow for 90 s.
 
@@ -121,8 +123,19 @@ def dd(args):
     return (t, last) if r.returncode == 0 else (None, last)
 
 
+def dd_read(path, gib, direct):
+    """dd's read speed (GiB/s) of the file at path, or None."""
+    if not direct:  # buffered: the read must not come from the page cache
+        subprocess.run(["sh", "-c", "sync; echo 1 > /proc/sys/vm/drop_caches"], capture_output=True)
+    r, why = dd(["if=" + path, "of=/dev/null", "bs=%dM" % (DD_BS // MiB)] + (["iflag=direct"] if direct else []))
+    if r is None:
+        print("INFO dd read failed: %s" % why)
+    return gib / r if r else None
+
+
 def dd_speeds(d, gib):
-    """dd's write and read speeds (GiB/s) of a gib-GiB file in d, and whether direct I/O was used."""
+    """dd's write and read speeds (GiB/s) of a gib-GiB file in d, and whether direct I/O was used.
+    The file stays (d/dd-test), to be read again after the disk cycles."""
     path = os.path.join(d, "dd-test")
     count = gib * GiB // DD_BS
     for direct in (True, False):
@@ -133,14 +146,8 @@ def dd_speeds(d, gib):
                 os.unlink(path)
             print("INFO dd write%s failed: %s" % (" with oflag=direct" if direct else "", why))
             continue
-        if not direct:  # buffered: the read must not come from the page cache
-            subprocess.run(["sh", "-c", "sync; echo 1 > /proc/sys/vm/drop_caches"], capture_output=True)
-        r, why = dd(["if=" + path, "of=/dev/null", "bs=%dM" % (DD_BS // MiB)] + (["iflag=direct"] if direct else []))
-        os.unlink(path)
-        if r is None:
-            print("INFO dd read failed: %s" % why)
-            return None
-        return gib / w, gib / r, direct
+        r = dd_read(path, gib, direct)
+        return (gib / w, r, direct) if r else None
     return None
 
 
@@ -179,7 +186,11 @@ def disk_part(torch, tms, gib, base):
         rec(ratio="resume", value="%.2f" % rr, target="0.8", disk_gibps="%.2f" % (gib / (r / 1e3)), dd_gibps="%.2f" % rd)
         print("INFO disk mode in %s (%s): pause %.2f GiB/s = %.2f of dd's write (target 0.8), resume %.2f GiB/s = "
               "%.2f of dd's read" % (d, fs, gib / (p / 1e3), rp, gib / (r / 1e3), rr))
-        rec(files_left=len(os.listdir(d)))
+        again = dd_read(os.path.join(d, "dd-test"), gib, direct)
+        if again:  # the disk itself slower now (a cloud volume's burst spent, say) shows here
+            rec(dd="read-after", gib=gib, gibps="%.2f" % again, direct=int(direct), fs=fs, bs_mib=DD_BS // MiB)
+            print("INFO dd read again after the disk cycles: %.2f GiB/s (before them %.2f)" % (again, rd))
+        rec(files_left=len([f for f in os.listdir(d) if f.startswith("vmmshim-")]))
         del ts
     finally:
         shutil.rmtree(d, ignore_errors=True)
