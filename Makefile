@@ -143,6 +143,18 @@ $(BUILD)/tests/test_static_%: tests/test_static_%.c $(T_HDR) $(EMU_DRV) $(EMU_RT
 # test_static_control.c is test_shim_control.c built with the static runtime.
 $(BUILD)/tests/test_static_control: tests/test_shim_control.c
 
+# test_shim_rules: two shared objects whose allocations `lib:` tag rules tell apart, and a
+# stand-in for an allocator library (librmm.so) that they also allocate through.
+$(BUILD)/tests/librmm.so: tests/rules_lib.c $(EMU_RT) | $(BUILD)/tests
+	$(CC) $(T_CFLAGS) -fPIC -shared -DRULES_FN=rules_pool_alloc -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcudart
+$(BUILD)/tests/librules_%.so: tests/rules_lib.c $(BUILD)/tests/librmm.so $(EMU_RT) | $(BUILD)/tests
+	$(CC) $(T_CFLAGS) -fPIC -shared -DRULES_FN=rules_lib_$*_alloc -DRULES_VIA=rules_lib_$*_via -o $@ $< \
+	  -L$(BUILD)/tests -L$(BUILD)/emu $(T_RPATH) -Wl,-rpath,'$$ORIGIN' -lrmm -lcudart
+$(BUILD)/tests/test_shim_rules: tests/test_shim_rules.c $(BUILD)/tests/librules_a.so $(BUILD)/tests/librules_b.so \
+                                $(T_HDR) $(EMU_DRV) $(EMU_RT) | $(BUILD)/tests
+	$(CC) $(T_CFLAGS) -rdynamic -o $@ $< -L$(BUILD)/tests -L$(BUILD)/emu $(T_RPATH) -Wl,-rpath,'$$ORIGIN' -lrules_a \
+	  -lrules_b -lrmm -lcudart -lcuda -ldl -pthread
+
 $(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC_ALL) $(EMU_DRV) | $(BUILD)/tests deps
 	$(CC) $(T_CFLAGS) -fvisibility=hidden -o $@ $< $(filter-out src/hook/%.c,$(SRC)) -L$(BUILD)/emu $(T_RPATH) -lcuda -ldl -pthread
 

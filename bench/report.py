@@ -135,6 +135,29 @@ def stack_runs(recs):
     return {c: one(recs, "pairs", cfg=c, size=4096, threads=1) for c in STACK_CFGS}
 
 
+RULE_CFGS = (("rules-none", "no rules"), ("rules-size-phase", "size and phase rules (no stack)"),
+             ("rules-lib", "a lib: rule (once per call site)"), ("rules-site", "a site: rule (once per call site)"))
+RULE_PY_CFGS = (("rules-py-none", "no rules"), ("rules-py-miss", "a py: rule that matches nothing"),
+                ("rules-py", "a py: rule that matches"))
+
+
+def rules_rows(recs):
+    """The rows of the tag rules' cost (VMMSHIM_TAG_RULES): [(label, median us, + ns vs. its base)]
+    for the C pairs and the Python ones, each against its row without rules; [] when not run."""
+    rows = []
+    for cfgs in (RULE_CFGS, RULE_PY_CFGS):
+        base = one(recs, "pairs", cfg=cfgs[0][0], size=4096, threads=1)
+        if not base:
+            continue
+        b = num(base, "median_us")
+        for c, label in cfgs:
+            r = one(recs, "pairs", cfg=c, size=4096, threads=1)
+            if r:
+                rows.append((("C, 20 calls deep: " if cfgs is RULE_CFGS else "Python (ctypes): ") + label,
+                             num(r, "median_us"), None if c == cfgs[0][0] else (num(r, "median_us") - b) * 1000.0))
+    return rows
+
+
 def held_bytes(r, cfg):
     """Bytes held at the peak: the pool's reserved high mark, the shim's peak mapped; None for an
     allocator that reports neither."""
@@ -283,6 +306,13 @@ def sec_pairs(recs, out):
             elif stk[c]:
                 out.append("| %s | %.3f | %+.0f |" % (name, num(stk[c], "median_us"),
                                                      (num(stk[c], "median_us") - base) * 1000.0))
+    rules = rules_rows(recs)
+    if rules:
+        out.append("\n### Cost of tag rules (VMMSHIM_TAG_RULES), one thread: async pairs of 4 KiB\n")
+        out.append("| rules | median pair (us) | + ns per allocation |")
+        out.append("| --- | --- | --- |")
+        for label, med, plus in rules:
+            out.append("| %s | %.3f | %s |" % (label, med, "" if plus is None else "%+.0f" % plus))
     parts = [("floor", "clock reads alone"), ("shim-deferred", "cudaMalloc+cudaFree, deferred"),
              ("shim-drv-deferred", "cuMemAlloc+cuMemFree, deferred"), ("shim-async", "cudaMallocAsync+cudaFreeAsync"),
              ("shim-drv-async", "cuMemAllocAsync+cuMemFreeAsync")]
@@ -505,7 +535,7 @@ def sec_frag(recs, out, partial=False):
     for work, what in (("churn", "churn: 256 live buffers, one replaced a step, log-uniform 256 B - 512 MiB"),
                        ("varlen", "varlen: a transformer step at a random sequence length")):
         rows = {c: one(recs, "churn", work=work, cfg=c)
-                for c in ("cudaMalloc", "pool", "shim-sync", "shim-deferred", "shim-async")}
+                for c in ("cudaMalloc", "pool", "shim-sync", "shim-deferred", "shim-async") + CHURN_STITCH_CFGS}
         if not any(rows.values()):
             continue
         out.append("\n### Irregular sizes with kernels, %s (bench/churn.cu)\n" % what)
@@ -516,8 +546,10 @@ def sec_frag(recs, out, partial=False):
         pool_us = num(rows["pool"], "us_per_step") if rows["pool"] else None
         for c, label in (("cudaMalloc", "cudaMalloc"), ("pool", "cudaMallocAsync pool, threshold max"),
                          ("shim-sync", "shim sync"), ("shim-deferred", "shim deferred"),
-                         ("shim-async", "shim async path")):
+                         ("shim-async", "shim async path")) + CHURN_STITCH_ROWS:
             r = rows[c]
+            if r is None and c in CHURN_STITCH_CFGS:
+                continue
             if r is None or r.get("failed"):
                 out.append("| %s | %s | | | | |" % (label, "FAILED" if r is None else "FAILED at event %s (%s)" % (
                     r.get("at_event"), r.get("error"))))
@@ -528,6 +560,8 @@ def sec_frag(recs, out, partial=False):
             out.append("| %s | %.2f | %s | %s | %s | %s |" % (label, us, ratio(us, pool_us, "%.2fx"),
                                                             ratio(held_bytes(r, c), num(r, "peak_live"), "%.3f"), vmm,
                                                             r.get("bad", "?")))
+        if work == "churn":
+            out.append("\n" + churn_target(rows, pool_us))
     if not ran(recs, partial, "tfrag") and not any(r.get("step", "").startswith("tfrag-") for r in find(recs, "skip")):
         return
     out.append("\n### PyTorch, variable sequence length (bench/torch_frag.py)\n")
@@ -622,7 +656,8 @@ def sec_step(recs, out):
                "(a) and (d) ran in three alternating rounds: their row is the round with the median step time, "
                "and the step medians of all rounds follow in brackets.\n")
     cfgs = [("caching", "(a) caching allocator"), ("nocache", "(b) PYTORCH_NO_CUDA_MEMORY_CACHING=1"),
-            ("shim-sync", "(c) (b) under the shim, sync"), ("shim-deferred", "(d) (b) under the shim, deferred")]
+            ("shim-sync", "(c) (b) under the shim, sync"), ("shim-deferred", "(d) (b) under the shim, deferred"),
+            ("shim-deferred-stitch", "(e) (d) with VMMSHIM_STITCH=1")]
     got, rounds = {}, {}
     for c, _ in cfgs:
         rounds[c] = [num(r, "median_ms") for r in step_rounds(recs, c)]
@@ -636,6 +671,8 @@ def sec_step(recs, out):
     mismatch = []
     for c, label in cfgs:
         r = got[c]
+        if r is None and c.endswith("-stitch") and not one(recs, "skip", step="step-" + c):
+            continue  # a run from before the stitch's rows
         if r is None:
             sk = one(recs, "skip", step="step-" + c)
             out.append("| %s | %s | | | | | | |" % (label, "skipped: " + sk.get("why", "") if sk else "FAILED"))
@@ -671,13 +708,35 @@ def sec_step(recs, out):
     return mismatch
 
 
+def churn_target(rows, pool_us):
+    """The churn's target (issue 42): held / live at peak at most 1.05, at no more than 0.8x the
+    pool's time per step; which shim rows meet it."""
+    met = []
+    for c, r in sorted(rows.items()):
+        if not c.startswith("shim") or r is None or r.get("failed") or not pool_us:
+            continue
+        hl = held_live(r, c)
+        if hl is not None and hl <= 1.05 and num(r, "us_per_step") <= 0.8 * pool_us:
+            met.append(c)
+    return "Target: held / live <= 1.05 at <= 0.80x the pool's us per step: %s." % (
+        "met by " + ", ".join(met) if met else "not met by any shim row")
+
+
+# The stitch's rows (VMMSHIM_STITCH=1; bench/run.sh), shown where they ran.
+CHURN_STITCH_CFGS = ("shim-sync-stitch", "shim-async-stitch", "shim-sync-stitch-max32M", "shim-async-stitch-max16M")
+CHURN_STITCH_ROWS = (("shim-sync-stitch", "shim sync, stitch"), ("shim-async-stitch", "shim async path, stitch"),
+                     ("shim-sync-stitch-max32M", "shim sync, stitch, VMMSHIM_MAX_HANDLE=32M"),
+                     ("shim-async-stitch-max16M", "shim async path, stitch, VMMSHIM_MAX_HANDLE=16M"))
+
 SERVE_CFGS = [("caching", "caching allocator"), ("expandable", "caching, expandable_segments:True"),
               ("async", "backend:cudaMallocAsync"),
               ("shim-sync", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, sync"),
               ("shim-deferred", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, deferred"),
               ("shim-caching", "caching allocator under the shim"),
               ("shim-expandable", "expandable_segments:True under the shim"),
-              ("shim-async", "backend:cudaMallocAsync under the shim")]
+              ("shim-async", "backend:cudaMallocAsync under the shim"),
+              ("shim-sync-stitch", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, sync, stitch"),
+              ("shim-deferred-stitch", "PYTORCH_NO_CUDA_MEMORY_CACHING=1 under the shim, deferred, stitch")]
 
 
 def serve_held(r):
@@ -727,6 +786,8 @@ def sec_serve(recs, out):
     differ = []
     for c, label in SERVE_CFGS:
         r = rows[c]
+        if r is None and c.endswith("-stitch") and not skipped[c]:
+            continue  # a run from before the stitch's rows
         if r is None:
             sk = skipped[c]
             out.append("| %s | %s | | | | | | |" % (label, "skipped: " + sk.get("why", "") if sk else "FAILED"))
@@ -875,6 +936,46 @@ def sec_group(recs, out):
     out.append("")
 
 
+def gsleep_runs(recs, op, mode, members, key):
+    """key of every round of a whole group's move (bench/group_sleep.py)."""
+    return [num(r, key) for r in find(recs, "gsleep", op=op, mode=mode, members=members)]
+
+
+def sec_gsleep(recs, out):
+    out.append("### A whole group's sleep and wake\n")
+    out.append("`vmmshim ctl --group NAME sleep` and `wake` (every member quiesced, then all moving at once, then "
+               "released) of N members of 8 GiB each on one GPU, medians of the rounds; the slowest member's own "
+               "move is the time its reply gives, in the same command; `alone`: `vmmshim ctl PID sleep` of one "
+               "member, timed by the client.\n")
+    out.append("| mode | op | members | group (ms) | slowest member (ms) | group - slowest (ms) | alone (ms) |")
+    out.append("| --- | --- | --- | --- | --- | --- | --- |")
+    for mode in ("discard", "host"):
+        for op in ("sleep", "wake"):
+            for n in (1, 2, 4):
+                g = median_or_none(gsleep_runs(recs, op, mode, n, "group_ms"))
+                sl = median_or_none(gsleep_runs(recs, op, mode, n, "slowest_ms"))
+                ov = median_or_none(gsleep_runs(recs, op, mode, n, "over_ms"))
+                alone = median_or_none(gsleep_runs(recs, "single-" + op, mode, 1, "ms")) if n == 1 else None
+                out.append("| %s | %s | %d | %s | %s | %s | %s |" % (mode, op, n, fnum(g), fnum(sl), fnum(ov),
+                                                                     fnum(alone) if n == 1 else "-"))
+    b = find(recs, "gsleep", op="balloon")
+    if b:
+        out.append("\nA balloon: a growth of %s MiB past the group's limit, admitted after a lower-priority member "
+                   "lent its cold tag (mapped mode): %s ms (%s)." % (b[0].get("mib"), fnum(num(b[0], "ms")),
+                                                                  "admitted" if b[0].get("ok") == "1" else "FAILED"))
+    out.append("")
+
+
+def figs_gsleep(recs, F):
+    for mode in ("discard", "host"):
+        for op in ("sleep", "wake"):
+            for n in (1, 2, 4):
+                F.add("group %s, %s, %d members: group - slowest member (ms)" % (op, mode, n),
+                      gsleep_runs(recs, op, mode, n, "over_ms"), "lower", "time")
+    for r in find(recs, "gsleep", op="balloon"):
+        F.add("group balloon: admission of a growth (ms)", num(r, "ms"), "lower", "time")
+
+
 # ------------------------------------------------------------------ figures and the regression guard
 # Every figure of a run goes into a JSON file beside the Markdown one (bench/results/<stem>.json):
 # its value (the median of its samples), the samples (the alternating rounds of one run, where a
@@ -986,7 +1087,7 @@ def figs_frag(recs, F):
     for work in ("churn", "varlen"):
         pool = one(recs, "churn", work=work, cfg="pool")
         pool_us = num(pool, "us_per_step") if pool and not pool.get("failed") else None
-        for c in ("cudaMalloc", "pool", "shim-sync", "shim-deferred", "shim-async"):
+        for c in ("cudaMalloc", "pool", "shim-sync", "shim-deferred", "shim-async") + CHURN_STITCH_CFGS:
             r = one(recs, "churn", work=work, cfg=c)
             if r is None or r.get("failed"):
                 continue
@@ -1135,7 +1236,7 @@ def figs_group(recs, F):
 def figures(recs):
     F = Figures()
     for fn in (figs_pairs, figs_growth, figs_frag, figs_spread, figs_step, figs_serve, figs_overhead, figs_sleep,
-               figs_group, figs_tms):
+               figs_group, figs_tms, figs_gsleep):
         fn(recs, F)
     return F.d
 
@@ -1290,6 +1391,8 @@ def main():
         sec_tms(recs, out)
     if ran(recs, partial, "group"):
         sec_group(recs, out)
+    if ran(recs, partial, "gsleep"):
+        sec_gsleep(recs, out)
     failed = find(recs, "failed")
     if failed:
         out.append("## Steps that failed\n")

@@ -23,7 +23,8 @@
 #               directory (BENCH_DISK_DIR, else $TMPDIR, else /tmp)              (bench/tms_bench.py)
 #   7 group     a group's budget: the cost of a growth (admission and return) with 1, 4 and 16
 #               members against processes alone, the allocation speed beside it, and a kernel's
-#               bandwidth on memory past the limit (VMMSHIM_ON_LIMIT=host), promote (bench/group.cu)
+#               bandwidth on memory past the limit (VMMSHIM_ON_LIMIT=host), promote (bench/group.cu);
+#               a whole group's sleep and wake, and a balloon's admission (bench/group_sleep.py)
 #
 # Each program prints "R <section> key=value ..." lines; bench/report.py turns all of them into
 # one table, printed at the end and written to bench/results/<gpu>-<driver>.md (with growth.svg),
@@ -47,7 +48,7 @@ LIB="$PWD/$BUILD/libvmmshim.so"
 BIN="$BUILD/bench"
 if [ -n "$OUT" ]; then LOGDIR="$OUT"; else LOGDIR="bench/out"; fi
 mkdir -p "$LOGDIR" "$BIN" bench/results || exit 1
-for f in bench pairs growth frag churn tfrag step serve overhead sleep group tms; do rm -f "$LOGDIR/$f.log"; done
+for f in bench pairs growth frag churn tfrag step serve overhead sleep group tms gsleep; do rm -f "$LOGDIR/$f.log"; done
 rm -f "$LOGDIR/machine.txt" "$LOGDIR/growth.csv" "$LOGDIR/growth.svg" "$LOGDIR/baseline.json"
 MAIN_LOG="$LOGDIR/bench.log"
 T_START=$(date +%s)
@@ -96,13 +97,13 @@ say "bench: $GPU, driver $DRIVER, CUDA $CUDA_DRV, nvcc $NVCC_VER, torch ${TORCH:
 nvidia-smi >"$LOGDIR/nvidia-smi.txt" 2>&1
 
 # ---- build ----
-for p in pairs growth replay overhead churn sleep group; do
+for p in pairs growth replay overhead churn sleep group gsleep; do
   rm -f "$BIN/$p"
   "$NVCC_PATH" -O2 -arch="$ARCH" -std=c++17 -Iinclude -Ibench -o "$BIN/$p" "bench/$p.cu" -ldl -lpthread \
     >"$LOGDIR/build-$p.txt" 2>&1 &
 done
 wait
-for p in pairs growth replay overhead churn sleep group; do
+for p in pairs growth replay overhead churn sleep group gsleep; do
   [ -x "$BIN/$p" ] || { say "bench: build of bench/$p.cu failed:"; head -n 20 "$LOGDIR/build-$p.txt" | tee -a "$MAIN_LOG"; }
 done
 
@@ -211,6 +212,21 @@ rm -f "$LOGDIR"/pairs-trace.*
 step pairs-trace-base8-async pairs 60 "$SHIM" -- "$BIN/pairs" async trbase8-async 8 4K 1M
 step pairs-trace-on8-async pairs 60 "$SHIM" "VMMSHIM_TRACE=$LOGDIR/pairs-trace.%p" -- "$BIN/pairs" async trace8-async 8 4K 1M
 rm -f "$LOGDIR"/pairs-trace.*
+# The cost of tag rules (VMMSHIM_TAG_RULES, docs/tag-rules.md), one thread: async pairs of 4 KiB
+# 20 calls down without rules, with rules that need no stack (size, phase; the last matches), a
+# lib: and a site: rule (decided once per call site); and from Python (bench/rules_py.py) without
+# rules, with a py: rule that matches nothing and one that matches every pair.
+for cfg in "rules-none|" "rules-size-phase|a=size:>=1T;b=phase:before-launch;c=size:<1G" \
+           "rules-lib|a=lib:libnccl*;c=lib:*pairs*" "rules-site|a=site:nccl*;c=site:__libc_start*"; do
+  label=${cfg%%|*}
+  spec=${cfg#*|}
+  step "pairs-$label" pairs 60 "$SHIM" PAIRS_DEPTH=20 ${spec:+"VMMSHIM_TAG_RULES=$spec"} -- $STEADY "$BIN/pairs" async "$label" 1 4K
+done
+for cfg in "rules-py-none|" "rules-py-miss|a=py:*/nothing.py" "rules-py|c=py:*/rules_py.py"; do
+  label=${cfg%%|*}
+  spec=${cfg#*|}
+  step "pairs-$label" pairs 60 "$SHIM" ${spec:+"VMMSHIM_TAG_RULES=$spec"} -- $STEADY "$PYTHON" bench/rules_py.py "$label"
+done
 
 # ---- 2. growth ----
 section "2/7 first-time growth"
@@ -244,6 +260,15 @@ for w in churn varlen; do
   step "churn-$w-shim-sync" churn 120 "$SHIM" VMMSHIM_FREE_MODE=sync -- "$BIN/churn" "$w" malloc shim-sync
   step "churn-$w-shim-deferred" churn 120 "$SHIM" VMMSHIM_FREE_MODE=deferred -- "$BIN/churn" "$w" malloc shim-deferred
   step "churn-$w-shim-async" churn 120 "$SHIM" -- "$BIN/churn" "$w" async shim-async
+  # The stitch (VMMSHIM_STITCH=1, docs/design.md "Stitching"): the rows above are the stitch off.
+  step "churn-$w-shim-sync-stitch" churn 120 "$SHIM" VMMSHIM_FREE_MODE=sync VMMSHIM_STITCH=1 -- \
+    "$BIN/churn" "$w" malloc shim-sync-stitch
+  step "churn-$w-shim-async-stitch" churn 120 "$SHIM" VMMSHIM_STITCH=1 -- "$BIN/churn" "$w" async shim-async-stitch
+  step "churn-$w-shim-sync-stitch-max32M" churn 120 "$SHIM" VMMSHIM_FREE_MODE=sync VMMSHIM_STITCH=1 \
+    VMMSHIM_MAX_HANDLE=32M -- "$BIN/churn" "$w" malloc shim-sync-stitch-max32M
+  # 16 MiB handles with the stitch: held / live 1.04 on the host emulation, at 44 calls per 100.
+  step "churn-$w-shim-async-stitch-max16M" churn 120 "$SHIM" VMMSHIM_STITCH=1 VMMSHIM_MAX_HANDLE=16M -- \
+    "$BIN/churn" "$w" async shim-async-stitch-max16M
 done
 
 # The spread over workload seeds (BENCH_SPREAD=1): each program is deterministic for its seed,
@@ -304,8 +329,11 @@ if [ "$have_torch" = 1 ]; then
     step "step-caching-$r" step 180 -- "$PYTHON" bench/torch_step.py caching
     step "step-shim-deferred-$r" step 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred -- "$PYTHON" bench/torch_step.py shim-deferred
   done
+  # The same with the stitch on: no slower than (d) is the guard.
+  step step-shim-deferred-stitch step 180 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred \
+    VMMSHIM_STITCH=1 -- "$PYTHON" bench/torch_step.py shim-deferred-stitch
 else
-  for c in caching nocache shim-sync shim-deferred; do echo "R skip step=step-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/step.log"; done
+  for c in caching nocache shim-sync shim-deferred shim-deferred-stitch; do echo "R skip step=step-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/step.log"; done
   say "SKIP PyTorch training step: no PyTorch with CUDA for $PYTHON"
 fi
 # The serving shape, about 10 s a configuration on an H100 (0.3 s a batch): PyTorch's three allocator
@@ -328,9 +356,14 @@ if [ "$have_torch" = 1 ]; then
       "$PYTHON" "$SERVE" shim-sync $BENCH_SERVE_ARGS
     step serve-shim-deferred serve 120 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred -- \
       "$PYTHON" "$SERVE" shim-deferred $BENCH_SERVE_ARGS
+    step serve-shim-sync-stitch serve 120 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=sync \
+      VMMSHIM_STITCH=1 -- "$PYTHON" "$SERVE" shim-sync-stitch $BENCH_SERVE_ARGS
+    step serve-shim-deferred-stitch serve 120 "$SHIM" PYTORCH_NO_CUDA_MEMORY_CACHING=1 VMMSHIM_FREE_MODE=deferred \
+      VMMSHIM_STITCH=1 -- "$PYTHON" "$SERVE" shim-deferred-stitch $BENCH_SERVE_ARGS
   }
 else
-  for c in caching expandable async shim-caching shim-expandable shim-async shim-sync shim-deferred; do
+  for c in caching expandable async shim-caching shim-expandable shim-async shim-sync shim-deferred \
+    shim-sync-stitch shim-deferred-stitch; do
     echo "R skip step=serve-$c why=no-PyTorch-with-CUDA" >>"$LOGDIR/serve.log"
   done
   say "SKIP PyTorch serving: no PyTorch with CUDA for $PYTHON"
@@ -370,6 +403,9 @@ for n in 1 4 16; do
 done
 step group-spill group 90 "$SHIM" VMMSHIM_LIMIT_GROUP="bench-spill-$$" VMMSHIM_LIMIT=1G VMMSHIM_ON_LIMIT=host -- \
   "$BIN/group" spill
+# A whole group's sleep and wake (1, 2, 4 members of 8 GiB on GPU 0) against the slowest member's own
+# move, and a balloon's admission of an 8 GiB growth (bench/group_sleep.py, bench/gsleep.cu).
+step group-sleep gsleep 120 -- "$PYTHON" bench/group_sleep.py "$BIN/gsleep" "$LIB"
 
 # ---- report ----
 echo "runtime=$(($(date +%s) - T_START)) s" >>"$LOGDIR/machine.txt"

@@ -91,6 +91,10 @@ int vmmshim_set_process_tag(const char *tag);
 int vmmshim_get_tag(char *buf, size_t n);
 /* A tag marked keep is copied to host memory rather than discarded by a level-2 sleep. */
 int vmmshim_set_tag_keep(const char *tag, int keep);
+/* Replaces the tag rules (VMMSHIM_TAG_RULES, docs/tag-rules.md: "TAG=MATCHER;..."); NULL or ""
+ * clears them. -EINVAL for a malformed spec, with err (errlen bytes; may be NULL) naming the rule
+ * and the character where it goes wrong; the rules in force then stay. API 5 and later. */
+int vmmshim_set_tag_rules(const char *spec, char *err, size_t errlen);
 
 typedef enum vmmshim_sleep_mode_e {
   VMMSHIM_SLEEP_DISCARD = 0, /* the bytes are not kept; device memory is given back at once */

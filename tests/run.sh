@@ -95,14 +95,14 @@ if [ "$SANITIZE" != 0 ]; then
   done
   # The tests whose threads run at once: arenas, the trace ring, the shim under 8 threads, peer
   # access changed while another thread maps and unmaps, the IPC server beside the program, the
-  # control channel's server beside 8 allocating threads.
-  for n in test_unit_arena test_unit_trace; do
+  # control channel's server beside 8 allocating threads, tag rules replaced while 4 threads allocate.
+  for n in test_unit_arena test_unit_trace test_unit_stitch; do
     [ -x "$BUILD/tsan/tests/$n" ] && run_one "tsan-$n" env $TSAN "$BUILD/tsan/tests/$n"
   done
   # Only the shim is instrumented there: what the test program and the emulation do through
   # intercepted calls (memset over gigabytes of emulated device memory) is not tracked, or its
   # shadow memory alone would take 16 GiB.
-  for n in test_shim_threads test_shim_reuse test_shim_peer test_shim_ipc test_shim_control; do
+  for n in test_shim_threads test_shim_reuse test_shim_peer test_shim_ipc test_shim_control test_shim_stitch test_shim_rules; do
     [ -x "$BUILD/tests/$n" ] || continue
     run_one "tsan-$n" env $TSAN:ignore_noninstrumented_modules=1 LD_LIBRARY_PATH="$EMU" \
       LD_PRELOAD="$TSAN_RT $PWD/$BUILD/tsan/libvmmshim.so" "$BUILD/tests/$n"

@@ -30,7 +30,9 @@
  *            is served.
  *   wakeone  two tags asleep: a wake of one wakes that one only, bytes intact.
  *   serve    not a test: a program for tests/scripts/test_ctl.py (weights and kv tags filled with
- *            patterns; reads commands on standard input: check, alloc [MiB], quit).
+ *            patterns; reads commands on standard input: check, bytes (the patterns, kv wherever it
+ *            is), alloc [MiB], free (the last allocated), touch (a copy, which waits at the gate),
+ *            quit; also for tests/scripts/test_group_sleep.py and test_balloon.py).
  * test_static_control.c builds the verbs scenario with the runtime linked statically. */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -1272,6 +1274,17 @@ static int run_serve(void) {
     } else if (!strncmp(line, "alloc", 5) && nextra < 64) { /* "alloc [MiB]" */
       size_t mib = strtoul(line + 5, NULL, 10);
       printf("alloc %s\n", cudaMalloc(&extra[nextra], (mib ? mib : 1) * MiB) == cudaSuccess && ++nextra ? "ok" : "failed");
+    } else if (!strncmp(line, "bytes", 5)) { /* the patterns alone, wherever kv is (device or host memory) */
+      int kind = mapped_as(k, kn);
+      printf("weights %s kv %s on %s\n", pat_check_sparse(w, wn, 1) == (size_t)-1 ? "ok" : "bad",
+             kind >= 0 && pat_check_sparse(k, kn, 2) == (size_t)-1 ? "ok" : "bad",
+             kind == 0 ? "device" : kind == 1 ? "host" : "nothing");
+    } else if (!strncmp(line, "free", 4)) {
+      printf("free %s\n", nextra > 0 && cudaFree(extra[--nextra]) == cudaSuccess ? "ok" : "failed");
+    } else if (!strncmp(line, "touch", 5)) { /* a copy: GPU work, which waits at a closed gate */
+      static CUdeviceptr scratch; /* made at the first touch: the tags' figures stay as they were */
+      bool ok = scratch || cudaMalloc((void **)&scratch, 1) == cudaSuccess;
+      printf("touch %s\n", ok && cuMemcpyDtoD_v2(scratch, (CUdeviceptr)w, 1) == CUDA_SUCCESS ? "ok" : "failed");
     } else if (!strncmp(line, "quit", 4)) {
       break;
     }

@@ -2,7 +2,7 @@
  * process per scenario. The child allocates from three known functions (alloc_site_a, _b,
  * _c: 3, 5 and 7 allocations, through cudaMalloc, cuMemAlloc and cudaMallocAsync), exits, and
  * the parent reads the trace it wrote:
- *   - version 3 (the current format), a 't' line with the settings, 'l' lines naming this program (with its build
+ *   - version 4 (the current format), a 't' line with the settings, 'l' lines naming this program (with its build
  *     id) before any stack uses it, one 'k' line per distinct stack, before the first
  *     allocation that refers to it;
  *   - every allocation of a site refers to one stack (deduplicated: one 'k' for N allocations);
@@ -121,7 +121,7 @@ static void parse(trace_t *t, const char *path, const char *self) {
   t->text = slurp(path);
   CHECK(t->text != NULL, "read %s", path);
   if (!t->text) return;
-  CHECK(!strncmp(t->text, "v 3 vmmshim ", 12), "version 3: %.20s", t->text);
+  CHECK(!strncmp(t->text, "v 4 vmmshim ", 12), "version 4: %.20s", t->text);
   struct { unsigned long long lo, hi, bias; int self, shim; } mods[64];
   int nmods = 0;
   Dl_info me;

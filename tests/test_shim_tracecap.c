@@ -217,7 +217,7 @@ int main(int argc, char **argv) {
   snprintf(env, sizeof env, "VMMSHIM_TRACE=%s", path_of("tiny.trace"));
   check_run_child("pairs", env, "VMMSHIM_TRACE_MAX=100", NULL);
   if (read_trace(&t, path_of("tiny.trace")) == 0) {
-    CHECK(t.allocs == 0 && t.frees == 0 && t.ends == 1 && !strncmp(t.text, "v 3 ", 4) && t.whole &&
+    CHECK(t.allocs == 0 && t.frees == 0 && t.ends == 1 && !strncmp(t.text, "v 4 ", 4) && t.whole &&
               t.last[0] == 'e' && strlen(t.last) > 3 && !strcmp(t.last + strlen(t.last) - 3, " 64"),
           "cap 100: header and end record only: %d allocations, last line '%s'", t.allocs, t.last);
     CHECK(check_count(check_child_output, WARNING) == 1, "cap 100: one warning");

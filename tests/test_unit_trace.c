@@ -104,7 +104,7 @@ static void test_native(void) {
     char *f[16];
     int k = fields(copy, f, 16);
     if (n == 0) {
-      CHECK(k == 4 && !strcmp(f[0], "v") && !strcmp(f[1], "3") && !strcmp(f[2], "vmmshim"), "version line '%s'", line);
+      CHECK(k == 4 && !strcmp(f[0], "v") && !strcmp(f[1], "4") && !strcmp(f[2], "vmmshim"), "version line '%s'", line);
       continue;
     }
     switch (line[0]) {
@@ -372,7 +372,7 @@ static void test_fork(bool per_pid) {
       for (char *l = text; (l = strstr(l, "\na ")) != NULL; l++) a++;
       char pidline[64];
       snprintf(pidline, sizeof pidline, "\np %x %x ", (unsigned)pid, (unsigned)getpid());
-      CHECK(a == 300 && strstr(text, pidline) != NULL && !strncmp(text, "v 3 ", 4),
+      CHECK(a == 300 && strstr(text, pidline) != NULL && !strncmp(text, "v 4 ", 4),
             "fork(%%p): child file has a header with its pid and parent, and its 300 records (found %d)", a);
       free(text);
     }

@@ -52,6 +52,17 @@ void _vs_sync_contexts(void);
 /* Gives cached host memory back down to keep bytes; returns the bytes given back. */
 size_t _vs_release_host(size_t keep);
 
+/* ---------------------------------------------------------------- "balloon.c" */
+/* Cold tags (VMMSHIM_COLD_TAGS, vmmshim ctl PID cold): the mode each leaves the device in when
+ * lent (VMMSHIM_SLEEP_*), -1 for a tag that is not cold. _vs_cold_set makes the tag if needed. */
+int _vs_cold_mode_of(const char *name); /* "discard", "host", "mapped": the mode, else -1 */
+int _vs_cold_set(const char *tag, int mode, int *previous);
+int _vs_cold_get(int tag);
+/* A higher member's request (control_group.c): cold tags sleep until want bytes left the device;
+ * *released says how many; -EALREADY when none could (why says why). */
+int _vs_balloon_demote(uint64_t want, pid_t borrower, uint64_t *released, char *why, size_t n);
+uint64_t _vs_balloon_lent(void); /* bytes lent and not back yet */
+
 /* ---------------------------------------------------------------- "limit.c" */
 /* Bytes served from host memory at their own addresses, every pool (tags asleep in mapped mode,
  * growths past the limit): pointer queries look further only when it is not 0. */
@@ -68,6 +79,10 @@ int _vs_sleep(const char *tag, int mode, vmmshim_sleep_result_t *out);
 int _vs_wake(const char *tag, unsigned flags, vmmshim_sleep_result_t *out);
 int _vs_sleep_level(int level, int mapped, vmmshim_sleep_result_t *out);
 int _vs_promote(vmmshim_sleep_result_t *out);
+/* A group's quiesce: the gate closed (no capture in progress: -EBUSY after VMMSHIM_SLEEP_WAIT)
+ * and every context synchronised, held until _vs_unquiesce; why (n bytes) says why it was not. */
+int _vs_quiesce(char *why, size_t n);
+void _vs_unquiesce(void);
 int _vs_tag_stats(vmmshim_tag_stats_t *out, int max);
 /* Whether addr is served from host memory at its own address (a tag asleep in mapped mode), and
  * its pool's device: pointer queries then answer device memory, as before the sleep. */
@@ -76,6 +91,11 @@ bool _vs_host_mapped(CUdeviceptr addr, int *dev);
 int _vs_host_copy_at(CUdeviceptr addr, CUdeviceptr *home, size_t *len);
 /* vmmshim_host_view (vmmshim.h): the CPU address of a sleeping range's bytes, in place. */
 int _vs_host_view_at(CUdeviceptr addr, size_t size, CUdeviceptr *home);
+
+/* ---------------------------------------------------------------- "borrow.c" */
+/* Asks lender (a member of lower priority) to move want bytes out of the device, by deadline_ns:
+ * 0 with *got the bytes that left, or -errno with why. */
+int _vs_borrow(pid_t lender, uint64_t want, uint64_t deadline_ns, uint64_t *got, char *why, size_t n);
 
 /* ---------------------------------------------------------------- "tags.c" */
 #define VS_MAX_TAGS VMMSHIM_MAX_TAGS
@@ -99,6 +119,57 @@ int _vs_set_thread_tag(const char *tag);
 int _vs_set_process_tag(const char *tag);
 int _vs_get_tag(char *buf, size_t n);
 int _vs_set_tag_keep(const char *tag, bool keep);
+
+/* ---------------------------------------------------------------- "rules.c" */
+/* VMMSHIM_TAG_RULES (docs/tag-rules.md): TAG=MATCHER rules that tag allocations of threads
+ * that set no tag of their own; the first that matches gives the tag. */
+#define VS_RULES_SPEC_MAX 4095
+typedef enum vs_match_kind_e {
+  VS_MATCH_LIB, VS_MATCH_PY, VS_MATCH_SITE, VS_MATCH_CAPTURE, VS_MATCH_BEFORE, VS_MATCH_AFTER,
+  VS_MATCH_SIZE_GE, VS_MATCH_SIZE_LT
+} vs_match_kind_t;
+typedef struct vs_matcher_s {
+  vs_match_kind_t kind;
+  int bit;           /* lib, py, site: its bit in the call site's decisions */
+  uint64_t size;     /* size:>= and size:< */
+  const char *glob;  /* lib, py, site */
+} vs_matcher_t;
+typedef struct vs_rule_s {
+  int tag, n, index;               /* the tag's index; matchers (all must match); place in the set */
+  char tag_name[VMMSHIM_TAG_MAX];
+  const char *text;                /* the rule as written, spaces trimmed */
+  vs_matcher_t m[8];
+  atomic_ullong matched;           /* allocations it tagged */
+} vs_rule_t;
+typedef struct vs_ruleset_s {
+  int n;
+  bool need_py, need_site;         /* py: matchers; lib: or site: matchers */
+  const char *spec;
+  struct vs_ruleset_s *kept;       /* the set published before (sets are kept for good) */
+  vs_rule_t rules[32];
+} vs_ruleset_t;
+extern vs_ruleset_t *_Atomic _vs_rules;  /* NULL: no rules */
+extern atomic_bool _vs_launched;         /* a kernel was launched (hook_gated.c sets it once) */
+extern _Thread_local void *_vs_tl_alloc_caller; /* the allocation hook's return address */
+/* The tag of an allocation of a thread with no tag of its own, and the rule that gave it
+ * (NULL: none matched; the process's tag). */
+int _vs_rules_tag(size_t size, const vs_rule_t **rule);
+/* The tag of an allocation of size bytes: the thread's own, else the rules', else the process's. */
+static inline int _vs_alloc_tag(size_t size, const vs_rule_t **rule) {
+  int t = _vs_tl_tag1;
+  *rule = NULL;
+  if (vs_likely(t == 0)) {
+    if (vs_unlikely(atomic_load_explicit(&_vs_rules, memory_order_relaxed) != NULL)) return _vs_rules_tag(size, rule);
+    return atomic_load_explicit(&_vs_process_tag, memory_order_relaxed);
+  }
+  return t - 1;
+}
+/* vmmshim_set_tag_rules: spec NULL or "" clears; 0, or a negative errno value with err (n bytes)
+ * saying which rule is wrong and where; the rules in force then stay. */
+int _vs_set_tag_rules(const char *spec, char *err, size_t n);
+void _vs_rules_init(void); /* VMMSHIM_TAG_RULES, once */
+/* The set in force (NULL: none), for status: read only, valid for the life of the process. */
+const vs_ruleset_t *_vs_rules_current(void);
 
 /* ---------------------------------------------------------------- "mempool.c" */
 /* The queries a program makes about the stream-ordered allocator's pool, on a pool the shim

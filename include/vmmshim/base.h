@@ -80,7 +80,12 @@ typedef enum vs_python_mode_e { VS_PYTHON_OFF = 0, VS_PYTHON_HELD = 1, VS_PYTHON
 typedef enum vs_peer_mode_e { VS_PEER_AUTO = 0, VS_PEER_ALL = 1, VS_PEER_NONE = 2 } vs_peer_mode_t;
 typedef enum vs_unwind_e { VS_UNWIND_AUTO = 0, VS_UNWIND_LIBUNWIND = 1, VS_UNWIND_DWARF = 2, VS_UNWIND_FP = 3 } vs_unwind_t;
 /* VMMSHIM_ON_LIMIT: what an allocation does when the limit refuses it (docs/limits.md). */
-typedef enum vs_on_limit_e { VS_ON_LIMIT_FAIL = 0, VS_ON_LIMIT_WAIT = 1, VS_ON_LIMIT_HOST = 2 } vs_on_limit_t;
+typedef enum vs_on_limit_e {
+  VS_ON_LIMIT_FAIL = 0,
+  VS_ON_LIMIT_WAIT = 1,
+  VS_ON_LIMIT_HOST = 2,
+  VS_ON_LIMIT_BALLOON = 3 /* lower-priority members of the group move cold tags out (balloon.c) */
+} vs_on_limit_t;
 #define VS_LIMIT_DEVICES 16 /* devices VMMSHIM_LIMIT can name one by one (D:SIZE) */
 #define VS_LIMIT_DEVICE_LAST 15 /* the last of them, as the messages write it */
 _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LAST");
@@ -99,7 +104,7 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(RELEASE_THRESHOLD, VS_KIND_SIZE_OR_UNLIMITED, UINT64_MAX) /* idle bytes kept mapped */  \
   X(LIMIT, VS_KIND_LIMIT, 0)                     /* cap on mapped bytes: SIZE and/or D:SIZE, 0 = none */ \
   X(LIMIT_GROUP, VS_KIND_NAME, 0)                /* processes of this name and user share VMMSHIM_LIMIT */ \
-  X(ON_LIMIT, VS_KIND_ON_LIMIT, VS_ON_LIMIT_FAIL) /* fail | wait[:SECONDS] | host[:SIZE] */ \
+  X(ON_LIMIT, VS_KIND_ON_LIMIT, VS_ON_LIMIT_FAIL) /* fail | wait[:SECONDS] | host[:SIZE] | balloon[:SECONDS] */ \
   X(RESERVE, VS_KIND_SIZE, 0)                    /* VA per pool, 0 = auto */                \
   X(ARENAS, VS_KIND_ARENAS, 8)                   /* arenas per context (1..VS_MAX_ARENAS) */ \
   X(LOG, VS_KIND_LOG, 1)                         /* level[:file] */                         \
@@ -123,7 +128,11 @@ _Static_assert(VS_LIMIT_DEVICE_LAST == VS_LIMIT_DEVICES - 1, "VS_LIMIT_DEVICE_LA
   X(IPC_TIMEOUT, VS_KIND_SECONDS, 10)            /* longest wait of an IPC open, and of a request */ \
   X(CONTROL, VS_KIND_BOOL, 1)                    /* 0: no control channel (vmmshim ctl, top) */ \
   X(ONE_STREAM, VS_KIND_BOOL, 1)                 /* deferred mode: frees reused at once while all work is on one stream */ \
-  X(DISK_DIR, VS_KIND_STRING, 0)                 /* directory of disk-mode sleep files ($TMPDIR, else /tmp) */
+  X(DISK_DIR, VS_KIND_STRING, 0)                 /* directory of disk-mode sleep files ($TMPDIR, else /tmp) */ \
+  X(STITCH, VS_KIND_BOOL, 0)                     /* 1: growth maps idle handles side by side before new ones */ \
+  X(TAG_RULES, VS_KIND_RULES, 0)                 /* TAG=MATCHER;...: tags by library, Python file, site, phase (rules.c) */ \
+  X(PRIORITY, VS_KIND_PRIORITY, 0)               /* a group member's priority, 0 .. 1000: higher borrows from lower */ \
+  X(COLD_TAGS, VS_KIND_COLD_TAGS, 0)               /* TAG[:MODE],...: tags lent first when a higher member needs room */
 
 typedef enum vs_option_kind_e {
   VS_KIND_BOOL,
@@ -144,7 +153,10 @@ typedef enum vs_option_kind_e {
   VS_KIND_SECONDS,  /* 1 .. 3600 */
   VS_KIND_LIMIT,    /* SIZE (every device together) and/or D:SIZE (device D), comma-separated */
   VS_KIND_NAME,     /* a group name: 1-31 of A-Z a-z 0-9 _ . - */
-  VS_KIND_ON_LIMIT  /* fail, wait[:SECONDS], host[:SIZE]: the mode, its number in _vs_option_arg */
+  VS_KIND_ON_LIMIT, /* fail, wait[:SECONDS], host[:SIZE], balloon[:SECONDS]: the mode, its number in _vs_option_arg */
+  VS_KIND_PRIORITY, /* 0 .. 1000 */
+  VS_KIND_COLD_TAGS, /* TAG[:MODE] items, comma-separated (MODE mapped, host or discard) */
+  VS_KIND_RULES      /* tag rules: non-empty text, parsed by src/alloc/rules.c at first use */
 } vs_option_kind_t;
 
 typedef enum vs_option_e {
@@ -161,8 +173,8 @@ typedef enum vs_option_e {
 void _vs_config_init(void);
 /* Hot-path getters: no parsing, no getenv. */
 uint64_t _vs_option(vs_option_t opt);
-const char *_vs_option_string(vs_option_t opt); /* STRING, LOG, TAG, NAME and LIMIT kinds: the text, or NULL */
-uint64_t _vs_option_arg(vs_option_t opt);       /* ON_LIMIT: the SECONDS of wait, the SIZE of host (0: none given) */
+const char *_vs_option_string(vs_option_t opt); /* STRING, LOG, TAG, NAME, LIMIT, COLD_TAGS, RULES kinds: the text, or NULL */
+uint64_t _vs_option_arg(vs_option_t opt);       /* ON_LIMIT: the SECONDS of wait and balloon, the SIZE of host (0: none given) */
 /* What VMMSHIM_LIMIT says for device dev (dev < 0: every device together); 0 = no cap. */
 uint64_t _vs_limit_setting(int dev);
 /* Whether VMMSHIM_LIMIT belongs to the budget of the handle layer (src/handle/group.c): with
@@ -360,6 +372,14 @@ void _vs_stats_get(vmmshim_stats_t *out); /* vmmshim_get_stats: the counters sum
  * shim (not the shim's own): those that could free memory a wait waits for. */
 int _vs_stat_threads_others(void);
 void _vs_stats_print(void);
+/* Growths that mapped idle handles of their pool side by side into their new range (space.c's
+ * stitches): how many, the handles so reused, and their bytes (not created anew). Shared relaxed
+ * atomics, as the rare counters above; not part of vmmshim_stats_t (its size is the ABI). */
+typedef struct vs_stitch_stats_s {
+  uint64_t stitches, handles, bytes;
+} vs_stitch_stats_t;
+extern vs_stitch_stats_t _vs_stitch_stats;
+#define VS_STAT_ADD_STITCH(field, n) __atomic_fetch_add(&_vs_stitch_stats.field, (uint64_t)(n), __ATOMIC_RELAXED)
 
 /* ---------------------------------------------------------------- "trace.c" */
 typedef enum vs_vmm_op_e {
@@ -393,6 +413,16 @@ void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle,
  * device bytes it gave back or mapped again, the bytes copied to or from host memory. */
 void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t device_bytes, uint64_t host_bytes,
                      int result, uint64_t duration_ns);
+/* A stitch ('h'): a growth of device dev that mapped `handles` handles at [va, va+size), of
+ * which `fresh` bytes in new handles and the rest idle handles of the pool moved there. */
+void _vs_trace_stitch(CUdeviceptr va, size_t size, unsigned handles, size_t fresh, int device,
+                      uint64_t duration_ns);
+/* 'j': the tag rule (its index in its set) that tagged the allocation at ptr, written before its
+ * 'a'; tag and text must stay valid for the life of the process (rule sets are kept). */
+void _vs_trace_rule(CUdeviceptr ptr, int rule, int device, const char *tag, const char *text);
+/* A group operation seen by this member (trace.h: VS_TRACE_GROUP_*): the other member's pid (0:
+ * none), the bytes, the result (0 or a negative errno), its duration. */
+void _vs_trace_group(int kind, int peer, uint64_t bytes, int result, uint64_t duration_ns);
 void _vs_trace_flush(void);
 void _vs_trace_close(void);
 
@@ -418,7 +448,8 @@ static inline vs_gate_line_t *_vs_gate_enter(void) {
   return l;
 }
 static inline void _vs_gate_leave(vs_gate_line_t *l) { atomic_fetch_sub_explicit(&l->inside, 1, memory_order_release); }
-/* Closes the gate and waits until no submission is in progress; _vs_gate_open lets them go. */
+/* Closes the gate and waits until no submission is in progress; _vs_gate_open lets them go.
+ * Closes nest (a group's quiesce around a sleep): the gate opens at the last holder's open. */
 void _vs_gate_close(void);
 void _vs_gate_open(void);
 

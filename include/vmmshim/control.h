@@ -70,4 +70,24 @@ bool _vs_ctl_arg_size(const vs_jobject_t *req, const char *key, bool required, u
 /* The tag of a sleep or wake: "tag": NAME, or "all": true (*tag NULL). */
 bool _vs_ctl_arg_target(const vs_jobject_t *req, const char **tag, bool *all, vs_jout_t *o);
 
+/* ---------------------------------------------------------------- "control_rules.c" */
+/* The `rules` verb; and ,"rules":[...] (the rules in force and their counts), for status. */
+void _vs_ctl_rules(const vs_jobject_t *req, vs_jout_t *o);
+void _vs_ctl_out_rules(vs_jout_t *o);
+
+/* ---------------------------------------------------------------- "control.c" */
+/* The connection the request being answered came on: a number of its own, never 0. */
+uint64_t _vs_ctl_connection(void);
+
+/* ---------------------------------------------------------------- "control_group.c" */
+/* A group's phase 1 (quiesce: the gate held, with a lease) and its end (release). */
+void _vs_ctl_quiesce(const vs_jobject_t *req, vs_jout_t *o);
+void _vs_ctl_release(const vs_jobject_t *req, vs_jout_t *o);
+/* Ballooning: a member's priority, its cold tags, a higher member's request for room. */
+void _vs_ctl_priority(const vs_jobject_t *req, vs_jout_t *o);
+void _vs_ctl_cold(const vs_jobject_t *req, vs_jout_t *o);
+void _vs_ctl_demote(const vs_jobject_t *req, vs_jout_t *o);
+/* A connection closed: a hold it took ends. */
+void _vs_ctl_group_closed(uint64_t conn);
+
 #endif

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define VS_GROUP_MAGIC "VMMSHGRP" /* 8 bytes, no terminating zero in the segment */
-#define VS_GROUP_VERSION 1u
+#define VS_GROUP_VERSION 2u
 #define VS_GROUP_DEVICES 16  /* devices counted one by one (VS_LIMIT_DEVICES) */
 #define VS_GROUP_MEMBERS 256 /* processes in a group at once */
 #define VS_GROUP_CRC_BYTES 72 /* the header's fixed part, which `crc` covers */
@@ -36,6 +36,13 @@ typedef struct vs_group_member_s {
   uint64_t host_all;                    /* bytes it serves from host memory past the limit */
   uint64_t mapped[VS_GROUP_DEVICES];    /* by device */
   uint64_t host[VS_GROUP_DEVICES];
+  /* ballooning (src/handle/group_members.c, src/alloc/balloon.c) */
+  int32_t priority;     /* VMMSHIM_PRIORITY, or vmmshim ctl PID priority N: higher borrows from lower */
+  uint32_t lending;     /* 1 while memory of it is out of the device for another member */
+  uint64_t lent;        /* device bytes it moved out for higher members, still out */
+  uint64_t borrowed;    /* device bytes lower members moved out for its growths, still out */
+  uint32_t demotions;   /* times it lent */
+  uint32_t promotions;  /* times memory it lent came back */
 } vs_group_member_t;
 
 typedef struct vs_group_header_s {
@@ -70,7 +77,7 @@ typedef struct vs_group_header_s {
 } vs_group_header_t;
 
 #define VS_GROUP_HEADER 512u
-#define VS_GROUP_MEMBER 304u
+#define VS_GROUP_MEMBER 336u
 #define VS_GROUP_SIZE (VS_GROUP_HEADER + VS_GROUP_MEMBERS * VS_GROUP_MEMBER)
 
 #ifdef __cplusplus

@@ -9,6 +9,8 @@
 #define VMMSHIM_HANDLES_H
 
 #include <linux/aio_abi.h>
+#include <sys/types.h>
+
 #include "vmmshim/group.h"
 #include "vmmshim/vmm.h"
 
@@ -83,6 +85,23 @@ typedef struct vs_group_view_s {
   uint64_t host_all, mine_host, refused, reclaimed;
 } vs_group_view_t;
 bool _vs_group_view(int dev, vs_group_view_t *v);
+/* group_members.c's way into the segment: fn runs under the group's lock, inside a change; false
+ * when the process is in no group (or one that could not be joined). */
+bool _vs_group_with(void (*fn)(vs_group_header_t *h, vs_group_member_t *me, void *arg), void *arg);
+
+/* ---------------------------------------------------------------- "group_members.c" */
+/* This member's priority (set >= 0: set it too): the one before, -1 when in no group. */
+int _vs_group_priority(int set);
+/* The live members a growth may borrow from (priority strictly below this member's), lowest
+ * priority first: at most max pids, their count. */
+int _vs_group_lenders(pid_t *pids, int max);
+/* bytes this member moved out of the device for borrower (out), or that came back (!out): its
+ * `lent`, the borrower's `borrowed`, the counts of demotions and promotions. */
+void _vs_group_lend(uint64_t bytes, pid_t borrower, bool out);
+/* Whether bytes more fit under every limit of the group with margin_pct of each left over. */
+bool _vs_group_room(uint64_t bytes, unsigned margin_pct);
+/* This member's priority and the bytes it lent and borrowed; false when in no group. */
+bool _vs_group_balance(int *priority, uint64_t *lent, uint64_t *borrowed);
 /* Whether a member waits for bytes (its frees should then give idle memory back): a load. */
 extern const uint32_t *_Atomic _vs_budget_waiters;
 static inline bool _vs_budget_wanted(void) {

@@ -50,6 +50,7 @@ typedef enum vs_lock_rank_e {
   VS_RANK_DIR,      /* directory.c: the address directory's writers */
   VS_RANK_TSTATS,   /* stats.c: the per-thread stats blocks */
   VS_RANK_GATE,     /* gate.c: the submission gate */
+  VS_RANK_BALLOON,  /* balloon.c: the memory this member lent (a leaf) */
   VS_RANK_SERVER,   /* server.c: one server's connection table (a leaf: nothing is taken under it) */
 } vs_lock_rank_t;
 

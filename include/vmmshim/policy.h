@@ -38,6 +38,13 @@ enum { VS_HEAP_SMALL = 0, VS_HEAP_LARGE = 1, VS_NHEAPS = 2 };
  * steady state that grows now and then would otherwise give back the handle it maps again a
  * moment later. Out of memory, VMMSHIM_LIMIT and vmmshim_trim give back everything idle. */
 #define VS_IDLE_BUDGET 32
+/* The stitch (space.c, VMMSHIM_STITCH): a growth first maps idle whole handles of the pool side
+ * by side into its new range, at most VS_STITCH_PIECES of them, each no larger than the growth
+ * still needs (a request small enough for a free handle never grows). Each costs a cuMemUnmap where it was and a cuMemMap plus its share of one
+ * cuMemSetAccess where it goes, against a cuMemCreate (and, later, the cuMemRelease of the idle
+ * handle) for a new one: about even per handle, so the count is bounded, not the bytes
+ * (docs/design.md, "Stitching"). */
+#define VS_STITCH_PIECES 8
 /* A stream's freed blocks, all but its VS_SEAL_KEEP newest (which its next requests look at
  * first: a program that frees and allocates the same size on a stream reuses them at once),
  * are sealed (an event recorded after them; once it has completed they join the bins and

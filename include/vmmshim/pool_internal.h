@@ -142,6 +142,7 @@ struct vs_pool_s {
   int applying_access;             /* mappings being given new access: not trimmed meanwhile */
   size_t gran;  /* largest growth step; requests this large grow the heap by their own size */
   size_t chunk; /* largest handle: bigger growths are stitched from several */
+  bool stitch;  /* VMMSHIM_STITCH: growths map idle handles side by side first (space.c) */
   vs_block_t *map;
   /* Always in the map (address 0, size 0): uthash frees its table when the last entry
    * goes, which would cost a malloc and a free per allocation of a pool with one block. */

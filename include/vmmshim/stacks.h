@@ -64,6 +64,16 @@ int _vs_pyframes(vs_pyframe_t *out, int max);
 void _vs_pyframes_leave(int token);
 bool _vs_pyframes_open(int mode); /* false: no CPython in the process, or mode off */
 bool _vs_pyframes_wait(void);     /* whether a thread that released the GIL takes it back */
+/* For tag rules (src/alloc/rules.c), outside tracing. _vs_stack_walk: the calling thread's return
+ * addresses, the shim's own frames dropped, innermost first (the unwinder of
+ * VMMSHIM_TRACE_UNWIND, picked on first use); returns how many (at most max). */
+int _vs_stack_walk(void **out, int max);
+/* The innermost Python frame's code object of the calling thread (a key only: never
+ * dereferenced), NULL when there is none to read (as _vs_pyframes_enter says). */
+const void *_vs_pyframe_code(void);
+/* Its file (co_filename) and function (co_qualname, else co_name) into file and func; the code
+ * object is kept alive from then on, so that its address stays its own as a key. */
+void _vs_pyframe_names(const void *code, char *file, size_t nf, char *func, size_t nfn);
 /* strings.c: a string's id (kept once), for pyframes.c; 0 when the table is full. The stacks
  * lock held. */
 uint32_t _vs_string_intern(const char *s, size_t len);

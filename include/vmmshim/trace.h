@@ -7,8 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define VS_TRACE_FORMAT_VERSION 3
+#define VS_TRACE_FORMAT_VERSION 4
 #define VS_TRACE_REC_MAX 192 /* longest line: 'm' with ten 16-digit fields */
+#define VS_TRACE_RULE_TEXT 100 /* 'j': bytes of the rule's text kept (with the rest, within REC_MAX) */
 #define VS_TRACE_STACK_MAX 3072 /* 'k': 64 native frames and 64 Python frames */
 #define VS_TRACE_MODULE_MAX 4300 /* 'l': four numbers, a build id and a path of up to 4096 */
 #define VS_TRACE_STRING_MAX 4200 /* 'n': strings are cut at 4096 bytes */
@@ -23,9 +24,23 @@
  *       (VS_TRACE_HOST_MEMORY in flags: a host buffer's mapping, not device memory;
  *       VS_TRACE_ALIAS: a second mapping of a device handle, not more device memory)
  *   'g' tag name: a-d the name (up to 31 bytes, zero-padded), e the tag's index
+ *   'h' stitch: a va, b size, c bytes in new handles, d duration ns, e handles mapped
  *   'w' sleep or wake: sub 0 sleep, 1 wake, a device bytes given back or mapped again, b bytes
  *       copied to or from host memory, c the tag's index (~0: every tag), d duration ns,
- *       e the result (0, or a negative errno value), flags the mode */
+ *       e the result (0, or a negative errno value), flags the mode
+ *   'j' tag rule: sub the rule's index, a ptr, c its tag's name, d its text (both char *, kept
+ *       for the life of the process)
+ *   'b' a group operation seen by this member: sub its kind (VS_TRACE_GROUP_*), a the other
+ *       member's pid (0: none), b bytes, d duration ns, e the result (0, or a negative errno) */
+enum {
+  VS_TRACE_GROUP_QUIESCE = 0, /* a group's phase 1: the gate held (src/hook/control_group.c) */
+  VS_TRACE_GROUP_RELEASE = 1, /* the hold ended by the client's release */
+  VS_TRACE_GROUP_LEASE = 2,   /* ... by its lease running out */
+  VS_TRACE_GROUP_CLOSED = 3,  /* ... by the close of the client's connection */
+  VS_TRACE_GROUP_LENT = 4,    /* a cold tag lent to a higher member (src/alloc/balloon.c) */
+  VS_TRACE_GROUP_RETURNED = 5, /* lent memory back on the device */
+  VS_TRACE_GROUP_BORROWED = 6 /* a growth that lower members made room for (src/alloc/limit.c) */
+};
 #define VS_TRACE_HOST_MEMORY 0x80
 #define VS_TRACE_ALIAS 0x40
 typedef struct vs_trace_rec_s {

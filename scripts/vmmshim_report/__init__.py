@@ -1,6 +1,6 @@
 """vmmshim-report: summarise a vmmshim allocation trace.
 
-Reads a trace written with VMMSHIM_TRACE (native format versions 1 to 3, docs/trace-format.md)
+Reads a trace written with VMMSHIM_TRACE (native format versions 1 to 4, docs/trace-format.md)
 or with VMMSHIM_TRACE_FORMAT=rmm (RAPIDS RMM's logging_resource_adaptor CSV) and prints peak
 live and mapped bytes, fragmentation at the peak, allocations by size class, leaks,
 short-lived allocations, time spent growing pools and counts per API. With the call stacks of

@@ -18,7 +18,7 @@ from .symbols import Symboliser
 from .tool import Output, OutputError, ToolParser, milliseconds, positive_number, whole_number
 
 PARAGRAPHS = [
-    "Reads TRACE, a trace written by vmmshim (native format, versions 1 to 3; the shim writes 3) or"
+    "Reads TRACE, a trace written by vmmshim (native format, versions 1 to 4; the shim writes 4) or"
     " in RAPIDS RMM's logging_resource_adaptor CSV format (vmmshim --trace-format rmm), or - for "
     "standard input, and prints peak live and mapped bytes, fragmentation at the peak, allocations "
     "by size class, leaks, short-lived allocations, time spent growing pools and counts per API. "

@@ -198,7 +198,7 @@ def html_sites(an, rule, top):
                     "count": "<td>%d</td>" % s.count, "bytes": size_cell(s.requested),
                     "leaks": "<td>%d</td>" % s.leaks, "leak_bytes": size_cell(s.leak_bytes)}
             out.append("<tr><td>%d</td>%s<td class=\"site\" title=\"%s\">%s</td></tr>\n" % (
-                i + 1, "".join(vals[c] for c, _ in cols), esc(tip), esc(s.name)))
+                i + 1, "".join(vals[c] for c, _ in cols), esc(tip), esc(s.name + s.tag_text())))
         out.append("</table>\n")
         if len(rows) > top:
             out.append("<p class=\"ctl\">... %s</p>\n" % plural(len(rows) - top, "more site"))

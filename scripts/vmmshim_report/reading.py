@@ -1,4 +1,4 @@
-"""Reading a trace: the native format (versions 1 to 3) and RMM's CSV log, streamed line by
+"""Reading a trace: the native format (versions 1 to 4) and RMM's CSV log, streamed line by
 line into normalised event tuples; definitions (modules, strings, stacks) kept as read."""
 
 import bisect
@@ -11,7 +11,7 @@ import stat
 from .common import TraceError, warn
 from .progress import _CountingReader
 
-FORMAT_VERSION = 3  # the newest native format version this reader understands
+FORMAT_VERSION = 4  # the newest native format version this reader understands
 HOST_MEMORY = 0x80  # an m record's flag: host memory mapped at a device address (a sleeping tag's)
 ALIAS = 0x40  # an m record's flag: a second mapping of a device handle (a sleep's copy source)
 RMM_HEADER = "Thread,Time,Action,Pointer,Size,Stream"
@@ -46,6 +46,10 @@ S_REC = _record("s", _H, _H)
 E_REC = re.compile(r"e (%s)(?: (%s))?\n\Z" % (_H, _H))  # the cap, when VMMSHIM_TRACE_MAX cut the trace
 G_REC = re.compile(r"g %s %s %s - (%s) ([A-Za-z0-9_.-]{1,31})\n\Z" % (_H, _H, _H, _H))
 W_REC = _record("w", _H, _H, _H, _D, _H, _H, _H, _H, _H, _H)
+H_REC = _record("h", _H, _H, _H, _D, _H, _H, _H, _H, _H)  # a stitch (version 4)
+# j: the tag rule that tagged the allocation at PTR (version 4): index, device, PTR, tag, the rule's text.
+J_REC = re.compile(r"j (%s) (%s) (%s) (%s) (%s) ([A-Za-z0-9_.-]{1,31}) (.*)\n\Z" % (_H, _H, _H, _D, _H))
+B_REC = _record("b", _H, _H, _H, _D, _H, _H, _H, _H)
 K_REC = re.compile(r"k(?: %s){3,}\n\Z" % _H)
 N_REC = re.compile(r"n (%s)(?: (.*))?\n\Z" % _H, re.S)  # the text: everything after one space
 L_REC = re.compile(r"l (%s) (%s) (%s) (%s) (-|[0-9a-fA-F]{1,128}) (.*)\n\Z" % (_H, _H, _H, _H), re.S)
@@ -88,6 +92,7 @@ class Trace:
         self.end_t = None  # 'e' record seen: the process closed the trace
         self.cut_at = None  # the cap in bytes, when VMMSHIM_TRACE_MAX cut the trace
         self.tag_names = {}  # tag index -> name ('g' records)
+        self.group_ops = collections.Counter()  # 'b' records (version 4) by kind: read, not reported
         self.partial_tail = False
         self.malformed = 0
         self.unknown = collections.Counter()
@@ -285,6 +290,29 @@ class Trace:
                            "every tag" if tag == (1 << 64) - 1 else self.tag_names.get(tag, "#%d" % tag),
                            int(mode, 16), int(dbytes, 16), int(hbytes, 16), res - (1 << 32) if res >= 1 << 31 else res,
                            int(dur, 16))
+                elif c == "h":
+                    if H_REC.match(line) is None:
+                        raise ValueError
+                    _, t, tid, _sub, dev, va, size, handles, fresh, dur = line.split()
+                    dev = -1 if dev == "-" else int(dev, 16)
+                    size, fresh = int(size, 16), int(fresh, 16)
+                    if dev > MAX_DEVICE or fresh > size:
+                        raise ValueError
+                    yield ("h", int(t, 16), int(tid, 16), dev, int(va, 16), size, int(handles, 16), fresh,
+                           int(dur, 16))
+                elif c == "j" and self.version >= 4:
+                    m = J_REC.match(line)
+                    if m is None:
+                        raise ValueError
+                    if m.group(4) != "-" and int(m.group(4), 16) > MAX_DEVICE:
+                        raise ValueError
+                    # ("j", t, tid, ptr, tag, rule text): the rule of the next allocation at ptr
+                    yield ("j", int(m.group(1), 16), int(m.group(2), 16), int(m.group(5), 16), m.group(6), m.group(7))
+                elif c == "b":
+                    m = B_REC.match(line)
+                    if m is None:
+                        raise ValueError
+                    self.group_ops[int(line.split()[3], 16)] += 1
                 elif c == "v":
                     self._bad(line)
                 else:

@@ -143,7 +143,7 @@ class SiteRule:
 
 
 class Site:
-    __slots__ = ("name", "count", "requested", "at_peak", "leaks", "leak_bytes", "stacks", "best", "best_v")
+    __slots__ = ("name", "count", "requested", "at_peak", "leaks", "leak_bytes", "stacks", "best", "best_v", "rules")
 
     def __init__(self, name):
         self.name = name
@@ -151,6 +151,15 @@ class Site:
         self.stacks = 0
         self.best = 0  # the stack of this site with the most live bytes at the peak (else bytes allocated)
         self.best_v = (-1, -1)
+        self.rules = collections.Counter()  # (tag, rule) -> allocations a tag rule tagged (trace version 4)
+
+    def tag_text(self):
+        """'  [tag kv: rule kv=py:*/kv.py]' for the site's tag rules, most allocations first; '' when none."""
+        if not self.rules:
+            return ""
+        parts = ["tag %s: rule %s%s" % (tag, text, "" if n == self.count else " (%d of %d)" % (n, self.count))
+                 for (tag, text), n in self.rules.most_common(3)]
+        return "  [%s]" % "; ".join(parts)
 
 
 def sites(an, rule):
@@ -167,6 +176,7 @@ def sites(an, rule):
         s.requested += req
         s.at_peak += at_peak
         s.stacks += 1
+        s.rules.update(an.rules_by_stack.get(sid, ()))
         v = (at_peak, req)
         if v > s.best_v:
             s.best_v = v
@@ -218,6 +228,12 @@ def text_sites(an, rule, top=5):
     out = []
     w = out.append
     note = stacks_note(an)
+    if an.rule_bytes:
+        w("tag rules (VMMSHIM_TAG_RULES): allocations each tagged")
+        for (tag, text), req in sorted(an.rule_bytes.items(), key=lambda kv: (-kv[1], kv[0])):
+            n = sum(c[(tag, text)] for c in an.rules_by_stack.values())
+            w("  %16d B %8d allocations  tag %s: rule %s" % (req, n, tag, text))
+        w("")
     if note:
         w("call sites: " + note)
         return "\n".join(out) + "\n"
@@ -251,7 +267,7 @@ def text_sites(an, rule, top=5):
             return
         w(head)
         for s in rows[:top]:
-            w(cols(s) + "  " + s.name)
+            w(cols(s) + "  " + s.name + s.tag_text())
         if len(rows) > top:
             w("  ... %s (--top N)" % plural(len(rows) - top, "more site"))
 

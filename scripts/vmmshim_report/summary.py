@@ -50,6 +50,19 @@ class Series:
         return self.pts + ([tuple(self.cur)] if self.cur else [])
 
 
+def held_tenths(points, t_end):
+    """Mapped over live at the peak live of each tenth of the run, from the series' points
+    (t, live, mapped); '-' for a tenth with nothing live."""
+    if not points or t_end <= 0:
+        return []
+    best = [None] * 10
+    for t, live, mapped in points:
+        i = min(9, t * 10 // t_end)
+        if live > 0 and (best[i] is None or live > best[i][0]):
+            best[i] = (live, mapped)
+    return ["%.3f" % (m / l) if b else "-" for b in best for l, m in [b or (1, 0)]]
+
+
 def size_class(n):
     """Index k of the power-of-two class [2^k, 2^(k+1)); 0 bytes -> class 0."""
     return max(n.bit_length() - 1, 0)
@@ -92,6 +105,7 @@ class Analysis:
         self.tags = Tags()
         self.vmm_events = []  # (t, op, size, va, duration, result, flags), the first VMM_EVENTS_KEPT
         self.n_vmm = 0
+        self.stitches = [0, 0, 0, 0]  # stitches, handles mapped, of which idle ones, bytes not created anew
         self.mapped = {}  # va -> (size, dev)
         self.series = Series()
         self.t_last = 0
@@ -109,9 +123,20 @@ class Analysis:
         self.pf_heap = []  # (requested, seq, entry): the pf_max largest allocations
         self.pf_open = {}  # ptr -> entry while live: [t_alloc, t_free, ptr, requested, served, stack, tid]
         self.stacks = None  # Stacks, after symbolise()
+        # Tag rules (version 4): the rule of the next allocation at a pointer ('j' comes just before its
+        # 'a'), and sid -> Counter of (tag, rule text) -> allocations.
+        self.rule_next = {}
+        self.rules_by_stack = collections.defaultdict(collections.Counter)
+        self.rule_bytes = collections.Counter()  # (tag, rule text) -> requested bytes
         if progress is not None:
             progress.start(trace, lambda: self.n_events)
         self.run()
+
+    def held_over_time(self):
+        """Mapped / live at the peak live of each tenth of the run (native traces with mappings)."""
+        if self.trace.format != "native" or not self.peak_mapped:
+            return []
+        return held_tenths(self.series.points(), self.t_last)
 
     def run(self):
         live = self.live
@@ -151,6 +176,11 @@ class Analysis:
                             s[4] = epoch
                         s[2] -= old[0]
                 live[ptr] = (srv, req, t, api, dev, st, stk)
+                if self.rule_next:
+                    rt = self.rule_next.pop(ptr, None)
+                    if rt is not None:
+                        self.rules_by_stack[stk][rt] += 1
+                        self.rule_bytes[rt] += req
                 if resv:
                     tags.alloc(ptr, req, srv)
                 self.n_alloc += 1
@@ -186,6 +216,8 @@ class Analysis:
                     viz.append((dev, stk, {"action": "alloc", "addr": ptr, "size": srv, "stream": st or 0,
                                            "frames": [], "time_us": t // 1000}))
                     self.devices.add(dev)
+            elif kind == "j":
+                self.rule_next[ev[3]] = (ev[4], ev[5])
             elif kind == "f":
                 _, t, tid, api, dev, st, ptr, srv = ev
                 per_api[api][1] += 1
@@ -258,6 +290,11 @@ class Analysis:
                     if viz is not None:
                         viz.append((dev, 0, {"action": "segment_unmap", "addr": va, "size": size, "stream": 0,
                                              "frames": [], "time_us": t // 1000}))
+            elif kind == "h":
+                st = self.stitches
+                st[0] += 1
+                st[1] += ev[6]
+                st[3] += ev[5] - ev[7]
             elif kind == "w":
                 self.sleeps.append(ev[1:2] + ev[3:4] + ev[5:])
                 tags.sleep_or_wake(*ev[1:])
@@ -413,6 +450,12 @@ class Analysis:
                                            for i in range(len(VMM_OPS))))
             if self.vmm_fail:
                 w("  %d pool events failed" % self.vmm_fail)
+            if self.stitches[0]:
+                w("  stitches: %d growths mapped idle handles again (%d handles in their ranges), %s not created "
+                  "anew" % (self.stitches[0], self.stitches[1], fmt_bytes(self.stitches[3])))
+            held = self.held_over_time()
+            if held:
+                w("  held / live over time (the peak of each tenth of the run): " + " ".join(held))
             if self.sleeps:
                 w("")
                 w("sleeps and wakes: %d" % len(self.sleeps))

@@ -213,13 +213,13 @@ void _vs_arena_select(unsigned idx) {
 /* The pool of the calling thread's current context, or of the stream's context when the
  * thread has none (the runtime binds no context to a thread whose first call is
  * cudaMallocAsync: the driver takes it from the stream). */
-static vs_pool_t *current_pool(CUstream stream, CUcontext *ctx_out) {
+static vs_pool_t *current_pool(CUstream stream, int tag, CUcontext *ctx_out) {
   CUcontext ctx = NULL;
   if (_vs_cu.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = NULL;
   if (!ctx && stream != VS_NO_STREAM && stream != NULL && stream != CU_STREAM_LEGACY &&
       stream != CU_STREAM_PER_THREAD && _vs_cu.cuStreamGetCtx(stream, &ctx) != CUDA_SUCCESS)
     ctx = NULL;
-  vs_pool_t *pool = ctx ? pool_for(ctx, _vs_current_tag()) : NULL;
+  vs_pool_t *pool = ctx ? pool_for(ctx, tag) : NULL;
   if (!pool && ctx && tl_dead_context) ctx = NULL;
   *ctx_out = ctx;
   return pool;
@@ -303,7 +303,8 @@ vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUd
     return VS_ALLOC_PASS;
   }
   CUcontext ctx;
-  vs_pool_t *pool = current_pool(stream, &ctx);
+  const vs_rule_t *rule;
+  vs_pool_t *pool = current_pool(stream, _vs_alloc_tag(size, &rule), &ctx);
   if (vs_unlikely(!pool)) {
     if (!ctx) return VS_ALLOC_NO_CONTEXT;
     VS_STAT_ADD(passthrough_allocs, 1);
@@ -324,7 +325,10 @@ vs_alloc_result_t _vs_alloc(vmmshim_api_t api, size_t size, CUstream stream, CUd
   int dev = _vs_pool_device(pool);
   if (vs_likely(st == VS_POOL_OK)) {
     _vs_stat_alloc(api, served, size);
-    if (vs_unlikely(_vs_trace_on)) _vs_trace_alloc(api, size, served, *ptr, stream, dev);
+    if (vs_unlikely(_vs_trace_on)) {
+      if (rule) _vs_trace_rule(*ptr, rule->index, dev, _vs_tag_name(rule->tag), rule->text);
+      _vs_trace_alloc(api, size, served, *ptr, stream, dev);
+    }
     _vs_debug("alloc api %d size %zu -> 0x%llx (%zu bytes)", (int)api, size, (unsigned long long)*ptr, served);
     return VS_ALLOC_SERVED;
   }
@@ -398,7 +402,7 @@ bool _vs_lookup_range(CUdeviceptr addr, CUdeviceptr *base, size_t *size) {
 void _vs_adjust_mem_info(size_t *free_bytes, size_t *total_bytes) {
   if (_vs_guard || !_vs_active()) return;
   CUcontext ctx;
-  current_pool(VS_NO_STREAM, &ctx);
+  current_pool(VS_NO_STREAM, _vs_current_tag(), &ctx);
   vs_pool_slot_t *slot = ctx ? slot_find(ctx) : NULL;
   size_t idle = 0;
   vs_pool_t *pools[VS_SLOT_POOLS];

@@ -6,10 +6,15 @@
  *         meanwhile the members' frees give their idle memory back. Each wait says what it waits
  *         for (rate-limited); one that could never end (group.c: _vs_group_hopeless) fails at once;
  *   host  the growth is served from host memory mapped at the pool's own addresses (asleep.c):
- *         the program keeps running on it, over the link, until vmmshim_promote moves it back. */
+ *         the program keeps running on it, over the link, until vmmshim_promote moves it back;
+ *   balloon  members of the group of lower priority, lowest first, are asked to move cold tags out
+ *         of the device (borrow.c, balloon.c) until the growth fits or SECONDS (default 2) pass;
+ *         then it fails as `fail` does. */
+#include <errno.h>
 #include <stdio.h>
 
 #include "vmmshim/alloc.h"
+#include "vmmshim/trace.h"
 
 atomic_size_t _vs_host_mapped_bytes; /* served from host memory at their addresses, all pools */
 
@@ -76,10 +81,50 @@ static vs_pool_status_t serve_on_host(vs_pool_t *pool, vs_pool_status_t st, size
   return st;
 }
 
+#define VS_BALLOON_DEFAULT_S 2
+#define VS_BALLOON_LENDERS 32
+
+static vs_rate_t vs_borrow_said;
+
+static vs_pool_status_t borrow_room(vs_pool_t *pool, size_t size, CUstream stream, vmmshim_api_t api, CUdeviceptr *ptr,
+                                    size_t *served, CUresult *err) {
+  uint64_t secs = _vs_option_arg(VS_OPT_ON_LIMIT), t0 = _vs_now_ns();
+  uint64_t deadline = t0 + (secs ? secs : VS_BALLOON_DEFAULT_S) * 1000000000ull, got_all = 0;
+  pid_t lenders[VS_BALLOON_LENDERS];
+  int n = _vs_group_lenders(lenders, VS_BALLOON_LENDERS), asked = 0;
+  vs_pool_status_t st = VS_POOL_LIMIT;
+  char why[256] = "no member of the group has a lower priority (VMMSHIM_PRIORITY)";
+  bool contended = false;
+  for (int i = 0; i < n && st == VS_POOL_LIMIT && _vs_now_ns() < deadline;) {
+    uint64_t got = 0;
+    asked++;
+    if (_vs_borrow(lenders[i], size, deadline, &got, why, sizeof why) != 0 || !got) {
+      i++; /* nothing more from this one: the next */
+      continue;
+    }
+    got_all += got;
+    st = _vs_pool_alloc(pool, size, stream, api, ptr, served, err, &contended);
+  }
+  double ms = (double)(_vs_now_ns() - t0) / 1e6;
+  if (vs_unlikely(_vs_trace_on))
+    _vs_trace_group(VS_TRACE_GROUP_BORROWED, 0, got_all, st == VS_POOL_OK ? 0 : -ENOMEM, _vs_now_ns() - t0);
+  if (st == VS_POOL_OK) {
+    _vs_info("device %d: %zu bytes fit after %llu bytes were lent by lower-priority members, in %.1f ms",
+             _vs_pool_device(pool), size, (unsigned long long)got_all, ms);
+    return st;
+  }
+  _vs_warn_rated(&vs_borrow_said, "device %d: %zu bytes did not fit under the group's limit after asking %d "
+                 "lower-priority member%s (%llu bytes lent, %.0f ms; VMMSHIM_ON_LIMIT=balloon): %s (%s)",
+                 _vs_pool_device(pool), size, asked, asked == 1 ? "" : "s", (unsigned long long)got_all, ms, why,
+                 _vs_cu_error_name(CUDA_ERROR_OUT_OF_MEMORY));
+  return st;
+}
+
 vs_pool_status_t _vs_on_limit(vs_pool_t *pool, vs_pool_status_t st, size_t size, CUstream stream, vmmshim_api_t api,
                               CUdeviceptr *ptr, size_t *served, CUresult *err) {
   uint64_t mode = _vs_option(VS_OPT_ON_LIMIT);
   if (mode == VS_ON_LIMIT_WAIT && st == VS_POOL_LIMIT) return wait_for_room(pool, size, stream, api, ptr, served, err);
   if (mode == VS_ON_LIMIT_HOST) return serve_on_host(pool, st, size, stream, ptr, served);
+  if (mode == VS_ON_LIMIT_BALLOON && st == VS_POOL_LIMIT) return borrow_room(pool, size, stream, api, ptr, served, err);
   return st;
 }

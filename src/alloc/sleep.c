@@ -245,6 +245,29 @@ int _vs_sleep_level(int level, int mapped, vmmshim_sleep_result_t *out) {
                 level == 1 ? (mapped ? VMMSHIM_SLEEP_MAPPED : VMMSHIM_SLEEP_HOST) : VMMSHIM_SLEEP_DISCARD);
 }
 
+/* ------------------------------------------------------------------ quiesce */
+
+/* A group's phase 1 (control_group.c): no stream capture in progress, the gate closed, every
+ * context synchronised; the gate stays closed until _vs_unquiesce, across the sleeps or wakes of
+ * phase 2, which close and open it inside this hold. */
+int _vs_quiesce(char *why, size_t n) {
+  vmmshim_sleep_result_t res;
+  memset(&res, 0, sizeof res);
+  if (!_vs_active()) {
+    snprintf(why, n, "the shim is not active in this process");
+    return -ENODEV;
+  }
+  int rc = quiet_and_close(&res);
+  if (rc) {
+    snprintf(why, n, "%s", res.reason);
+    return rc;
+  }
+  _vs_sync_contexts();
+  return 0;
+}
+
+void _vs_unquiesce(void) { _vs_gate_open(); }
+
 /* ------------------------------------------------------------------ promote */
 
 typedef struct vs_promote_job_s {

@@ -24,8 +24,10 @@ static pthread_once_t vs_tags_once = PTHREAD_ONCE_INIT;
 
 bool _vs_tag_name_ok(const char *name) { return _vs_name_ok(name); }
 
-/* VMMSHIM_TAG: the process's tag from the start. */
+/* VMMSHIM_TAG: the process's tag from the start. The options may not be read yet (a program that
+ * asks for its tags before its first CUDA call): they are read here then. */
 static void tags_init(void) {
+  _vs_config_init();
   const char *t = _vs_option_string(VS_OPT_TAG);
   if (!t) return;
   int id = _vs_tag_find(t, true);

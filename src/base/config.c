@@ -178,6 +178,10 @@ int _vs_parse_on_limit(const char *text, uint64_t *mode, uint64_t *arg) {
   } else if (len == 4 && !strncasecmp(text, "host", 4)) {
     if (colon && (_vs_parse_size(colon + 1, &n) != 0 || n == 0)) return -1;
     *mode = VS_ON_LIMIT_HOST;
+  } else if (len == 7 && !strncasecmp(text, "balloon", 7)) {
+    if (colon && (_vs_parse_size(colon + 1, &n) != 0 || strpbrk(colon + 1, "kKmMgGtTbB") || n < 1 || n > 3600))
+      return -1;
+    *mode = VS_ON_LIMIT_BALLOON;
   } else {
     return -1;
   }
@@ -231,6 +235,7 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_LOG: return "warn";
   case VS_KIND_TRACE_FORMAT: return "native";
   case VS_KIND_STRING: return "unset";
+  case VS_KIND_RULES: return "unset";
   case VS_KIND_TAG: return "tag 'untagged'";
   case VS_KIND_SIGNAL:
     if (o->init && signal_name(o->init)) return signal_name(o->init);
@@ -247,8 +252,27 @@ static const char *default_text(const vs_option_desc_t *o, char *buf, size_t n) 
   case VS_KIND_LIMIT: return "0";
   case VS_KIND_NAME: return "unset";
   case VS_KIND_ON_LIMIT: return "fail";
+  case VS_KIND_PRIORITY: snprintf(buf, n, "%llu", (unsigned long long)o->init); return buf;
+  case VS_KIND_COLD_TAGS: return "unset";
   }
   return "?";
+}
+
+/* VMMSHIM_COLD_TAGS: TAG[:MODE],... (balloon.c makes the tags). */
+static bool cold_tags_ok(const char *text) {
+  char buf[512], *save = NULL;
+  if (!*text || strlen(text) >= sizeof buf) return false;
+  snprintf(buf, sizeof buf, "%s", text);
+  int items = 0;
+  for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save), items++) {
+    char *colon = strchr(item, ':');
+    if (colon) {
+      *colon++ = 0;
+      if (strcmp(colon, "mapped") && strcmp(colon, "host") && strcmp(colon, "discard")) return false;
+    }
+    if (!_vs_name_ok(item)) return false;
+  }
+  return items > 0 && text[strlen(text) - 1] != ',' && text[0] != ',' && !strstr(text, ",,");
 }
 
 /* A whole number from lo to hi, no suffix. */
@@ -272,7 +296,7 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
   }
   case VS_KIND_NAME: *expect = "a group name: 1 to 31 of A-Z a-z 0-9 _ . -"; *v = 1; return _vs_name_ok(text) ? 0 : -1;
   case VS_KIND_ON_LIMIT:
-    *expect = "fail, wait, wait:SECONDS, host or host:SIZE";
+    *expect = "fail, wait, wait:SECONDS, host, host:SIZE, balloon or balloon:SECONDS (1 to 3600)";
     return _vs_parse_on_limit(text, v, &o->arg);
   case VS_KIND_BOOL: *expect = "1/true/yes/on or 0/false/no/off"; return _vs_parse_bool(text, v);
   case VS_KIND_SIZE: *expect = "a size in bytes with an optional K/M/G/T suffix"; return _vs_parse_size(text, v);
@@ -289,6 +313,7 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
   case VS_KIND_FRAMES: *expect = "a whole number from 0 (off) to 64"; return parse_count(text, 0, 64, v);
   case VS_KIND_SAMPLE: *expect = "a whole number from 1 to 1000000000"; return parse_count(text, 1, 1000000000, v);
   case VS_KIND_SECONDS: *expect = "a whole number of seconds from 1 to 3600"; return parse_count(text, 1, 3600, v);
+  case VS_KIND_PRIORITY: *expect = "a whole number from 0 to 1000"; return parse_count(text, 0, 1000, v);
   case VS_KIND_PYTHON:
     *expect = "on, held or off (1/yes/true = on, 0/no/false = off)";
     if (!strcasecmp(text, "held")) { *v = VS_PYTHON_HELD; return 0; }
@@ -318,11 +343,20 @@ static int parse_one(vs_option_desc_t *o, const char *text, uint64_t *v, const c
     *expect = "USR1, USR2, PWR, WINCH or URG (with or without SIG), their number or a real-time signal's, or "
               "0/off; termination, job-control and fault signals are refused";
     return _vs_parse_signal(text, v);
+  case VS_KIND_RULES:
+    *expect = "TAG=MATCHER rules separated by ';' (docs/tag-rules.md)";
+    *v = 1;
+    return *text ? 0 : -1;
   case VS_KIND_STRING:
     *expect = "a non-empty path";
     *v = 1;
     return *text ? 0 : -1;
   case VS_KIND_TAG: *expect = "a tag name: 1 to 31 of A-Z a-z 0-9 _ . -"; *v = 1; return _vs_name_ok(text) ? 0 : -1;
+  case VS_KIND_COLD_TAGS:
+    *expect = "TAG or TAG:MODE items, comma-separated (a tag name: 1 to 31 of A-Z a-z 0-9 _ . -; MODE mapped, host or "
+              "discard)";
+    *v = 1;
+    return cold_tags_ok(text) ? 0 : -1;
   }
   return -1;
 }
@@ -448,7 +482,8 @@ static void config_read(void) {
     o->value = v;
     o->set = true;
     if (o->kind == VS_KIND_STRING || o->kind == VS_KIND_LOG || o->kind == VS_KIND_TAG || o->kind == VS_KIND_NAME ||
-        o->kind == VS_KIND_LIMIT)
+        o->kind == VS_KIND_LIMIT || o->kind == VS_KIND_RULES ||
+        o->kind == VS_KIND_COLD_TAGS)
       o->text = text;
   }
   /* Sizes the pool rounds up (to the device's granularity, to the handle size) or multiplies:
@@ -517,6 +552,8 @@ void _vs_config_print(void) {
       break;
     }
     case VS_KIND_STRING:
+    case VS_KIND_RULES:
+    case VS_KIND_COLD_TAGS:
     case VS_KIND_NAME: shown = o->text ? o->text : "(unset)"; break;
     case VS_KIND_TAG: shown = o->text ? o->text : "tag 'untagged'"; break;
     case VS_KIND_LIMIT:
@@ -527,7 +564,7 @@ void _vs_config_print(void) {
       }
       break;
     case VS_KIND_ON_LIMIT: {
-      static const char *names[] = {"fail", "wait", "host", "?"};
+      static const char *names[] = {"fail", "wait", "host", "balloon"};
       if (o->arg) snprintf(buf, sizeof buf, "%s:%llu", names[o->value & 3], (unsigned long long)o->arg);
       else snprintf(buf, sizeof buf, "%s", names[o->value & 3]);
       shown = buf;

@@ -69,9 +69,11 @@ void _vs_gate_wait(vs_gate_line_t *l) {
   }
 }
 
+/* Closes nest: a group's quiesce holds the gate while the sleep it precedes closes and opens it
+ * again; the gate opens when the last holder lets go. */
 void _vs_gate_close(void) {
   _vs_lock_take(&vs_gate_lock);
-  atomic_store(&_vs_gate_closed, 1);
+  atomic_fetch_add(&_vs_gate_closed, 1);
   _vs_lock_release(&vs_gate_lock);
   /* Submissions already past the gate finish (a synchronous copy may take a while). */
   for (vs_gate_line_t *l = atomic_load(&vs_lines); l; l = l->next)
@@ -80,7 +82,7 @@ void _vs_gate_close(void) {
 
 void _vs_gate_open(void) {
   _vs_lock_take(&vs_gate_lock);
-  atomic_store(&_vs_gate_closed, 0);
-  pthread_cond_broadcast(&vs_gate_opened);
+  if (atomic_load(&_vs_gate_closed) > 0 && atomic_fetch_sub(&_vs_gate_closed, 1) == 1)
+    pthread_cond_broadcast(&vs_gate_opened);
   _vs_lock_release(&vs_gate_lock);
 }

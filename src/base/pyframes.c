@@ -17,6 +17,8 @@
  * (a framework's own allocator lock, say): `held` never waits, and records Python frames only
  * for threads that allocate with the GIL held. */
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,4 +157,48 @@ int _vs_pyframes(vs_pyframe_t *out, int max) {
   if (frame) py.decref(frame);
   py.err_restore(et, ev, etb);
   return n;
+}
+
+/* ------------------------------------------------------------------ for tag rules */
+
+static pthread_once_t vs_rules_py_once = PTHREAD_ONCE_INIT;
+static void rules_py_open(void) {
+  int mode = (int)_vs_option(VS_OPT_TRACE_PYTHON);
+  if (!py.is_initialized) _vs_pyframes_open(mode == VS_PYTHON_OFF ? VS_PYTHON_HELD : mode);
+}
+
+const void *_vs_pyframe_code(void) {
+  pthread_once(&vs_rules_py_once, rules_py_open);
+  int token = _vs_pyframes_enter();
+  if (token < 0) return NULL;
+  PyObj *frame = py.get_frame(), *code = frame ? py.frame_code(frame) : NULL;
+  if (code) py.decref(code); /* a key only; the names keep it alive once it is one */
+  _vs_pyframes_leave(token);
+  return code;
+}
+
+static void copy_attr(PyObj *code, const char *attr, char *out, size_t n) {
+  PyObj *s = py.getattr(code, attr);
+  ssize_t len = 0;
+  const char *text = s ? py.utf8(s, &len) : NULL;
+  snprintf(out, n, "%.*s", text && len > 0 ? (int)len : 0, text ? text : "");
+  if (s) py.decref(s);
+}
+
+void _vs_pyframe_names(const void *code, char *file, size_t nf, char *func, size_t nfn) {
+  file[0] = func[0] = 0;
+  int token = _vs_pyframes_enter();
+  if (token < 0) return;
+  PyObj *c = (PyObj *)code;
+  PyObj *et, *ev, *etb;
+  py.err_fetch(&et, &ev, &etb);
+  py.incref(c); /* for good: a cached key's address is never another code object's */
+  copy_attr(c, "co_filename", file, nf);
+  copy_attr(c, "co_qualname", func, nfn);
+  if (!func[0]) {
+    py.err_restore(NULL, NULL, NULL);
+    copy_attr(c, "co_name", func, nfn);
+  }
+  py.err_restore(et, ev, etb);
+  _vs_pyframes_leave(token);
 }

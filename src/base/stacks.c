@@ -125,6 +125,8 @@ static const char *pick_unwinder(const char *want) {
   return "frame pointers";
 }
 
+static const char *unwind_name(void);
+
 /* ------------------------------------------------------------------ modules */
 
 static vs_module_t vs_modules[VS_MODULES_MAX + 1]; /* [0] unused: id 0 is "no module" */
@@ -332,6 +334,15 @@ static uint32_t insert(uint64_t h, const uintptr_t *ips, int n, const vs_pyframe
  * with room to spare: unwound, then dropped. */
 #define VS_SHIM_FRAMES 8
 
+/* How many frames at the top of a walk are the shim's own (or the unwinder's). */
+static int own_frames(void *const *raw, int got) {
+  int first = 0;
+  while (first < got && (((uintptr_t)raw[first] >= vs_self_lo && (uintptr_t)raw[first] < vs_self_hi) ||
+                         ((uintptr_t)raw[first] >= vs_unw_lo && (uintptr_t)raw[first] < vs_unw_hi)))
+    first++;
+  return first;
+}
+
 static _Thread_local unsigned tl_sample_count;
 static _Thread_local int tl_in_python; /* reading this thread's Python frames */
 
@@ -340,10 +351,7 @@ uint32_t _vs_stack_capture(size_t requested) {
   void *raw[VS_STACK_FRAMES_MAX + VS_SHIM_FRAMES];
   int got = vs_unwind(raw, (int)vs_depth + VS_SHIM_FRAMES);
   /* Drop the shim's own frames (and the unwinder's) at the top of the stack. */
-  int first = 0;
-  while (first < got && (((uintptr_t)raw[first] >= vs_self_lo && (uintptr_t)raw[first] < vs_self_hi) ||
-                         ((uintptr_t)raw[first] >= vs_unw_lo && (uintptr_t)raw[first] < vs_unw_hi)))
-    first++;
+  int first = own_frames(raw, got);
   int n = got - first;
   if (n > (int)vs_depth) n = (int)vs_depth;
   const uintptr_t *ips = (const uintptr_t *)(raw + first);
@@ -388,8 +396,7 @@ void _vs_stacks_open(void) {
   vs_depth = depth;
   vs_min_size = _vs_option(VS_OPT_TRACE_STACKS_MIN);
   vs_sample = (unsigned)_vs_option(VS_OPT_TRACE_STACKS_SAMPLE);
-  static const char *unwind_names[] = {"auto", "libunwind", "dwarf", "fp"};
-  const char *unwinder = pick_unwinder(unwind_names[_vs_option(VS_OPT_TRACE_UNWIND) & 3]);
+  const char *unwinder = pick_unwinder(unwind_name());
   object_range((void *)_vs_stack_capture, &vs_self_lo, &vs_self_hi);
   vs_python = _vs_pyframes_open((int)_vs_option(VS_OPT_TRACE_PYTHON));
   _vs_lock_take(&vs_stacks_lock);
@@ -398,4 +405,27 @@ void _vs_stacks_open(void) {
   _vs_stacks_on = 1;
   _vs_info("trace: stacks of %u frames (unwinder %s%s), allocations of %llu bytes and more, one in %u below",
            depth, unwinder, !vs_python ? "" : _vs_pyframes_wait() ? ", Python frames" : ", Python frames of threads holding the GIL", (unsigned long long)vs_min_size, vs_sample);
+}
+
+/* ------------------------------------------------------------------ walks for tag rules */
+
+static const char *unwind_name(void) {
+  static const char *names[] = {"auto", "libunwind", "dwarf", "fp"};
+  return names[_vs_option(VS_OPT_TRACE_UNWIND) & 3];
+}
+
+static pthread_once_t vs_walk_once = PTHREAD_ONCE_INIT;
+static void walk_open(void) {
+  if (!vs_unwind) pick_unwinder(unwind_name());
+  if (!vs_self_hi) object_range((void *)_vs_stack_capture, &vs_self_lo, &vs_self_hi);
+}
+
+int _vs_stack_walk(void **out, int max) {
+  pthread_once(&vs_walk_once, walk_open);
+  void *raw[VS_STACK_FRAMES_MAX + VS_SHIM_FRAMES];
+  if (max > VS_STACK_FRAMES_MAX) max = VS_STACK_FRAMES_MAX;
+  int got = vs_unwind(raw, max + VS_SHIM_FRAMES);
+  int first = own_frames(raw, got), n = got - first > max ? max : got - first;
+  memcpy(out, raw + first, (size_t)(n > 0 ? n : 0) * sizeof *out);
+  return n > 0 ? n : 0;
 }

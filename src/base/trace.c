@@ -403,6 +403,40 @@ void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t dev
   rec_publish(r, pos);
 }
 
+void _vs_trace_stitch(CUdeviceptr va, size_t size, unsigned handles, size_t fresh, int device,
+                      uint64_t duration_ns) {
+  if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return; /* rmm has no pool events */
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('h', 0, device, &pos);
+  r->a = (uint64_t)va;
+  r->b = size;
+  r->c = fresh;
+  r->d = duration_ns;
+  r->e = handles;
+  rec_publish(r, pos);
+}
+
+void _vs_trace_rule(CUdeviceptr ptr, int rule, int device, const char *tag, const char *text) {
+  if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return; /* rmm has no tags */
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('j', (uint8_t)rule, device, &pos);
+  r->a = (uint64_t)ptr;
+  r->c = (uint64_t)(uintptr_t)tag;
+  r->d = (uint64_t)(uintptr_t)text;
+  rec_publish(r, pos);
+}
+
+void _vs_trace_group(int kind, int peer, uint64_t bytes, int result, uint64_t duration_ns) {
+  if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return; /* rmm has no such events */
+  uint64_t pos;
+  vs_trace_rec_t *r = rec_take('b', (uint8_t)kind, -1, &pos);
+  r->a = peer > 0 ? (uint64_t)peer : 0;
+  r->b = bytes;
+  r->d = duration_ns;
+  r->e = (uint32_t)result;
+  rec_publish(r, pos);
+}
+
 void _vs_trace_flush(void) {
   if (vs_trace_fd < 0) return;
   lock_take(trace_tid());

@@ -153,6 +153,12 @@ char *_vs_trace_format_record(char *p, const vs_trace_rec_t *r, uint64_t mono, c
     for (int i = 0; name[i] && i < 31; i++) *p++ = name[i];
     break;
   }
+  case 'b':
+    p = put_sp_hex(p, r->a);
+    p = put_sp_hex(p, r->b);
+    p = put_sp_hex(p, r->e);
+    p = put_sp_hex(p, r->d);
+    break;
   case 'w':
     p = put_sp_hex(p, r->c);
     p = put_sp_hex(p, r->flags);
@@ -161,6 +167,22 @@ char *_vs_trace_format_record(char *p, const vs_trace_rec_t *r, uint64_t mono, c
     p = put_sp_hex(p, r->e);
     p = put_sp_hex(p, r->d);
     break;
+  case 'h': /* a stitch: va, size, handles, fresh bytes, duration */
+    p = put_sp_hex(p, r->a);
+    p = put_sp_hex(p, r->b);
+    p = put_sp_hex(p, r->e);
+    p = put_sp_hex(p, r->c);
+    p = put_sp_hex(p, r->d);
+    break;
+  case 'j': { /* the rule's text last: it is the rest of the line, cut at VS_TRACE_RULE_TEXT */
+    const char *tag = (const char *)(uintptr_t)r->c, *text = (const char *)(uintptr_t)r->d;
+    p = put_sp_hex(p, r->a);
+    *p++ = ' ';
+    for (int i = 0; tag[i] && i < 31; i++) *p++ = tag[i];
+    *p++ = ' ';
+    for (int i = 0; text[i] && i < VS_TRACE_RULE_TEXT; i++) *p++ = text[i] == '\n' ? ' ' : text[i];
+    break;
+  }
   default: /* 'm' */
     p = put_sp_hex(p, r->a);
     p = put_sp_hex(p, r->b);

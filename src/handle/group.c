@@ -323,6 +323,7 @@ static vs_group_member_t *join(vs_group_header_t *h) {
       comm[strcspn(comm, "\n")] = 0;
     }
     snprintf(m[i].comm, sizeof m[i].comm, "%.15s", comm);
+    m[i].priority = (int32_t)_vs_option(VS_OPT_PRIORITY);
     ST(h->members, LD(h->members) + 1);
     end_change(h);
     return &m[i];
@@ -761,5 +762,16 @@ bool _vs_group_view(int dev, vs_group_view_t *v) {
     v->total_dev = LD(h->total[dev]);
     v->mine_dev = LD(vs_b.me->mapped[dev]);
   }
+  return true;
+}
+
+/* group_members.c's way into the segment: fn runs under the group's lock, inside a change. */
+bool _vs_group_with(void (*fn)(vs_group_header_t *h, vs_group_member_t *me, void *arg), void *arg) {
+  if (!budget_on() || vs_b.closed || !vs_b.shared) return false;
+  budget_lock();
+  begin_change(vs_b.h);
+  fn(vs_b.h, vs_b.me, arg);
+  end_change(vs_b.h);
+  budget_unlock();
   return true;
 }

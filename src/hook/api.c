@@ -37,6 +37,10 @@ VS_API int vmmshim_get_tag(char *buf, size_t n) {
 
 VS_API int vmmshim_set_tag_keep(const char *tag, int keep) { return _vs_set_tag_keep(tag, keep != 0); }
 
+VS_API int vmmshim_set_tag_rules(const char *spec, char *err, size_t errlen) {
+  return _vs_set_tag_rules(spec, err, errlen);
+}
+
 /* ------------------------------------------------------------------ sleep and wake */
 
 VS_API int vmmshim_sleep(const char *tag, vmmshim_sleep_mode_t mode, vmmshim_sleep_result_t *out, size_t size) {

@@ -299,6 +299,9 @@ static void do_status(const vs_jobject_t *req, vs_jout_t *o) {
   VS_STAT_FIELD(peak_bytes_mapped) VS_STAT_FIELD(vmm_calls) VS_STAT_FIELD(vmm_ns) VS_STAT_FIELD(syncs)
   VS_STAT_FIELD(trims) VS_STAT_FIELD(pools)
 #undef VS_STAT_FIELD
+  _vs_ctl_kv_u64(o, "stitches", __atomic_load_n(&_vs_stitch_stats.stitches, __ATOMIC_RELAXED));
+  _vs_ctl_kv_u64(o, "stitch_handles", __atomic_load_n(&_vs_stitch_stats.handles, __ATOMIC_RELAXED));
+  _vs_ctl_kv_u64(o, "stitch_bytes", __atomic_load_n(&_vs_stitch_stats.bytes, __ATOMIC_RELAXED));
   _vs_ctl_out(o, "},\"devices\":[");
   for (int i = 0; i < sums.n; i++) {
     const vs_dev_sum_t *d = &sums.d[i];
@@ -332,6 +335,12 @@ static void do_status(const vs_jobject_t *req, vs_jout_t *o) {
     _vs_ctl_out(o, "}");
   }
   _vs_ctl_out(o, "]");
+  _vs_ctl_out_rules(o);
+  int prio;
+  uint64_t lent, borrowed;
+  if (_vs_group_balance(&prio, &lent, &borrowed)) /* ballooning (limits.md): who lent what */
+    _vs_ctl_out(o, ",\"group\":{\"priority\":%d,\"lent\":%llu,\"borrowed\":%llu}", prio, (unsigned long long)lent,
+                (unsigned long long)borrowed);
 }
 
 typedef struct vs_verb_s {
@@ -343,6 +352,9 @@ static const vs_verb_t vs_verbs[] = {
     {"status", do_status}, {"tag", do_tag},   {"sleep", do_sleep}, {"wake", do_wake},
     {"trim", do_trim},     {"limit", do_limit}, {"dump", do_dump}, {"release-host", do_release_host},
     {"promote", do_promote},
+    {"rules", _vs_ctl_rules},
+    {"quiesce", _vs_ctl_quiesce}, {"release", _vs_ctl_release},
+    {"priority", _vs_ctl_priority}, {"cold", _vs_ctl_cold}, {"demote", _vs_ctl_demote},
 };
 
 static atomic_bool vs_ctl_exiting; /* set at exit: what arrives then is refused */
@@ -372,7 +384,7 @@ static void answer(const char *line, size_t len, vs_jout_t *o) {
         if (!strcmp(cmd->str, vs_verbs[i].name)) verb = &vs_verbs[i];
       if (verb) verb->fn(&req, o);
       else _vs_ctl_error(o, &req, EINVAL, "unknown verb '%.40s': status, tag, sleep, wake, trim, limit, dump, "
-                       "release-host, promote", cmd->str);
+                       "release-host, promote, rules, quiesce, release, priority, cold, demote", cmd->str);
     }
   }
   _vs_ctl_out(o, "}\n");
@@ -388,9 +400,16 @@ static vs_server_t vs_ctl_server;
 static pid_t vs_ctl_pid;
 static vs_lock_t vs_ctl_lock = VS_LOCK_INITIALIZER(VS_RANK_CONTROL, "control"); /* the start */
 
+static uint64_t vs_ctl_conns, vs_ctl_conn; /* the server thread's alone */
+
+uint64_t _vs_ctl_connection(void) { return vs_ctl_conn; }
+
+static void ctl_closed(uint64_t held) { _vs_ctl_group_closed(held); }
+
 static vs_srv_next_t ctl_answer(int fd, uint64_t *held, const char *req, size_t len, char *out, size_t *out_n) {
   (void)fd;
-  (void)held;
+  if (!*held) *held = ++vs_ctl_conns; /* a number for the connection, which it gets back when closed */
+  vs_ctl_conn = *held;
   vs_jout_t o = {out, VS_CTL_REPLY_MAX, 0, false};
   answer(req, len, &o);
   *out_n = o.n;
@@ -455,7 +474,7 @@ static void control_start(void) {
       .name = "control", .asked = "asked to control this process", .slots = VS_CTL_MAX_CONNS,
       .backlog = VS_CTL_BACKLOG, .line_max = VS_CTL_LINE_MAX, .reply_max = VS_CTL_REPLY_MAX, .root_too = true,
       .idle_ms = VS_CTL_IDLE_MS, .request_ms = VS_CTL_PARTIAL_MS, .send_ms = VS_CTL_SEND_MS,
-      .answer = ctl_answer, .refusal = ctl_refusal};
+      .answer = ctl_answer, .refusal = ctl_refusal, .closed = ctl_closed};
   if (_vs_server_start(&vs_ctl_server, &a, len) != 0) {
     _vs_warn("control: vmmshim ctl cannot reach this process");
   } else {

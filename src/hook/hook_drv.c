@@ -240,6 +240,7 @@ typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 
 VS_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+  _vs_tl_alloc_caller = __builtin_return_address(0); /* the call site, for tag rules */
   CUresult err;
   switch (_vs_alloc(VMMSHIM_API_DRIVER, bytesize, VS_NO_STREAM, dptr, &err)) {
   case VS_ALLOC_SERVED: return CUDA_SUCCESS;
@@ -299,9 +300,11 @@ static CUresult free_async(vs_hook_t id, CUdeviceptr dptr, CUstream stream, CUst
 }
 
 VS_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream h) {
+  _vs_tl_alloc_caller = __builtin_return_address(0); /* the call site, for tag rules */
   return alloc_async(VS_HOOK_MEM_ALLOC_ASYNC, dptr, bytesize, h, _vs_stream_named(h, 0));
 }
 VS_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream h) {
+  _vs_tl_alloc_caller = __builtin_return_address(0); /* the call site, for tag rules */
   return alloc_async(VS_HOOK_MEM_ALLOC_ASYNC_PTSZ, dptr, bytesize, h, _vs_stream_named(h, 1));
 }
 VS_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h) {

@@ -225,8 +225,14 @@ const vs_hook_desc_t _vs_gated_hooks[VS_GATED_COUNT] = {
 #undef VS_GATED_DESC
 };
 
+/* The kernel launches: the first one ends the phase:before-launch of tag rules (rules.c). */
+static inline bool vs_gated_launch(vs_gated_t id) {
+  return id <= VS_GATED_GRAPH_LAUNCH_PTSZ || id == VS_GATED_LAUNCH_OLD || id == VS_GATED_LAUNCH_GRID ||
+         id == VS_GATED_LAUNCH_GRID_ASYNC;
+}
+
 /* Each names its stream (order.c), then waits at the gate while the shim moves memory
- * (gate.c). */
+ * (gate.c); a launch notes that the program has launched (one store, the first time). */
 #define VS_GATED_DEF(id, base, ver, ptsz, sym, on, params, args)                                       \
   VS_API CUresult sym params;                                                                         \
   VS_API CUresult sym params {                                                                        \
@@ -234,6 +240,9 @@ const vs_hook_desc_t _vs_gated_hooks[VS_GATED_COUNT] = {
     fn_t real = (fn_t)_vs_hook_real(&_vs_gated_hooks[VS_GATED_##id], &_vs_gated_real[VS_GATED_##id]);    \
     if (!real) return CUDA_ERROR_NOT_INITIALIZED;                                                     \
     _vs_order_see(on, ptsz);                                                                          \
+    if (vs_gated_launch(VS_GATED_##id) &&                                                             \
+        vs_unlikely(!atomic_load_explicit(&_vs_launched, memory_order_relaxed)))                      \
+      atomic_store_explicit(&_vs_launched, true, memory_order_relaxed);                               \
     vs_gate_line_t *line_ = _vs_gate_enter();                                                         \
     CUresult r_ = real args;                                                                          \
     _vs_gate_leave(line_);                                                                            \

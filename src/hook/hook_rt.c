@@ -79,6 +79,7 @@ static cudaError_t rt_bad_free(const char *api, void *ptr, cudaError_t r) {
 }
 
 VS_API cudaError_t cudaMalloc(void **devPtr, size_t size) {
+  _vs_tl_alloc_caller = __builtin_return_address(0); /* the call site, for tag rules */
   cudaError_t out;
   if (rt_alloc(VMMSHIM_API_RUNTIME, devPtr, size, VS_NO_STREAM, &out)) return out;
   rt_malloc_fn real = (rt_malloc_fn)rt_real(&real_malloc, "cudaMalloc");
@@ -149,9 +150,11 @@ VS_API cudaError_t cudaDeviceReset(void) {
 
 /* Stream 0 means the legacy default stream, or in the _ptsz variants the thread's own. */
 VS_API cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t s) {
+  _vs_tl_alloc_caller = __builtin_return_address(0); /* the call site, for tag rules */
   return malloc_async(&real_malloc_async, "cudaMallocAsync", devPtr, size, s, _vs_stream_named((CUstream)s, 0));
 }
 VS_API cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t s) {
+  _vs_tl_alloc_caller = __builtin_return_address(0); /* the call site, for tag rules */
   return malloc_async(&real_malloc_async_ptsz, "cudaMallocAsync_ptsz", devPtr, size, s,
                       _vs_stream_named((CUstream)s, 1));
 }

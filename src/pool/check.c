@@ -1,7 +1,9 @@
 /* check.c: the pool's invariants, counted (VS_POOL_CHECK in debug builds, _vs_pool_check for
  * the tests): the bins, holes, map and pending lists agree with the pool's byte counts, mapped
- * bytes are the sum of its handles, and the asleep list's counts agree with its segments. Below
- * every file of the pool that asserts them; it only reads. */
+ * bytes are the sum of its handles, no handle is mapped at two places, and the asleep list's
+ * counts agree with its segments. Below every file of the pool that asserts them; it only reads. */
+#include <stdlib.h>
+
 #include "vmmshim/pool_internal.h"
 
 /* The number of blocks of a list, and whether each is in the expected state. */
@@ -15,6 +17,25 @@ static int check_list(const vs_list_t *l, vs_block_state_t st, size_t *bytes) {
   }
   if (sum != l->bytes || n != l->count) bad++;
   *bytes += sum;
+  return bad;
+}
+
+static int cmp_handle(const void *a, const void *b) {
+  CUmemGenericAllocationHandle x = *(const CUmemGenericAllocationHandle *)a, y = *(const CUmemGenericAllocationHandle *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* A handle is mapped at one place of the pool at a time: a stitch unmaps it where it was before
+ * it maps it into its new range. Twice in the table would put two blocks on the same memory. */
+static int check_handles_once(const vs_segs_t *t) {
+  if (t->n < 2) return 0;
+  CUmemGenericAllocationHandle *h = malloc(t->n * sizeof *h);
+  if (!h) return 0; /* no host memory to look: nothing found */
+  for (size_t i = 0; i < t->n; i++) h[i] = t->v[i].handle;
+  qsort(h, t->n, sizeof *h, cmp_handle);
+  int bad = 0;
+  for (size_t i = 1; i < t->n; i++) bad += h[i] == h[i - 1];
+  free(h);
   return bad;
 }
 
@@ -71,6 +92,7 @@ int _vs_pool_check_locked(vs_pool_t *p) {
     seg_sum += p->segs.v[i].size;
     if (i && p->segs.v[i - 1].va + p->segs.v[i - 1].size > p->segs.v[i].va) bad++;
   }
+  bad += check_handles_once(&p->segs);
   size_t heaps_mapped = 0;
   for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++) heaps_mapped += p->heaps[heap_id].mapped;
   if (seg_sum != p->mapped || heaps_mapped != p->mapped) bad++; /* mapped bytes = the sum of handles */

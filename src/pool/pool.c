@@ -55,6 +55,7 @@ vs_pool_t *_vs_pool_create(CUcontext ctx, const vs_device_caps_t *caps, const vs
              (int)caps->device);
     p->chunk = SIZE_MAX / 2;
   }
+  p->stitch = _vs_option(VS_OPT_STITCH) != 0;
   size_t resv = (size_t)_vs_option(VS_OPT_RESERVE);
   if (!resv) {
     /* Address space is nearly free to reserve (3-20 us for 64 TiB): room for 4x the device. */

@@ -10,6 +10,7 @@
  *
  * Everything here runs on the slow path. The pool lock is taken to edit the block lists
  * and dropped around every driver call: the blocks being mapped or unmapped are BUSY. */
+#include <limits.h>
 #include <stdlib.h>
 
 #include "vmmshim/pool_internal.h"
@@ -189,7 +190,7 @@ static vs_block_t *claim_hole(vs_pool_t *p, vs_heap_t *heap, size_t size, size_t
   return pick;
 }
 
-static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp);
+static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp, int max_pieces);
 
 /* Before a growth of `want` bytes, the idle handles beyond what policy.h keeps are unmapped:
  * into sp (at most its capacity), for the growth to map again at its own address, the rest
@@ -199,7 +200,36 @@ static void release_before_growth(vs_pool_t *p, size_t want, vs_spares_t *sp) {
   size_t idle = p->free_bytes, mapped = p->mapped;
   pool_unlock(p);
   size_t keep = vs_policy_keep_idle(idle, want, mapped, p->gran);
-  if (idle > keep && idle >= p->caps.min_granularity) unmap_idle(p, keep, false, sp);
+  if (idle > keep && idle >= p->caps.min_granularity) unmap_idle(p, keep, false, sp, VS_GROW_PIECES);
+}
+
+/* The stitch. Before a growth of `want` bytes, idle whole handles of the pool (each no larger
+ * than what is still wanted, at most VS_STITCH_PIECES of them, the largest free blocks first)
+ * are unmapped from where they sit into sp: the growth maps them side by side into its new
+ * range and creates a handle only for the rest. A handle is unmapped from its old place before
+ * it is mapped again, so it is never mapped at two addresses and never under two blocks; its
+ * old place becomes a hole. Returns the bytes gathered. Lock not held. */
+static size_t stitch_gather(vs_pool_t *p, size_t want, vs_spares_t *sp) {
+  pool_lock(p);
+  size_t idle = p->free_bytes;
+  pool_unlock(p);
+  if (!p->stitch || idle < p->caps.min_granularity) return 0;
+  return unmap_idle(p, idle > want ? idle - want : 0, true, sp, VS_STITCH_PIECES);
+}
+
+static size_t spares_bytes(const vs_spares_t *sp) {
+  size_t n = 0;
+  for (int i = 0; i < sp->n; i++) n += sp->seg[i].size;
+  return n;
+}
+
+/* The idle handles a growth of `want` bytes maps again: the stitch's, then (handles bounded)
+ * those the give-back unmaps; what is still idle beyond the budget is released. Returns their
+ * bytes. Lock not held. */
+static size_t gather_spares(vs_pool_t *p, size_t want, vs_spares_t *sp) {
+  size_t gathered = stitch_gather(p, want, sp);
+  release_before_growth(p, want - gathered, p->chunk < SIZE_MAX / 2 ? sp : NULL);
+  return spares_bytes(sp);
 }
 
 vs_block_t *_vs_pool_claim_space(vs_pool_t *p, int heap_id, size_t size, size_t align, size_t handle,
@@ -218,18 +248,37 @@ vs_block_t *_vs_pool_claim_space(vs_pool_t *p, int heap_id, size_t size, size_t 
   return b;
 }
 
+/* Maps [va, va+len): the spares that fit first, new handles for the rest, with the access of
+ * the owner and the peers now. Lock not held. */
+static CUresult map_range(vs_pool_t *p, CUdeviceptr va, size_t len, size_t chunk, vs_spares_t *sp, vs_seg_t *pieces,
+                          int *np) {
+  uint64_t rw, ro;
+  access_now(p, &rw, &ro);
+  return _vs_handles_map(&p->caps, va, len, chunk, rw, ro, sp, pieces, VS_GROW_PIECES, np);
+}
+
+/* A growth that mapped idle handles again (the stitch's, and the spares of a bounded growth's
+ * give-back): counted in the stitch stats (stats.c) and traced ('h'). */
+static void note_stitch(const vs_pool_t *p, CUdeviceptr va, size_t len, int handles, size_t fresh, int reused_n,
+                        uint64_t t0) {
+  VS_STAT_ADD_STITCH(stitches, 1);
+  VS_STAT_ADD_STITCH(handles, (uint64_t)reused_n);
+  VS_STAT_ADD_STITCH(bytes, len - fresh);
+  if (_vs_trace_on) _vs_trace_stitch(va, len, (unsigned)handles, fresh, (int)p->caps.device, _vs_now_ns() - t0);
+}
+
 CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, bool exact) {
   vs_heap_t *heap = &p->heaps[heap_id];
   pool_lock(p);
   size_t handle = vs_policy_grow_step(heap->mapped, p->gran, p->caps.min_granularity, exact);
   pool_unlock(p);
   /* With VMMSHIM_MAX_HANDLE set, the idle handles given back are mapped again here when they
-   * fit (H100, 5 workload seeds: 10-50% fewer VMM calls). Without it a growth stays one handle
-   * of its own size: mapping spares there makes a growth several handles and the pool more of
-   * them (churn, sync: 0.46 -> 1.20 calls per 100 allocations). */
-  vs_spares_t spares;
-  spares.n = 0;
-  release_before_growth(p, round_up(size, handle), p->chunk < SIZE_MAX / 2 ? &spares : NULL);
+   * fit (10-50% fewer VMM calls). Without it only the stitch's are (gather_spares): mapping every
+   * spare makes a growth several handles and the pool more of them (docs/design.md). */
+  uint64_t t0 = _vs_now_ns();
+  vs_spares_t spares = {.n = 0};
+  size_t spare_bytes = gather_spares(p, round_up(size, handle), &spares);
+  int spare_n = spares.n;
   size_t len = 0;
   vs_block_t *b = _vs_pool_claim_space(p, heap_id, size, align, handle, &len);
   if (!b) {
@@ -248,10 +297,10 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
   if (!admitted) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
-    uint64_t rw, ro;
-    access_now(p, &rw, &ro);
-    r = _vs_handles_map(&p->caps, b->addr, len, chunk, rw, ro, &spares, pieces, VS_GROW_PIECES, &np);
+    r = map_range(p, b->addr, len, chunk, &spares, pieces, &np);
   }
+  int reused_n = spare_n - spares.n; /* what the new range took of the idle handles */
+  size_t reused = spare_bytes - spares_bytes(&spares);
   _vs_handles_release_spares(&p->caps, &spares);
 
   /* The new mappings become visible to access changes under their lock: one made since the
@@ -295,6 +344,7 @@ CUresult _vs_pool_grow(vs_pool_t *p, int heap_id, size_t size, size_t align, boo
     uint64_t m = VS_STAT_ADD(bytes_mapped, now_mapped) + now_mapped;
     _vs_stat_peak(&_vs_stats_data.peak_bytes_mapped, m);
   }
+  if (r == CUDA_SUCCESS && reused_n > 0) note_stitch(p, b->addr, len, np, len - reused, reused_n, t0);
   return r;
 }
 
@@ -386,10 +436,10 @@ CUresult _vs_pool_settle_ordered(vs_pool_t *p) {
 /* Unmaps whole idle handles until at most `keep` idle bytes remain (exact: never fewer): into
  * sp while it has room (sp may be NULL), else released. Returns the bytes unmapped. Lock not
  * held. */
-static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp) {
+static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp, int max_pieces) {
   enum { MAX_BATCH = 64, MAX_CAND = 64, MAX_SETTLE = 3 };
   size_t released = 0;
-  int settled = 0;
+  int settled = 0, taken = 0;
   for (;;) {
     vs_seg_t victims[MAX_BATCH];
     vs_block_t *busy[MAX_BATCH];
@@ -412,10 +462,12 @@ static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp)
     for (int heap_id = 0; heap_id < VS_NHEAPS; heap_id++)
       for (unsigned k = VS_NBINS; k-- > lowest && nc < MAX_CAND;)
         for (vs_block_t *c = p->heaps[heap_id].bins[k]; c && nc < MAX_CAND; c = c->fnext) cand[nc++] = c;
-    for (int c = 0; c < nc && n < MAX_BATCH && p->free_bytes > keep; c++)
-      carve_idle_handles(p, cand[c], p->free_bytes - keep, exact, busy, victims, &n, MAX_BATCH);
+    int batch = max_pieces - taken < MAX_BATCH ? max_pieces - taken : MAX_BATCH;
+    for (int c = 0; c < nc && n < batch && p->free_bytes > keep; c++)
+      carve_idle_handles(p, cand[c], p->free_bytes - keep, exact, busy, victims, &n, batch);
     pool_unlock(p);
     if (!n) break;
+    taken += n;
     bool stuck[MAX_BATCH];
     size_t bytes = _vs_handles_unmap_idle(&p->caps, victims, n, sp, stuck);
     _vs_mapped_return((int)p->caps.device, bytes);
@@ -437,12 +489,13 @@ static size_t unmap_idle(vs_pool_t *p, size_t keep, bool exact, vs_spares_t *sp)
     pool_unlock(p);
     if (say) say_stuck(p, &victims[first], "while giving idle memory back");
     if (first >= 0) break; /* the driver refuses: try no more now */
+    if (taken >= max_pieces) break;
   }
   return released;
 }
 
-size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, false, NULL); }
-size_t _vs_pool_trim_exact(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, true, NULL); }
+size_t _vs_pool_trim(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, false, NULL, INT_MAX); }
+size_t _vs_pool_trim_exact(vs_pool_t *p, size_t keep) { return unmap_idle(p, keep, true, NULL, INT_MAX); }
 
 void _vs_pool_unmap_all(vs_pool_t *p) {
   bool keep_resv[VS_MAX_RESV] = {false}; /* holds a range that stays mapped: cannot be freed */

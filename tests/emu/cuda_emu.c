@@ -3609,6 +3609,41 @@ API int emu_handle_info(CUdeviceptr addr, unsigned long long *requested_handle_t
   return 0;
 }
 
+API int emu_shared_handles(const CUdeviceptr *va, const size_t *len, int n) {
+  LOCKED();
+  typedef struct piece_s {
+    handle_t *h;
+    size_t lo, hi; /* bytes of the handle under the range */
+    int range;
+  } piece_t;
+  size_t np = 0, cap = 64;
+  piece_t *v = malloc(cap * sizeof *v);
+  int found = 0;
+  for (int i = 0; v && i < n; i++)
+    for (mapping_t *m = g_maps; v && m; m = m->next) {
+      CUdeviceptr lo = m->va > va[i] ? m->va : va[i];
+      CUdeviceptr hi = m->va + m->size < va[i] + len[i] ? m->va + m->size : va[i] + len[i];
+      if (lo >= hi) continue;
+      if (np == cap) {
+        piece_t *w = realloc(v, 2 * cap * sizeof *v);
+        if (!w) break;
+        v = w;
+        cap *= 2;
+      }
+      v[np++] = (piece_t){m->h, m->offset + (size_t)(lo - m->va), m->offset + (size_t)(hi - m->va), i};
+    }
+  for (size_t a = 0; v && a < np; a++)
+    for (size_t b = a + 1; b < np; b++)
+      if (v[a].h == v[b].h && v[a].range != v[b].range && v[a].lo < v[b].hi && v[b].lo < v[a].hi) {
+        violation("handle 0x%llx is mapped under two live ranges: 0x%llx and 0x%llx",
+                  (unsigned long long)v[a].h->id, (unsigned long long)va[v[a].range],
+                  (unsigned long long)va[v[b].range]);
+        found++;
+      }
+  free(v);
+  return found;
+}
+
 API int emu_violations(void) { return __atomic_load_n(&g_violations, __ATOMIC_RELAXED); }
 
 static const char *access_name(unsigned long long f) {

@@ -78,6 +78,8 @@ typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t, CUdriver
   X(cuIpcGetMemHandle, 4010, 0, CUresult (*)(CUipcMemHandle *, CUdeviceptr))                          \
   X(cuIpcOpenMemHandle, 11000, 0, CUresult (*)(CUdeviceptr *, CUipcMemHandle, unsigned))              \
   X(cuIpcCloseMemHandle, 4010, 0, CUresult (*)(CUdeviceptr))                                          \
+  X(cuLaunchKernel, 4000, 0, CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,  \
+                                          unsigned, unsigned, CUstream, void **, void **))             \
   /* per-thread default stream variants */                                                            \
   X(cuMemAllocAsync_ptsz, 11020, 1, CUresult (*)(CUdeviceptr *, size_t, CUstream))                    \
   X(cuMemFreeAsync_ptsz, 11020, 1, CUresult (*)(CUdeviceptr, CUstream))                               \
@@ -580,6 +582,15 @@ static cudaError_t r_cudaStreamSynchronize_ptsz(cudaStream_t s) {
   NEED_CTX();
   return ret_cu(D.cuStreamSynchronize_ptsz(s));
 }
+/* The emulation's kernels run nothing (tests/emu/cuda_emu.c): the host function's address stands
+ * for its CUfunction, as the real runtime maps a registered stub to one. */
+static cudaError_t r_cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
+                                      cudaStream_t s) {
+  NEED_CTX();
+  if (!func) return ret(cudaErrorInvalidDeviceFunction);
+  return ret_cu(D.cuLaunchKernel((CUfunction)(uintptr_t)func, grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                                 (unsigned)shmem, s, args, NULL));
+}
 static cudaError_t r_cudaStreamQuery(cudaStream_t s) {
   NEED_CTX();
   return ret_cu(D.cuStreamQuery(s));
@@ -699,6 +710,7 @@ EXPORT(cudaStreamDestroy, r_cudaStreamDestroy)
 EXPORT(cudaStreamSynchronize, r_cudaStreamSynchronize)
 EXPORT(cudaStreamSynchronize_ptsz, r_cudaStreamSynchronize_ptsz)
 EXPORT(cudaStreamQuery, r_cudaStreamQuery)
+EXPORT(cudaLaunchKernel, r_cudaLaunchKernel)
 EXPORT(cudaStreamQuery_ptsz, r_cudaStreamQuery_ptsz)
 EXPORT(cudaStreamWaitEvent, r_cudaStreamWaitEvent)
 EXPORT(cudaStreamWaitEvent_ptsz, r_cudaStreamWaitEvent_ptsz)

@@ -18,6 +18,7 @@
  *   cudaDeviceGetDefaultMemPool cudaDeviceGetMemPool cudaMemPoolSetAccess cudaMemPoolGetAccess
  *   cudaMemPoolGetAttribute cudaMemPoolSetAttribute cudaMemPoolTrimTo
  *   cudaIpcGetMemHandle cudaIpcOpenMemHandle cudaIpcCloseMemHandle
+ *   cudaLaunchKernel (a launch that runs nothing: the function's address is its CUfunction)
  */
 #ifndef VMMSHIM_CUDART_EMU_H
 #define VMMSHIM_CUDART_EMU_H

@@ -193,6 +193,10 @@ long long emu_lookup_count(const char *symbol);
  * -1 otherwise. Any output pointer may be NULL. */
 int emu_handle_info(CUdeviceptr addr, unsigned long long *requested_handle_types, int *rdma,
                     unsigned *access_flags);
+/* The contract of memory the program holds: no byte of a handle lies under two of the n live
+ * ranges [va[i], va[i] + len[i]) (a handle mapped at two addresses, each under a live block).
+ * Each such pair is a contract violation (printed, counted); returns how many were found. */
+int emu_shared_handles(const CUdeviceptr *va, const size_t *len, int n);
 int emu_violations(void);
 /* A kernel or copy engine of device dev reading (write 0) or writing (write 1) [ptr, ptr+n):
  * touches no memory, checks that dev may. Returns 0 when allowed; otherwise prints

@@ -89,6 +89,14 @@ run_prog "shared/integrity-deferred" "$BIN/t_integrity.shared" VMMSHIM_FREE_MODE
 run_prog "static/streams-deferred" "$BIN/t_streams.static" VMMSHIM_FREE_MODE=deferred
 run_prog "shared/onestream-off" "$BIN/t_onestream.shared" VMMSHIM_FREE_MODE=deferred VMMSHIM_ONE_STREAM=0
 run_prog "static/integrity-gran2M" "$BIN/t_integrity.static" VMMSHIM_GRANULARITY=2M
+# The stitch (tests/gpu/t_stitch.cu; docs/design.md "Stitching"): a stitched block's bytes, and the
+# data paths, IPC and sleep with it on. VMMSHIM_STITCH=1 make gpu-test runs every program with it.
+run_prog "static/stitch" "$BIN/t_stitch.static" VMMSHIM_STITCH=1 STITCH_EXPECT=1
+run_prog "shared/stitch-off" "$BIN/t_stitch.shared" VMMSHIM_STITCH=0 STITCH_EXPECT=0
+run_prog "shared/integrity-stitch" "$BIN/t_integrity.shared" VMMSHIM_STITCH=1
+run_prog "static/streams-stitch" "$BIN/t_streams.static" VMMSHIM_STITCH=1 VMMSHIM_FREE_MODE=deferred
+run_prog "static/ipc-stitch" "$BIN/t_ipc.static" VMMSHIM_STITCH=1
+run_prog "static/sleep-cycles-stitch" "$BIN/t_sleep.static" SLEEP_MODE=cycles VMMSHIM_STITCH=1
 
 # ---- Python: each framework without and with the shim, numbers compared ----
 py_case() { # KIND TAG [ENV=VALUE...]: one framework; TAG names the shim run
@@ -164,6 +172,7 @@ if [ "$NGPU" -ge 2 ]; then
   run_plain "plain/peer" "$BIN/t_peer.static"
   run_prog "static/peer" "$BIN/t_peer.static" VMMSHIM_GRANULARITY=2M
   run_prog "shared/peer-deferred" "$BIN/t_peer.shared" VMMSHIM_FREE_MODE=deferred
+  run_prog "shared/peer-stitch" "$BIN/t_peer.shared" VMMSHIM_STITCH=1
 else
   skip "peer: $NGPU GPU on this machine; tests/gpu/t_peer.cu needs two"
 fi
@@ -205,14 +214,26 @@ run_prog "shared/group-spill" "$BIN/t_group.shared" GROUP_MODE=spill VMMSHIM_LIM
 # A wait that cannot end fails the mode after GROUP_HOPELESS_S, well before run_prog's 90 s.
 run_prog "static/group-hopeless" "$BIN/t_group.static" GROUP_MODE=hopeless GROUP_HOPELESS_S=20 VMMSHIM_LIMIT=1G \
   VMMSHIM_ON_LIMIT=wait
+# A trainer (priority 10, VMMSHIM_ON_LIMIT=balloon) and a generator (priority 0, cold tag kv) on one
+# GPU under one budget: the trainer's growth moves kv to host memory, the tokens stay the same,
+# kv comes back after the trainer frees (tests/gpu/t_balloon.cu).
+run_prog "shared/balloon" "$BIN/t_balloon.shared"
 
 # ---- steered from outside: vmmshim ctl on tests/gpu/t_ctl.cu, vmmshim.control on PyTorch ----
 . tests/gpu/ctl_drive.sh
+
+# ---- a whole group at once: vmmshim ctl --group NAME sleep|wake on two ranks (tests/gpu/group_drive.sh) ----
+. tests/gpu/group_drive.sh
 
 # ---- a torch_memory_saver program (tests/gpu/tms_compat.py) under vmmshim --as torch_memory_saver,
 # caching allocator on and off; PyTorch missing: SKIP ----
 run_python tms-compat tests/gpu/tms_compat.py
 run_python tms-compat-nocache tests/gpu/tms_compat.py --no-cache
+
+# ---- tag rules on an unmodified PyTorch generator (tests/gpu/rules_llm.py): weights by phase, the KV
+# cache by Python file (tests/gpu/rules_kv.py); vmmshim ctl sleeps kv from outside, the tokens after
+# the wake are the reference's; with the caching allocator on, INFO only. PyTorch missing: SKIP ----
+run_python rules-llm tests/gpu/rules_llm.py
 
 # ---- robustness (tests/gpu/t_robust.cu, one ROBUST_MODE per run) ----
 # robust_value LOG KEY: KEY=value of the "RESULT pressure" line.

@@ -27,6 +27,7 @@ BASE = {
     "pair_async_4k": 0.25, "pair_deferred_4k": 0.40, "pair_malloc_4k": 80.0,
     # churn us per step (one run each)
     "churn_pool": 13.0, "churn_deferred": 10.0, "churn_async": 8.7, "churn_deferred_bad": 0,
+    "churn_stitch": 10.5,  # 0.81x the pool's: just misses the target's time
     # overhead kernel times, three runs each
     "ovh_base": [2341.3, 2341.2, 2341.4], "ovh_shim": [2341.3, 2341.5, 2345.0],
     # serving: tokens/s and peaks
@@ -78,7 +79,9 @@ def write_logs(d, v, only=None):
         for c, us, extra in (("pool", v["churn_pool"], " pool_reserved_high=1279000000 pool_used_high=1000000000 shim=0"),
                              ("shim-deferred", v["churn_deferred"], shim % (1159000000, 1000000000, 90)
                               + " shim_vmm_steady=77"),
-                             ("shim-async", v["churn_async"], shim % (1153000000, 1000000000, 60) + " shim_vmm_steady=55")):
+                             ("shim-async", v["churn_async"], shim % (1153000000, 1000000000, 60) + " shim_vmm_steady=55"),
+                             ("shim-sync-stitch", v["churn_stitch"], shim % (1040000000, 1000000000, 70)
+                              + " shim_vmm_steady=60")):
             bad = v["churn_deferred_bad"] if c == "shim-deferred" else 0
             churn.append("R churn work=churn cfg=%s seed=1 steps=18000 us_per_step=%.2f peak_live=1000000000 bad=%d "
                          "allocs_steady=9000%s" % (c, us, bad, extra))
@@ -169,6 +172,9 @@ def main():
               and figs.get("churn, shim-deferred: us per step", {}).get("kind") == "time"
               and figs.get("churn, pool: us per step", {}).get("guard") is False,
               "JSON companion: direction, kind, and the reference allocators not guarded")
+        check("| shim sync, stitch | 10.50 | 0.81x | 1.040 |" in r.stdout
+              and "Target: held / live <= 1.05 at <= 0.80x the pool's us per step: not met by any shim row." in r.stdout,
+              "churn: the stitch's row, and the target not met (held 1.04 at 0.81x)")
         serve = r.stdout[r.stdout.find("## 4b. Real program: LLM serving"):]
         serve = serve[:serve.find("\n## ")]
         check("| caching allocator under the shim | 8950 | 0.99x | 972.8 MiB (reserved) |" in serve
@@ -270,6 +276,12 @@ def main():
         r = report(os.path.join(tmp, "none"), os.path.join(tmp, "none-out", "x.md"), jpath, "the file")
         check(r.returncode == 0 and "Regression guard: the file (run of 2026-01-01 00:00 UTC, shim abc1234) has none "
               "of this run's figures: nothing compared." in r.stdout, "no figure in common: said in one line")
+
+        # The churn's target met by the stitch's row at 0.77x the pool's time.
+        write_logs(os.path.join(tmp, "met"), changed(churn_stitch=10.0))
+        r = report(os.path.join(tmp, "met"), os.path.join(tmp, "met-out", "x.md"), jpath)
+        check("Target: held / live <= 1.05 at <= 0.80x the pool's us per step: met by shim-sync-stitch." in r.stdout,
+              "churn: the target met by the stitch's row")
 
         # A wrong buffer counts whatever the tolerance.
         write_logs(os.path.join(tmp, "wrong"), changed(churn_deferred_bad=1))

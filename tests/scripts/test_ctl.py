@@ -121,6 +121,8 @@ def verbs(sv):
     check(st.get("ok") and st["pid"] == pid and tag_of(st, "weights").get("live") == 8 << 20
           and tag_of(st, "kv").get("device") == 4 << 20 and st["devices"][0]["device"] == 0,
           "ctl PID status --json: pid, tags' bytes, devices")
+    check(all(isinstance(st.get("stats", {}).get(k), int) for k in ("stitches", "stitch_handles", "stitch_bytes")),
+          "ctl PID status --json: the stitch counters [%s]" % st.get("stats"))
 
     rc, out = ctl(pid, "tag", "phase")
     check(rc == 0 and out.strip() == "pid %d: new allocations go to tag 'phase' (was 'untagged')" % pid,

@@ -423,8 +423,8 @@ texts["vmmshim-replay --help"] = replay_help
 bad = version_problems(texts)
 check(not bad, "every trace format version quoted is %s, the one the shim writes (%s)" % (TRACE_V, names_list(bad)))
 sample = {"sample.md": "The tools read native versions 1 and 2.\n```\nv 2 vmmshim 0.1.0\n```\n"
-                       "| `v` | `v VERSION` | format version (hex, `2`) |\nThe shim writes version 3.\n"
-                       "The trace format reads versions 1 to %d.\n" % TRACE_V}
+                       "| `v` | `v VERSION` | format version (hex, `2`) |\nThe shim writes version %d.\n"
+                       "The trace format reads versions 1 to %d.\n" % (TRACE_V, TRACE_V)}
 bad = version_problems(sample)
 check(bad == ["sample.md:1: version 2", "sample.md:3: version 2", "sample.md:5: version 2"],
       "old trace versions are caught, the current one is not %s" % bad)

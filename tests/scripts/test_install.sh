@@ -112,7 +112,7 @@ if $CC -std=c11 -Wall -Wextra -Werror -I"$P/include" -I"$CUDA_HOME/include" -o "
   out=$($next 2>&1)
   rc=$?
   check "the installed vmmshim-report reads the trace" \
-    sh -c '[ "$1" = 0 ] && printf "%s\n" "$2" | grep -q "^format: native 3 (vmmshim " &&
+    sh -c '[ "$1" = 0 ] && printf "%s\n" "$2" | grep -q "^format: native 4 (vmmshim " &&
            printf "%s\n" "$2" | grep -q "^program: $3\$"' - "$rc" "$out" "$tmp/prog"
 else
   ko "a program builds with the installed vmmshim.h"; cat "$tmp/cc.log"

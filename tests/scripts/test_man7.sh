@@ -67,11 +67,12 @@ int main(void) {
 EOF
 if $CC -I"$CUDA_HOME/include" -o "$tmp/prog" "$tmp/prog.c" -L"$B/emu" -Wl,-rpath,"$B/emu" -lcudart 2>"$tmp/cc.log"; then
   # Every variable of the table malformed at once ('' is the one value a path refuses; a tag
-  # or group name has no spaces).
+  # or group name, and a list of cold tags, has no spaces).
   set --
   for v in $table; do
-    if [ "$v" = VMMSHIM_TRACE ] || [ "$v" = VMMSHIM_DISK_DIR ]; then set -- "$@" "$v="
-    elif [ "$v" = VMMSHIM_TAG ] || [ "$v" = VMMSHIM_LIMIT_GROUP ]; then set -- "$@" "$v=not a name"
+    if [ "$v" = VMMSHIM_TRACE ] || [ "$v" = VMMSHIM_DISK_DIR ] || [ "$v" = VMMSHIM_TAG_RULES ]; then set -- "$@" "$v="
+    elif [ "$v" = VMMSHIM_TAG ] || [ "$v" = VMMSHIM_LIMIT_GROUP ] || [ "$v" = VMMSHIM_COLD_TAGS ]; then
+      set -- "$@" "$v=not a name"
     else set -- "$@" "$v=not-a-value"; fi
   done
   said=$(cd "$tmp" && env "$@" LD_LIBRARY_PATH="$B/emu" LD_PRELOAD="$B/libvmmshim.so" ./prog 2>&1)

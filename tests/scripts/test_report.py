@@ -166,7 +166,7 @@ def test_by_tag(tmp):
 def test_refusals(tmp):
     newer = os.path.join(tmp, "newer.trace")
     with open(newer, "w") as f:
-        f.write("v 4 vmmshim 9.9.9\na 0 1 0 0 - 1000 10 10 0\n")
+        f.write("v 5 vmmshim 9.9.9\na 0 1 0 0 - 1000 10 10 0\n")
     r = report(newer)
     check(r.returncode == 2 and "newer" in r.stderr, "a newer format version is refused with a clear message")
     junk = os.path.join(tmp, "junk.trace")
@@ -287,6 +287,31 @@ def test_not_device_memory(tmp):
           "alias and host mappings not counted as device memory (peak mapped %s)" % (m and m.group(1)))
 
 
+def test_stitches(tmp):
+    """Version 4: a stitch (h record) is counted with what it saved, and held / live is shown for
+    each tenth of the run; a malformed h record is counted as malformed, not read."""
+    path = os.path.join(tmp, "stitch.trace")
+    with open(path, "w") as f:
+        f.write("v 4 vmmshim 0.1.0\nx /synthetic\nc synthetic\np 1 0 0\ns 0 0\n")
+        f.write("m 10 1 2 0 7e0000000000 4000000 1 0 0 1000\n")   # 64 MiB
+        f.write("a 20 1 0 0 - 7e0000000000 4000000 4000000 0\n")
+        f.write("f 30 1 0 0 - 7e0000000000 4000000\n")
+        f.write("m 40 1 4 0 7e0000000000 4000000 0 0 0 1000\n")   # the idle handle leaves its place
+        f.write("m 50 1 2 0 7f0000000000 4000000 1 0 0 1000\n")   # ... for the new range
+        f.write("m 60 1 2 0 7f0004000000 2000000 2 0 0 1000\n")   # and a new 32 MiB handle
+        f.write("h 70 1 0 0 7f0000000000 6000000 2 2000000 5000\n")
+        f.write("a 80 1 0 0 - 7f0000000000 6000000 6000000 0\n")
+        f.write("h 90 1 0 0 7f0000000000 6000000 2\n")             # malformed: cut short
+        f.write("e 100\n")
+    r = report(path)
+    check(r.returncode == 0 and "stitches: 1 growths mapped idle handles again (2 handles in their ranges), "
+          "64.00 MiB not created anew" in r.stdout, "the stitch and what it saved %r" % r.stdout[-600:])
+    m = re.search(r"held / live over time \(the peak of each tenth of the run\): (.*)", r.stdout)
+    check(m and m.group(1).split() == ["-", "1.000", "-", "-", "-", "1.000", "-", "-", "-", "-"],
+          "held / live over the run: %s" % (m and m.group(1)))
+    check("malformed" in r.stdout + r.stderr, "the cut h record is malformed")
+
+
 def test_html_render(page, tmp):
     """Each chart of the page on its own (the page's only=SECTION parameter hides the rest),
     screenshotted by headless chromium: the timeline is drawn by the page's script."""
@@ -316,6 +341,7 @@ def main():
         page = test_exports(tmp)
         test_synthetic(tmp)
         test_not_device_memory(tmp)
+        test_stitches(tmp)
         test_html_render(page, tmp)
     return summary()
 

@@ -23,7 +23,8 @@ Without the shim, every function that calls it (region, pause and resume include
 NotPreloaded, with one line saying how to run under it. Reference: docs/sleep.md, "From Python".
 
 vmmshim.control(pid) steers another process under the shim from this one, with the verbs of
-`vmmshim ctl` (vmmshim/client.py); it does not need the shim in this process."""
+`vmmshim ctl` (vmmshim/client.py); it does not need the shim in this process.
+vmmshim.control_group(name) sleeps and wakes every member of a group together, all or nothing."""
 import contextlib
 import ctypes
 import errno
@@ -34,8 +35,8 @@ from .client import Control, ControlError, reachable  # noqa: F401  (the public 
 
 __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
            "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "host_copy", "host_view", "set_disk_dir", "stats", "trim", "dump",
-           "control", "reachable", "loaded", "library_path", "UNTAGGED", "SleepResult", "Error", "NotPreloaded",
-           "ControlError", "Control"]
+           "control", "control_group", "reachable", "loaded", "library_path", "UNTAGGED", "SleepResult", "Error", "NotPreloaded",
+           "ControlError", "Control", "set_tag_rules"]
 
 TAG_MAX = 32
 UNTAGGED = "untagged"  # the tag of memory allocated with no tag set
@@ -144,6 +145,8 @@ def _shim():
             if version() >= 4:
                 sigs["vmmshim_host_copy"] = (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
                                                             ctypes.POINTER(ctypes.c_size_t)])
+            if version() >= 5:
+                sigs["vmmshim_set_tag_rules"] = (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t])
             if version() >= 6:
                 sigs["vmmshim_host_view"] = (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t,
                                                             ctypes.POINTER(ctypes.c_void_p)])
@@ -196,6 +199,19 @@ def set_process_tag(tag):
 def set_tag_keep(tag, keep=True):
     """A tag marked keep is copied to host memory, not discarded, by a level-2 sleep."""
     _check(_shim().vmmshim_set_tag_keep(_name(tag), 1 if keep else 0), "set_tag_keep %s" % tag)
+
+
+def set_tag_rules(spec):
+    """Replaces the tag rules (VMMSHIM_TAG_RULES, docs/tag-rules.md), e.g.
+    "weights=phase:before-launch;kv=py:*/kv_cache.py"; None or "" clears them. A malformed spec
+    raises Error (EINVAL) naming the rule and the character; the rules in force then stay."""
+    lib = _shim()
+    if lib.vmmshim_api_version() < 5:
+        raise NotPreloaded("vmmshim: the preloaded shim has no vmmshim_set_tag_rules (API 5)")
+    err = ctypes.create_string_buffer(256)
+    rc = lib.vmmshim_set_tag_rules(spec.encode() if spec else None, err, len(err))
+    if rc < 0:
+        raise Error("set_tag_rules", -rc, err.value.decode(errors="replace") or os.strerror(-rc))
 
 
 _backup = {}  # tag -> enable_cpu_backup, for the tags region() has seen (pause/resume without a tag)
@@ -402,3 +418,11 @@ def control(pid, timeout=10.0, move_timeout=300.0):
     """The process pid under the shim, steered from here: an object with the verbs of `vmmshim
     ctl` (status, tag, sleep, wake, trim, limit, dump, release_host)."""
     return Control(pid, timeout, move_timeout)
+
+
+def control_group(name, timeout=60.0):
+    """The live members of group name (VMMSHIM_LIMIT_GROUP), steered together: sleep(tag=None,
+    mode=None, level=None) and wake(tag=None, zero=False) on every member, all or nothing, each
+    returning what happened per member (docs/control.md, "A whole group"); status()."""
+    from .group_sleep import GroupControl
+    return GroupControl(name, timeout)

@@ -20,6 +20,9 @@ Usage: vmmshim ctl list [--json] [--pid PID[,PID...]]
        vmmshim ctl PID dump
        vmmshim ctl PID release-host [--keep SIZE]
        vmmshim ctl PID promote
+       vmmshim ctl PID rules [SPEC|--clear]
+       vmmshim ctl PID priority [N]
+       vmmshim ctl PID cold TAG [--mode mapped|host|discard|off]
 """
 
 ABOUT = """\
@@ -43,6 +46,12 @@ See and steer a program running under vmmshim, from outside (docs/control.md).
   release-host  give back host memory kept for the next sleep
   promote       memory served from host memory past a limit (VMMSHIM_ON_LIMIT=
                 host) back to the device, as far as the limit allows now
+  rules         the tag rules and what each tagged; SPEC replaces them
+                ("TAG=MATCHER;...", docs/tag-rules.md), --clear removes them
+  priority      the process's priority in its group (0-1000; VMMSHIM_ON_LIMIT=
+                balloon borrows from lower ones); no N: show it
+  cold TAG      lend TAG first when a higher member needs room (--mode mapped,
+                the default, host or discard; off: no longer)
   --group NAME  the limit and status of a group of processes (VMMSHIM_LIMIT_GROUP)
 Options: --json (the reply as JSON), --timeout SECONDS (default 10; 300 for sleep,
 wake and trim). SIZE takes K, M, G suffixes. PID: a process id, a number above 0.
@@ -55,7 +64,7 @@ connection before answering (or sent a bad reply).
 """
 
 SHORT = "vmmshim ctl list | PID VERB [ARGS...] | --group NAME VERB [ARGS...]"
-VERBS = ("status", "tag", "sleep", "wake", "trim", "limit", "dump", "release-host", "promote")
+VERBS = ("status", "tag", "sleep", "wake", "trim", "limit", "dump", "release-host", "promote", "rules", "priority", "cold")
 
 
 def help_text():
@@ -163,6 +172,11 @@ def _moved(pid, r):
     return line
 
 
+def _rules_lines(rules):
+    """The tag rules of a reply, one line each, with the allocations each tagged."""
+    return ["  %d. %s (%d allocations)" % (i + 1, text.clean(r["rule"]), r["matched"]) for i, r in enumerate(rules)]
+
+
 def _status_text(st):
     """A status reply (checked by the client against client.STATUS), for people."""
     c = text.clean
@@ -194,6 +208,9 @@ def _status_text(st):
                                                                  text.short(t["host_mapped"]),
                                                                  text.short(t["discarded"]),
                                                                  text.short(t.get("disk", 0)), state))
+    if st.get("rules"):
+        lines.append("tag rules (the first that matches tags an allocation of a thread with no tag of its own):")
+        lines.extend(_rules_lines(st["rules"]))
     h = st["host"]
     lines.append("host memory: in use %s, kept %s%s" % (text.size(h["in_use"]), text.size(h["cached"]),
                                                         ", limit %s" % text.size(h["limit"]) if h["limit"] else ""))
@@ -328,6 +345,26 @@ def _verb(pid, verb, rest, as_json, timeout):
             raise Usage("promote takes no argument")
         r = ctl.promote()
         out = _moved(pid, r)
+    elif verb == "rules":
+        clear = bool(_take(rest, "--clear", False))
+        if len(rest) > 1 or (clear and rest):
+            raise Usage("rules takes one SPEC (quote it) or --clear")
+        r = ctl.rules(rest[0] if rest else None, clear)
+        out = "\n".join(["pid %d: %s" % (pid, "tag rules:" if r["rules"] else "no tag rules")]
+                        + _rules_lines(r["rules"]))
+    elif verb == "priority":
+        if len(rest) > 1 or (rest and not (rest[0].isdigit() and int(rest[0]) <= 1000)):
+            raise Usage("priority takes at most one N, a whole number from 0 to 1000")
+        r = ctl.call("priority", priority=int(rest[0]) if rest else None)
+        out = "pid %d: priority %d (was %d)" % (pid, r["priority"], r["previous"])
+    elif verb == "cold":
+        mode = _take(rest, "--mode", True)
+        if mode is not None and mode not in ("mapped", "host", "discard", "off"):
+            raise Usage("--mode: mapped, host, discard or off (got '%s')" % mode)
+        if len(rest) != 1 or rest[0].startswith("-"):
+            raise Usage("cold takes one TAG")
+        r = ctl.call("cold", tag=rest[0], mode=mode)
+        out = "pid %d: tag '%s' cold: %s (was %s)" % (pid, text.clean(r["tag"]), r["mode"], r["previous"])
     print(json.dumps(r, separators=(",", ":")) if as_json else out)
     return EXIT_OK
 

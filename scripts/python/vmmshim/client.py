@@ -295,6 +295,9 @@ REPLIES = {
     "limit": {"limit": "count", "previous": "count", "mapped": "count", "note": Opt("string")},
     "dump": {"report": "string", "truncated": Opt("bool")},
     "release-host": {"released": "count", "in_use": "count", "cached": "count"},
+    "rules": {"changed": "bool", "rules": [{"rule": "string", "tag": "string", "matched": "count"}]},
+    "priority": {"priority": "count", "previous": "count"},
+    "cold": {"tag": "string", "mode": "string", "previous": "string"},
 }
 _REFUSAL = {"error": Opt("string"), "message": Opt("string")}
 
@@ -383,6 +386,12 @@ class Control:
 
     def release_host(self, keep=0):
         return self.call("release-host", keep=keep)
+
+    def rules(self, spec=None, clear=False):
+        """The tag rules in force, with the allocations each tagged (reply["rules"]); spec replaces
+        them (docs/tag-rules.md), clear removes them. A malformed spec is refused (EINVAL), its
+        message naming the rule and the character; the rules in force then stay."""
+        return self.call("rules", spec=spec, clear=True if clear else None)
 
     def promote(self):
         """Memory served from host memory past a limit (VMMSHIM_ON_LIMIT=host) back to the device,

@@ -34,18 +34,18 @@ import zlib
 from . import text
 
 MAGIC = b"VMMSHGRP"
-VERSION = 1
+VERSION = 2
 DEVICES = 16
 MEMBERS = 256
 HEADER_SIZE = 512
-MEMBER_SIZE = 304
+MEMBER_SIZE = 336
 SIZE = HEADER_SIZE + MEMBERS * MEMBER_SIZE
 CRC_BYTES = 72
 LIMIT_SOURCES = {0: "unset", 1: "a member's VMMSHIM_LIMIT", 2: "vmmshim ctl"}
 
 # vs_group_header_t and vs_group_member_t (include/vmmshim/group.h), native byte order.
 HEADER = struct.Struct("=8s6IQ32s6IQ16QQ16Q4Q2I104x")
-MEMBER = struct.Struct("=IIQ16sQQ16Q16Q")
+MEMBER = struct.Struct("=IIQ16sQQ16Q16QiIQQII")
 assert HEADER.size == HEADER_SIZE and MEMBER.size == MEMBER_SIZE
 # Offsets of the fields this tool writes.
 OFF_BUSY, OFF_SEQ, OFF_SOURCE, OFF_GEN, OFF_LIMIT_ALL, OFF_LIMITS = 76, 80, 88, 92, 96, 104
@@ -266,7 +266,7 @@ class Group:
     def header(self):
         h = HEADER.unpack_from(self.mm, 0)
         return {
-            "version": h[1], "uid": h[6], "name": h[8].rstrip(b"\0").decode(),
+            "version": h[1], "uid": h[6], "pidns": h[7], "name": h[8].rstrip(b"\0").decode(),
             "busy": h[10], "release_seq": h[11], "waiters": h[12], "limit_source": h[13], "limit_gen": h[14],
             "limit_all": h[15], "limit": list(h[16:32]), "total_all": h[32], "total": list(h[33:49]),
             "host_all": h[49], "admitted": h[50], "refused": h[51], "reclaimed": h[52], "members": h[53],
@@ -281,7 +281,8 @@ class Group:
             out.append({"slot": i, "pid": m[0], "waiting": m[1] & WAITING, "start": m[2],
                         "comm": m[3].rstrip(b"\0").decode("utf-8", "replace"), "mapped_all": m[4],
                         "host_all": m[5], "mapped": list(m[6:22]), "host": list(m[22:38]),
-                        "alive": member_alive(m[0], m[2])})
+                        "priority": m[38], "lent": m[40], "borrowed": m[41], "demotions": m[42],
+                        "promotions": m[43], "alive": member_alive(m[0], m[2])})
         return out
 
     def _recount(self):
@@ -357,14 +358,16 @@ def print_status(s):
     ms = s["members_list"]
     print("%d member%s" % (len(ms), "" if len(ms) == 1 else "s"))
     if ms:
-        print("%8s  %-16s %12s %7s %12s  %s" % ("pid", "name", "mapped", "share", "host", "state"))
+        print("%8s  %-16s %12s %7s %12s %4s %12s %12s  %s" % ("pid", "name", "mapped", "share", "host", "prio", "lent",
+                                                            "borrowed", "state"))
     for m in ms:
         share = 100.0 * m["mapped_all"] / s["total_all"] if s["total_all"] else 0.0
         state = "alive" if m["alive"] else "dead (returned at the next admission)"
         if m["waiting"]:
             state += ", waiting"
-        print("%8d  %-16s %12s %6.1f%% %12s  %s" % (m["pid"], text.clean(m["comm"]), human(m["mapped_all"]),
-                                                   share, human(m["host_all"]), state))
+        print("%8d  %-16s %12s %6.1f%% %12s %4d %12s %12s  %s" % (
+            m["pid"], text.clean(m["comm"]), human(m["mapped_all"]), share, human(m["host_all"]), m["priority"],
+            human(m["lent"]), human(m["borrowed"]), state))
 
 
 def usage(out):

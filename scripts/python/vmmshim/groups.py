@@ -11,7 +11,7 @@ import sys
 
 from .client import EXIT_USAGE
 
-PROVIDERS = ["group_shm"]   # modules of this package that register group verbs
+PROVIDERS = ["group_shm", "group_sleep"]   # modules of this package that register group verbs
 COMMANDS = {}    # verb -> (handler, usage)
 
 

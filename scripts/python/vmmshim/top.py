@@ -95,6 +95,11 @@ def _block(pid, st, why, previous, name):
         lines.append((ROW % ("", name, (" " + tag)[:name], "", text.short(t["live"]), text.short(t["device"]),
                              text.short(t_asleep), text.short(t["host_copied"] + t["host_mapped"]), state, "",
                              "")).rstrip())
+    g = st.get("group")
+    if isinstance(g, dict) and all(isinstance(g.get(k), int) for k in ("priority", "lent", "borrowed")) and \
+            (g["lent"] or g["borrowed"]):
+        lines.append("%7s   priority %d: lent %s, borrowed %s (VMMSHIM_ON_LIMIT=balloon)" % (
+            "", g["priority"], text.short(g["lent"]), text.short(g["borrowed"])))
     return lines
 
 
