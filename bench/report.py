@@ -883,6 +883,21 @@ def sec_tms(recs, out):
                    "write %s GiB/s, read %s GiB/s." % (w.get("fs"), "direct I/O" if w.get("direct") == "1" else
                                                         "buffered: the filesystem refuses O_DIRECT",
                                                         fnum(num(w, "gibps")), fnum(num(rd, "gibps"))))
+        if w.get("bs_mib"):
+            out.append("dd's block size: %s MiB (the disk mode: pieces of 32 MiB, up to 4 reads in flight at a wake)."
+                       % w.get("bs_mib"))
+    again = one(recs, "tms", dd="read-after")
+    if again:
+        out.append("dd's read again after the disk cycles: %s GiB/s." % fnum(num(again, "gibps")))
+    files = find(recs, "tms", files="disk")
+    if files:
+        out.append("\n| disk cycle | files | bytes | allocated | extents | page cache before pause | paused |")
+        out.append("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in files:
+            out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                r.get("cycle"), r.get("count"), r.get("bytes"), r.get("allocated"),
+                "?" if r.get("extents") == "-1" else r.get("extents"), r.get("cached_before"), r.get("cached_paused")))
+        out.append("")
     for what in ("pause", "resume"):
         r = one(recs, "tms", ratio=what)
         if r:

@@ -76,7 +76,7 @@ int vmmshim_dump(void);
  *   (or VMMSHIM_LIMIT) has no room to wake, -ENOTSUP the device cannot do it (mapped mode needs
  *   host-location VMM), -EALREADY nothing to do (asleep already, or awake), -ENODEV the shim
  *   is not active. A result says what moved, also when the call failed part way. */
-#define VMMSHIM_API_VERSION 5
+#define VMMSHIM_API_VERSION 6
 int vmmshim_api_version(void);
 
 #define VMMSHIM_TAG_MAX 32   /* bytes of a tag name, its terminating zero included */
@@ -159,6 +159,16 @@ size_t vmmshim_release_host(size_t keep);
  * valid until the memory wakes. Returns 0, -ENOENT (not asleep, discarded, or not the shim's),
  * -EINVAL, -ENODEV. Since API version 4. */
 int vmmshim_host_copy(const void *addr, void **home, size_t *len);
+/* The CPU's address of the size bytes at addr while its memory sleeps in host or mapped mode, when
+ * they lie in one host buffer (buffers hold 64 MiB each, from the start of each segment of the
+ * shim's pools) that the driver let the CPU access: the bytes themselves, no copy; a write
+ * there changes what the wake restores. Valid until the memory wakes (then the buffer is kept
+ * for the next sleep, or given back: vmmshim_release_host, VMMSHIM_HOST_LIMIT, after which the
+ * address faults). Returns 0, -ENOENT (not asleep, or not the shim's), -EXDEV (discarded, on
+ * disk, or spread over two buffers: copy it with vmmshim_host_copy), -ENOTSUP (the driver
+ * refused the CPU access to host buffers), -EINVAL (host NULL or size 0), -ENODEV.
+ * Since API version 6. */
+int vmmshim_host_view(const void *addr, size_t size, void **host);
 /* The directory of the files of disk-mode sleeps made from now on (VMMSHIM_DISK_DIR at start,
  * else $TMPDIR, else /tmp). Creates nothing: returns 0, or -ENOENT, -ENOTDIR, -EACCES (not a
  * writable directory), -EINVAL. Since API version 5. */

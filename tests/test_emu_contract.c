@@ -289,6 +289,44 @@ static void test_vmm(void) {
   emu_set_caps(1, 1, 1);
 }
 
+/* CPU access descriptors (HOST, HOST_NUMA node 0): granted on host-location memory only (on
+ * device memory, as on the driver, a violation), read back by cuMemGetAccess; refused without a
+ * violation when the emulated driver is told not to grant them. */
+static void test_cpu_access(void) {
+  CUmemAllocationProp hp;
+  memset(&hp, 0, sizeof hp);
+  hp.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  hp.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle hh = 0, hd = 0;
+  CHECK_COND(cuMemAddressReserve(&va, 8 * MiB, 0, 0, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemCreate(&hh, 2 * MiB, &hp, 0) == CUDA_SUCCESS && cuMemCreate(&hd, 2 * MiB, &g_prop, 0) == CUDA_SUCCESS);
+  CHECK_COND(cuMemMap(va, 2 * MiB, 0, hh, 0) == CUDA_SUCCESS && cuMemMap(va + 2 * MiB, 2 * MiB, 0, hd, 0) == CUDA_SUCCESS);
+  CUmemAccessDesc two[2];
+  memset(two, 0, sizeof two);
+  two[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  two[0].flags = two[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  two[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  CUmemLocation numa = {CU_MEM_LOCATION_TYPE_HOST_NUMA, 0}, host = {CU_MEM_LOCATION_TYPE_HOST, 0};
+  unsigned long long f = 99;
+  CHECK_COND(cuMemSetAccess(va, 2 * MiB, two, 1) == CUDA_SUCCESS);
+  CHECK_COND(cuMemGetAccess(&f, &numa, va) == CUDA_SUCCESS && f == 0); /* the device's only */
+  CHECK_COND(cuMemSetAccess(va, 2 * MiB, two, 2) == CUDA_SUCCESS);
+  CHECK_COND(cuMemGetAccess(&f, &numa, va) == CUDA_SUCCESS && f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  CHECK_COND(cuMemGetAccess(&f, &host, va + 4096) == CUDA_SUCCESS && f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  CHECK_VIOLATION(cuMemSetAccess(va + 2 * MiB, 2 * MiB, two, 2), CUDA_ERROR_INVALID_VALUE); /* device memory */
+  CHECK_VIOLATION(cuMemSetAccess(va, 4 * MiB, two, 2), CUDA_ERROR_INVALID_VALUE);          /* spans onto it */
+  two[1].location.id = 1;
+  CHECK_VIOLATION(cuMemSetAccess(va, 2 * MiB, two, 2), CUDA_ERROR_INVALID_VALUE); /* no node 1 here */
+  two[1].location.id = 0;
+  emu_set_host_cpu_access(0);
+  CHECK_NO_VIOLATION(cuMemSetAccess(va, 2 * MiB, two, 2), CUDA_ERROR_NOT_SUPPORTED);
+  emu_set_host_cpu_access(1);
+  CHECK_COND(cuMemUnmap(va, 4 * MiB) == CUDA_SUCCESS);
+  CHECK_COND(cuMemRelease(hh) == CUDA_SUCCESS && cuMemRelease(hd) == CUDA_SUCCESS);
+  CHECK_COND(cuMemAddressFree(va, 8 * MiB) == CUDA_SUCCESS);
+}
+
 static void test_oom(void) {
   emu_set_device_memory(0, 16 * MiB);
   CUmemGenericAllocationHandle h1, h2;
@@ -1483,6 +1521,7 @@ int main(int argc, char **argv) {
   test_init();
   test_lookup();
   test_vmm();
+  test_cpu_access();
   test_oom();
   test_plain();
   test_streams();

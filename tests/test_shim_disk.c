@@ -17,11 +17,23 @@
  *              with its file; restored, the wake brings every byte back. The file removed:
  *              ENOENT, still asleep; put back, the wake works.
  *   trace      (the roundtrip, traced) the sleep's w record has mode 3.
+ *   inflight   a wake of 256 MiB (8 pieces): before its first copy to the device is made (held
+ *              in the emulation), several reads of the file are under way (native AIO:
+ *              io_submit calls), every byte comes back; the sleep allocated the file's blocks
+ *              once, for all its bytes, before its first write; a preallocation refused for
+ *              space (ENOSPC) fails the sleep before anything is written: the tag awake, intact,
+ *              no file.
+ *   inflight-sync  the same wake where the kernel refuses AIO (io_setup fails): the reads are
+ *              made at once (pread), still several before the first copy, every byte back.
  *   dir        vmmshim_set_disk_dir refuses a missing path, a file and an unwritable directory
  *              (when not root), and takes a writable directory: the next sleep's file is there.
  *
  * Write failures are injected by this program's own pwrite (exported with -rdynamic, so the
- * shim's calls reach it), which passes through unless a scenario arms it. */
+ * shim's calls reach it), which passes through unless a scenario arms it; its own pread,
+ * fallocate and syscall count what the shim does (and can refuse AIO or preallocation). */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dirent.h>
@@ -63,6 +75,42 @@ ssize_t pwrite(int fd, const void *buf, size_t n, off_t off) {
   }
   if (g_fail_write == 2) return 0;
   return syscall(SYS_pwrite64, fd, buf, n, off);
+}
+
+/* ---- counters of the wake's reads and the sleep's preallocation ---- */
+static int g_no_aio, g_submits, g_preads, g_fallocs, g_falloc_fail, g_writes_at_falloc = -1;
+static off_t g_falloc_len;
+
+long syscall(long n, ...) {
+  static long (*real)(long, ...);
+  if (!real) *(void **)&real = dlsym(RTLD_NEXT, "syscall");
+  va_list ap;
+  va_start(ap, n);
+  long a[6];
+  for (int i = 0; i < 6; i++) a[i] = va_arg(ap, long);
+  va_end(ap);
+  if (n == SYS_io_setup && g_no_aio) {
+    errno = ENOSYS;
+    return -1;
+  }
+  if (n == SYS_io_submit) __atomic_fetch_add(&g_submits, 1, __ATOMIC_SEQ_CST);
+  return real(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
+ssize_t pread(int fd, void *buf, size_t n, off_t off) {
+  __atomic_fetch_add(&g_preads, 1, __ATOMIC_SEQ_CST);
+  return syscall(SYS_pread64, fd, buf, n, off);
+}
+
+int fallocate(int fd, int mode, off_t off, off_t len) {
+  g_fallocs++;
+  g_falloc_len += len;
+  if (g_writes_at_falloc < 0) g_writes_at_falloc = g_writes;
+  if (g_falloc_fail) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return (int)syscall(SYS_fallocate, fd, mode, off, len);
 }
 
 static vmmshim_sleep_result_t g_res;
@@ -253,6 +301,59 @@ static void scenario_readfail(void) {
   free(copy);
 }
 
+static int g_wake_rc;
+static void *wake_big(void *arg) {
+  (void)arg;
+  g_wake_rc = do_wake("big");
+  return NULL;
+}
+
+static void scenario_inflight(bool sync_reads) {
+  g_no_aio = sync_reads;
+  enum { NBIG = 4 };
+  void *b[NBIG];
+  CHECK(vmmshim_set_tag("big") == 0, "set tag big");
+  for (int i = 0; i < NBIG; i++) {
+    b[i] = must_malloc(64 * MiB);
+    if (b[i]) pat_fill_sparse(b[i], 64 * MiB, 30 + (unsigned)i);
+  }
+  vmmshim_set_tag(NULL);
+  g_writes = 0;
+  CHECK(do_sleep("big") == 0, "sleep 256 MiB to disk (%s)", g_res.reason);
+  CHECK(g_fallocs == 1 && g_falloc_len >= 256 * (off_t)MiB && g_writes_at_falloc == 0,
+        "the file's blocks allocated once, for every byte, before the first write: %d calls, %lld bytes, after %d writes",
+        g_fallocs, (long long)g_falloc_len, g_writes_at_falloc);
+  g_submits = g_preads = 0;
+  emu_hold_next("cuMemcpyHtoDAsync");
+  pthread_t t;
+  bool started = pthread_create(&t, NULL, wake_big, NULL) == 0;
+  CHECK(started && emu_wait_held(20000), "the wake's first copy to the device is held");
+  int submits = __atomic_load_n(&g_submits, __ATOMIC_SEQ_CST), preads = __atomic_load_n(&g_preads, __ATOMIC_SEQ_CST);
+  if (sync_reads)
+    CHECK(submits == 0 && preads >= 2, "without AIO: %d reads made before the first piece goes to the device", preads);
+  else
+    CHECK(submits >= 2, "%d reads under way (io_submit) before the first piece goes to the device (%d preads)", submits,
+          preads);
+  emu_release_hold();
+  if (started) pthread_join(t, NULL);
+  bool intact = true;
+  for (int i = 0; i < NBIG; i++) intact = intact && b[i] && pat_check_sparse(b[i], 64 * MiB, 30 + (unsigned)i) == (size_t)-1;
+  CHECK(g_wake_rc == 0 && intact, "every byte back: %d (%s)", g_wake_rc, g_res.reason);
+  if (!sync_reads) CHECK(g_submits >= 8, "every piece read through AIO: %d", g_submits);
+  CHECK(files_in(g_dir, NULL, 0) == 0, "file gone");
+  g_falloc_fail = 1;
+  g_writes = 0;
+  int rc = do_sleep("big");
+  CHECK(rc == -ENOSPC && strstr(g_res.reason, "ENOSPC") && g_writes == 0, "no room for the blocks: %d (%s), %d writes",
+        rc, g_res.reason, g_writes);
+  intact = true;
+  for (int i = 0; i < NBIG; i++) intact = intact && b[i] && mapped_as(b[i]) == 0 &&
+                                  pat_check_sparse(b[i], 64 * MiB, 30 + (unsigned)i) == (size_t)-1;
+  CHECK(intact && !tag_stats("big").asleep && files_in(g_dir, NULL, 0) == 0, "the tag awake, intact, no file");
+  g_falloc_fail = 0;
+  for (int i = 0; i < NBIG; i++) cudaFree(b[i]);
+}
+
 static void scenario_dir(void) {
   char file[300], sub[300];
   snprintf(file, sizeof file, "%s/plain", g_dir);
@@ -286,6 +387,8 @@ static void run_scenario(const char *name, const char *self) {
   else if (!strcmp(name, "writefail")) scenario_writefail();
   else if (!strcmp(name, "readfail")) scenario_readfail();
   else if (!strcmp(name, "dir")) scenario_dir();
+  else if (!strcmp(name, "inflight")) scenario_inflight(false);
+  else if (!strcmp(name, "inflight-sync")) scenario_inflight(true);
   else CHECK(0, "unknown scenario %s", name);
 }
 
@@ -337,5 +440,7 @@ int main(int argc, char **argv) {
   run_in_dir("writefail");
   run_in_dir("readfail");
   run_in_dir("dir");
+  run_in_dir("inflight");
+  run_in_dir("inflight-sync");
   return check_summary();
 }

@@ -64,6 +64,14 @@
  *            tag) leaves it on the device, intact; naming "untagged" sleeps it alone.
  *            vmmshim_host_copy finds a host-mode sleeping block's bytes (at any offset), and
  *            answers ENOENT for awake memory.
+ *   view     vmmshim_host_view: a host-mode sleeping block's bytes (written by the device before
+ *            the sleep) read in place at the CPU address it answers, which is the host buffer's
+ *            own (vmmshim_host_copy's home, host memory, the CPU given READWRITE with a
+ *            HOST_NUMA descriptor), also in mapped mode and at an offset; a write there is what
+ *            the wake restores; ENOENT awake, EXDEV for a range over two 64 MiB buffers, for
+ *            discarded memory and for memory on disk, EINVAL for size 0 or no out pointer.
+ *   viewoff  the driver refuses CPU access to host memory: sleeps and wakes work as before, the
+ *            bytes are still found by vmmshim_host_copy, vmmshim_host_view answers ENOTSUP.
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -98,6 +106,8 @@
 #pragma weak vmmshim_api_version
 #pragma weak vmmshim_trim
 #pragma weak vmmshim_host_copy
+#pragma weak vmmshim_host_view
+#pragma weak vmmshim_set_disk_dir
 
 static vmmshim_sleep_result_t g_res;
 static const char *g_self;
@@ -953,9 +963,83 @@ static void scenario_untagged(void) {
   cudaFree(inside);
 }
 
+/* The CPU's access to the host memory at addr, as the driver tracks it (-1: not answered). */
+static long long cpu_access(const void *addr) {
+  CUmemLocation loc = {CU_MEM_LOCATION_TYPE_HOST_NUMA, 0};
+  unsigned long long f = 0;
+  return cuMemGetAccess(&f, &loc, (CUdeviceptr)(uintptr_t)addr) == CUDA_SUCCESS ? (long long)f : -1;
+}
+
+static void scenario_view(void) {
+  const size_t n = 4 * MiB;
+  unsigned char *x = tagged_malloc("kv", n);
+  CHECK(cuMemsetD8((CUdeviceptr)(uintptr_t)x, 0x5A, n) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS,
+        "the device writes x");
+  void *view = (void *)1;
+  CHECK(vmmshim_host_view(x, n, &view) == -ENOENT && view == NULL, "awake: ENOENT");
+  CHECK(do_sleep("kv", VMMSHIM_SLEEP_HOST) == 0 && mapped_as(x, n) == -1, "kv sleeps in host mode: %s", g_res.reason);
+  void *home = NULL;
+  size_t len = 0;
+  CHECK(vmmshim_host_copy(x, &home, &len) == 0, "host_copy finds x's bytes");
+  CHECK(vmmshim_host_view(x, n, &view) == 0 && view == home, "the view is the host buffer's own address, no copy: %p, %p",
+        view, home);
+  unsigned char *v = view;
+  bool same = v != NULL;
+  for (size_t i = 0; same && i < n; i += 4096) same = v[i] == 0x5A && v[i + 4095] == 0x5A;
+  CHECK(same, "the view shows what the device wrote");
+  CHECK(v && emu_host_mapped((CUdeviceptr)(uintptr_t)v) == 1 &&
+            cpu_access(v) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        "it is host memory, the CPU given READWRITE access by the driver (%lld)", v ? cpu_access(v) : -1);
+  CHECK(vmmshim_host_view(x + 1 * MiB, 1 * MiB, &view) == 0 && view == (char *)home + 1 * MiB, "at an offset");
+  CHECK(vmmshim_host_view(x, 0, &view) == -EINVAL && vmmshim_host_view(x, n, NULL) == -EINVAL, "size 0, NULL: EINVAL");
+  if (v) memset(v, 0x33, 4096);
+  CHECK(do_wake("kv", 0) == 0 && x[0] == 0x33 && x[4095] == 0x33 && x[4096] == 0x5A, "a write in the view is woken");
+  CHECK(vmmshim_host_view(x, n, &view) == -ENOENT, "awake again: ENOENT");
+
+  int rs = do_sleep("kv", VMMSHIM_SLEEP_MAPPED), rv = vmmshim_host_view(x, n, &view);
+  CHECK(rs == 0 && rv == 0 && view && ((unsigned char *)view)[8192] == 0x5A, "mapped mode: a view too (%d, %d: %s)", rs, rv,
+        g_res.reason);
+  CHECK(do_wake("kv", 0) == 0, "wake");
+
+  const size_t big = 96 * MiB; /* more than one 64 MiB host buffer */
+  unsigned char *y = tagged_malloc("big", big);
+  pat_fill_sparse(y, big, 7);
+  CHECK(do_sleep("big", VMMSHIM_SLEEP_HOST) == 0, "a 96 MiB block sleeps in host mode");
+  CHECK(vmmshim_host_view(y, big, &view) == -EXDEV && view == NULL, "over two host buffers: EXDEV");
+  CHECK(vmmshim_host_view(y, 4096, &view) == 0 && view, "its first page is in one buffer");
+  CHECK(do_wake("big", 0) == 0 && pat_check_sparse(y, big, 7) == (size_t)-1, "wake big: intact");
+
+  CHECK(do_sleep("kv", VMMSHIM_SLEEP_DISCARD) == 0 && vmmshim_host_view(x, n, &view) == -EXDEV, "discarded: EXDEV");
+  CHECK(do_wake("kv", VMMSHIM_WAKE_ZERO) == 0, "wake");
+  char tmpl[] = "/tmp/vmmshim-view-XXXXXX";
+  char *dir = mkdtemp(tmpl);
+  CHECK(dir && vmmshim_set_disk_dir(dir) == 0, "a disk directory");
+  CHECK(do_sleep("kv", VMMSHIM_SLEEP_DISK) == 0 && vmmshim_host_view(x, n, &view) == -EXDEV, "on disk: EXDEV: %s",
+        g_res.reason);
+  CHECK(do_wake("kv", 0) == 0, "wake from disk");
+  if (dir) rmdir(dir);
+  cudaFree(x);
+  cudaFree(y);
+}
+
+static void scenario_viewoff(void) {
+  const size_t n = 4 * MiB;
+  unsigned char *x = tagged_malloc("kv", n);
+  pat_fill(x, n, 12);
+  CHECK(do_sleep("kv", VMMSHIM_SLEEP_HOST) == 0, "kv sleeps in host mode: %s", g_res.reason);
+  void *home = NULL, *view = (void *)1;
+  size_t len = 0;
+  CHECK(vmmshim_host_copy(x, &home, &len) == 0 && pat_check(home, n, 12) == (size_t)-1, "host_copy finds the bytes");
+  CHECK(home && cpu_access(home) == 0, "no CPU access given");
+  CHECK(vmmshim_host_view(x, n, &view) == -ENOTSUP && view == NULL, "host_view: ENOTSUP");
+  CHECK(do_wake("kv", 0) == 0 && pat_check(x, n, 12) == (size_t)-1, "wake: intact");
+  cudaFree(x);
+}
+
 static void run_scenario(const char *name) {
   if (!strcmp(name, "peers") || !strcmp(name, "skipsum")) emu_set_device_count(2);
   if (!strcmp(name, "nohost") || !strcmp(name, "skipsum")) emu_set_host_vmm(0);
+  if (!strcmp(name, "viewoff")) emu_set_host_cpu_access(0);
   CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
   CHECK(shim_active() == 1 && vmmshim_sleep, "the shim is active");
   if (!vmmshim_sleep) return;
@@ -979,6 +1063,8 @@ static void run_scenario(const char *name) {
   else if (!strcmp(name, "ipc")) scenario_ipc(g_self);
   else if (!strcmp(name, "importer")) scenario_importer();
   else if (!strcmp(name, "untagged")) scenario_untagged();
+  else if (!strcmp(name, "view")) scenario_view();
+  else if (!strcmp(name, "viewoff")) scenario_viewoff();
   else CHECK(0, "unknown scenario %s", name);
 }
 
@@ -1014,5 +1100,7 @@ int main(int argc, char **argv) {
   check_run_child("merge", "VMMSHIM_MAX_HANDLE=300M", "MERGE_EXPECT=2", "MERGE_FIRST=3", NULL); /* 3 + 1: the cap */
   check_run_child("ipc", NULL);
   check_run_child("untagged", NULL);
+  check_run_child("view", NULL);
+  check_run_child("viewoff", NULL);
   return check_summary();
 }

@@ -89,6 +89,8 @@ int _vs_tag_stats(vmmshim_tag_stats_t *out, int max);
 bool _vs_host_mapped(CUdeviceptr addr, int *dev);
 /* vmmshim_host_copy (vmmshim.h): where the bytes of a sleeping address are kept. */
 int _vs_host_copy_at(CUdeviceptr addr, CUdeviceptr *home, size_t *len);
+/* vmmshim_host_view (vmmshim.h): the CPU address of a sleeping range's bytes, in place. */
+int _vs_host_view_at(CUdeviceptr addr, size_t size, CUdeviceptr *home);
 
 /* ---------------------------------------------------------------- "borrow.c" */
 /* Asks lender (a member of lower priority) to move want bytes out of the device, by deadline_ns:

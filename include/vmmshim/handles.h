@@ -8,6 +8,7 @@
 #ifndef VMMSHIM_HANDLES_H
 #define VMMSHIM_HANDLES_H
 
+#include <linux/aio_abi.h>
 #include <sys/types.h>
 
 #include "vmmshim/group.h"
@@ -160,12 +161,14 @@ void _vs_handles_set_access(const vs_device_caps_t *caps, const vs_seg_t *segs, 
 /* ---- host memory for sleeping pools (host.c) ---- */
 #define VS_HOST_CHUNK (64ull << 20) /* a sleeping segment's bytes go to host buffers of this size */
 
-/* Host memory mapped at `home` (its own reservation) with access for device `dev`. */
+/* Host memory mapped at `home` (its own reservation) with access for device `dev`, and for the
+ * CPU too (`cpu`) where the driver grants it: then the CPU reads and writes its bytes at home. */
 typedef struct vs_host_buf_s {
   CUmemGenericAllocationHandle handle;
   CUdeviceptr home;
   size_t size;
   int dev;
+  bool cpu;
 } vs_host_buf_t;
 
 /* A buffer of exactly size bytes for caps->device: from the cache, or new (under
@@ -183,10 +186,11 @@ size_t _vs_host_trim(const vs_device_caps_t *caps, size_t keep);
 CUresult _vs_host_reserve(const vs_device_caps_t *caps, size_t bytes);
 void _vs_host_counts(size_t *cached, size_t *lent);
 
-/* Disk mode's two pinned staging buffers of VS_DISK_PIECE bytes each, CPU-readable (kept across
- * cycles): CUDA_ERROR_NOT_READY while another sleep or wake holds them. */
+/* Disk mode's pinned staging buffers, VS_DISK_BUFS of VS_DISK_PIECE bytes each, CPU-readable
+ * (kept across cycles): CUDA_ERROR_NOT_READY while another sleep or wake holds them. */
 #define VS_DISK_PIECE (32ull << 20)
-CUresult _vs_host_staging_take(void *bufs[2]);
+#define VS_DISK_BUFS 4
+CUresult _vs_host_staging_take(void *bufs[VS_DISK_BUFS]);
 void _vs_host_staging_give(void);
 /* Frees them when no one holds them; returns the bytes freed. */
 size_t _vs_host_staging_trim(void);
@@ -215,6 +219,29 @@ int _vs_disk_write(vs_disk_t *d, const void *buf, size_t n, uint64_t off);
 int _vs_disk_read(vs_disk_t *d, void *buf, size_t n, uint64_t off);
 int _vs_disk_sync(vs_disk_t *d);
 int _vs_disk_truncate(vs_disk_t *d, uint64_t len);
+/* Allocates the file's blocks for [off, off + len) ahead of the writes (fallocate), so that they
+ * lie together and the writes allocate nothing: 0, 0 where the filesystem cannot (nothing done),
+ * or -errno (-ENOSPC: the bytes will not fit). */
+int _vs_disk_preallocate(vs_disk_t *d, uint64_t off, uint64_t len);
+/* Reads in flight, up to VS_DISK_BUFS at once, one per slot (Linux native AIO, which with
+ * O_DIRECT keeps the disk busy while earlier pieces are copied on; where the kernel refuses it,
+ * each read is made at once, as _vs_disk_read does). */
+typedef struct vs_disk_reads_s {
+  aio_context_t ctx; /* 0: no AIO here */
+  struct iocb cb[VS_DISK_BUFS];
+  long res[VS_DISK_BUFS]; /* bytes read, or -errno */
+  bool pending[VS_DISK_BUFS];
+  void *buf[VS_DISK_BUFS];
+  size_t n[VS_DISK_BUFS];
+  uint64_t off[VS_DISK_BUFS];
+} vs_disk_reads_t;
+void _vs_disk_reads_open(vs_disk_reads_t *r);
+/* Waits for every read still in flight, then releases r. */
+void _vs_disk_reads_close(vs_disk_reads_t *r);
+/* Starts reading n bytes at off into buf in slot s (which holds no read in flight). */
+void _vs_disk_read_start(vs_disk_t *d, vs_disk_reads_t *r, int s, void *buf, size_t n, uint64_t off);
+/* Waits for slot s's read: 0 once all its bytes are there, or -errno (as _vs_disk_read). */
+int _vs_disk_read_finish(vs_disk_t *d, vs_disk_reads_t *r, int s);
 /* "ENOSPC" for ENOSPC. */
 const char *_vs_errno_name(int e);
 

@@ -171,6 +171,11 @@ bool _vs_pool_host_mapped_at(vs_pool_t *pool, CUdeviceptr addr);
  * the host buffer that holds them (its home mapping, which the device reads) and how many bytes
  * follow there, to the buffer's end. False when addr is not asleep with its bytes kept. */
 bool _vs_pool_host_copy_at(vs_pool_t *pool, CUdeviceptr addr, CUdeviceptr *home, size_t *len);
+/* Where the CPU reads [addr, addr + size) of memory asleep in host or mapped mode, in place:
+ * 0 and *home (an address of one host buffer, CPU-accessible), -ENOENT when addr is not asleep
+ * in this pool, -EXDEV when its bytes are discarded, on disk, or not in one buffer, -ENOTSUP
+ * when the buffer is mapped for the device only. */
+int _vs_pool_host_view(vs_pool_t *pool, CUdeviceptr addr, size_t size, CUdeviceptr *home);
 typedef struct vs_sleep_figures_s {
   size_t live;        /* bytes in live blocks */
   size_t device;      /* mapped on the device */

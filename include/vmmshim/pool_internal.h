@@ -388,23 +388,30 @@ static inline void disk_note(vs_move_t *out, int neg_errno, const char *why) {
  * every byte is in the file and synced; else the file is as it was before (removed when it was
  * new) and out says why. Lock not held. */
 bool _vs_disk_out(vs_pool_t *p, const char *tag, const vs_seg_t *segs, int n, uint64_t *offs, vs_move_t *out);
-/* A wake's reads from the pool's file: pieces into the staging buffers, each copied to the
- * device as the next is read. */
+/* A wake's reads from the pool's file: pieces into the staging buffers, up to VS_DISK_BUFS
+ * reads in flight, each piece copied to the device once read while later ones are read. */
 typedef struct vs_disk_in_s {
-  void *buf[2];
+  void *buf[VS_DISK_BUFS];
   struct {
-    bool busy;
+    int state; /* 0 free, 1 being read, 2 being copied to the device */
+    CUdeviceptr va;
+    size_t len;
     vs_copy_mark_t mark;
-  } slot[2];
+  } slot[VS_DISK_BUFS];
+  vs_disk_reads_t rd;
   unsigned k;
   bool open;
 } vs_disk_in_t;
 /* Opens the pool's file and takes the staging buffers: 0 or -errno (out says why). */
 int _vs_disk_in_start(vs_pool_t *p, vs_disk_in_t *in, vs_move_t *out);
-/* Queues size bytes from file offset off to the device at va (mapped); 0, or -errno after
- * every copy queued so far has completed (out says why). */
+/* Starts size bytes from file offset off towards the device at va (mapped): reads that may still
+ * be in flight on return (_vs_disk_in_flush). 0, or -errno after every read and copy started so
+ * far has completed (out says why). */
 int _vs_disk_in_seg(vs_pool_t *p, vs_disk_in_t *in, vs_copier_t *cp, CUdeviceptr va, size_t size, uint64_t off,
                     vs_move_t *out);
+/* Waits for the reads in flight and queues their copies to the device: 0, or -errno after every
+ * read and copy started so far has completed (out says why). */
+int _vs_disk_in_flush(vs_pool_t *p, vs_disk_in_t *in, vs_copier_t *cp, vs_move_t *out);
 /* Waits for the copies still reading the staging buffers, gives them back, closes the file. */
 void _vs_disk_in_end(vs_pool_t *p, vs_disk_in_t *in, vs_copier_t *cp);
 /* Removes the pool's file when no segment of it is asleep in disk mode (force: in any case, the

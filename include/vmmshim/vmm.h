@@ -30,8 +30,10 @@ CUresult _vs_vmm_address_free(const vs_device_caps_t *caps, CUdeviceptr va, size
 /* Physical memory on caps->device, POSIX-fd shareable and RDMA-capable where supported. */
 CUresult _vs_vmm_create(const vs_device_caps_t *caps, size_t size, CUmemGenericAllocationHandle *handle_out);
 /* Host memory of size bytes, to map at device addresses (CUDA_ERROR_NOT_SUPPORTED when the device
- * cannot map host-location handles). Released with _vs_vmm_release. */
-CUresult _vs_vmm_create_host(const vs_device_caps_t *caps, size_t size, CUmemGenericAllocationHandle *handle_out);
+ * cannot map host-location handles). Released with _vs_vmm_release. *numa_out: its host NUMA node,
+ * -1 when it was made with location HOST (no node named). */
+CUresult _vs_vmm_create_host(const vs_device_caps_t *caps, size_t size, CUmemGenericAllocationHandle *handle_out,
+                             int *numa_out);
 CUresult _vs_vmm_release(const vs_device_caps_t *caps, CUmemGenericAllocationHandle handle, size_t size);
 /* Maps the whole handle at va (aligned to min granularity, inside a reservation, unmapped). */
 CUresult _vs_vmm_map(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle);
@@ -51,6 +53,10 @@ CUresult _vs_vmm_set_access(const vs_device_caps_t *caps, CUdeviceptr va, size_t
 #define VS_MAX_DEVICES 64
 CUresult _vs_vmm_set_access_devices(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, uint64_t rw, uint64_t ro,
                                     uint64_t none);
+/* Read-write access for caps->device and for the CPU, in one call, to host memory mapped at va:
+ * the CPU location is HOST_NUMA node numa, or HOST when numa is -1. A refusal is logged at info
+ * level only (the caller goes on with _vs_vmm_set_access). */
+CUresult _vs_vmm_set_access_cpu(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, int numa);
 /* A handle as a POSIX file descriptor (cuMemExportToShareableHandle), and back (the caller
  * closes the descriptor). CUDA_ERROR_NOT_SUPPORTED where the driver or device has no such handles. */
 CUresult _vs_vmm_export(const vs_device_caps_t *caps, CUmemGenericAllocationHandle handle, int *fd_out);

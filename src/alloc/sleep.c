@@ -377,6 +377,17 @@ int _vs_host_copy_at(CUdeviceptr addr, CUdeviceptr *home, size_t *len) {
   return hit ? 0 : -ENOENT;
 }
 
+/* As _vs_host_copy_at: under the sleep lock, so no wake gives the buffer back during the look-up. */
+int _vs_host_view_at(CUdeviceptr addr, size_t size, CUdeviceptr *home) {
+  if (!_vs_active()) return -ENODEV;
+  vs_pool_t *pool = _vs_dir_lookup(addr);
+  if (!pool) return -ENOENT;
+  _vs_lock_take(&vs_sleep_lock);
+  int rc = _vs_pool_host_view(pool, addr, size, home);
+  _vs_lock_release(&vs_sleep_lock);
+  return rc;
+}
+
 bool _vs_host_mapped(CUdeviceptr addr, int *dev) {
   if (vs_likely(atomic_load_explicit(&_vs_host_mapped_bytes, memory_order_relaxed) == 0)) return false;
   vs_pool_t *pool = _vs_dir_lookup(addr);

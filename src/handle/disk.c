@@ -6,7 +6,10 @@
  * left by a dead process is never taken for a live one's, and two processes never share one),
  * the tag and a counter; it is created with O_EXCL and mode 0600. Writes and reads go through
  * the pinned staging buffers of host.c, with O_DIRECT when the filesystem takes it (the buffers
- * are page-aligned, the pieces whole pages), else buffered, which the log says once.
+ * are page-aligned, the pieces whole pages), else buffered, which the log says once. A sleep's
+ * blocks are allocated before it writes (fallocate: together, and no allocation per write); a
+ * wake keeps several reads in flight (Linux native AIO), so that the disk never waits for the
+ * shim between two pieces.
  *
  * Every file this process made and still has is removed at exit (not at a forked child's: the
  * files stay its parent's); a file of another process is never touched. Not on the hot path: only sleeps and wakes come here. */
@@ -17,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "vmmshim/handles.h"
@@ -197,4 +201,65 @@ int _vs_disk_sync(vs_disk_t *d) { return fdatasync(d->fd) == 0 ? 0 : -errno; }
 int _vs_disk_truncate(vs_disk_t *d, uint64_t len) {
   d->len = len;
   return ftruncate(d->fd, (off_t)len) == 0 ? 0 : -errno;
+}
+
+int _vs_disk_preallocate(vs_disk_t *d, uint64_t off, uint64_t len) {
+  if (!len || fallocate(d->fd, 0, (off_t)off, (off_t)len) == 0) return 0;
+  int e = errno;
+  return e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO ? -e : 0; /* else not supported here */
+}
+
+/* ---- reads in flight (native AIO through its system calls: no library needed) ---- */
+
+void _vs_disk_reads_open(vs_disk_reads_t *r) {
+  memset(r, 0, sizeof *r);
+  if (syscall(SYS_io_setup, VS_DISK_BUFS, &r->ctx) != 0) r->ctx = 0;
+}
+
+void _vs_disk_reads_close(vs_disk_reads_t *r) {
+  /* io_destroy cancels what it can and waits for the rest: no read lands in a buffer after it. */
+  if (r->ctx) syscall(SYS_io_destroy, r->ctx);
+  memset(r, 0, sizeof *r);
+}
+
+void _vs_disk_read_start(vs_disk_t *d, vs_disk_reads_t *r, int s, void *buf, size_t n, uint64_t off) {
+  fit_direct(d, buf, n, off);
+  r->buf[s] = buf, r->n[s] = n, r->off[s] = off;
+  if (r->ctx) {
+    struct iocb *cb = &r->cb[s];
+    memset(cb, 0, sizeof *cb);
+    cb->aio_data = (uint64_t)s;
+    cb->aio_lio_opcode = IOCB_CMD_PREAD;
+    cb->aio_fildes = (uint32_t)d->fd;
+    cb->aio_buf = (uint64_t)(uintptr_t)buf;
+    cb->aio_nbytes = n;
+    cb->aio_offset = (int64_t)off;
+    struct iocb *list[1] = {cb};
+    if (syscall(SYS_io_submit, r->ctx, 1, list) == 1) {
+      r->pending[s] = true;
+      return;
+    }
+  }
+  int e = _vs_disk_read(d, buf, n, off); /* no AIO, or it refused this one: read now */
+  r->res[s] = e ? e : (long)n;
+}
+
+int _vs_disk_read_finish(vs_disk_t *d, vs_disk_reads_t *r, int s) {
+  while (r->pending[s]) {
+    struct io_event ev[VS_DISK_BUFS];
+    long got = syscall(SYS_io_getevents, r->ctx, 1, VS_DISK_BUFS, ev, NULL);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return -errno; /* the read stays in flight: _vs_disk_reads_close waits for it */
+    for (long i = 0; i < got; i++) {
+      int j = (int)ev[i].data;
+      if (j < 0 || j >= VS_DISK_BUFS) continue;
+      r->pending[j] = false;
+      r->res[j] = (long)ev[i].res;
+    }
+  }
+  long res = r->res[s];
+  if (res < 0) return (int)res;
+  if ((size_t)res < r->n[s]) /* short: the rest, or -ENODATA past the end of a truncated file */
+    return _vs_disk_read(d, (char *)r->buf[s] + res, r->n[s] - (size_t)res, r->off[s] + (uint64_t)res);
+  return 0;
 }

@@ -3,17 +3,20 @@
  * A host buffer is a host-location handle (cuMemCreate on the host NUMA node nearest the
  * device) mapped at a "home" address of its own reservation, with access for one device, so
  * that the device copies into it and out of it at the link's speed, far faster than new host
- * memory is pinned (docs/sleep.md has the figures). A sleeping segment of S bytes is backed by
- * S / VS_HOST_CHUNK buffers of VS_HOST_CHUNK bytes and one of the rest. In the `mapped` mode the
- * buffers are mapped at the segment's own address as well, and leave it at the wake; the copies
- * always go through home.
+ * memory is pinned (docs/sleep.md has the figures); and for the CPU as well where the driver
+ * grants it, so that a sleeping tag's bytes can be read in place. A sleeping segment of S
+ * bytes is backed by S / VS_HOST_CHUNK buffers of VS_HOST_CHUNK bytes and one of the rest. In the
+ * `mapped` mode the buffers are mapped at the segment's own address as well, and leave it at the
+ * wake; the copies always go through home.
  *
  * Obtaining host memory costs far more than filling it, so buffers are kept across cycles
  * in a cache (given back by _vs_host_trim, on request) and can be made ahead
  * (VMMSHIM_HOST_RESERVE); VMMSHIM_HOST_LIMIT caps them all, cached and lent. The cache lock is
  * never held across a driver call. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "vmmshim/handles.h"
 
@@ -65,16 +68,38 @@ static bool make_room(const vs_device_caps_t *caps, size_t need) {
   }
 }
 
+/* Whether the driver refused CPU access to host-location memory: asked once, then not again
+ * (each refusal would cost a driver call per buffer). */
+static atomic_bool vs_host_cpu_refused;
+
+/* Access at home: the device's, and the CPU's in the same call where the driver grants it (the
+ * CPU then reads a sleeping tag's bytes in place: vmmshim_host_view). */
+static CUresult give_access(const vs_device_caps_t *caps, vs_host_buf_t *b, int numa) {
+  if (!atomic_load_explicit(&vs_host_cpu_refused, memory_order_relaxed)) {
+    CUresult r = _vs_vmm_set_access_cpu(caps, b->home, b->size, numa);
+    if (r == CUDA_SUCCESS) {
+      b->cpu = true;
+      return r;
+    }
+    if (!atomic_exchange(&vs_host_cpu_refused, true))
+      _vs_info("host buffers: the driver refuses CPU access to host-location memory (%s): they are mapped for the "
+               "device only, and vmmshim_host_view answers -ENOTSUP",
+               _vs_cu_error_name(r));
+  }
+  return _vs_vmm_set_access(caps, b->home, b->size);
+}
+
 /* A new buffer of size bytes for caps->device, at home. */
 static CUresult create(const vs_device_caps_t *caps, size_t size, vs_host_buf_t *out) {
-  *out = (vs_host_buf_t){0, 0, size, (int)caps->device};
+  *out = (vs_host_buf_t){0, 0, size, (int)caps->device, false};
   CUresult r = _vs_vmm_reserve(caps, size, 0, &out->home);
   if (r != CUDA_SUCCESS) return r;
-  r = _vs_vmm_create_host(caps, size, &out->handle);
+  int numa = -1;
+  r = _vs_vmm_create_host(caps, size, &out->handle, &numa);
   if (r == CUDA_SUCCESS) {
     r = _vs_vmm_map_host(caps, out->home, size, out->handle);
     if (r == CUDA_SUCCESS) {
-      r = _vs_vmm_set_access(caps, out->home, size);
+      r = give_access(caps, out, numa);
       if (r != CUDA_SUCCESS) _vs_vmm_unmap_host(caps, out->home, size);
     }
     if (r != CUDA_SUCCESS) _vs_vmm_release(caps, out->handle, size);
@@ -175,31 +200,33 @@ void _vs_host_counts(size_t *cached, size_t *lent) {
 }
 
 /* ---- staging buffers of disk mode ----
- * Two pinned host buffers (cuMemHostAlloc, portable: any context copies through them) that the
- * CPU reads and writes: the bytes of a disk-mode sleep pass through them on their way to the
- * files, one filling from the device while the other is written. Pinning costs far more than
+ * VS_DISK_BUFS pinned host buffers (cuMemHostAlloc, portable: any context copies through them)
+ * that the CPU reads and writes: the bytes of a disk-mode sleep pass through them on their way
+ * to the files, one filling from the device while another is written; a wake keeps reads in
+ * flight into several while the ones read are copied to the device. Pinning costs far more than
  * filling, so they are kept across cycles, as the host buffers are, until the kept host memory is
  * given back (_vs_host_trim to 0). They hold no tag's bytes between cycles and are not counted
  * under VMMSHIM_HOST_LIMIT. One disk sleep or wake at a time uses them (taken, then given). */
-static void *vs_staging[2];
+static void *vs_staging[VS_DISK_BUFS];
 static bool vs_staging_lent;
 
-CUresult _vs_host_staging_take(void *bufs[2]) {
+CUresult _vs_host_staging_take(void *bufs[VS_DISK_BUFS]) {
   if (!_vs_cu.cuMemHostAlloc || !_vs_cu.cuMemFreeHost) return CUDA_ERROR_NOT_SUPPORTED;
+  void *have[VS_DISK_BUFS];
   host_lock();
   bool busy = vs_staging_lent;
   vs_staging_lent = true;
-  void *have[2] = {vs_staging[0], vs_staging[1]};
+  memcpy(have, vs_staging, sizeof have);
   host_unlock();
   if (busy) return CUDA_ERROR_NOT_READY;
   CUresult r = CUDA_SUCCESS;
-  for (int i = 0; i < 2 && r == CUDA_SUCCESS; i++)
+  for (int i = 0; i < VS_DISK_BUFS && r == CUDA_SUCCESS; i++)
     if (!have[i]) r = _vs_cu.cuMemHostAlloc(&have[i], VS_DISK_PIECE, CU_MEMHOSTALLOC_PORTABLE);
   host_lock();
-  vs_staging[0] = have[0], vs_staging[1] = have[1];
+  memcpy(vs_staging, have, sizeof have);
   if (r != CUDA_SUCCESS) vs_staging_lent = false;
   host_unlock();
-  bufs[0] = have[0], bufs[1] = have[1];
+  memcpy(bufs, have, sizeof have);
   return r;
 }
 
@@ -210,22 +237,22 @@ void _vs_host_staging_give(void) {
 }
 
 size_t _vs_host_staging_trim(void) {
+  void *have[VS_DISK_BUFS] = {NULL};
   host_lock();
-  void *have[2] = {NULL, NULL};
   if (!vs_staging_lent) {
-    have[0] = vs_staging[0], have[1] = vs_staging[1];
-    vs_staging[0] = vs_staging[1] = NULL;
+    memcpy(have, vs_staging, sizeof have);
+    memset(vs_staging, 0, sizeof vs_staging);
   }
   host_unlock();
   size_t released = 0;
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < VS_DISK_BUFS; i++) {
     if (have[i] && _vs_cu.cuMemFreeHost(have[i]) == CUDA_SUCCESS) {
       released += VS_DISK_PIECE;
       have[i] = NULL;
     }
   }
   host_lock(); /* one that could not be freed (no context now) is kept for the next time */
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < VS_DISK_BUFS; i++)
     if (have[i] && !vs_staging[i]) vs_staging[i] = have[i];
   host_unlock();
   return released;

@@ -95,3 +95,13 @@ VS_API int vmmshim_residue(vmmshim_residue_t *out, size_t size) {
   if (!out || size != sizeof *out) return -EINVAL;
   return _vs_residue(out);
 }
+
+VS_API int vmmshim_host_view(const void *addr, size_t size, void **host) {
+  if (!host) return -EINVAL;
+  *host = NULL;
+  if (!size) return -EINVAL;
+  CUdeviceptr h = 0;
+  int rc = _vs_host_view_at((CUdeviceptr)(uintptr_t)addr, size, &h);
+  if (!rc) *host = (void *)(uintptr_t)h;
+  return rc;
+}

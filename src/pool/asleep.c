@@ -7,6 +7,7 @@
  * their mappings at the segment's own address, and the questions the layer above asks about it.
  * sleep.c and wake.c move segments onto and off the list; what they share with each other is
  * here (mapping a device handle at an address) and in copier.c (the copies). */
+#include <errno.h>
 #include <stdlib.h>
 
 #include "vmmshim/pool_internal.h"
@@ -277,6 +278,29 @@ bool _vs_pool_host_copy_at(vs_pool_t *p, CUdeviceptr addr, CUdeviceptr *home, si
   }
   pool_unlock(p);
   return hit;
+}
+
+int _vs_pool_host_view(vs_pool_t *p, CUdeviceptr addr, size_t size, CUdeviceptr *home) {
+  int rc = -ENOENT;
+  pool_lock(p);
+  for (size_t i = 0; i < p->asleep.n && rc == -ENOENT; i++) {
+    const vs_asleep_seg_t *s = &p->asleep.v[i];
+    if (addr < s->va || addr >= s->va + s->size) continue;
+    if (s->spilled) break; /* awake memory that happens to be on the host */
+    rc = -EXDEV;           /* discarded, on disk, or not in one buffer */
+    if (!s->nbufs || size > s->va + s->size - addr) break;
+    size_t off = addr - s->va;
+    for (int b = 0; b < s->nbufs; off -= s->bufs[b++].size) {
+      if (off >= s->bufs[b].size) continue;
+      if (size <= s->bufs[b].size - off) {
+        rc = s->bufs[b].cpu ? 0 : -ENOTSUP;
+        if (!rc) *home = s->bufs[b].home + off;
+      }
+      break;
+    }
+  }
+  pool_unlock(p);
+  return rc;
 }
 
 void _vs_pool_sleep_figures(vs_pool_t *p, vs_sleep_figures_t *f) {

@@ -196,6 +196,10 @@ static CUresult disk_run(vs_wake_t *w, vs_copier_t *cp, vs_disk_in_t *in, size_t
       _vs_vmm_unmap(&p->caps, s->va, u.size);
       return CUDA_ERROR_UNKNOWN;
     }
+  if (_vs_disk_in_flush(p, in, cp, w->out) != 0) { /* the run's last reads: a failure is this run's */
+    _vs_vmm_unmap(&p->caps, s->va, u.size);
+    return CUDA_ERROR_UNKNOWN;
+  }
   return CUDA_SUCCESS;
 }
 

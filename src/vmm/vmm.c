@@ -145,7 +145,9 @@ CUresult _vs_vmm_create(const vs_device_caps_t *caps, size_t size, CUmemGenericA
  * where a sleeping pool keeps its bytes. Near the device's NUMA node when the driver says
  * which one, else anywhere on the host. Not traced as device memory: the log and the stats
  * count it. */
-CUresult _vs_vmm_create_host(const vs_device_caps_t *caps, size_t size, CUmemGenericAllocationHandle *handle_out) {
+CUresult _vs_vmm_create_host(const vs_device_caps_t *caps, size_t size, CUmemGenericAllocationHandle *handle_out,
+                             int *numa_out) {
+  *numa_out = -1;
   CUresult r = check_range("cuMemCreate", caps, 0, size, false);
   if (r != CUDA_SUCCESS) return r;
   if (!caps->host_vmm_supported) return CUDA_ERROR_NOT_SUPPORTED;
@@ -163,6 +165,7 @@ CUresult _vs_vmm_create_host(const vs_device_caps_t *caps, size_t size, CUmemGen
     r = _vs_cu.cuMemCreate(handle_out, size, &prop, 0);
   }
   uint64_t dt = count_call(t0);
+  if (r == CUDA_SUCCESS && prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) *numa_out = prop.location.id;
   if (r != CUDA_SUCCESS)
     _vs_info("cuMemCreate(host, size 0x%zx) for device %d: %s", size, (int)caps->device, _vs_cu_error_name(r));
   else
@@ -268,6 +271,33 @@ CUresult _vs_vmm_set_access_devices(const vs_device_caps_t *caps, CUdeviceptr va
   if (vs_unlikely(_vs_trace_on)) /* one record per device; the call's time on the first */
     for (size_t i = 0; i < n; i++)
       _vs_trace_vmm(VS_VMM_SET_ACCESS, va, size, 0, desc[i].flags, desc[i].location.id, r, i ? 0 : dt);
+  return r;
+}
+
+CUresult _vs_vmm_set_access_cpu(const vs_device_caps_t *caps, CUdeviceptr va, size_t size, int numa) {
+  CUresult r = check_range("cuMemSetAccess", caps, va, size, true);
+  if (r != CUDA_SUCCESS) return r;
+  CUmemAccessDesc desc[2];
+  desc[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc[0].location.id = caps->device;
+  desc[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  desc[1].location.type = numa >= 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
+  desc[1].location.id = numa >= 0 ? numa : 0;
+  desc[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  VS_DRIVER_CALL_START();
+  uint64_t t0 = _vs_now_ns();
+  r = _vs_cu.cuMemSetAccess(va, size, desc, 2);
+  uint64_t dt = count_call(t0);
+  /* A refusal is an answer (the caller goes on with device access only), not a fault. */
+  if (r != CUDA_SUCCESS)
+    _vs_info("cuMemSetAccess(va 0x%llx, size 0x%zx, device %d and the CPU (%s %d)): %s", (unsigned long long)va, size,
+             (int)caps->device, numa >= 0 ? "HOST_NUMA" : "HOST", desc[1].location.id, _vs_cu_error_name(r));
+  else
+    _vs_info("cuMemSetAccess va 0x%llx size 0x%zx device %d access READWRITE, CPU (%s %d) access READWRITE (%.1f us)",
+             (unsigned long long)va, size, (int)caps->device, numa >= 0 ? "HOST_NUMA" : "HOST", desc[1].location.id,
+             (double)dt / 1000.0);
+  /* One record, the device's: a reader would take a host location's id for a device. */
+  if (vs_unlikely(_vs_trace_on)) _vs_trace_vmm(VS_VMM_SET_ACCESS, va, size, 0, desc[0].flags, caps->device, r, dt);
   return r;
 }
 

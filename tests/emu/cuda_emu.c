@@ -76,6 +76,9 @@ static int g_cap_vmm = 1, g_cap_fd = 1, g_cap_rdma = 1;
 /* Host-location handles (cuMemCreate with CU_MEM_LOCATION_TYPE_HOST / HOST_NUMA): supported or
  * not (emu_set_host_vmm), and the host memory they draw from (emu_set_host_memory). */
 static int g_cap_host_vmm = 1;
+/* CPU access descriptors (location HOST / HOST_NUMA) on host-location memory: granted or answered
+ * CUDA_ERROR_NOT_SUPPORTED (emu_set_host_cpu_access), as by a driver that refuses them. */
+static int g_cap_host_cpu = 1;
 static size_t g_host_total = 16ull << 30, g_host_used;
 /* emu_delay_next: the next count calls of a function sleep this long first (a slow driver). */
 static struct { unsigned us; int count; } g_delay[FN_COUNT];
@@ -241,6 +244,7 @@ typedef struct mapping_s {
   size_t offset;
   handle_t *h;
   unsigned long long access[EMU_MAXDEV];
+  unsigned long long cpu_access; /* a HOST / HOST_NUMA descriptor's flags (host-location memory only) */
   struct mapping_s *next;
 } mapping_t;
 static mapping_t *g_maps;
@@ -1352,6 +1356,7 @@ static int host_prot(const mapping_t *m) {
   unsigned long long f = 0;
   for (int i = 0; i < EMU_MAXDEV; i++)
     if (m->access[i] > f) f = m->access[i];
+  if (m->cpu_access > f) f = m->cpu_access;
   if (f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) return PROT_READ | PROT_WRITE;
   if (f == CU_MEM_ACCESS_FLAGS_PROT_READ) return PROT_READ;
   return PROT_NONE;
@@ -1366,8 +1371,12 @@ static CUresult e_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccess
               (const void *)desc, count);
     return CUDA_ERROR_INVALID_VALUE;
   }
+  int cpu = 0; /* descriptors for the CPU: HOST, or HOST_NUMA of node 0 (the emulated host's only one) */
   for (size_t i = 0; i < count; i++) {
-    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(desc[i].location.id) ||
+    int is_cpu = desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST ||
+                 (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA && desc[i].location.id == 0);
+    cpu |= is_cpu;
+    if ((!is_cpu && (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(desc[i].location.id))) ||
         (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
          desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)) {
       violation("cuMemSetAccess: descriptor %zu has location type %d id %d flags %d", i,
@@ -1375,7 +1384,7 @@ static CUresult e_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccess
       return CUDA_ERROR_INVALID_VALUE;
     }
   }
-  /* the whole range must be mapped */
+  /* the whole range must be mapped; CPU access only to host-location memory */
   CUdeviceptr cur = ptr, end = ptr + size;
   while (cur < end) {
     mapping_t *m = map_holding(cur);
@@ -1384,12 +1393,21 @@ static CUresult e_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccess
                 (unsigned long long)cur);
       return CUDA_ERROR_INVALID_VALUE;
     }
+    if (cpu && !m->h->host) {
+      violation("cuMemSetAccess(0x%llx, %zu): a HOST / HOST_NUMA descriptor on device memory at 0x%llx",
+                (unsigned long long)ptr, size, (unsigned long long)m->va);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     cur = m->va + m->size;
   }
+  if (cpu && !g_cap_host_cpu) return CUDA_ERROR_NOT_SUPPORTED;
   cur = ptr;
   while (cur < end) {
     mapping_t *m = map_holding(cur);
-    for (size_t i = 0; i < count; i++) m->access[desc[i].location.id] = desc[i].flags;
+    for (size_t i = 0; i < count; i++) {
+      if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE) m->access[desc[i].location.id] = desc[i].flags;
+      else m->cpu_access = desc[i].flags;
+    }
     CUdeviceptr lo = cur, hi = m->va + m->size < end ? m->va + m->size : end;
     if (mprotect((void *)(uintptr_t)lo, hi - lo, host_prot(m)) != 0)
       fprintf(stderr, "emu: mprotect failed: %s\n", strerror(errno));
@@ -1402,13 +1420,15 @@ static CUresult e_cuMemGetAccess(unsigned long long *flags, const CUmemLocation 
   ENTER(cuMemGetAccess);
   NEED_INIT();
   LOCKED();
-  if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(location->id)) {
+  int cpu = location && (location->type == CU_MEM_LOCATION_TYPE_HOST ||
+                         (location->type == CU_MEM_LOCATION_TYPE_HOST_NUMA && location->id == 0));
+  if (!flags || !location || (!cpu && (location->type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(location->id)))) {
     violation("cuMemGetAccess: bad arguments");
     return CUDA_ERROR_INVALID_VALUE;
   }
   mapping_t *m = map_holding(ptr);
   if (!m) return CUDA_ERROR_INVALID_VALUE;
-  *flags = m->access[location->id];
+  *flags = cpu ? m->cpu_access : m->access[location->id];
   return CUDA_SUCCESS;
 }
 
@@ -3944,6 +3964,11 @@ static void device_fill(int dev, CUdeviceptr dst, size_t n, int width, uint64_t 
 API void emu_set_host_vmm(int on) {
   LOCKED();
   g_cap_host_vmm = on != 0;
+}
+
+API void emu_set_host_cpu_access(int on) {
+  LOCKED();
+  g_cap_host_cpu = on != 0;
 }
 
 API void emu_set_host_memory(size_t bytes) {

@@ -248,6 +248,10 @@ size_t emu_device_used(int dev);
  * meets it; a wait nothing pending meets is a contract violation, as it would hang a GPU). */
 void emu_set_host_vmm(int on);           /* HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, default 1 */
 void emu_set_host_memory(size_t bytes);  /* host budget for host-location handles */
+/* cuMemSetAccess with a CPU descriptor (location HOST, or HOST_NUMA node 0): allowed on
+ * host-location memory only (on device memory a violation), then the CPU's flags, read back by
+ * cuMemGetAccess of that location; off (default on), the driver answers CUDA_ERROR_NOT_SUPPORTED. */
+void emu_set_host_cpu_access(int on);
 size_t emu_host_used(void);              /* bytes of live host-location handles */
 /* 1 when addr is mapped to a host-location handle, 0 to a device handle, -1 unmapped. */
 int emu_host_mapped(CUdeviceptr addr);

@@ -8,6 +8,9 @@ compatible module, which the launcher put first) and checks:
     and resume() with no tag;
   - a region with enable_cpu_backup: its tensor comes back with every byte; while paused,
     get_cpu_backup(tensor) equals it (zero_copy too), and the device memory was given back;
+  - get_cpu_backup(x, zero_copy=True) of a 16 MiB tensor (one host buffer): equal to x, over the
+    shim's host buffer itself (vmmshim.host_copy's address), the same memory for two calls, no
+    warning; of the 512 MiB one (several 64 MiB buffers): a copy, with a warning (INFO line);
   - a region without backup: its tensor comes back as zeros;
   - a region nested in a region of its own tag, and disable() inside a region (whose pool
     PyTorch forbids destroying while the region's use_mem_pool is under way: an abort): the
@@ -22,8 +25,10 @@ compatible module, which the launcher put first) and checks:
     gone; INFO lines give the pause and resume times and the directory's filesystem;
   - INFO only: whether host-location VMM memory (what the shim keeps CPU backups in) can be
     given CPU access with cuMemSetAccess, and whether the CPU then reads what the device wrote
-    there (get_cpu_backup(zero_copy=True) copies while this is not known);
-  - memory_margin_bytes: an allocation that would leave less than the margin free fails (as
+    there (what get_cpu_backup(zero_copy=True) relies on);
+  - memory_margin_bytes, after torch.cuda.empty_cache() (the margin, as torch_memory_saver's,
+    sees only allocations that reach the allocator: blocks PyTorch's cache holds are served
+    without it): an allocation that would leave less than the margin free fails (as
     OutOfMemoryError, or without the cache the RuntimeError of PyTorch's cudaMalloc check), one
     below it not; INFO lines give the shim's figures (limit, mapped, idle) around it.
 
@@ -34,6 +39,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import warnings
 
 from gpu_checks import check, summary
 
@@ -55,6 +61,8 @@ def child():
           "import torch_memory_saver is the shim's module, enabled")
     dev = torch.device("cuda")
     before = torch.arange(256 * MiB // 4, dtype=torch.int32, device=dev)      # 256 MiB, outside
+    with tms.region(tag="zc", enable_cpu_backup=True):  # a pool of its own: the tensor starts a host buffer
+        small = torch.arange(16 * MiB // 4, dtype=torch.int32, device=dev) * 13
     with tms.region(tag="weights", enable_cpu_backup=True):
         weights = torch.arange(512 * MiB // 4, dtype=torch.int32, device=dev) * 3
     with tms.region(tag="kv"):
@@ -67,7 +75,7 @@ def child():
         "PYTORCH_NO_CUDA_MEMORY_CACHING") == "1" else "on"))
     after = torch.arange(64 * MiB // 4, dtype=torch.int32, device=dev) + 11   # outside
     want_before, want_weights, want_after = before.sum().item(), weights.sum().item(), after.sum().item()
-    weights_cpu = weights.cpu()
+    weights_cpu, small_cpu = weights.cpu(), small.cpu()
 
     free0 = free_bytes(torch)
     tms.pause()
@@ -77,13 +85,20 @@ def child():
     backup = tms.get_cpu_backup(weights)
     check(backup is not None and backup.device.type == "cpu" and torch.equal(backup, weights_cpu),
           "get_cpu_backup equals the paused tensor")
-    zc = tms.get_cpu_backup(weights, zero_copy=True)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        zc = tms.get_cpu_backup(weights, zero_copy=True)
     check(zc is not None and torch.equal(zc, weights_cpu), "get_cpu_backup(zero_copy=True) equals it too")
+    print("INFO get_cpu_backup(zero_copy=True) of 512 MiB: %s" % (
+        "; ".join(str(w.message) for w in said) or "no warning (a view)"))
+    del zc
+    zero_copy_view(torch, tms, small, small_cpu)
     check(tms.get_cpu_backup(kv) is None, "no CPU backup of a region without one")
     check(before.sum().item() == want_before and after.sum().item() == want_after and
           kept.sum().item() == 5 * (256 * MiB // 4), "memory outside regions and in disable() works while paused")
     tms.resume()
-    check(weights.sum().item() == want_weights, "the backed-up region's tensor is back, every byte")
+    check(weights.sum().item() == want_weights and torch.equal(small.cpu(), small_cpu),
+          "the backed-up regions' tensors are back, every byte")
     check(kv.count_nonzero().item() == 0 and kv2.count_nonzero().item() == 0,
           "the region without backup wakes as zeros")
     check(before.sum().item() == want_before and after.sum().item() == want_after,
@@ -117,6 +132,25 @@ def child():
     graph.replay()
     check(static_out.item() == want == 2 * (16 * MiB // 4), "a graph captured by cuda_graph() replays after pause")
     return finish_margin(torch, tms, dev)
+
+
+def zero_copy_view(torch, tms, small, small_cpu):
+    """get_cpu_backup(zero_copy=True) of a paused tensor in one host buffer: a view of it."""
+    import vmmshim
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        zc = tms.get_cpu_backup(small, zero_copy=True)
+        zc2 = tms.get_cpu_backup(small, zero_copy=True)
+    where = vmmshim.host_copy(small.data_ptr())
+    home = where[0] if where else None
+    check(zc is not None and zc2 is not None and torch.equal(zc, small_cpu) and torch.equal(zc2, small_cpu),
+          "get_cpu_backup(zero_copy=True) of 16 MiB equals the paused tensor")
+    check(zc is not None and zc2 is not None and zc.data_ptr() == zc2.data_ptr() == home and not said,
+          "get_cpu_backup(zero_copy=True) is the shim's host buffer itself, no copy",
+          "data_ptr 0x%x and 0x%x, host buffer 0x%x; %s" % (zc.data_ptr() if zc is not None else 0,
+                                                             zc2.data_ptr() if zc2 is not None else 0, home or 0,
+                                                             "; ".join(str(w.message) for w in said)))
+    del zc, zc2  # before resume(): a view alive then keeps its host memory (and warns)
 
 
 class _Prop(ctypes.Structure):  # CUmemAllocationProp
@@ -246,6 +280,7 @@ def figures(ctl):
 def finish_margin(torch, tms, dev):
     import vmmshim
     ctl = vmmshim.control(os.getpid())
+    torch.cuda.empty_cache()  # blocks PyTorch's cache holds are served without reaching any allocator
     free = free_bytes(torch)
     tms.memory_margin_bytes = free - 512 * MiB   # about 512 MiB may still be allocated
     print("INFO margin: free %d MiB, margin %d MiB; %s" % (free // MiB, (free - 512 * MiB) // MiB, figures(ctl)))

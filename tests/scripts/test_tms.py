@@ -14,8 +14,11 @@ program would.
     nothing; a region with enable_disk_backup pauses to one file there (its bytes counted on
     disk), resume() brings every byte back and removes it; enable_cpu_backup with
     enable_disk_backup is refused; get_cpu_backup of a tensor on disk is None;
-  - get_cpu_backup(x, zero_copy=True): a copy of the backup's bytes (a tensor of its own, not the
-    shim's host buffer), with a stand-in for torch;
+  - get_cpu_backup(x, zero_copy=True), with a stand-in for torch: a tensor over the shim's host
+    buffer itself (its address the buffer's, the same for two calls), showing what the device
+    wrote before the pause; alive at resume(): a warning, and the host memory under it kept
+    (retain_cpu_backup off), given back once it is gone; a tensor over two host buffers (96 MiB),
+    or with the driver refusing the CPU access: a copy with a warning; None when awake;
   - configure_subprocess(): a child sees LD_PRELOAD with the shim, the parent's is restored;
   - `vmmshim --as torch_memory_saver` and VMMSHIM_AS=torch_memory_saver: `import
     torch_memory_saver` is this module, in a program run by the launcher."""
@@ -124,25 +127,62 @@ with module.configure_subprocess():
 out["subprocess"] = [child, os.environ["LD_PRELOAD"], vmmshim.library_path()]
 os.environ["LD_PRELOAD"] = before
 # get_cpu_backup with a stand-in for torch (last: region() would look for its pools).
-import types
+with tms.region("wide", enable_cpu_backup=True):
+    wide = malloc(96 * MiB)
+fill(wide, 96 * MiB, 0x77)
+import types, warnings
 class Cpu:
     def __init__(self, n):
         self.buf = ctypes.create_string_buffer(n)
     def data_ptr(self): return ctypes.addressof(self.buf)
     def view(self, _): return self
+class Over:  # torch.frombuffer: a tensor over the buffer's memory, which it keeps alive
+    def __init__(self, buf): self.buf = buf
+    def data_ptr(self): return ctypes.addressof(self.buf)
+    def view(self, _): return self
 class Cuda:
-    is_cuda, dtype, shape = True, "uint8", (4 * MiB,)
+    is_cuda, dtype = True, "uint8"
+    def __init__(self, p, n): self.p, self.n, self.shape = p, n, (n,)
     def is_contiguous(self): return True
-    def numel(self): return 4 * MiB
+    def numel(self): return self.n
     def element_size(self): return 1
-    def data_ptr(self): return kv
-sys.modules["torch"] = types.SimpleNamespace(empty=lambda n, dtype: Cpu(n), uint8="uint8")
+    def data_ptr(self): return self.p
+sys.modules["torch"] = types.SimpleNamespace(empty=lambda n, dtype: Cpu(n), uint8="uint8",
+                                             frombuffer=lambda b, dtype: Over(b))
+cu = ctypes.CDLL("libcuda.so.1")
+cu.cuMemsetD8_v2(ctypes.c_uint64(kv), ctypes.c_ubyte(0x66), ctypes.c_size_t(4 * MiB))  # the device writes
+cu.cuCtxSynchronize()
 tms.pause("kv")
 home = vmmshim.host_copy(kv)[0]
-zc = tms.get_cpu_backup(Cuda(), zero_copy=True)
-out["zero_copy"] = [zc is not None and zc.buf.raw == b"\x33" * (4 * MiB), zc is not None and zc.data_ptr() != home]
+zc = tms.get_cpu_backup(Cuda(kv, 4 * MiB), zero_copy=True)
+zc2 = tms.get_cpu_backup(Cuda(kv, 4 * MiB), zero_copy=True)
+out["zero_copy"] = [isinstance(zc, Over), zc is not None and bytes(zc.buf) == b"\x66" * (4 * MiB),
+                    zc is not None and zc.data_ptr() == home, zc2 is not None and zc2.data_ptr() == zc.data_ptr()]
+tms.retain_cpu_backup = False
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    tms.resume("kv")
+out["zero_copy_resume"] = [len(said) == 1 and "still live" in str(said[0].message), vmmshim.host_memory()[1] >= 4 * MiB]
+del zc, zc2
+tms.pause("kv"); tms.resume("kv")
+out["zero_copy_gone"] = list(vmmshim.host_memory())
+tms.pause("wide")
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    zw = tms.get_cpu_backup(Cuda(wide, 96 * MiB), zero_copy=True)
+out["zero_copy_wide"] = [isinstance(zw, Cpu) and zw.buf.raw[:96 * MiB] == b"\x77" * (96 * MiB),
+                         len(said) == 1 and "two of the shim's host buffers" in str(said[0].message)]
+del zw
+tms.resume("wide")
+cu.emu_set_host_cpu_access(0)  # buffers made from now on: the device's only
+tms.pause("kv")
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    zn = tms.get_cpu_backup(Cuda(kv, 4 * MiB), zero_copy=True)
+out["zero_copy_refused"] = [isinstance(zn, Cpu) and zn.buf.raw[:4 * MiB] == b"\x66" * (4 * MiB),
+                            len(said) == 1 and "no access" in str(said[0].message)]
 tms.resume("kv")
-out["zero_copy_awake"] = tms.get_cpu_backup(Cuda(), zero_copy=True) is None
+out["zero_copy_awake"] = tms.get_cpu_backup(Cuda(kv, 4 * MiB), zero_copy=True) is None
 print(json.dumps(out))
 """
 
@@ -255,7 +295,15 @@ def module():
         check(o["disk_paused"] == [True, True, True, True], "a disk-backup region pauses to one file %r" % o["disk_paused"])
         check(o["disk_backup"] is False, "get_cpu_backup of a tensor on disk: none")
         check(o["disk_resumed"] == [True, []], "resume(): every byte back, the file removed %r" % o["disk_resumed"])
-        check(o["zero_copy"] == [True, True], "get_cpu_backup(zero_copy=True): the bytes, in a copy %r" % o["zero_copy"])
+        check(o["zero_copy"] == [True, True, True, True],
+              "get_cpu_backup(zero_copy=True): the device's bytes, over the shim's host buffer, no copy %r" %
+              o["zero_copy"])
+        check(o["zero_copy_resume"] == [True, True], "a view alive at resume(): a warning, its host memory kept %r" %
+              o["zero_copy_resume"])
+        check(o["zero_copy_gone"] == [0, 0], "... given back at a resume() once it is gone %r" % o["zero_copy_gone"])
+        check(o["zero_copy_wide"] == [True, True], "over two host buffers: a copy, a warning %r" % o["zero_copy_wide"])
+        check(o["zero_copy_refused"] == [True, True], "no CPU access to host buffers: a copy, a warning %r" %
+              o["zero_copy_refused"])
         check(o["zero_copy_awake"] is True, "get_cpu_backup of an awake tensor: None")
         m = o["margin"]
         check(m[:3] == [True, True, True], "memory_margin_bytes: a limit; past the margin fails, below it not %r" % m)

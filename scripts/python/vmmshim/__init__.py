@@ -34,7 +34,7 @@ import threading
 from .client import Control, ControlError, reachable  # noqa: F401  (the public API)
 
 __all__ = ["region", "pause", "resume", "set_tag", "get_tag", "set_process_tag", "set_tag_keep", "sleep", "wake",
-           "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "host_copy", "set_disk_dir", "stats", "trim", "dump",
+           "sleep_level", "promote", "tag_stats", "host_memory", "release_host", "host_copy", "host_view", "set_disk_dir", "stats", "trim", "dump",
            "control", "control_group", "reachable", "loaded", "library_path", "UNTAGGED", "SleepResult", "Error", "NotPreloaded",
            "ControlError", "Control", "set_tag_rules", "residue"]
 
@@ -43,7 +43,7 @@ UNTAGGED = "untagged"  # the tag of memory allocated with no tag set
 MAX_TAGS = 16
 MODES = {"discard": 0, "host": 1, "mapped": 2, "disk": 3}
 __version__ = "0.1.0"  # a copy of VMMSHIM_VERSION of include/vmmshim.h (test_docs_code.py checks)
-API_VERSION = 5  # the library's VMMSHIM_API_VERSION this module was written for (at least)
+API_VERSION = 6  # the library's VMMSHIM_API_VERSION this module was written for (at least)
 
 
 # What NotPreloaded says when the library is not in the process: one line, how to get it there.
@@ -147,6 +147,9 @@ def _shim():
                                                             ctypes.POINTER(ctypes.c_size_t)])
             if version() >= 5:
                 sigs["vmmshim_set_tag_rules"] = (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t])
+            if version() >= 6:
+                sigs["vmmshim_host_view"] = (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t,
+                                                            ctypes.POINTER(ctypes.c_void_p)])
             for name, (res, args) in sigs.items():
                 fn = getattr(lib, name)
                 fn.restype, fn.argtypes = res, args
@@ -357,6 +360,23 @@ def host_copy(addr):
         return None
     _check(rc, "host_copy 0x%x" % int(addr))
     return home.value, n.value
+
+
+def host_view(addr, size):
+    """The CPU address of the size bytes at device address addr while its memory sleeps in host or
+    mapped mode: the shim's host buffer itself, no copy (vmmshim_host_view), valid until the memory
+    wakes. None when addr is awake or not the shim's. Error with errno EXDEV when the bytes were
+    discarded, are on disk or lie in two host buffers (64 MiB each), ENOTSUP when the driver
+    refused the CPU access to host buffers (or the shim predates API 6)."""
+    lib = _shim()
+    if lib.vmmshim_api_version() < 6:
+        raise Error("host_view", errno.ENOTSUP, "the preloaded shim has no vmmshim_host_view (API 6)")
+    host = ctypes.c_void_p()
+    rc = lib.vmmshim_host_view(ctypes.c_void_p(int(addr)), ctypes.c_size_t(int(size)), ctypes.byref(host))
+    if rc == -errno.ENOENT:
+        return None
+    _check(rc, "host_view 0x%x, %d bytes" % (int(addr), int(size)))
+    return host.value
 
 
 def loaded():

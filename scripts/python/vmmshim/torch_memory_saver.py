@@ -17,9 +17,11 @@ import errno
 import os
 import sys
 import threading
+import warnings
+import weakref
 
-from . import (UNTAGGED, Error, NotPreloaded, control, host_copy, library_path, loaded, release_host, set_disk_dir,
-               set_tag, sleep, wake)
+from . import (UNTAGGED, Error, NotPreloaded, control, host_copy, host_view, library_path, loaded, release_host,
+               set_disk_dir, set_tag, sleep, wake)
 from . import _backup as _region_tags  # tag -> enable_cpu_backup, of every region() entered
 from . import _thread
 from . import region as _region
@@ -116,6 +118,8 @@ class TorchMemorySaver:
         self._retired = []   # disable()'s pools, dropped once none of this module's blocks routes
         self._underway = 0   # this module's with blocks (all threads) routing into a pool or capturing
         self._lock = threading.Lock()
+        self._views = []     # weak references to the buffers under get_cpu_backup(zero_copy=True)'s tensors
+        self._said_no_cpu = False
 
     # ------------------------------------------------------------ regions
 
@@ -241,15 +245,25 @@ class TorchMemorySaver:
 
     def resume(self, tag=None):
         """Maps device memory at the same addresses again, with the bytes of regions made with
-        enable_cpu_backup or enable_disk_backup (their files removed), zeros in the others. Without retain_cpu_backup, the host memory that held
-        the bytes is given back."""
+        enable_cpu_backup or enable_disk_backup (their files removed), zeros in the others. Without
+        retain_cpu_backup, the host memory that held the bytes is given back, unless a tensor of
+        get_cpu_backup(zero_copy=True) still lives (a warning): it is kept then, so that such a
+        tensor never reads memory gone back to the system, but it no longer shows the paused bytes."""
         for t in self._tags(tag):
             try:
                 wake(t, zero=not (_region_tags.get(t) or t in _disk_tags))
             except Error as e:
                 if e.errno != errno.ENOENT:
                     raise
-        if not self._retain:
+        with self._lock:
+            self._views = [r for r in self._views if r() is not None]
+            views = len(self._views)
+        if views:
+            warnings.warn("torch_memory_saver: %d tensor(s) of get_cpu_backup(zero_copy=True) still live after "
+                          "resume(): they no longer show the paused bytes (the next pause may overwrite them); "
+                          "the host memory under them is kept until they are gone" % views, RuntimeWarning,
+                          stacklevel=2)
+        elif not self._retain:
             release_host(0)
 
     # ------------------------------------------------------------ settings
@@ -322,18 +336,39 @@ class TorchMemorySaver:
     def get_cpu_backup(self, x, zero_copy=False):
         """A CPU tensor with the bytes of x, a contiguous CUDA tensor paused in a region made with
         enable_cpu_backup; None when x is awake, its bytes were not kept, or are in a file (disk
-        backup). Always a copy, zero_copy=True too: the shim's host buffers are host-location VMM
-        memory mapped for the device only, which the CPU cannot read, and keeping them so is what
-        lets a pause copy at the link's speed (docs/sleep.md)."""
+        backup). zero_copy=True: a tensor over the shim's host buffer itself, no copy, valid until
+        resume() (a write to it changes what resume() restores); a copy, with a warning, where the
+        bytes lie in two host buffers (64 MiB each) or the driver gave the CPU no access to them."""
         import torch
         if not x.is_cuda:
             raise ValueError("get_cpu_backup: %s is not a CUDA tensor" % x.device)
         if not x.is_contiguous():
             raise ValueError("get_cpu_backup: the tensor is not contiguous")
         nbytes = x.numel() * x.element_size()
+        why = None
+        if zero_copy and nbytes:
+            try:
+                where = host_view(x.data_ptr(), nbytes)
+                if where is None:
+                    return None  # awake
+                buf = (ctypes.c_uint8 * nbytes).from_address(where)
+                with self._lock:
+                    self._views = [r for r in self._views if r() is not None] + [weakref.ref(buf)]
+                return torch.frombuffer(buf, dtype=torch.uint8).view(x.dtype).view(x.shape)
+            except Error as e:
+                if e.errno not in (errno.EXDEV, errno.ENOTSUP):
+                    raise
+                why = e.errno
         out = torch.empty(nbytes, dtype=torch.uint8)
         if nbytes and not _backup_into(x.data_ptr(), nbytes, out.data_ptr()):
-            return None
+            return None  # discarded or on disk
+        if why == errno.EXDEV:
+            warnings.warn("get_cpu_backup(zero_copy=True): the tensor's %d bytes lie in two of the shim's host "
+                          "buffers (64 MiB each): a copy" % nbytes, RuntimeWarning, stacklevel=2)
+        elif why == errno.ENOTSUP and not self._said_no_cpu:
+            self._said_no_cpu = True
+            warnings.warn("get_cpu_backup(zero_copy=True): the driver gives the CPU no access to the shim's host "
+                          "buffers: copies", RuntimeWarning, stacklevel=2)
         return out.view(x.dtype).view(x.shape)
 
 
