@@ -20,7 +20,8 @@
  *     unmaps=.. releases=.. <kind>_100=<steady calls of that kind per 100 steady allocations>
  *     costly_100=<creates and releases> cheap_100=<maps, set-access and unmaps>
  *     est_driver_us=<estimated GPU driver time per steady allocation> ms=..
- * est_driver_us prices each steady call of a kind at an H100's median cost for a 64 MiB handle
+ * est_driver_us prices each steady call of a kind at an H100's median cost for a 64 MiB handle,
+ * set-access per handle mapped (its cost follows the handles it covers, not the calls)
  * (docs/benchmarks.md, "CPU estimate of the driver's time"; CPU_FRAG_COSTS="create map
  * set_access unmap release" in us overrides them): the emulation counts calls, not their sizes,
  * and the churn's handles are mostly 16-512 MiB.
@@ -175,12 +176,12 @@ int main(int argc, char **argv) {
     kind[k] = emu_calls(names[k]) - base[k];
     printf(" %s=%lld", short_names[k], kind[k]);
   }
-  double per = steady_allocs ? 100.0 / (double)steady_allocs : 0.0, cost[5], est = 0;
+  double per = steady_allocs ? 100.0 / (double)steady_allocs : 0.0, cost[5];
   costs(cost);
-  for (int k = 0; k < 5; k++) {
-    printf(" %s_100=%.2f", short_names[k], (double)kind[k] * per);
-    est += (double)kind[k] * cost[k];
-  }
+  for (int k = 0; k < 5; k++) printf(" %s_100=%.2f", short_names[k], (double)kind[k] * per);
+  /* cuMemSetAccess costs per handle it covers, however many calls cover them: priced per map. */
+  double est = (double)kind[0] * cost[0] + (double)kind[1] * (cost[1] + cost[2]) + (double)kind[3] * cost[3] +
+               (double)kind[4] * cost[4];
   printf(" costly_100=%.2f cheap_100=%.2f est_driver_us=%.2f", (double)(kind[0] + kind[4]) * per,
          (double)(kind[1] + kind[2] + kind[3]) * per, steady_allocs ? est / (double)steady_allocs : 0.0);
   printf(" ms=%.0f\n", ms);
