@@ -194,7 +194,7 @@ SAN_DEPS := $(BUILD)/asan/libvmmshim.so $(BUILD)/tsan/libvmmshim.so \
             $(T_UNIT_NAMES:%=$(BUILD)/asan/tests/%) $(T_UNIT_NAMES:%=$(BUILD)/tsan/tests/%)
 
 TEST_DEPS := deps $(LIB) $(MAN) $(MAN7) $(EMU_DRV) $(EMU_RT) $(EMU_RT_A) $(T_EMU) $(T_UNIT) $(T_SHIM) $(T_STATIC) \
-             $(BUILD)/bench/frag_floor
+             $(BUILD)/bench/frag_floor $(BUILD)/bench/cpu_frag
 
 # Every CPU test on the release library, then the sanitizer pass (tests/run.sh says which tests).
 test: $(TEST_DEPS) $(SAN_DEPS)

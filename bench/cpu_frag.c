@@ -17,7 +17,14 @@
  *   R cpu-frag work=.. mode=.. allocs=.. peak_live=<requested> peak_mapped=.. held_live=..
  *     vmm=<calls> warm=<events of the warm-up> vmm_steady=<calls after it>
  *     vmm_per_100=<steady calls per 100 steady allocations> creates=.. maps=.. set_access=..
- *     unmaps=.. releases=.. ms=..
+ *     unmaps=.. releases=.. <kind>_100=<steady calls of that kind per 100 steady allocations>
+ *     costly_100=<creates and releases> cheap_100=<maps, set-access and unmaps>
+ *     est_driver_us=<estimated GPU driver time per steady allocation> ms=..
+ * est_driver_us prices each steady call of a kind at an H100's median cost for a 64 MiB handle,
+ * set-access per handle mapped (its cost follows the handles it covers, not the calls)
+ * (docs/benchmarks.md, "CPU estimate of the driver's time"; CPU_FRAG_COSTS="create map
+ * set_access unmap release" in us overrides them): the emulation counts calls, not their sizes,
+ * and the churn's handles are mostly 16-512 MiB.
  * The warm-up lasts until live bytes first reach 90% of the run's peak (known in advance from
  * the events): before that the pool must grow, after it an allocator that reuses its memory
  * well needs few driver calls. */
@@ -46,6 +53,18 @@ static unsigned long long vmm_calls(void) {
   vmmshim_stats_t s;
   if (!get || get(&s, sizeof s) != 0) return 0;
   return s.vmm_calls;
+}
+
+/* Median cost in us of cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease for a
+ * 64 MiB handle on an H100 (docs/benchmarks.md), or CPU_FRAG_COSTS's five figures. */
+static void costs(double c[5]) {
+  static const double h100_64m[5] = {14.2, 1.0, 46.4, 27.1, 60.4};
+  const char *env = getenv("CPU_FRAG_COSTS");
+  memcpy(c, h100_64m, sizeof h100_64m);
+  if (env && sscanf(env, "%lf %lf %lf %lf %lf", &c[0], &c[1], &c[2], &c[3], &c[4]) != 5) {
+    fprintf(stderr, "cpu_frag: CPU_FRAG_COSTS wants five figures in us; using the H100's\n");
+    memcpy(c, h100_64m, sizeof h100_64m);
+  }
 }
 
 int main(int argc, char **argv) {
@@ -152,7 +171,19 @@ int main(int argc, char **argv) {
          (double)st.peak_bytes_mapped / (double)peak, (unsigned long long)st.vmm_calls, warm, steady,
          steady_allocs ? 100.0 * (double)steady / (double)steady_allocs : 0.0);
   static const char *short_names[] = {"creates", "maps", "set_access", "unmaps", "releases"};
-  for (int k = 0; k < 5; k++) printf(" %s=%lld", short_names[k], emu_calls(names[k]) - base[k]);
+  long long kind[5];
+  for (int k = 0; k < 5; k++) {
+    kind[k] = emu_calls(names[k]) - base[k];
+    printf(" %s=%lld", short_names[k], kind[k]);
+  }
+  double per = steady_allocs ? 100.0 / (double)steady_allocs : 0.0, cost[5];
+  costs(cost);
+  for (int k = 0; k < 5; k++) printf(" %s_100=%.2f", short_names[k], (double)kind[k] * per);
+  /* cuMemSetAccess costs per handle it covers, however many calls cover them: priced per map. */
+  double est = (double)kind[0] * cost[0] + (double)kind[1] * (cost[1] + cost[2]) + (double)kind[3] * cost[3] +
+               (double)kind[4] * cost[4];
+  printf(" costly_100=%.2f cheap_100=%.2f est_driver_us=%.2f", (double)(kind[0] + kind[4]) * per,
+         (double)(kind[1] + kind[2] + kind[3]) * per, steady_allocs ? est / (double)steady_allocs : 0.0);
   printf(" ms=%.0f\n", ms);
   for (unsigned id = 0; id <= max_id; id++)
     if (ptr[id]) async ? cudaFreeAsync(ptr[id], s) : cudaFree(ptr[id]);

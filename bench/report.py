@@ -723,10 +723,13 @@ def churn_target(rows, pool_us):
 
 
 # The stitch's rows (VMMSHIM_STITCH=1; bench/run.sh), shown where they ran.
-CHURN_STITCH_CFGS = ("shim-sync-stitch", "shim-async-stitch", "shim-sync-stitch-max32M", "shim-async-stitch-max16M")
+CHURN_STITCH_CFGS = ("shim-sync-stitch", "shim-async-stitch", "shim-sync-stitch-max32M", "shim-async-stitch-max16M",
+                     "shim-async-g8M-max32M", "shim-async-g8M-max16M")
 CHURN_STITCH_ROWS = (("shim-sync-stitch", "shim sync, stitch"), ("shim-async-stitch", "shim async path, stitch"),
                      ("shim-sync-stitch-max32M", "shim sync, stitch, VMMSHIM_MAX_HANDLE=32M"),
-                     ("shim-async-stitch-max16M", "shim async path, stitch, VMMSHIM_MAX_HANDLE=16M"))
+                     ("shim-async-stitch-max16M", "shim async path, stitch, VMMSHIM_MAX_HANDLE=16M"),
+                     ("shim-async-g8M-max32M", "shim async path, VMMSHIM_GRANULARITY=8M, VMMSHIM_MAX_HANDLE=32M"),
+                     ("shim-async-g8M-max16M", "shim async path, VMMSHIM_GRANULARITY=8M, VMMSHIM_MAX_HANDLE=16M"))
 
 SERVE_CFGS = [("caching", "caching allocator"), ("expandable", "caching, expandable_segments:True"),
               ("async", "backend:cudaMallocAsync"),

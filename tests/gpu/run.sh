@@ -97,6 +97,9 @@ run_prog "shared/integrity-stitch" "$BIN/t_integrity.shared" VMMSHIM_STITCH=1
 run_prog "static/streams-stitch" "$BIN/t_streams.static" VMMSHIM_STITCH=1 VMMSHIM_FREE_MODE=deferred
 run_prog "static/ipc-stitch" "$BIN/t_ipc.static" VMMSHIM_STITCH=1
 run_prog "static/sleep-cycles-stitch" "$BIN/t_sleep.static" SLEEP_MODE=cycles VMMSHIM_STITCH=1
+# What a block on several handles costs kernels (tests/gpu/t_stitch_cost.cu): compare the INFO lines.
+run_prog "shared/stitch-cost-1-handle" "$BIN/t_stitch_cost.shared"
+run_prog "shared/stitch-cost-max16M" "$BIN/t_stitch_cost.shared" VMMSHIM_MAX_HANDLE=16M
 
 # ---- Python: each framework without and with the shim, numbers compared ----
 py_case() { # KIND TAG [ENV=VALUE...]: one framework; TAG names the shim run
