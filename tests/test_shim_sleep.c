@@ -236,7 +236,10 @@ static void scenario_modes(void) {
   ts = tag_stats("weights");
   CHECK(ts.host_mapped >= wn && ts.asleep, "weights stats mapped %llu", (unsigned long long)ts.host_mapped);
   CHECK(emu_device_access(0, (CUdeviceptr)(uintptr_t)w, 4096, 1) == 0, "the device may still write it");
+  long long syncs = emu_calls("cuCtxSynchronize");
   CHECK(do_wake(NULL, 0) == 0, "wake every tag: %s", g_res.reason);
+  CHECK(emu_calls("cuCtxSynchronize") > syncs,
+        "the wake waited for the GPU work submitted before it (it may run on the host-mapped memory)");
   CHECK(mapped_as(w, wn) == 0, "weights back on the device");
   CHECK(pat_check_sparse(w, wn, 5) == (size_t)-1, "what was written while asleep is kept");
   CHECK(cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)w) == CUDA_SUCCESS &&

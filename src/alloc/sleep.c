@@ -123,6 +123,10 @@ static int wake_tags(int tag, bool zero, vmmshim_sleep_result_t *res) {
   int rc = 0, woken = 0, asleep = 0;
   int n_tags = _vs_tag_count();
   _vs_gate_close(); /* nothing the program submits meets half-mapped memory */
+  /* Nor does work already submitted: a kernel still running on memory asleep in mapped mode would
+   * write into host buffers whose bytes were copied already, or meet an address unmapped under it
+   * (pool/wake.c expects the wait done). */
+  _vs_sync_contexts();
   for (int t = tag < 0 ? 0 : tag; t < (tag < 0 ? n_tags : tag + 1); t++) {
     int n = _vs_parked_of(t, parked, VS_MAX_PARKED_ALL);
     for (int i = 0; i < n; i++) {
