@@ -10,7 +10,8 @@ modes, ROUNDS rounds each; against it, the slowest member's own time for its mov
 "ms", taken in the same command), and with one member the plain `vmmshim ctl PID sleep` of that
 member (vmmshim.control). Prints per move:
 
-    R gsleep op=sleep|wake mode=M members=N round=I group_ms=... slowest_ms=... over_ms=...
+    R gsleep op=sleep|wake mode=M members=N round=I group_ms=... slowest_ms=... over_ms=... ok=0|1
+      quiesce_ms=... move_ms=... release_ms=... slowest_rt_ms=...
     R gsleep op=single-sleep|single-wake mode=M members=1 round=I ms=...
 
 Then a balloon: a lender of MIB MiB with tag kv cold and a borrower (priority 10,
@@ -71,8 +72,12 @@ def members_run(binary, lib, n, mib, rounds):
                     out = g.sleep(mode=mode) if op == "sleep" else g.wake(zero=(mode == "discard"))
                     own = [m["reply"].get("ms") or 0.0 for m in out["members"] if m.get("reply")]
                     slowest = max(own) if own else 0.0
+                    ph = out.get("phases_ms") or {}
+                    rts = [max((m.get("rt_ms") or {}).get(op, 0.0) for m in out["members"])]
                     print("R gsleep op=%s mode=%s members=%d round=%d group_ms=%.3f slowest_ms=%.3f over_ms=%.3f "
-                          "ok=%d" % (op, mode, n, r, out["ms"], slowest, out["ms"] - slowest, out["ok"]), flush=True)
+                          "ok=%d quiesce_ms=%.3f move_ms=%.3f release_ms=%.3f slowest_rt_ms=%.3f" % (
+                              op, mode, n, r, out["ms"], slowest, out["ms"] - slowest, out["ok"],
+                              ph.get("quiesce", 0.0), ph.get("move", 0.0), ph.get("release", 0.0), rts[0]), flush=True)
                 if n == 1:
                     c = client.Control(procs[0].pid, move_timeout=120)
                     for op in ("sleep", "wake"):

@@ -1,11 +1,13 @@
 /* control_group.c: the member's side of a group-wide sleep or wake (`vmmshim ctl --group NAME
  * sleep|wake`, docs/control.md "A whole group").
  *
- * The client orchestrates over the members' control sockets in two phases. Phase 1 is `quiesce`
- * on every member: new GPU work waits at the gate, no stream capture is in progress, every context
- * is synchronised. The gate then stays closed (a hold, identified by a token) while the client
- * waits for the others; phase 2 sends the existing `sleep` or `wake` on the same connection (the
- * move closes and opens the gate inside the hold: closes nest), and `release` ends the hold.
+ * The client orchestrates a sleep over the members' control sockets in two phases. Phase 1 is
+ * `quiesce` on every member: new GPU work waits at the gate, no stream capture is in progress,
+ * every context is synchronised; the reply lists the tags and which sleep already (what a rollback
+ * must leave asleep). The gate then stays closed (a hold, identified by a token) while the client
+ * waits for the others; phase 2 sends the existing `sleep` on the same connection (the move closes
+ * and opens the gate inside the hold: closes nest), and `release` ends the hold. A group wake
+ * sends only `wake`: it cannot be rolled back, so it has nothing to hold the members for.
  *
  * A hold never outlives its client: it ends at `release`, when the connection that took it
  * closes (a client killed with SIGKILL included), or when its lease runs out (a client stopped, or
@@ -59,6 +61,23 @@ static void *lease_watch(void *arg) {
   return NULL;
 }
 
+/* "tags":[{"name":T,"asleep":B}...]: what a rollback must put back is what this command put to
+ * sleep, so the client needs to know which tags slept already; in the quiesce reply it costs the
+ * client no `status` round trip on the way to the move. */
+static void out_tags(vs_jout_t *o) {
+  vmmshim_tag_stats_t tags[VMMSHIM_MAX_TAGS];
+  int nt = _vs_tag_stats(tags, VMMSHIM_MAX_TAGS);
+  if (nt > VMMSHIM_MAX_TAGS) nt = VMMSHIM_MAX_TAGS;
+  _vs_ctl_out(o, ",\"tags\":[");
+  for (int i = 0; i < nt; i++) {
+    _vs_ctl_out(o, "%s{\"name\":", i ? "," : "");
+    _vs_ctl_out_str(o, tags[i].name);
+    _vs_ctl_kv_bool(o, "asleep", tags[i].asleep);
+    _vs_ctl_out(o, "}");
+  }
+  _vs_ctl_out(o, "]");
+}
+
 /* {"cmd":"quiesce","lease_ms":N}: the hold; its token, lease and how long the quiesce took. */
 void _vs_ctl_quiesce(const vs_jobject_t *req, vs_jout_t *o) {
   const vs_jmember_t *lm = _vs_ctl_get(req, "lease_ms");
@@ -100,6 +119,7 @@ void _vs_ctl_quiesce(const vs_jobject_t *req, vs_jout_t *o) {
   _vs_ctl_kv_u64(o, "token", token);
   _vs_ctl_kv_u64(o, "lease_ms", lease_ms);
   _vs_ctl_out(o, ",\"ms\":%.3f", (double)(now - t0) / 1e6);
+  out_tags(o);
 }
 
 /* {"cmd":"release","token":N}: the hold ends; ESRCH when it had ended already (its lease, say). */

@@ -25,8 +25,14 @@ gs_info() { # RUN JSON: the command's time and its members' own
 import json, sys
 r = json.load(sys.stdin)
 own = [m['reply'].get('ms', 0) for m in r['members'] if m.get('reply')]
-print('INFO %s/%s: %.1f ms for the group, the slowest member moved in %.1f ms, quiesce %s ms' % (
-    sys.argv[1], r['cmd'], r['ms'], max(own or [0]), [m.get('quiesce_ms') for m in r['members']]))" "$1" 2>&1 |
+print('INFO %s/%s: %.1f ms for the group, the slowest member moved in %.1f ms (+%.1f ms), quiesce %s ms' % (
+    sys.argv[1], r['cmd'], r['ms'], max(own or [0]), r['ms'] - max(own or [0]),
+    [m.get('quiesce_ms') for m in r['members']]))
+print('INFO %s/%s: phases %s ms' % (sys.argv[1], r['cmd'], json.dumps(r.get('phases_ms'), sort_keys=True)))
+for m in r['members']:
+    print('INFO %s/%s: pid %d: round trips %s ms, its move %s ms' % (
+        sys.argv[1], r['cmd'], m['pid'], json.dumps(m.get('rt_ms'), sort_keys=True), (m.get('reply') or {}).get('ms')))
+" "$1" 2>&1 |
     tee -a "$MAIN_LOG"
 }
 

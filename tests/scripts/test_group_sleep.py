@@ -112,14 +112,28 @@ def sleep_and_wake(ms):
           "after the group sleep every member's weights and kv are asleep")
     check(all(r["lease"] == "released" for r in out.get("members", [])),
           "every member's quiesce was released by the command (not by its lease)")
+    check(all(sorted(r.get("rt_ms") or {}) == ["quiesce", "release", "sleep"] for r in out.get("members", []))
+          and sorted(out.get("phases_ms") or {}) == ["members", "move", "quiesce", "release"],
+          "the sleep's round trips: quiesce, sleep, release, no status (the quiesce lists the tags); its "
+          "phases timed [%s]" % json.dumps([out.get("phases_ms")] + [r.get("rt_ms") for r in out.get("members", [])]))
     rc, text = ctl("--group", GROUP, "status")
     check(rc == 0 and all("pid %d: on the device" % m.pid in text for m in ms) and "weights 8.00 MiB (asleep)" in text,
           "group status: each member's tags, asleep [%s]" % text[-400:])
     rc, out = group_json("wake")
     check(rc == 0 and out.get("ok") and results(out) == {m.pid: "moved" for m in ms},
           "group wake: every member woke [%s]" % json.dumps(out)[:300])
+    check(all((r.get("rt_ms") or {}).keys() == {"wake"} and r.get("quiesce_ms") is None for r in out.get("members", []))
+          and "quiesce" not in (out.get("phases_ms") or {"quiesce": 1}),
+          "a group wake sends each member only its wake: no quiesce, no release [%s]" % json.dumps(
+              [out.get("phases_ms")] + [r.get("rt_ms") for r in out.get("members", [])]))
     check(all(asleep_tags(m.pid) == [] for m in ms) and all_intact(ms),
           "after the group wake: nothing asleep, every member's bytes intact")
+    for verb in ("sleep", "wake"):
+        rc, out = group_json(verb, "nosuch")
+        check(rc == 1 and not out.get("ok") and set(results(out).values()) == {"failed"}
+              and all("ENOENT" in r["reason"] for r in out.get("members", [])),
+              "group %s of a tag no member has: every member failed, ENOENT [%s]" % (verb, json.dumps(out)[:300]))
+    check(all(asleep_tags(m.pid) == [] for m in ms), "after them nothing is asleep")
     rc, text = ctl("--group", GROUP, "sleep", "kv", "--mode", "mapped")
     check(rc == 0 and "sleep kv (mapped): done on 4 members" in text and text.count(" moved ") == 4,
           "group sleep of one tag in mapped mode, text answer [%s]" % text.strip()[:400])
@@ -215,6 +229,9 @@ def raw(pid, req):
 def member_side(m):
     s, f, q, ask = raw(m.pid, {"cmd": "quiesce", "lease_ms": 700})
     check(q.get("ok") and q.get("token", 0) > 0 and q.get("lease_ms") == 700, "quiesce: a token and its lease [%s]" % q)
+    tags = {t.get("name"): t.get("asleep") for t in q.get("tags") or []}
+    check(tags.get("weights") is False and tags.get("kv") is False,
+          "the quiesce's answer lists the member's tags, none asleep [%s]" % q.get("tags"))
     s2, f2, q2, _ = raw(m.pid, {"cmd": "quiesce"})
     check(not q2.get("ok") and q2.get("error") == "EBUSY", "a second quiesce meanwhile: EBUSY [%s]" % q2)
     f2.close()

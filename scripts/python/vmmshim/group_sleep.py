@@ -3,15 +3,21 @@
 `ctl --group NAME status`, which adds each member's tags to the segment's figures.
 
 The members are the live processes the group's segment lists (group_shm.py). The client talks to
-each over its own control socket (client.py), one connection and one thread per member:
+each over its own control socket (client.py), one connection and one thread per member. A sleep:
 
-  phase 1  status (which tags are asleep already), then `quiesce`: the member's new GPU work
-           waits at its gate, its contexts are synchronised, and it holds so, with a lease
-           (src/hook/control_group.c), until this client releases it, its connection closes, or
-           the lease runs out;
-  phase 2  only once every member has answered quiesced: the sleep (or wake) on every member at
-           once, on the same connections;
-  end      every member is released.
+  phase 1  `quiesce`: the member's new GPU work waits at its gate, its contexts are synchronised,
+           and it holds so, with a lease (src/hook/control_group.c), until this client releases it,
+           its connection closes, or the lease runs out; its reply lists its tags, asleep or not;
+  phase 2  only once every member has answered quiesced: the sleep on every member at once, on
+           the same connections;
+  end      as soon as the last member answered its move, each member's thread releases it.
+
+A wake has no phase 1: it is sent to every member at once, and each member's own wake closes its
+gate and synchronises its contexts before anything moves. A wake cannot be rolled back (below), so
+holding every member still first would buy nothing but a second wait for the kernels that run on
+host-mapped memory.
+
+The answer's "phases_ms" and each member's "rt_ms" say where the command's time went.
 
 All or nothing, for a sleep: when a member fails its quiesce or its move, does not answer by the
 deadline (--timeout, for the whole command), or dies, no member is left asleep by this command:
@@ -56,11 +62,13 @@ class _Member:
         self.reply = None
         self.quiesce_ms = None
         self.lease = "held"
+        self.rt_ms = {}           # request -> its round trip, connecting included (--json: where the time went)
 
     def ask(self, cmd, deadline, **args):
         """One request on the member's connection: its reply (ok or not), or ControlError."""
         msg = {"v": client.PROTOCOL, "cmd": cmd}
         msg.update({k: v for k, v in args.items() if v is not None})
+        t0 = time.monotonic()
         try:
             if self.sock is None:
                 self.sock = client._connect(self.pid, max(0.001, deadline - time.monotonic()))
@@ -77,6 +85,7 @@ class _Member:
         except ControlError:
             self.close()
             raise
+        self.rt_ms[cmd] = round(self.rt_ms.get(cmd, 0.0) + (time.monotonic() - t0) * 1000.0, 3)
         reply = client.parse_reply(self.pid, line)
         why = client.problem(reply, client.REPLIES.get(cmd, {})) if reply["ok"] or cmd in ("sleep", "wake") else None
         if why:
@@ -95,7 +104,7 @@ class _Member:
 
     def row(self):
         return {"pid": self.pid, "program": self.program, "result": self.result, "reason": self.reason,
-                "reply": self.reply, "quiesce_ms": self.quiesce_ms, "lease": self.lease}
+                "reply": self.reply, "quiesce_ms": self.quiesce_ms, "lease": self.lease, "rt_ms": self.rt_ms}
 
 
 def _classify(e):
@@ -182,36 +191,46 @@ class GroupControl:
         if not ms:
             raise GroupOpError("group '%s' has no live member" % self.name)
         lease_ms = int((self.timeout + LEASE_MARGIN_S) * 1000)
+        phases = out["phases_ms"] = {"members": (time.monotonic() - t0) * 1000.0}
         try:
-            self._quiesce(ms, deadline, lease_ms, tag)
-            if all(m.token for m in ms):
+            if verb == "sleep":
+                self._timed(phases, "quiesce", self._quiesce, ms, deadline, lease_ms, tag)
+            if verb == "wake" or all(m.token for m in ms):
                 if self.between:
                     self.between(ms)
-                self._move(ms, verb, args, deadline)
+                self._timed(phases, "move", self._move, ms, verb, args, deadline)
                 out["ok"] = all(m.result in DONE for m in ms)
                 if not out["ok"] and verb == "sleep":
-                    self._roll_back(ms, tag)
+                    self._timed(phases, "rollback", self._roll_back, ms, tag)
             else:
                 for m in ms:
                     if m.token and m.result == "released":
                         m.reason = "not moved: another member did not quiesce"
         finally:
-            self._release(ms)
+            if verb == "sleep":
+                self._timed(phases, "release", self._release, ms)
+            else:
+                for m in ms:
+                    m.lease = None
+                    m.close()
         out["outcome"] = "done" if out["ok"] else ("rolled back" if verb == "sleep" else "failed")
         out["ms"] = round((time.monotonic() - t0) * 1000.0, 3)
+        for k in phases:
+            phases[k] = round(phases[k], 3)
         out["members"] = [m.row() for m in ms]
         return out
+
+    @staticmethod
+    def _timed(phases, name, fn, *args):
+        t = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            phases[name] = (time.monotonic() - t) * 1000.0
 
     def _quiesce(self, ms, deadline, lease_ms, tag):
         def one(m):
             try:
-                st = m.ask("status", deadline)
-                if not st["ok"]:
-                    raise ControlError(client.EXIT_REFUSED, st.get("message", ""), reason="status: %s: %s" % (
-                        st.get("error", "?"), st.get("message", "")))
-                m.asleep_before = {t["name"]: t["asleep"] for t in st["tags"]}
-                if tag is not None and tag not in m.asleep_before:
-                    raise ControlError(client.EXIT_REFUSED, "no such tag", reason="ENOENT: no such tag: %s" % tag)
                 q = m.ask("quiesce", deadline, lease_ms=lease_ms)
                 if not q["ok"]:
                     raise ControlError(client.EXIT_REFUSED, q.get("message", ""), reason="quiesce: %s: %s" % (
@@ -219,13 +238,36 @@ class GroupControl:
                 if not isinstance(q.get("token"), int) or q["token"] < 1:
                     raise client._bad(m.pid, "quiesce: no token")
                 m.token, m.quiesce_ms = q["token"], q.get("ms")
+                tags = q.get("tags")
+                if not isinstance(tags, list) or not all(isinstance(t, dict) for t in tags):
+                    raise client._bad(m.pid, "quiesce: no tags")
+                # Which tags slept before this command: a rollback wakes only the others.
+                m.asleep_before = {t.get("name"): bool(t.get("asleep")) for t in tags}
+                if tag is not None and tag not in m.asleep_before:
+                    raise ControlError(client.EXIT_REFUSED, "no such tag", reason="ENOENT: no such tag: %s" % tag)
             except ControlError as e:
                 m.fail(_classify(e), e)
         for m in _each(ms, one, deadline):
             m.fail("timed out", ControlError(client.EXIT_TIMEOUT, "", reason="no answer to quiesce in time"))
 
     def _move(self, ms, verb, args, deadline):
+        left, lock, all_answered = [len(ms)], threading.Lock(), threading.Event()
+
         def one(m):
+            try:
+                move_one(m)
+            finally:
+                with lock:
+                    left[0] -= 1
+                    if not left[0]:
+                        all_answered.set()
+            # A sleep every member did: each member's own thread releases it as soon as the last
+            # one answered, with no thread to start and no join between the move and the release.
+            if verb == "sleep" and m.token and all_answered.wait(max(0.0, deadline - time.monotonic())) \
+                    and all(x.result in DONE for x in ms):
+                self._release_one(m, time.monotonic() + min(self.timeout, client.TIMEOUT))
+
+        def move_one(m):
             try:
                 r = m.ask(verb, deadline, **args)
                 m.reply = r
@@ -238,6 +280,9 @@ class GroupControl:
                     m.result = "moved"
                 elif r.get("error") == "EALREADY":
                     m.result = "nothing to do"
+                elif r.get("error") == "ENOENT":
+                    m.result = "failed"  # no such tag: nothing of it was asleep
+                    m.reason = "ENOENT: %s" % r.get("message", "")
                 else:
                     m.result = "failed" if verb == "sleep" else "still asleep"
                     m.reason = "%s: %s" % (r.get("error", "?"), r.get("message", ""))
@@ -276,21 +321,23 @@ class GroupControl:
                 m.reason = (m.reason + "; " if m.reason else "") + (e.reason or str(e))
         _each(ms, one, deadline)
 
-    def _release(self, ms):
-        deadline = time.monotonic() + min(self.timeout, client.TIMEOUT)
-
-        def one(m):
-            if m.token is None:
-                m.lease = None
-                m.close()
-                return
-            try:  # on its connection, or on a new one when that was closed (a timeout): same token
-                r = m.ask("release", deadline, token=m.token)
-                m.lease = "released" if r["ok"] else ("ran out" if r.get("error") == "ESRCH" else "refused")
-            except ControlError:
-                m.lease = "ended with its connection"
+    @staticmethod
+    def _release_one(m, deadline):
+        if m.token is None:
+            m.lease = None
             m.close()
-        _each(ms, one, deadline)
+            return
+        try:  # on its connection, or on a new one when that was closed (a timeout): same token
+            r = m.ask("release", deadline, token=m.token)
+            m.lease = "released" if r["ok"] else ("ran out" if r.get("error") == "ESRCH" else "refused")
+        except ControlError:
+            m.lease = "ended with its connection"
+        m.close()
+
+    def _release(self, ms):
+        """Every member still held (not released at the end of its move) is released."""
+        deadline = time.monotonic() + min(self.timeout, client.TIMEOUT)
+        _each([m for m in ms if m.lease == "held"], lambda m: self._release_one(m, deadline), deadline)
 
 
 # ---------------------------------------------------------------- the command line
