@@ -95,7 +95,7 @@ int _vs_host_view_at(CUdeviceptr addr, size_t size, CUdeviceptr *home);
 /* ---------------------------------------------------------------- "borrow.c" */
 /* Asks lender (a member of lower priority) to move want bytes out of the device, by deadline_ns:
  * 0 with *got the bytes that left, or -errno with why. */
-int _vs_borrow(pid_t lender, uint64_t want, uint64_t deadline_ns, uint64_t *got, char *why, size_t n);
+int _vs_borrow(pid_t lender, uint64_t want, uint64_t deadline_ns, uint64_t *got, double *lender_ms, char *why, size_t n);
 
 /* ---------------------------------------------------------------- "residue.c", "nvml.c" */
 /* vmmshim_residue: the residue now (out not NULL); 0, -ENODEV. */

@@ -28,8 +28,9 @@ static bool reply_u64(const char *line, const char *key, uint64_t *v) {
   return end != p + strlen(pat);
 }
 
-int _vs_borrow(pid_t lender, uint64_t want, uint64_t deadline_ns, uint64_t *got, char *why, size_t n) {
+int _vs_borrow(pid_t lender, uint64_t want, uint64_t deadline_ns, uint64_t *got, double *lender_ms, char *why, size_t n) {
   *got = 0;
+  *lender_ms = 0;
   struct sockaddr_un a;
   memset(&a, 0, sizeof a);
   a.sun_family = AF_UNIX;
@@ -67,6 +68,8 @@ int _vs_borrow(pid_t lender, uint64_t want, uint64_t deadline_ns, uint64_t *got,
     return -ETIMEDOUT;
   }
   reply_u64(line, "released", got);
+  const char *ms = strstr(line, "\"ms\":");
+  if (ms) *lender_ms = strtod(ms + 5, NULL);
   if (!strstr(line, "\"ok\":true")) {
     const char *msg = strstr(line, "\"message\":");
     snprintf(why, n, "pid %d: %.160s", (int)lender, msg ? msg + 10 : line);

@@ -95,10 +95,14 @@ static vs_pool_status_t borrow_room(vs_pool_t *pool, size_t size, CUstream strea
   vs_pool_status_t st = VS_POOL_LIMIT;
   char why[256] = "no member of the group has a lower priority (VMMSHIM_PRIORITY)";
   bool contended = false;
+  double lenders_ms = 0;
   for (int i = 0; i < n && st == VS_POOL_LIMIT && _vs_now_ns() < deadline;) {
     uint64_t got = 0;
+    double lender_ms = 0;
     asked++;
-    if (_vs_borrow(lenders[i], size, deadline, &got, why, sizeof why) != 0 || !got) {
+    int rc = _vs_borrow(lenders[i], size, deadline, &got, &lender_ms, why, sizeof why);
+    lenders_ms += lender_ms;
+    if (rc != 0 || !got) {
       i++; /* nothing more from this one: the next */
       continue;
     }
@@ -109,8 +113,8 @@ static vs_pool_status_t borrow_room(vs_pool_t *pool, size_t size, CUstream strea
   if (vs_unlikely(_vs_trace_on))
     _vs_trace_group(VS_TRACE_GROUP_BORROWED, 0, got_all, st == VS_POOL_OK ? 0 : -ENOMEM, _vs_now_ns() - t0);
   if (st == VS_POOL_OK) {
-    _vs_info("device %d: %zu bytes fit after %llu bytes were lent by lower-priority members, in %.1f ms",
-             _vs_pool_device(pool), size, (unsigned long long)got_all, ms);
+    _vs_info("device %d: %zu bytes fit after %llu bytes were lent by lower-priority members, in %.1f ms (%.1f ms "
+             "of it the lenders' moves)", _vs_pool_device(pool), size, (unsigned long long)got_all, ms, lenders_ms);
     return st;
   }
   _vs_warn_rated(&vs_borrow_said, "device %d: %zu bytes did not fit under the group's limit after asking %d "

@@ -197,11 +197,14 @@ void _vs_ctl_demote(const vs_jobject_t *req, vs_jout_t *o) {
   if (!_vs_ctl_arg_size(req, "bytes", true, &want, o)) return;
   const vs_jmember_t *f = _vs_ctl_get(req, "for");
   pid_t borrower = f && f->type == J_INT && f->num > 0 ? (pid_t)f->num : 0;
-  uint64_t released = 0;
+  uint64_t released = 0, t0 = _vs_now_ns();
   char why[200] = "";
   int rc = _vs_balloon_demote(want, borrower, &released, why, sizeof why);
+  double ms = (double)(_vs_now_ns() - t0) / 1e6;
   if (rc) _vs_ctl_error(o, req, -rc, "%s", why);
   else _vs_ctl_reply_begin(o, true, req);
   _vs_ctl_kv_u64(o, "released", released);
   _vs_ctl_kv_u64(o, "lent", _vs_balloon_lent());
+  /* The lender's share of the borrower's wait: its sleeps, host memory obtained on the way included. */
+  _vs_ctl_out(o, ",\"ms\":%.3f", ms);
 }

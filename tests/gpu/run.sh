@@ -221,6 +221,8 @@ run_prog "static/group-hopeless" "$BIN/t_group.static" GROUP_MODE=hopeless GROUP
 # GPU under one budget: the trainer's growth moves kv to host memory, the tokens stay the same,
 # kv comes back after the trainer frees (tests/gpu/t_balloon.cu).
 run_prog "shared/balloon" "$BIN/t_balloon.shared"
+# The same with the generator's host memory made ahead (VMMSHIM_HOST_RESERVE): the lend only copies.
+run_prog "shared/balloon-reserve" "$BIN/t_balloon.shared" BALLOON_HOST_RESERVE_MB=3072
 
 # ---- steered from outside: vmmshim ctl on tests/gpu/t_ctl.cu, vmmshim.control on PyTorch ----
 . tests/gpu/ctl_drive.sh

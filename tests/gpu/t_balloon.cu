@@ -10,7 +10,9 @@
  * Checks: the trainer's growth is admitted; the generator's kv leaves the device (served from host
  * memory) while the trainer holds it, and every token equals the first (the same bytes, read over
  * the link); after the trainer frees, kv comes back to the device by itself. INFO: the growth's
- * time, the tokens' times before, during and after. The children write their results to files in
+ * time, the part of it the generator's lend took (its `demote` request, timed by the generator's
+ * shim: host memory obtained on the way included; BALLOON_HOST_RESERVE_MB makes it ahead), the
+ * tokens' times before, during and after. The children write their results to files in
  * a directory of the parent's; the parent makes the checks. */
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -194,6 +196,24 @@ static void relay(const char *role) {
   if (f) fclose(f);
 }
 
+/* The trainer shim's own account of its growth (VMMSHIM_LOG=info): the whole wait and the part
+ * of it the lender's moves took, as the lender timed them. */
+static void lend_info(void) {
+  char path[700], line[600];
+  snprintf(path, sizeof path, "%s/trainer.log", g_dir);
+  FILE *f = fopen(path, "r");
+  bool seen = false;
+  while (f && fgets(line, sizeof line, f)) {
+    const char *at = strstr(line, "lent by lower-priority members");
+    if (!at) continue;
+    line[strcspn(line, "\n")] = 0;
+    printf("INFO trainer's shim: %s\n", at);
+    seen = true;
+  }
+  if (f) fclose(f);
+  if (!seen) printf("INFO trainer's shim: no line about a lend in %s\n", path);
+}
+
 int main(int argc, char **argv) {
   g_prog = "balloon";
   if (argc > 1) return run_child(argv[1]);
@@ -210,10 +230,20 @@ int main(int argc, char **argv) {
   char limit_text[32];
   snprintf(limit_text, sizeof limit_text, "%sM", limit);
   const char *kvmb = getenv("BALLOON_KV_MB") ? getenv("BALLOON_KV_MB") : "3072";
+  /* BALLOON_HOST_RESERVE_MB: the generator's VMMSHIM_HOST_RESERVE. Without it the lend obtains its
+   * host memory while the trainer waits; the two runs of tests/gpu/run.sh show the difference. */
+  const char *reserve = getenv("BALLOON_HOST_RESERVE_MB") ? getenv("BALLOON_HOST_RESERVE_MB") : "0";
+  char reserve_text[32];
+  snprintf(reserve_text, sizeof reserve_text, "%sM", reserve);
+  printf("INFO generator: VMMSHIM_HOST_RESERVE=%s (host memory made ahead for the lend)\n", reserve_text);
   const char *gen_env[] = {"BALLOON_DIR", g_dir, "BALLOON_KV_MB", kvmb, "VMMSHIM_LIMIT_GROUP", group,
-                           "VMMSHIM_LIMIT", limit_text, "VMMSHIM_PRIORITY", "0", "VMMSHIM_COLD_TAGS", "kv", NULL};
+                           "VMMSHIM_LIMIT", limit_text, "VMMSHIM_PRIORITY", "0", "VMMSHIM_COLD_TAGS", "kv",
+                           "VMMSHIM_HOST_RESERVE", reserve_text, NULL};
+  char tr_log[600];
+  snprintf(tr_log, sizeof tr_log, "info:%s/trainer.log", g_dir);
   const char *tr_env[] = {"BALLOON_DIR", g_dir, "VMMSHIM_LIMIT_GROUP", group, "VMMSHIM_PRIORITY", "10",
-                          "VMMSHIM_ON_LIMIT", "balloon:10", "VMMSHIM_RELEASE_THRESHOLD", "0", NULL};
+                          "VMMSHIM_ON_LIMIT", "balloon:10", "VMMSHIM_RELEASE_THRESHOLD", "0",
+                          "VMMSHIM_LOG", tr_log, NULL};
   pid_t g = spawn("generator", gen_env);
   pid_t t = spawn("trainer", tr_env);
   int st_g = 0, st_t = 0;
@@ -222,6 +252,7 @@ int main(int argc, char **argv) {
   check(WIFEXITED(st_t) && WEXITSTATUS(st_t) == 0, "trainer-exit", "the trainer ended with status 0x%x", st_t);
   check(WIFEXITED(st_g) && WEXITSTATUS(st_g) == 0, "generator-exit", "the generator ended with status 0x%x", st_g);
   relay("trainer");
+  lend_info();
   relay("generator");
   char shm[128];
   snprintf(shm, sizeof shm, "/dev/shm/vmmshim-%u-%s", (unsigned)geteuid(), group);

@@ -186,6 +186,10 @@ def nothing_to_lend(low, high):
     got = high.ask("alloc 4")
     took = time.monotonic() - t
     check(got == "alloc failed" and took < 5, "with nothing to lend, high's growth fails (%.2f s) [%s]" % (took, got))
+    r = raw(low.pid, {"cmd": "demote", "bytes": MiB, "for": high.pid})
+    check(not r.get("ok") and r.get("error") == "EALREADY" and r.get("released") == 0
+          and isinstance(r.get("ms"), float) and r["ms"] >= 0,
+          "a demote with nothing cold: EALREADY, with the lender's time ([%s]: the borrower's share of its wait)" % r)
 
 
 def old_segment():
