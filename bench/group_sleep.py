@@ -16,8 +16,11 @@ member (vmmshim.control). Prints per move:
 
 Then a balloon: a lender of MIB MiB with tag kv cold and a borrower (priority 10,
 VMMSHIM_ON_LIMIT=balloon:10) whose growth of MIB MiB fits the group's limit only once kv is lent:
-"R gsleep op=balloon ..." from the borrower. A step that fails prints "R failed"."""
+"R gsleep op=balloon ..." from the borrower, and "R gsleep op=balloon-split ..." (the borrower's wait,
+the lender's share of it, the rest), once as it is and once with the lender's host memory made ahead
+(VMMSHIM_HOST_RESERVE). A step that fails prints "R failed"."""
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -94,19 +97,35 @@ def members_run(binary, lib, n, mib, rounds):
             pass
 
 
-def balloon_run(binary, lib, mib):
+def lend_line(path):
+    """The borrower shim's info line on its growth: the lenders' share of the wait, or None."""
+    try:
+        with open(path) as f:
+            for line in f:
+                m = re.search(r"in ([0-9.]+) ms \(([0-9.]+) ms of it the lenders' moves\)", line)
+                if m:
+                    return float(m.group(1)), float(m.group(2))
+    except OSError:
+        pass
+    return None
+
+
+def balloon_run(binary, lib, mib, reserve):
     d = tempfile.mkdtemp(prefix="vmmshim-balloon-")
-    group = "bench-balloon-%d" % os.getpid()
+    group = "bench-balloon-%d-%d" % (os.getpid(), reserve)
     # The limit: the lender's MIB and half as much again, so the borrower's MIB fits only once the
     # lender's kv is out.
     limit = "%dM" % (mib + mib // 2)
-    lender = start(binary, lib, {"VMMSHIM_LIMIT_GROUP": group, "VMMSHIM_LIMIT": limit, "VMMSHIM_COLD_TAGS": "kv"}, ["lender", mib, d])
+    lender = start(binary, lib, {"VMMSHIM_LIMIT_GROUP": group, "VMMSHIM_LIMIT": limit, "VMMSHIM_COLD_TAGS": "kv",
+                                 "VMMSHIM_HOST_RESERVE": "%dM" % reserve}, ["lender", mib, d])
     try:
         if not wait_files(d, ["ready.lender"], [lender]):
             print("R failed step=group-sleep-balloon rc=start", flush=True)
             return
+        log = os.path.join(d, "borrower.log")
         b = start(binary, lib, {"VMMSHIM_LIMIT_GROUP": group, "VMMSHIM_PRIORITY": "10",
-                                "VMMSHIM_ON_LIMIT": "balloon:10"}, ["borrower", mib, d])
+                                "VMMSHIM_ON_LIMIT": "balloon:10", "BENCH_RESERVE_MIB": str(reserve),
+                                "VMMSHIM_LOG": "info:" + log}, ["borrower", mib, d])
         try:
             b.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -114,6 +133,10 @@ def balloon_run(binary, lib, mib):
             b.wait()
         if b.returncode:
             print("R failed step=group-sleep-balloon rc=%d" % b.returncode, flush=True)
+        got = lend_line(log)
+        if got:  # where the growth's time went, as the borrower's shim saw it
+            print("R gsleep op=balloon-split mib=%d reserve_mib=%d wait_ms=%.1f lender_ms=%.1f own_ms=%.1f" % (
+                mib, reserve, got[0], got[1], got[0] - got[1]), flush=True)
     finally:
         stop(d, [lender])
         try:
@@ -131,7 +154,8 @@ def main(argv):
     rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 3
     for n in (1, 2, 4):
         members_run(binary, lib, n, mib, rounds)
-    balloon_run(binary, lib, mib)
+    balloon_run(binary, lib, mib, 0)
+    balloon_run(binary, lib, mib, mib)  # the lender's host memory made ahead: the lend only copies
     return 0
 
 

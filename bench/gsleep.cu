@@ -6,7 +6,7 @@
  *                              DIR/ready.lender, then waits for DIR/stop
  *   gsleep borrower MIB DIR    VMMSHIM_ON_LIMIT=balloon: one cudaMalloc of MIB MiB that does not fit
  *                              the group's limit until the lender lent; prints
- *                              "R gsleep op=balloon mib=MIB ms=... ok=0|1", then frees it */
+ *                              "R gsleep op=balloon mib=MIB reserve_mib=R ms=... ok=0|1", then frees it */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -77,7 +77,10 @@ int main(int argc, char **argv) {
   double t = now_ms();
   cudaError_t e = cudaMalloc(&p, mib << 20);
   double ms = now_ms() - t;
-  printf("R gsleep op=balloon mib=%zu ms=%.2f ok=%d\n", mib, ms, e == cudaSuccess);
+  /* BENCH_RESERVE_MIB: the lender's VMMSHIM_HOST_RESERVE (bench/group_sleep.py sets both). */
+  const char *reserve = getenv("BENCH_RESERVE_MIB");
+  printf("R gsleep op=balloon mib=%zu reserve_mib=%s ms=%.2f ok=%d\n", mib, reserve ? reserve : "0", ms,
+         e == cudaSuccess);
   if (e == cudaSuccess) cudaFree(p);
   return e == cudaSuccess ? 0 : 1;
 }

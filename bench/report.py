@@ -961,11 +961,14 @@ def sec_gsleep(recs, out):
                 alone = median_or_none(gsleep_runs(recs, "single-" + op, mode, 1, "ms")) if n == 1 else None
                 out.append("| %s | %s | %d | %s | %s | %s | %s |" % (mode, op, n, fnum(g), fnum(sl), fnum(ov),
                                                                      fnum(alone) if n == 1 else "-"))
-    b = find(recs, "gsleep", op="balloon")
-    if b:
+    for b in find(recs, "gsleep", op="balloon"):
         out.append("\nA balloon: a growth of %s MiB past the group's limit, admitted after a lower-priority member "
-                   "lent its cold tag (mapped mode): %s ms (%s)." % (b[0].get("mib"), fnum(num(b[0], "ms")),
-                                                                  "admitted" if b[0].get("ok") == "1" else "FAILED"))
+                   "lent its cold tag (mapped mode; its host memory made ahead: %s MiB): %s ms (%s)." % (
+                       b.get("mib"), b.get("reserve_mib", "0"), fnum(num(b, "ms")),
+                       "admitted" if b.get("ok") == "1" else "FAILED"))
+    for b in find(recs, "gsleep", op="balloon-split"):
+        out.append("Of it (host memory made ahead: %s MiB): the lender's move %s ms, the rest %s ms." % (
+            b.get("reserve_mib"), fnum(num(b, "lender_ms")), fnum(num(b, "own_ms"))))
     out.append("")
 
 

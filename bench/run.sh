@@ -412,7 +412,7 @@ step group-spill group 90 "$SHIM" VMMSHIM_LIMIT_GROUP="bench-spill-$$" VMMSHIM_L
   "$BIN/group" spill
 # A whole group's sleep and wake (1, 2, 4 members of 8 GiB on GPU 0) against the slowest member's own
 # move, and a balloon's admission of an 8 GiB growth (bench/group_sleep.py, bench/gsleep.cu).
-step group-sleep gsleep 120 -- "$PYTHON" bench/group_sleep.py "$BIN/gsleep" "$LIB"
+step group-sleep gsleep 150 -- "$PYTHON" bench/group_sleep.py "$BIN/gsleep" "$LIB"
 
 # ---- report ----
 echo "runtime=$(($(date +%s) - T_START)) s" >>"$LOGDIR/machine.txt"
