@@ -244,6 +244,11 @@ run_python rules-llm tests/gpu/rules_llm.py
 # memory named, a captured graph's memory counted, the all-reduce after the wake; no NCCL: SKIP ----
 run_python residue-ddp tests/gpu/residue_ddp.py
 
+# ---- a PyTorch DDP job of two ranks in one group, put to sleep (host) and woken with
+# vmmshim ctl --group between two steps: the losses after equal a run without the sleep
+# (tests/gpu/group_ddp.py); no PyTorch or NCCL: SKIP ----
+run_python group-ddp tests/gpu/group_ddp.py
+
 # ---- robustness (tests/gpu/t_robust.cu, one ROBUST_MODE per run) ----
 # robust_value LOG KEY: KEY=value of the "RESULT pressure" line.
 robust_value() { sed -n "s/^RESULT pressure .*$2=\([^ ]*\).*/\1/p" "$1" | head -n 1; }
