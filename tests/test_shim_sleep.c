@@ -365,7 +365,12 @@ static void scenario_capture(void) {
   CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess, "the capture is still valid");
   if (g) cudaGraphDestroy(g);
   CHECK(do_sleep("weights", VMMSHIM_SLEEP_HOST) == 0, "after the capture: %s", g_res.reason);
-  CHECK(do_wake("weights", 0) == 0, "wake");
+  /* A wake during a capture does not synchronise (that would invalidate the capture). */
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin another capture");
+  CHECK(do_wake("weights", 0) == 0, "wake during the capture: %s", g_res.reason);
+  g = NULL;
+  CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess, "the capture is still valid after the wake");
+  if (g) cudaGraphDestroy(g);
   cudaFree(w);
   cudaStreamDestroy(s);
   CHECK(emu_violations() == 0, "no contract violation (%d)", emu_violations());

@@ -125,8 +125,9 @@ static int wake_tags(int tag, bool zero, vmmshim_sleep_result_t *res) {
   _vs_gate_close(); /* nothing the program submits meets half-mapped memory */
   /* Nor does work already submitted: a kernel still running on memory asleep in mapped mode would
    * write into host buffers whose bytes were copied already, or meet an address unmapped under it
-   * (pool/wake.c expects the wait done). */
-  _vs_sync_contexts();
+   * (pool/wake.c expects the wait done). Not while a stream capture is in progress (the gate holds
+   * new ones): a synchronisation would invalidate it, and a wake has never waited for captures. */
+  if (atomic_load(&_vs_captures_active) == 0) _vs_sync_contexts();
   for (int t = tag < 0 ? 0 : tag; t < (tag < 0 ? n_tags : tag + 1); t++) {
     int n = _vs_parked_of(t, parked, VS_MAX_PARKED_ALL);
     for (int i = 0; i < n; i++) {
