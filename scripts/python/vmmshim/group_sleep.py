@@ -138,7 +138,7 @@ class GroupControl:
             raise GroupOpError("'%s' is not a group name (1-31 of A-Z a-z 0-9 _ . -)" % name)
         self.name = name
         self.timeout = float(timeout)
-        self.between = None  # tests: called with the members after phase 1, before phase 2
+        self.between = None  # tests: called with the members before the move (a sleep: after phase 1)
 
     def members(self):
         """The live members (dicts of group_shm's reader), refused when the segment was made in
