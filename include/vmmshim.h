@@ -201,10 +201,14 @@ typedef struct vmmshim_residue_device_s {
   uint64_t managed;    /* managed memory (cuMemAllocManaged), as allocated */
   uint64_t graph;      /* graph memory (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) */
   uint64_t arrays;     /* CUDA arrays, by the free memory their creation took */
-  uint64_t context;    /* context and modules, where measured (0: not) */
+  uint64_t context;    /* contexts, by the free memory their creation took (0: not measured) */
   uint64_t others;     /* other processes (NVML; 0 without it) */
-  int64_t unexplained; /* used - every owner above */
+  int64_t unexplained; /* used - every owner (with modules and inferred below) */
   int64_t growth;      /* used now - used at the first residue after a sleep */
+  uint64_t modules;    /* loaded modules and libraries, by the free memory their load took */
+  uint64_t process;    /* this process's bytes by NVML (0: NVML does not list its pid) */
+  uint64_t inferred;   /* process - every owner measured in it, when positive: memory the driver
+                          took later (kernels loaded at first launch, its own buffers) */
 } vmmshim_residue_device_t;
 typedef struct vmmshim_residue_lib_s {
   char name[64];       /* the shared object that asked (file name) */

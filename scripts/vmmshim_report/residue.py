@@ -6,11 +6,12 @@ import html
 from .common import fmt_size
 
 # The owners of `r` records (docs/trace-format.md), in the order of the table's columns.
-TOTAL, USED, TAGS, LIBRARY, MANAGED, GRAPH, CONTEXT, OTHERS, UNEXPLAINED, HOST, ARRAYS, NAME = (
-    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15)
-COLUMNS = ("sleep", "time", "device", "used", "tags", "libraries", "managed", "graphs", "arrays", "context", "others",
-           "unexplained")
-FIGURES = (USED, TAGS, -1, MANAGED, GRAPH, ARRAYS, CONTEXT, OTHERS, UNEXPLAINED)  # -1: the libraries' sum
+TOTAL, USED, TAGS, LIBRARY, MANAGED, GRAPH, CONTEXT, OTHERS, UNEXPLAINED, HOST, ARRAYS, MODULES, PROCESS, INFERRED, \
+    NAME = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15)
+COLUMNS = ("sleep", "time", "device", "used", "tags", "libraries", "managed", "graphs", "arrays", "context", "modules",
+           "inferred", "others", "unexplained")
+# -1: the libraries' sum
+FIGURES = (USED, TAGS, -1, MANAGED, GRAPH, ARRAYS, CONTEXT, MODULES, INFERRED, OTHERS, UNEXPLAINED)
 OUTSIDE_KINDS = ("VMM", "managed", "pinned host", "arrays")
 U64 = 1 << 64
 
@@ -91,8 +92,9 @@ class Residue:
         esc = html.escape
         out = ["<section id=\"residue-section\"><h2>Residue after each sleep</h2>\n<p class=\"ctl\">What stayed on "
                "each device after each sleep, by owner: the shim's pools (tags), the VMM memory libraries made "
-               "themselves, managed and graph memory, arrays, the context, other processes, and what none of these "
-               "explain.</p>\n<table class=\"tags\" id=\"residue\"><tr>%s</tr>\n" % "".join(
+               "themselves, managed and graph memory, arrays, contexts and loaded modules (measured around their "
+               "creation), this process's memory that no measured owner explains (inferred from NVML), other "
+               "processes, and what none of these explain.</p>\n<table class=\"tags\" id=\"residue\"><tr>%s</tr>\n" % "".join(
                    "<th>%s</th>" % esc(c) for c in COLUMNS)]
         for seq, t, dev, f in self.rows():
             tds = ["<td>%d</td>" % seq, "<td>%.3f s</td>" % (t / 1e9), "<td>%d</td>" % dev]

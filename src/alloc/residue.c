@@ -157,9 +157,12 @@ static void add_sites(vmmshim_residue_t *r, const vs_outside_figures_t *of, cons
   }
 }
 
+/* What this process's measured owners leave of its NVML figure is inferred to be the driver's:
+ * with lazy loading, kernels load at their first launch, where no free memory is read. */
 static void explain(vmmshim_residue_device_t *d) {
-  uint64_t known = d->tags + d->libraries + d->managed + d->graph + d->arrays + d->context + d->others;
-  d->unexplained = d->measured ? (int64_t)(d->used - known) : 0;
+  uint64_t mine = d->tags + d->libraries + d->managed + d->graph + d->arrays + d->context + d->modules;
+  d->inferred = d->process > mine ? d->process - mine : 0;
+  d->unexplained = d->measured ? (int64_t)(d->used - mine - d->inferred - d->others) : 0;
 }
 
 /* ------------------------------------------------------------------ computing one */
@@ -182,12 +185,20 @@ static void compute(vmmshim_residue_t *r, vs_outside_figures_t *of) {
   }
   add_outside(r, of);
   r->others_known = _vs_nvml_others(r);
-  for (int i = 0; i < r->ndevices; i++) explain(&r->devices[i]);
+  unsigned missed_modules = 0, missed = 0;
+  for (int i = 0; i < r->ndevices; i++) {
+    missed = _vs_ctxmem_figures(r->devices[i].device, &r->devices[i].context, &r->devices[i].modules, &missed_modules);
+    explain(&r->devices[i]);
+  }
   if (unmeasured) snprintf(r->note, sizeof r->note, "a device without an active context was not measured");
   else if (!r->others_known) snprintf(r->note, sizeof r->note, "other processes: %s", _vs_nvml_why());
   if (of->untracked)
     snprintf(r->note + strlen(r->note), sizeof r->note - strlen(r->note), "%s%llu bytes made outside the pools "
              "were not tracked (no room)", r->note[0] ? "; " : "", (unsigned long long)of->untracked);
+  if (missed || missed_modules)
+    snprintf(r->note + strlen(r->note), sizeof r->note - strlen(r->note), "%s%u context%s, %u module load%s "
+             "without a free-memory figure (not counted)", r->note[0] ? "; " : "", missed, missed == 1 ? "" : "s",
+             missed_modules, missed_modules == 1 ? "" : "s");
 }
 
 /* Growth since the baseline (the residue after the first sleep), device by device. Lock held. */
@@ -238,8 +249,15 @@ static void trace_residue(const vmmshim_residue_t *r) {
     _vs_trace_residue(VS_RESIDUE_LIBRARY, -1, r->seq, r->libs[l].vmm, (unsigned)l + 1);
   }
   _vs_trace_residue(VS_RESIDUE_HOST, -1, r->seq, r->host_pinned, 0);
-  for (int i = 0; i < r->ndevices; i++)
-    if (r->devices[i].arrays) _vs_trace_residue(VS_RESIDUE_ARRAYS, r->devices[i].device, r->seq, r->devices[i].arrays, 0);
+  for (int i = 0; i < r->ndevices; i++) {
+    const vmmshim_residue_device_t *d = &r->devices[i];
+    if (d->arrays) _vs_trace_residue(VS_RESIDUE_ARRAYS, d->device, r->seq, d->arrays, 0);
+    _vs_trace_residue(VS_RESIDUE_MODULES, d->device, r->seq, d->modules, 0);
+    if (d->process) {
+      _vs_trace_residue(VS_RESIDUE_PROCESS, d->device, r->seq, d->process, 0);
+      _vs_trace_residue(VS_RESIDUE_INFERRED, d->device, r->seq, d->inferred, 0);
+    }
+  }
 }
 
 static void warn_growth(const vmmshim_residue_t *r) {
@@ -277,11 +295,13 @@ void _vs_residue_after_sleep(void) {
   add_sites(r, of, &base);
   for (int i = 0; i < r->ndevices; i++)
     _vs_info("residue after sleep %llu: device %d: %llu bytes in use of %llu: tags %llu, libraries %llu, managed %llu, "
-             "graphs %llu, other processes %llu, unexplained %lld", (unsigned long long)r->seq, r->devices[i].device,
+             "graphs %llu, context %llu, modules %llu, inferred %llu, other processes %llu, unexplained %lld",
+             (unsigned long long)r->seq, r->devices[i].device,
              (unsigned long long)r->devices[i].used, (unsigned long long)r->devices[i].total,
              (unsigned long long)r->devices[i].tags, (unsigned long long)r->devices[i].libraries,
              (unsigned long long)r->devices[i].managed, (unsigned long long)r->devices[i].graph,
-             (unsigned long long)r->devices[i].others, (long long)r->devices[i].unexplained);
+             (unsigned long long)r->devices[i].context, (unsigned long long)r->devices[i].modules,
+             (unsigned long long)r->devices[i].inferred, (unsigned long long)r->devices[i].others, (long long)r->devices[i].unexplained);
   if (vs_unlikely(_vs_trace_on)) trace_residue(r);
   warn_growth(r);
   free(r);

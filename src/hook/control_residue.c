@@ -21,9 +21,12 @@ static void put_device(vs_jout_t *o, const vmmshim_residue_device_t *d, bool fir
   _vs_ctl_kv_u64(o, "graphs", d->graph);
   _vs_ctl_kv_u64(o, "arrays", d->arrays);
   _vs_ctl_kv_u64(o, "context", d->context);
+  _vs_ctl_kv_u64(o, "modules", d->modules);
+  _vs_ctl_kv_u64(o, "inferred", d->inferred);
   _vs_ctl_kv_u64(o, "other_processes", d->others);
   _vs_ctl_kv_int(o, "unexplained", d->unexplained);
   _vs_ctl_out(o, "}");
+  _vs_ctl_kv_u64(o, "process", d->process);
   _vs_ctl_kv_int(o, "growth", d->growth);
   _vs_ctl_out(o, "}");
 }
