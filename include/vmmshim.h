@@ -216,12 +216,14 @@ typedef struct vmmshim_residue_lib_s {
 } vmmshim_residue_lib_t;
 typedef struct vmmshim_residue_site_s {
   char lib[64];
-  uint64_t addr;       /* the return address into lib; 0: every other site */
+  uint64_t addr;       /* the return address into lib (absolute); 0: every other site */
   uint32_t stack;      /* the trace's stack id (VMMSHIM_TRACE_STACKS), 0 when none */
   char python[96];     /* with stacks: the innermost Python frame, "FILE:LINE FUNCTION"; "" when none */
   int kind;            /* 0 VMM, 1 managed, 2 pinned host, 3 arrays */
   uint64_t bytes;      /* live now */
   int64_t growth;      /* bytes - bytes at the first residue after a sleep */
+  uint64_t offset;     /* addr - lib's load base (dladdr's dli_fbase); addr when unknown */
+  char symbol[64];     /* the symbol around addr and the offset in it, "NAME+0xOFF"; "" when none */
 } vmmshim_residue_site_t;
 typedef struct vmmshim_residue_s {
   uint64_t seq;        /* residues after sleeps so far (0: no sleep yet) */

@@ -131,6 +131,11 @@ static void scenario_exact(void) {
             r.sites[0].addr != 0, "the largest site: the helper's cuMemCreate, 8 MiB (%s, %llu)", r.nsites ? r.sites[0].lib : "-",
         r.nsites ? (unsigned long long)r.sites[0].bytes : 0ull);
   CHECK(!strstr(r.note, "not measured"), "every device measured: %s", r.note);
+  CHECK(r.nsites >= 1 && r.sites[0].offset < r.sites[0].addr && r.sites[0].offset < 0x100000 &&
+            !strncmp(r.sites[0].symbol, "helper_vmm_make+0x", 18),
+        "the site's offset in the helper (0x%llx, not the address 0x%llx) and symbol '%s'",
+        r.nsites ? (unsigned long long)r.sites[0].offset : 0ull, r.nsites ? (unsigned long long)r.sites[0].addr : 0ull,
+        r.nsites ? r.sites[0].symbol : "");
 
   /* Freed memory leaves the figures. */
   CHECK(helper_vmm_free(&a) == 0 && helper_pinned_free(pin) == 0 && helper_managed_free(man) == 0, "frees");
@@ -429,9 +434,11 @@ int main(int argc, char **argv) {
   if (!vmmshim_api_version) return check_summary();
   check_run_child("exact", NULL);
   check_run_child("growth", NULL);
-  CHECK(strstr(check_child_output, "residue: device 0 holds") != NULL &&
-            strstr(check_child_output, "libresidue_helper.so+0x") != NULL,
-        "the growth is warned about, with the site that grew");
+  const char *grew = strstr(check_child_output, "libresidue_helper.so+0x");
+  CHECK(strstr(check_child_output, "residue: device 0 holds") != NULL && grew != NULL &&
+            strspn(grew + 23, "0123456789abcdef") <= 5 && !strncmp(grew + 23 + strspn(grew + 23, "0123456789abcdef"),
+                                                                   " (helper_", 9),
+        "the growth is warned about, with the site that grew: its offset and symbol (%.80s)", grew ? grew : "-");
   char path[64], env[96];
   snprintf(path, sizeof path, "/tmp/vmmshim-residue-%d.trace", (int)getpid());
   snprintf(env, sizeof env, "VMMSHIM_TRACE=%s", path);

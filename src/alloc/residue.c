@@ -10,6 +10,7 @@
  *
  * The figures are read without any lock of the shim held across a driver call: the driver is
  * asked first, then each table under its own lock; the baseline is kept under a leaf lock. */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,18 @@ static void add_outside(vmmshim_residue_t *r, const vs_outside_figures_t *of) {
   }
 }
 
+/* Where a return address lies: its offset in its library (addresses differ from run to run and
+ * process to process; offsets do not) and, where the library exports one, the symbol. */
+static void locate(vmmshim_residue_site_t *o) {
+  Dl_info di;
+  o->offset = o->addr;
+  if (!o->addr || !dladdr((void *)(uintptr_t)o->addr, &di)) return;
+  o->offset = o->addr - (uintptr_t)di.dli_fbase;
+  if (di.dli_sname && di.dli_saddr)
+    snprintf(o->symbol, sizeof o->symbol, "%.40s+0x%llx", di.dli_sname,
+             (unsigned long long)(o->addr - (uintptr_t)di.dli_saddr));
+}
+
 /* The sites, largest first; with a baseline, those that grew come first, by growth. */
 static void add_sites(vmmshim_residue_t *r, const vs_outside_figures_t *of, const vs_residue_base_t *base) {
   bool taken[VS_OUTSIDE_SITES];
@@ -145,6 +158,7 @@ static void add_sites(vmmshim_residue_t *r, const vs_outside_figures_t *of, cons
     vmmshim_residue_site_t *o = &r->sites[r->nsites];
     snprintf(o->lib, sizeof o->lib, "%s", in->lib >= 0 ? of->libs[in->lib].name : "(other sites)");
     o->addr = in->addr;
+    locate(o);
     o->stack = in->stack;
     const vs_stack_t *st = in->stack ? _vs_stack_get(in->stack) : NULL;
     if (st && st->npy) { /* the Python line that made it (VMMSHIM_TRACE_STACKS, pyframes.c) */
@@ -264,12 +278,13 @@ static void warn_growth(const vmmshim_residue_t *r) {
   for (int i = 0; i < r->ndevices; i++) {
     const vmmshim_residue_device_t *d = &r->devices[i];
     if (d->growth < (int64_t)VS_RESIDUE_GROWTH_MIN) continue;
-    char sites[320] = "";
+    char sites[480] = "";
     size_t n = 0;
     for (int s = 0; s < r->nsites && n < sizeof sites - 1; s++)
       if (r->sites[s].growth > 0)
-        n += (size_t)snprintf(sites + n, sizeof sites - n, "%s%s+0x%llx grew %lld bytes", n ? ", " : "", r->sites[s].lib,
-                              (unsigned long long)r->sites[s].addr, (long long)r->sites[s].growth);
+        n += (size_t)snprintf(sites + n, sizeof sites - n, "%s%s+0x%llx%s%s%s grew %lld bytes", n ? ", " : "",
+                              r->sites[s].lib, (unsigned long long)r->sites[s].offset, r->sites[s].symbol[0] ? " (" : "",
+                              r->sites[s].symbol, r->sites[s].symbol[0] ? ")" : "", (long long)r->sites[s].growth);
     _vs_warn("residue: device %d holds %lld bytes more after sleep %llu than after the first (%llu in use, %lld "
              "unexplained)%s%s", d->device, (long long)d->growth, (unsigned long long)r->seq,
              (unsigned long long)d->used, (long long)d->unexplained, sites[0] ? "; sites that grew: " : "", sites);

@@ -24,6 +24,7 @@ def residue(t, seq, used, tags, libs, managed, graph, unexplained, arrays=0):
 
 
 TRACE = ["v 4 vmmshim 0.1.0\n", "x /usr/bin/python3\n", "c python3 rl.py\n", "p 7 1 0\n", "s 1 1\n",
+         "l 1 7fff00000000 7fff00002000 7fff00000000 - /usr/lib/libnccl.so.2\n",
          "a 10 7 0 0 - 7f0000000000 800000 800000 0\n",
          "u 20 7 0 0 1001 %x 7fff00001234 0\n" % (64 * MiB),
          "u 30 7 4 - 7e0000000000 %x 7fff00005678 0\n" % (4 * MiB),
@@ -49,6 +50,10 @@ def main():
               "no record skipped as unknown or malformed")
         check("VMM          made 2 (80 MiB), freed 1 (16 MiB)" in out, "the VMM memory made outside the pools counted")
         check("pinned host  made 1 (4 MiB), freed 0 (0 B)" in out, "the pinned host memory counted")
+        check("  libnccl.so.2+0x1234: 64 MiB VMM" in out and "+0x7fff00001234" not in out,
+              "the site still holding VMM memory: its offset in the library of its `l` record, not the address")
+        check("  0x7fff00005678 (no module record): 4 MiB pinned host" in out,
+              "a caller without a module record: the address, said so")
         rows = [line.split() for line in out.splitlines() if line.startswith("            1 ")
                 or line.startswith("            2 ")]
         check(len(rows) == 2, "one row a sleep: %s" % rows)

@@ -29,7 +29,7 @@ class _Lib(ctypes.Structure):
 class _Site(ctypes.Structure):
     _fields_ = [("lib", ctypes.c_char * 64), ("addr", ctypes.c_uint64), ("stack", ctypes.c_uint32),
                 ("python", ctypes.c_char * 96), ("kind", ctypes.c_int), ("bytes", ctypes.c_uint64),
-                ("growth", ctypes.c_int64)]
+                ("growth", ctypes.c_int64), ("offset", ctypes.c_uint64), ("symbol", ctypes.c_char * 64)]
 
 
 class _Residue(ctypes.Structure):
@@ -51,7 +51,8 @@ def _as_dict(r):
     libs = [{"name": lb.name.decode("utf-8", "replace"), "vmm": lb.vmm, "managed": lb.managed, "host": lb.host,
              "arrays": lb.arrays}
             for lb in r.libs[:min(r.nlibs, LIBS)]]
-    sites = [{"library": s.lib.decode("utf-8", "replace"), "address": "0x%x" % s.addr,
+    sites = [{"library": s.lib.decode("utf-8", "replace"), "address": "0x%x" % s.addr, "offset": "0x%x" % s.offset,
+              "symbol": s.symbol.decode("utf-8", "replace"),
               "kind": KINDS[s.kind] if 0 <= s.kind < len(KINDS) else "vmm", "bytes": s.bytes, "growth": s.growth,
               "stack": s.stack, "python": s.python.decode("utf-8", "replace")}
              for s in r.sites[:min(r.nsites, SITES)]]
@@ -97,8 +98,9 @@ def residue_text(pid, r):
     for s in r["sites"]:
         grew = (", grew %s since the first sleep" % text.size(s["growth"])) if s["growth"] > 0 else ""
         py = (" (%s)" % c(s["python"])) if s.get("python") else ""
-        lines.append("site %s+%s%s: %s %s%s" % (c(s["library"]), c(s["address"]), py, text.size(s["bytes"]), s["kind"],
-                                                grew))
+        # The offset in the library (the same in every process); an older shim gives only the address.
+        where = c(s.get("offset", s["address"])) + ((" (%s)" % c(s["symbol"])) if s.get("symbol") else "")
+        lines.append("site %s+%s%s: %s %s%s" % (c(s["library"]), where, py, text.size(s["bytes"]), s["kind"], grew))
     if r["host_pinned"]:
         lines.append("pinned host memory made outside the pools: %s" % text.size(r["host_pinned"]))
     if r["shared"]:
