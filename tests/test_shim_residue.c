@@ -254,11 +254,15 @@ static void scenario_foreign(void) {
   fill(a.va, a.size, 7);
   fill(b.va, b.size, 9);
   emu_counters_t before = emu_now();
+  size_t used_before = emu_device_used(0);
   vmmshim_sleep_result_t r;
   CHECK(vmmshim_sleep("weights", VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0 && emu_host_mapped(a.va) == 0,
         "a sleep of one tag leaves the helper's memory");
   CHECK(vmmshim_wake("weights", 0, NULL, 0) == 0, "wake weights");
+  long long dtoh = emu_calls("cuMemcpyDtoH"), htod = emu_calls("cuMemcpyHtoD");
   CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0, "sleep every tag: %s", r.reason);
+  CHECK(emu_calls("cuMemcpyDtoH") == dtoh, "the helper's bytes went to the shim's host buffers, not through "
+        "pageable memory (%lld cuMemcpyDtoH)", emu_calls("cuMemcpyDtoH") - dtoh);
   CHECK(emu_host_mapped(a.va) == -1 && emu_host_mapped(b.va) == 0 && emu_host_mapped(c.va) == 0,
         "the helper's plain handle left the device; the exportable one and the one in halves stayed (%d %d %d)",
         emu_host_mapped(a.va), emu_host_mapped(b.va), emu_host_mapped(c.va));
@@ -267,8 +271,9 @@ static void scenario_foreign(void) {
   CHECK(r.skipped == 6 * MiB && strstr(r.reason, "exportable") && strstr(r.reason, "in pieces"),
         "skipped 6 MiB with the reasons: %llu '%s'", (unsigned long long)r.skipped, r.reason);
   emu_counters_t mid = emu_now();
-  CHECK(mid.handle_bytes + 14 * MiB == before.handle_bytes + 8 * MiB, "the device holds the tag's and the helper's "
-        "14 MiB less (the tag's 8 now in a host-location handle): %llu -> %llu", before.handle_bytes, mid.handle_bytes);
+  CHECK(mid.handle_bytes == before.handle_bytes && emu_device_used(0) + 14 * MiB == used_before,
+        "the device holds the tag's and the helper's 14 MiB less, both now in host-location handles: handles "
+        "%llu -> %llu, device %zu -> %zu", before.handle_bytes, mid.handle_bytes, used_before, emu_device_used(0));
   vmmshim_residue_t res;
   CHECK(vmmshim_residue(&res, sizeof res) == 0 && res.devices[0].libraries == 8 * MiB &&
             res.devices[0].unexplained == 0, "the residue: 8 MiB of libraries stayed, nothing unexplained (%llu, %lld)",
@@ -279,6 +284,15 @@ static void scenario_foreign(void) {
   CHECK(emu_host_mapped(a.va) == 0 && emu_handle_info(a.va, NULL, NULL, &access) == 0 &&
             access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "mapped again with its access (0x%x)", access);
   CHECK(same(a.va, a.size, 7) && same(b.va, b.size, 9), "every byte back");
+  CHECK(emu_calls("cuMemcpyHtoD") == htod, "and back from them (%lld cuMemcpyHtoD)", emu_calls("cuMemcpyHtoD") - htod);
+  /* Without host VMM the bytes go through pageable memory, and still come back. */
+  emu_set_host_vmm(0);
+  fill(a.va, a.size, 4);
+  dtoh = emu_calls("cuMemcpyDtoH");
+  CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0 && emu_host_mapped(a.va) == -1 &&
+            emu_calls("cuMemcpyDtoH") == dtoh + 1, "without host VMM: copied through pageable memory (%s)", r.reason);
+  CHECK(vmmshim_wake(NULL, 0, &r, sizeof r) == 0 && same(a.va, a.size, 4), "and back");
+  emu_set_host_vmm(1);
   /* Asleep again, the library unmaps and releases it: done by the shim; the wake maps nothing. */
   CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0 && emu_host_mapped(a.va) == -1, "asleep again");
   CHECK(helper_vmm_free(&a) == 0, "the library frees its memory while it sleeps");
