@@ -383,6 +383,15 @@ static void scenario_context(void) {
   CHECK(vmmshim_residue(&r, sizeof r) == 0 && r.devices[0].modules == 0 && r.devices[0].unexplained == 0,
         "nothing left: modules %llu, unexplained %lld", (unsigned long long)r.devices[0].modules,
         (long long)r.devices[0].unexplained);
+  /* A mipmapped array counts as an array: its levels, 512x512 and 256x256 floats. */
+  CUDA_ARRAY3D_DESCRIPTOR md = {512, 512, 0, CU_AD_FORMAT_FLOAT, 1, 0};
+  CUmipmappedArray mip = NULL;
+  CHECK(cuMipmappedArrayCreate(&mip, &md, 2) == CUDA_SUCCESS, "a mipmapped array of 2 levels");
+  CHECK(vmmshim_residue(&r, sizeof r) == 0 && r.devices[0].arrays == 1280 * 1024 && r.devices[0].unexplained == 0,
+        "counted as an array: %llu, unexplained %lld", (unsigned long long)r.devices[0].arrays,
+        (long long)r.devices[0].unexplained);
+  CHECK(cuMipmappedArrayDestroy(mip) == CUDA_SUCCESS && vmmshim_residue(&r, sizeof r) == 0 &&
+            r.devices[0].arrays == 0, "destroyed: %llu", (unsigned long long)r.devices[0].arrays);
   CHECK(cudaFree(w) == cudaSuccess && cuDevicePrimaryCtxRelease(0) == CUDA_SUCCESS, "free, release");
 }
 

@@ -23,6 +23,8 @@
   X(ARRAY, "cuArrayCreate", 3020, cuArrayCreate_v2)                                           \
   X(ARRAY_3D, "cuArray3DCreate", 3020, cuArray3DCreate_v2)                                    \
   X(ARRAY_DESTROY, "cuArrayDestroy", 2000, cuArrayDestroy)                                    \
+  X(MIPMAP, "cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate)                           \
+  X(MIPMAP_DESTROY, "cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy)                 \
   X(CTX_CREATE_V4, "cuCtxCreate", 12050, cuCtxCreate_v4)                                      \
   X(CTX_CREATE_V3, "cuCtxCreate", 11040, cuCtxCreate_v3)                                      \
   X(CTX_CREATE_V2, "cuCtxCreate", 3020, cuCtxCreate_v2)                                       \
@@ -185,9 +187,9 @@ static size_t free_now(void) {
   size_t f = 0, t = 0;
   return _vs_cu.cuMemGetInfo && _vs_cu.cuMemGetInfo(&f, &t) == CUDA_SUCCESS ? f : 0;
 }
-static void array_made(CUresult r, CUarray *arr, size_t before) {
-  size_t after = r == CUDA_SUCCESS && arr ? free_now() : before;
-  if (before > after) _vs_outside_made(VS_OUTSIDE_ARRAY, (uintptr_t)*arr, before - after, current_device(), 0,
+static void array_made(CUresult r, uintptr_t key, size_t before) {
+  size_t after = r == CUDA_SUCCESS && key ? free_now() : before;
+  if (before > after) _vs_outside_made(VS_OUTSIDE_ARRAY, key, before - after, current_device(), 0,
                                        _vs_outside_caller(), NULL);
 }
 
@@ -198,7 +200,7 @@ VS_API CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc
   bool ours = !_vs_guard && _vs_active();
   size_t before = ours ? free_now() : 0;
   CUresult r = real(arr, desc);
-  if (ours) array_made(r, arr, before);
+  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
   return r;
 }
 
@@ -209,13 +211,34 @@ VS_API CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *
   bool ours = !_vs_guard && _vs_active();
   size_t before = ours ? free_now() : 0;
   CUresult r = real(arr, desc);
-  if (ours) array_made(r, arr, before);
+  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
   return r;
 }
 
 VS_API CUresult cuArrayDestroy(CUarray arr) {
   typedef CUresult (*fn_t)(CUarray);
   fn_t real = REAL(ARRAY_DESTROY, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(arr);
+  if (counted(r)) _vs_outside_freed(VS_OUTSIDE_ARRAY, (uintptr_t)arr);
+  return r;
+}
+
+/* A mipmapped array counts as an array, by the free memory its creation took. */
+VS_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels) {
+  typedef CUresult (*fn_t)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+  fn_t real = REAL(MIPMAP, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  bool ours = !_vs_guard && _vs_active();
+  size_t before = ours ? free_now() : 0;
+  CUresult r = real(arr, desc, levels);
+  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
+  return r;
+}
+
+VS_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
+  typedef CUresult (*fn_t)(CUmipmappedArray);
+  fn_t real = REAL(MIPMAP_DESTROY, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(arr);
   if (counted(r)) _vs_outside_freed(VS_OUTSIDE_ARRAY, (uintptr_t)arr);

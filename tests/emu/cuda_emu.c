@@ -3088,6 +3088,54 @@ static CUresult e_cuArrayDestroy(CUarray a) {
   return CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* A mipmapped array: its levels (each dimension halved, at least 1) drawn at once like an array's. */
+#define MAGIC_MIPMAP 0x4d49504du
+static CUresult e_cuMipmappedArrayCreate(CUmipmappedArray *out, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned levels) {
+  ENTER(cuMipmappedArrayCreate);
+  NEED_INIT();
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!out || !desc || levels == 0 || desc->Width == 0 || (desc->NumChannels != 1 && desc->NumChannels != 2 &&
+                                                            desc->NumChannels != 4)) {
+    violation("cuMipmappedArrayCreate: %s", !out || !desc ? "NULL argument" : "width 0, no level or 3 channels");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  size_t eb = format_bytes(desc->Format), size = 0, w = desc->Width, h = desc->Height, d = desc->Depth;
+  if (!eb) return CUDA_ERROR_NOT_SUPPORTED;
+  for (unsigned l = 0; l < levels; l++) {
+    size += w * (h ? h : 1) * (d ? d : 1) * desc->NumChannels * eb;
+    w = w > 1 ? w / 2 : 1;
+    h = h > 1 ? h / 2 : h;
+    d = d > 1 ? d / 2 : d;
+  }
+  device_t *dv = &g_dev[c->dev];
+  struct CUarray_st *a = dv->used <= dv->total && size <= dv->total - dv->used ? calloc(1, sizeof *a) : NULL;
+  if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
+  *a = (struct CUarray_st){MAGIC_MIPMAP, c->dev, size, g_arrays};
+  g_arrays = a;
+  dv->used += size;
+  *out = (CUmipmappedArray)a;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMipmappedArrayDestroy(CUmipmappedArray m) {
+  ENTER(cuMipmappedArrayDestroy);
+  NEED_INIT();
+  LOCKED();
+  for (struct CUarray_st **pp = &g_arrays; *pp; pp = &(*pp)->next)
+    if (*pp == (struct CUarray_st *)m && (*pp)->magic == MAGIC_MIPMAP) {
+      struct CUarray_st *a = *pp;
+      *pp = a->next;
+      g_dev[a->dev].used -= a->size;
+      a->magic = 0;
+      free(a);
+      return CUDA_SUCCESS;
+    }
+  violation("cuMipmappedArrayDestroy of an invalid mipmapped array %p", (void *)m);
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
 /* ------------------------------------------------------------------ modules and libraries */
 /* A module (cuModuleLoad*) is loaded into the current context and takes g_mod_bytes of its
  * device until cuModuleUnload or the context's end. A library (cuLibraryLoad*) is loaded at
@@ -3416,6 +3464,8 @@ static const sym_t g_syms[] = {
     SYM("cuArrayCreate", 3020, e_cuArrayCreate_v2),
     SYM("cuArray3DCreate", 3020, e_cuArray3DCreate_v2),
     SYM("cuArrayDestroy", 2000, e_cuArrayDestroy),
+    SYM("cuMipmappedArrayCreate", 5000, e_cuMipmappedArrayCreate),
+    SYM("cuMipmappedArrayDestroy", 5000, e_cuMipmappedArrayDestroy),
     SYM("cuModuleLoad", 2000, e_cuModuleLoad),
     SYM("cuModuleLoadData", 2000, e_cuModuleLoadData),
     SYM("cuModuleLoadDataEx", 2010, e_cuModuleLoadDataEx),
@@ -3697,6 +3747,8 @@ EXPORT(cuGraphDestroy, e_cuGraphDestroy)
 EXPORT(cuArrayCreate_v2, e_cuArrayCreate_v2)
 EXPORT(cuArray3DCreate_v2, e_cuArray3DCreate_v2)
 EXPORT(cuArrayDestroy, e_cuArrayDestroy)
+EXPORT(cuMipmappedArrayCreate, e_cuMipmappedArrayCreate)
+EXPORT(cuMipmappedArrayDestroy, e_cuMipmappedArrayDestroy)
 EXPORT(cuModuleLoad, e_cuModuleLoad)
 EXPORT(cuModuleLoadData, e_cuModuleLoadData)
 EXPORT(cuModuleLoadDataEx, e_cuModuleLoadDataEx)

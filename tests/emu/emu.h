@@ -81,7 +81,8 @@
  * stream's earlier work, with the device access rules of the current context's device.
  * cuArrayCreate and cuArray3DCreate (_v2) draw Width x Height x Depth elements (1, 2 or 4 channels
  * of an 8/16/32-bit integer, half or float format; others: CUDA_ERROR_NOT_SUPPORTED) from the
- * current context's device at once; cuArrayDestroy gives them back.
+ * current context's device at once; cuArrayDestroy gives them back. cuMipmappedArrayCreate draws
+ * the sum of its levels (each dimension halved, at least 1) the same way; cuMipmappedArrayDestroy.
  * Contexts and modules take device memory only after emu_set_context_memory: every context
  * (primary or not) its context_bytes while it lives, every cuModuleLoad* module module_bytes of
  * the current context's device until cuModuleUnload or the context's end; cuLibraryLoad* loads at
@@ -138,7 +139,7 @@ extern "C" {
   X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)                  \
   X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuArrayCreate) X(cuArray3DCreate) X(cuArrayDestroy)                  \
   X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuModuleUnload)      \
-  X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload)
+  X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload) X(cuMipmappedArrayCreate) X(cuMipmappedArrayDestroy)
 
 typedef struct emu_counters_s {
   /* ---- call counts (reset by emu_reset_counters) ---- */
