@@ -29,7 +29,10 @@
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <libgen.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -395,7 +398,57 @@ static void scenario_context(void) {
   CHECK(cudaFree(w) == cudaSuccess && cuDevicePrimaryCtxRelease(0) == CUDA_SUCCESS, "free, release");
 }
 
+/* The runtime's first context (the primary context, no context current) made on another thread,
+ * parked in the driver while other processes take 2 MiB more. */
+static void *first_context(void *arg) {
+  (void)arg;
+  CHECK(cudaSetDevice(0) == cudaSuccess && cudaFree(0) == cudaSuccess, "the runtime's first context");
+  return NULL;
+}
+
+/* With the emulation's NVML (opened by path before the shim asks for it): the first context is
+ * measured by NVML's free memory, less what the other processes took meanwhile; the process's
+ * NVML figure less every measured owner is the inferred part (the driver's own 2 MiB here); the
+ * other processes' 5 then 7 MiB are theirs; nothing unexplained. */
+static void scenario_nvml(void) {
+  char path[600], self[512];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  self[n > 0 ? n : 0] = 0;
+  snprintf(path, sizeof path, "%s/../emu/nvml/libnvidia-ml.so.1", dirname(self));
+  CHECK(dlopen(path, RTLD_NOW | RTLD_GLOBAL) != NULL, "the emulation's NVML: %s", dlerror());
+  emu_set_context_memory(3 * MiB, 1 * MiB);
+  CHECK(cuInit(0) == CUDA_SUCCESS, "cuInit");
+  emu_set_other_processes(0, 5 * MiB);
+  emu_hold_next("cuDevicePrimaryCtxRetain");
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, first_context, NULL) == 0, "a thread makes the first context");
+  CHECK(emu_wait_held(5000) == 1, "its primary retain is parked in the driver");
+  emu_set_other_processes(0, 7 * MiB);
+  emu_release_hold();
+  pthread_join(t, NULL);
+  CHECK(cudaSetDevice(0) == cudaSuccess, "this thread on device 0");
+  void *w = tagged("weights", 4 * MiB);
+  emu_take_driver_memory(0, 2 * MiB);
+  vmmshim_residue_t r;
+  CHECK(vmmshim_residue(&r, sizeof r) == 0 && r.ndevices == 1, "residue: %d devices", r.ndevices);
+  const vmmshim_residue_device_t *d = &r.devices[0];
+  CHECK(d->used == 16 * MiB && d->used == emu_device_used(0), "used %llu: 3 context, 4 pools, 2 driver, 7 others",
+        (unsigned long long)d->used);
+  CHECK(d->context == 3 * MiB, "the first context measured by NVML, the others' 2 MiB not counted: %llu",
+        (unsigned long long)d->context);
+  CHECK(d->others == 7 * MiB && r.others_known, "other processes %llu", (unsigned long long)d->others);
+  CHECK(d->process == 9 * MiB && d->inferred == 2 * MiB, "this process by NVML %llu, inferred %llu",
+        (unsigned long long)d->process, (unsigned long long)d->inferred);
+  CHECK(d->unexplained == 0, "nothing unexplained: %lld", (long long)d->unexplained);
+  CHECK(!strstr(r.note, "without a free-memory figure"), "nothing unmeasured: %s", r.note);
+  CHECK(cudaFree(w) == cudaSuccess, "free");
+}
+
 static void run_scenario(const char *name) {
+  if (!strcmp(name, "nvml")) {
+    scenario_nvml();
+    return;
+  }
   if (!strcmp(name, "context")) {
     emu_set_context_memory(3 * MiB, 1 * MiB);
     scenario_context();
@@ -470,6 +523,7 @@ int main(int argc, char **argv) {
   unlink(path);
   check_run_child("ctl", NULL);
   check_run_child("context", NULL);
+  check_run_child("nvml", NULL);
   check_run_child("foreign", "VMMSHIM_SLEEP_FOREIGN=libnccl*,libresidue_helper*", NULL);
   check_run_child("foreign-off", NULL);
   check_run_child("foreign-off", "VMMSHIM_SLEEP_FOREIGN=libnccl*", NULL);

@@ -813,6 +813,16 @@ static CUresult e_cuDeviceTotalMem_v1(unsigned int *bytes, CUdevice dev) {
   return r;
 }
 
+/* A PCI bus id per device ("0000:0N:00.0", N the device + 1), as nvml_emu.c finds devices by. */
+static CUresult e_cuDeviceGetPCIBusId(char *bus, int len, CUdevice dev) {
+  ENTER(cuDeviceGetPCIBusId);
+  NEED_INIT();
+  if (!bus || len < 13) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(bus, (size_t)len, "0000:%02x:00.0", (unsigned)dev + 1);
+  return CUDA_SUCCESS;
+}
+
 /* ------------------------------------------------------------------ contexts */
 
 static CUresult e_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
@@ -3419,6 +3429,7 @@ static const sym_t g_syms[] = {
     SYM("cuDeviceTotalMem", 2000, e_cuDeviceTotalMem_v1),
     SYM("cuDeviceTotalMem", 3020, e_cuDeviceTotalMem_v2),
     SYM("cuDevicePrimaryCtxRetain", 7000, e_cuDevicePrimaryCtxRetain),
+    SYM("cuDeviceGetPCIBusId", 4010, e_cuDeviceGetPCIBusId),
     SYM("cuDevicePrimaryCtxRelease", 7000, e_cuDevicePrimaryCtxRelease_v1),
     SYM("cuDevicePrimaryCtxRelease", 11000, e_cuDevicePrimaryCtxRelease_v2),
     SYM("cuDevicePrimaryCtxReset", 7000, e_cuDevicePrimaryCtxReset_v1),
@@ -3650,6 +3661,7 @@ EXPORT(cuDeviceGetAttribute, e_cuDeviceGetAttribute)
 EXPORT(cuDeviceTotalMem, e_cuDeviceTotalMem_v1)
 EXPORT(cuDeviceTotalMem_v2, e_cuDeviceTotalMem_v2)
 EXPORT(cuDevicePrimaryCtxRetain, e_cuDevicePrimaryCtxRetain)
+EXPORT(cuDeviceGetPCIBusId, e_cuDeviceGetPCIBusId)
 EXPORT(cuDevicePrimaryCtxRelease, e_cuDevicePrimaryCtxRelease_v1)
 EXPORT(cuDevicePrimaryCtxRelease_v2, e_cuDevicePrimaryCtxRelease_v2)
 EXPORT(cuDevicePrimaryCtxReset, e_cuDevicePrimaryCtxReset_v1)
@@ -4204,6 +4216,28 @@ API int emu_host_mapped(CUdeviceptr addr) {
 API long emu_device_faults(void) {
   LOCKED();
   return g_device_faults;
+}
+
+/* Other processes' memory (nvml_emu.c lists it under another pid) and the driver's own buffers:
+ * both in the device's use, so cuMemGetInfo's free memory moves with them. */
+static size_t g_others[EMU_MAXDEV];
+API void emu_set_other_processes(int dev, size_t bytes) {
+  LOCKED();
+  if (dev < 0 || dev >= EMU_MAXDEV) return;
+  g_dev[dev].used = g_dev[dev].used - g_others[dev] + bytes;
+  g_others[dev] = bytes;
+}
+API size_t emu_other_processes(int dev) {
+  LOCKED();
+  return dev >= 0 && dev < EMU_MAXDEV ? g_others[dev] : 0;
+}
+API void emu_take_driver_memory(int dev, size_t bytes) {
+  LOCKED();
+  if (dev >= 0 && dev < EMU_MAXDEV) g_dev[dev].used += bytes;
+}
+API size_t emu_device_total(int dev) {
+  LOCKED();
+  return dev >= 0 && dev < EMU_MAXDEV ? g_dev[dev].total : 0;
 }
 
 API size_t emu_device_used(int dev) {

@@ -139,7 +139,8 @@ extern "C" {
   X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)                  \
   X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuArrayCreate) X(cuArray3DCreate) X(cuArrayDestroy)                  \
   X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuModuleUnload)      \
-  X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload) X(cuMipmappedArrayCreate) X(cuMipmappedArrayDestroy)
+  X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload) X(cuMipmappedArrayCreate) X(cuMipmappedArrayDestroy) \
+  X(cuDeviceGetPCIBusId)
 
 typedef struct emu_counters_s {
   /* ---- call counts (reset by emu_reset_counters) ---- */
@@ -186,6 +187,12 @@ void emu_set_device_memory(int dev, size_t bytes); /* default 4 GiB */
 void emu_set_device_count(int n);                  /* 1..4, default 1 */
 void emu_set_caps(int vmm, int posix_fd, int rdma); /* all devices; default 1, 1, 1 */
 void emu_set_granularity(size_t bytes);            /* power of two >= 4096; default 2 MiB */
+/* Other processes' bytes on device dev (in its use; libnvidia-ml.so.1 of the emulation lists them
+ * under another pid), and bytes the driver takes for itself (a kernel loaded at first launch). */
+void emu_set_other_processes(int dev, size_t bytes);
+size_t emu_other_processes(int dev);
+void emu_take_driver_memory(int dev, size_t bytes);
+size_t emu_device_total(int dev);
 /* What each context and each loaded module take of their device (default 0 and 0). */
 void emu_set_context_memory(size_t context_bytes, size_t module_bytes);
 /* Whether device dev can access memory of device peer (cuDeviceCanAccessPeer, and what
