@@ -97,10 +97,14 @@ def worker(rank, world, port, devices, out_dir):
         res["graph_note"] = why or ""
         torch.cuda.synchronize()
         res["awake"] = vmmshim.residue()
+        t0 = time.monotonic()
         r = vmmshim.sleep(None, "host")
-        res["slept"] = {"released": r.released, "skipped": r.skipped, "reason": r.reason}
+        res["sleep_s"] = time.monotonic() - t0
+        res["slept"] = {"released": r.released, "skipped": r.skipped, "reason": r.reason, "to_host": r.to_host}
         res["residue"] = vmmshim.residue()
+        t0 = time.monotonic()
         vmmshim.wake(None)
+        res["wake_s"] = time.monotonic() - t0
         y = torch.full((N,), float(rank + 1), device="cuda")
         dist.all_reduce(y)
         dist.all_reduce(x)  # the tensor that slept, reduced again
@@ -199,6 +203,10 @@ def report(run, foreign):
             awake = libraries_on_device(r["awake"]) if "awake" in r else 0
             print("INFO %s: NCCL's VMM memory on the device while asleep: %.1f MiB (exported, skipped: %.1f MiB)" % (
                 tag, left / MiB, res["shared"] / MiB))
+            host = r["slept"].get("to_host", 0)
+            print("INFO %s: sleep of every tag copied %.1f MiB to host in %.1f ms (%.2f GiB/s), wake %.1f ms" % (
+                tag, host / MiB, r.get("sleep_s", 0) * 1e3, host / (1 << 30) / r["sleep_s"] if r.get("sleep_s") else 0.0,
+                r.get("wake_s", 0) * 1e3))
             print("INFO %s: libraries' VMM memory on the device: %.1f MiB awake, %.1f MiB asleep: foreign sleep moved "
                   "%.1f MiB (%.0f %%)" % (tag, awake / MiB, libraries_on_device(res) / MiB,
                                           (awake - libraries_on_device(res)) / MiB,
