@@ -11,7 +11,8 @@ outside, through scripts/vmmshim:
   - `ctl PID status` says what was made outside the pools; `top --once` has the process's
     "(outside)" line;
   - in the target, vmmshim.residue() gave the same figures;
-  - with stacks on (VMMSHIM_TRACE_STACKS), the helper's site names the target's Python line.
+  - with stacks on (VMMSHIM_TRACE_STACKS), the helper's site names the target's Python line;
+  - vmmshim-report on the target's trace lists the helper's site by its offset in the helper.
 Ends with "N passed, N failed"."""
 import json
 import os
@@ -19,7 +20,7 @@ import re
 import subprocess
 import sys
 
-from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, check, summary
+from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, check, report, summary
 
 HELPER = os.path.join(BUILD_DIR, "tests", "libresidue_helper.so")
 MiB = 1 << 20
@@ -109,6 +110,11 @@ def main():
     finally:
         target.stdin.close()
         target.wait(timeout=30)
+        # The trace keeps the absolute caller; the report names it by the helper's `l` record.
+        r = report(trace) if os.path.exists(trace) else None
+        check(r is not None and re.search(r"\n    libresidue_helper\.so\+0x[0-9a-f]{1,5}: 6 MiB VMM\n", r.stdout)
+              is not None, "the report: the helper's site by its offset in the helper, still holding 6 MiB:\n%s" % (
+                  r.stdout[-600:] if r else "no trace"))
         if os.path.exists(trace):
             os.unlink(trace)
     return summary()
