@@ -116,6 +116,13 @@ $(EMU_RT): tests/emu/cudart_emu.c $(EMU_HDR) | $(BUILD)/emu
 	$(CC) $(EMU_CFLAGS) -shared -Wl,-soname,libcudart.so.13 -o $@ $< -ldl -pthread
 	ln -sf libcudart.so.13 $(BUILD)/emu/libcudart.so
 
+# NVML's few calls the residue makes, for test_shim_residue: opened by path, in a folder of its own
+# that no search path names (the other tests run without NVML).
+EMU_NVML   := $(BUILD)/emu/nvml/libnvidia-ml.so.1
+$(EMU_NVML): tests/emu/nvml_emu.c $(EMU_HDR) $(EMU_DRV) | $(BUILD)/emu
+	mkdir -p $(BUILD)/emu/nvml
+	$(CC) $(EMU_CFLAGS) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ $< -L$(BUILD)/emu -Wl,-rpath,'$$ORIGIN/..' -lcuda
+
 $(EMU_RT_A): tests/emu/cudart_emu.c $(EMU_HDR) | $(BUILD)/emu
 	$(CC) $(EMU_CFLAGS) -DEMU_STATIC_RUNTIME -c -o $(BUILD)/emu/cudart_static.o $<
 	ar rcs $@ $(BUILD)/emu/cudart_static.o
@@ -161,7 +168,7 @@ $(BUILD)/tests/test_unit_%: tests/test_unit_%.c $(T_HDR) $(SRC_ALL) $(EMU_DRV) |
 # test_shim_residue links a library that makes device memory of its own (tests/lib/residue_helper.c).
 $(BUILD)/tests/libresidue_helper.so: tests/lib/residue_helper.c tests/lib/residue_helper.h $(EMU_DRV) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -fPIC -shared -o $@ $< -L$(BUILD)/emu $(T_RPATH) -lcuda
-$(BUILD)/tests/test_shim_residue: tests/test_shim_residue.c $(BUILD)/tests/libresidue_helper.so $(T_HDR) $(EMU_DRV) $(EMU_RT) | $(BUILD)/tests
+$(BUILD)/tests/test_shim_residue: tests/test_shim_residue.c $(BUILD)/tests/libresidue_helper.so $(T_HDR) $(EMU_DRV) $(EMU_RT) $(EMU_NVML) | $(BUILD)/tests
 	$(CC) $(T_CFLAGS) -rdynamic -o $@ $< -L$(BUILD)/tests -lresidue_helper -Wl,-rpath,'$$ORIGIN' -L$(BUILD)/emu $(T_RPATH) -lcudart -lcuda -ldl -pthread
 
 $(BUILD)/tests/test_emu_%: tests/test_emu_%.c $(T_HDR) $(EMU_DRV) | $(BUILD)/tests

@@ -201,10 +201,14 @@ typedef struct vmmshim_residue_device_s {
   uint64_t managed;    /* managed memory (cuMemAllocManaged), as allocated */
   uint64_t graph;      /* graph memory (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) */
   uint64_t arrays;     /* CUDA arrays, by the free memory their creation took */
-  uint64_t context;    /* context and modules, where measured (0: not) */
+  uint64_t context;    /* contexts, by the free memory their creation took (0: not measured) */
   uint64_t others;     /* other processes (NVML; 0 without it) */
-  int64_t unexplained; /* used - every owner above */
+  int64_t unexplained; /* used - every owner (with modules and inferred below) */
   int64_t growth;      /* used now - used at the first residue after a sleep */
+  uint64_t modules;    /* loaded modules and libraries, by the free memory their load took */
+  uint64_t process;    /* this process's bytes by NVML (0: NVML does not list its pid) */
+  uint64_t inferred;   /* process - every owner measured in it, when positive: memory the driver
+                          took later (kernels loaded at first launch, its own buffers) */
 } vmmshim_residue_device_t;
 typedef struct vmmshim_residue_lib_s {
   char name[64];       /* the shared object that asked (file name) */
@@ -212,12 +216,14 @@ typedef struct vmmshim_residue_lib_s {
 } vmmshim_residue_lib_t;
 typedef struct vmmshim_residue_site_s {
   char lib[64];
-  uint64_t addr;       /* the return address into lib; 0: every other site */
+  uint64_t addr;       /* the return address into lib (absolute); 0: every other site */
   uint32_t stack;      /* the trace's stack id (VMMSHIM_TRACE_STACKS), 0 when none */
   char python[96];     /* with stacks: the innermost Python frame, "FILE:LINE FUNCTION"; "" when none */
   int kind;            /* 0 VMM, 1 managed, 2 pinned host, 3 arrays */
   uint64_t bytes;      /* live now */
   int64_t growth;      /* bytes - bytes at the first residue after a sleep */
+  uint64_t offset;     /* addr - lib's load base (dladdr's dli_fbase); addr when unknown */
+  char symbol[64];     /* the symbol around addr and the offset in it, "NAME+0xOFF"; "" when none */
 } vmmshim_residue_site_t;
 typedef struct vmmshim_residue_s {
   uint64_t seq;        /* residues after sleeps so far (0: no sleep yet) */

@@ -21,12 +21,18 @@
  *           and the one mapped in halves (skipped with the reasons); a sleep of one tag leaves
  *           all; the helper freeing its memory while asleep, or by the old handle value after a
  *           wake, works with no contract violation.
+ *   context contexts and modules take memory (emu_set_context_memory): the primary context and each
+ *           module and library load are measured exactly, the first context (nothing to read free
+ *           memory in, no NVML) is said not measured; unloads and a context's end give back.
  *   foreign-off  the option unset, naming another library, or malformed (said, none used):
  *           a sleep of every tag leaves the helper's memory.
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <libgen.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -128,6 +134,11 @@ static void scenario_exact(void) {
             r.sites[0].addr != 0, "the largest site: the helper's cuMemCreate, 8 MiB (%s, %llu)", r.nsites ? r.sites[0].lib : "-",
         r.nsites ? (unsigned long long)r.sites[0].bytes : 0ull);
   CHECK(!strstr(r.note, "not measured"), "every device measured: %s", r.note);
+  CHECK(r.nsites >= 1 && r.sites[0].offset < r.sites[0].addr && r.sites[0].offset < 0x100000 &&
+            !strncmp(r.sites[0].symbol, "helper_vmm_make+0x", 18),
+        "the site's offset in the helper (0x%llx, not the address 0x%llx) and symbol '%s'",
+        r.nsites ? (unsigned long long)r.sites[0].offset : 0ull, r.nsites ? (unsigned long long)r.sites[0].addr : 0ull,
+        r.nsites ? r.sites[0].symbol : "");
 
   /* Freed memory leaves the figures. */
   CHECK(helper_vmm_free(&a) == 0 && helper_pinned_free(pin) == 0 && helper_managed_free(man) == 0, "frees");
@@ -246,11 +257,15 @@ static void scenario_foreign(void) {
   fill(a.va, a.size, 7);
   fill(b.va, b.size, 9);
   emu_counters_t before = emu_now();
+  size_t used_before = emu_device_used(0);
   vmmshim_sleep_result_t r;
   CHECK(vmmshim_sleep("weights", VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0 && emu_host_mapped(a.va) == 0,
         "a sleep of one tag leaves the helper's memory");
   CHECK(vmmshim_wake("weights", 0, NULL, 0) == 0, "wake weights");
+  long long dtoh = emu_calls("cuMemcpyDtoH"), htod = emu_calls("cuMemcpyHtoD");
   CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0, "sleep every tag: %s", r.reason);
+  CHECK(emu_calls("cuMemcpyDtoH") == dtoh, "the helper's bytes went to the shim's host buffers, not through "
+        "pageable memory (%lld cuMemcpyDtoH)", emu_calls("cuMemcpyDtoH") - dtoh);
   CHECK(emu_host_mapped(a.va) == -1 && emu_host_mapped(b.va) == 0 && emu_host_mapped(c.va) == 0,
         "the helper's plain handle left the device; the exportable one and the one in halves stayed (%d %d %d)",
         emu_host_mapped(a.va), emu_host_mapped(b.va), emu_host_mapped(c.va));
@@ -259,8 +274,9 @@ static void scenario_foreign(void) {
   CHECK(r.skipped == 6 * MiB && strstr(r.reason, "exportable") && strstr(r.reason, "in pieces"),
         "skipped 6 MiB with the reasons: %llu '%s'", (unsigned long long)r.skipped, r.reason);
   emu_counters_t mid = emu_now();
-  CHECK(mid.handle_bytes + 14 * MiB == before.handle_bytes + 8 * MiB, "the device holds the tag's and the helper's "
-        "14 MiB less (the tag's 8 now in a host-location handle): %llu -> %llu", before.handle_bytes, mid.handle_bytes);
+  CHECK(mid.handle_bytes == before.handle_bytes && emu_device_used(0) + 14 * MiB == used_before,
+        "the device holds the tag's and the helper's 14 MiB less, both now in host-location handles: handles "
+        "%llu -> %llu, device %zu -> %zu", before.handle_bytes, mid.handle_bytes, used_before, emu_device_used(0));
   vmmshim_residue_t res;
   CHECK(vmmshim_residue(&res, sizeof res) == 0 && res.devices[0].libraries == 8 * MiB &&
             res.devices[0].unexplained == 0, "the residue: 8 MiB of libraries stayed, nothing unexplained (%llu, %lld)",
@@ -271,6 +287,15 @@ static void scenario_foreign(void) {
   CHECK(emu_host_mapped(a.va) == 0 && emu_handle_info(a.va, NULL, NULL, &access) == 0 &&
             access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "mapped again with its access (0x%x)", access);
   CHECK(same(a.va, a.size, 7) && same(b.va, b.size, 9), "every byte back");
+  CHECK(emu_calls("cuMemcpyHtoD") == htod, "and back from them (%lld cuMemcpyHtoD)", emu_calls("cuMemcpyHtoD") - htod);
+  /* Without host VMM the bytes go through pageable memory, and still come back. */
+  emu_set_host_vmm(0);
+  fill(a.va, a.size, 4);
+  dtoh = emu_calls("cuMemcpyDtoH");
+  CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0 && emu_host_mapped(a.va) == -1 &&
+            emu_calls("cuMemcpyDtoH") == dtoh + 1, "without host VMM: copied through pageable memory (%s)", r.reason);
+  CHECK(vmmshim_wake(NULL, 0, &r, sizeof r) == 0 && same(a.va, a.size, 4), "and back");
+  emu_set_host_vmm(1);
   /* Asleep again, the library unmaps and releases it: done by the shim; the wake maps nothing. */
   CHECK(vmmshim_sleep(NULL, VMMSHIM_SLEEP_HOST, &r, sizeof r) == 0 && emu_host_mapped(a.va) == -1, "asleep again");
   CHECK(helper_vmm_free(&a) == 0, "the library frees its memory while it sleeps");
@@ -315,7 +340,120 @@ static void scenario_foreign_off(void) {
   cudaFree(w);
 }
 
+/* Contexts take 3 MiB and modules 1 MiB of the emulated device. The first context (made with
+ * cuCtxCreate) has no context to read free memory in and no NVML: not measured, said in the note,
+ * its 3 MiB unexplained. The primary context, retained while it is current, is measured, then each
+ * module and library load; unloads and the end of a context give their figures back. */
+static void scenario_context(void) {
+  CUcontext first = NULL, primary = NULL, cur = NULL;
+  CHECK(cuInit(0) == CUDA_SUCCESS && cuCtxCreate(&first, NULL, 0, 0) == CUDA_SUCCESS, "a context of our own");
+  CHECK(cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS, "the primary context, retained while ours is current");
+  CHECK(cuCtxPushCurrent(primary) == CUDA_SUCCESS, "push the primary context");
+  CHECK(cudaSetDevice(0) == cudaSuccess && cudaFree(0) == cudaSuccess, "the runtime on the primary context");
+  void *w = tagged("weights", 4 * MiB);
+  CUmodule m1 = NULL, m2 = NULL;
+  CUlibrary lib = NULL;
+  CHECK(cuModuleLoadData(&m1, "image one") == CUDA_SUCCESS && cuModuleLoadData(&m2, "image two") == CUDA_SUCCESS,
+        "two modules in the primary context");
+  CHECK(cuCtxPopCurrent(&cur) == CUDA_SUCCESS && cur == primary, "back to our context");
+  CHECK(cuLibraryLoadData(&lib, "code", NULL, NULL, 0, NULL, NULL, 0) == CUDA_SUCCESS, "a library in our context");
+  CHECK(cuCtxPushCurrent(primary) == CUDA_SUCCESS, "the primary context again");
+
+  vmmshim_residue_t r;
+  CHECK(vmmshim_residue(&r, sizeof r) == 0 && r.ndevices == 1, "residue: %d devices", r.ndevices);
+  const vmmshim_residue_device_t *d = &r.devices[0];
+  CHECK(d->used == emu_device_used(0) && d->used == 13 * MiB, "used %llu: 2 contexts, 3 modules, 4 MiB of pools",
+        (unsigned long long)d->used);
+  CHECK(d->context == 3 * MiB, "the primary context measured: %llu", (unsigned long long)d->context);
+  CHECK(d->modules == 3 * MiB, "three loads measured: %llu", (unsigned long long)d->modules);
+  CHECK(d->unexplained == (int64_t)(3 * MiB), "the first context unexplained: %lld", (long long)d->unexplained);
+  CHECK(d->process == 0 && d->inferred == 0, "no NVML: process %llu, inferred %llu", (unsigned long long)d->process,
+        (unsigned long long)d->inferred);
+  CHECK(strstr(r.note, "1 context, 0 module loads without a free-memory figure") != NULL, "the note says so: %s",
+        r.note);
+
+  CHECK(cuModuleUnload(m2) == CUDA_SUCCESS, "unload a module");
+  CHECK(vmmshim_residue(&r, sizeof r) == 0 && r.devices[0].modules == 2 * MiB, "its figure went: %llu",
+        (unsigned long long)r.devices[0].modules);
+  CHECK(cuCtxDestroy(first) == CUDA_SUCCESS, "our context ends, with its library");
+  CHECK(vmmshim_residue(&r, sizeof r) == 0, "residue after");
+  d = &r.devices[0];
+  CHECK(d->used == 8 * MiB && d->used == emu_device_used(0), "used %llu", (unsigned long long)d->used);
+  CHECK(d->context == 3 * MiB && d->modules == 1 * MiB && d->unexplained == 0,
+        "context %llu, modules %llu (the library went with its context), unexplained %lld",
+        (unsigned long long)d->context, (unsigned long long)d->modules, (long long)d->unexplained);
+  CHECK(cuLibraryUnload(lib) == CUDA_SUCCESS && cuModuleUnload(m1) == CUDA_SUCCESS, "unloads");
+  CHECK(vmmshim_residue(&r, sizeof r) == 0 && r.devices[0].modules == 0 && r.devices[0].unexplained == 0,
+        "nothing left: modules %llu, unexplained %lld", (unsigned long long)r.devices[0].modules,
+        (long long)r.devices[0].unexplained);
+  /* A mipmapped array counts as an array: its levels, 512x512 and 256x256 floats. */
+  CUDA_ARRAY3D_DESCRIPTOR md = {512, 512, 0, CU_AD_FORMAT_FLOAT, 1, 0};
+  CUmipmappedArray mip = NULL;
+  CHECK(cuMipmappedArrayCreate(&mip, &md, 2) == CUDA_SUCCESS, "a mipmapped array of 2 levels");
+  CHECK(vmmshim_residue(&r, sizeof r) == 0 && r.devices[0].arrays == 1280 * 1024 && r.devices[0].unexplained == 0,
+        "counted as an array: %llu, unexplained %lld", (unsigned long long)r.devices[0].arrays,
+        (long long)r.devices[0].unexplained);
+  CHECK(cuMipmappedArrayDestroy(mip) == CUDA_SUCCESS && vmmshim_residue(&r, sizeof r) == 0 &&
+            r.devices[0].arrays == 0, "destroyed: %llu", (unsigned long long)r.devices[0].arrays);
+  CHECK(cudaFree(w) == cudaSuccess && cuDevicePrimaryCtxRelease(0) == CUDA_SUCCESS, "free, release");
+}
+
+/* The runtime's first context (the primary context, no context current) made on another thread,
+ * parked in the driver while other processes take 2 MiB more. */
+static void *first_context(void *arg) {
+  (void)arg;
+  CHECK(cudaSetDevice(0) == cudaSuccess && cudaFree(0) == cudaSuccess, "the runtime's first context");
+  return NULL;
+}
+
+/* With the emulation's NVML (opened by path before the shim asks for it): the first context is
+ * measured by NVML's free memory, less what the other processes took meanwhile; the process's
+ * NVML figure less every measured owner is the inferred part (the driver's own 2 MiB here); the
+ * other processes' 5 then 7 MiB are theirs; nothing unexplained. */
+static void scenario_nvml(void) {
+  char path[600], self[512];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  self[n > 0 ? n : 0] = 0;
+  snprintf(path, sizeof path, "%s/../emu/nvml/libnvidia-ml.so.1", dirname(self));
+  CHECK(dlopen(path, RTLD_NOW | RTLD_GLOBAL) != NULL, "the emulation's NVML: %s", dlerror());
+  emu_set_context_memory(3 * MiB, 1 * MiB);
+  CHECK(cuInit(0) == CUDA_SUCCESS, "cuInit");
+  emu_set_other_processes(0, 5 * MiB);
+  emu_hold_next("cuDevicePrimaryCtxRetain");
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, first_context, NULL) == 0, "a thread makes the first context");
+  CHECK(emu_wait_held(5000) == 1, "its primary retain is parked in the driver");
+  emu_set_other_processes(0, 7 * MiB);
+  emu_release_hold();
+  pthread_join(t, NULL);
+  CHECK(cudaSetDevice(0) == cudaSuccess, "this thread on device 0");
+  void *w = tagged("weights", 4 * MiB);
+  emu_take_driver_memory(0, 2 * MiB);
+  vmmshim_residue_t r;
+  CHECK(vmmshim_residue(&r, sizeof r) == 0 && r.ndevices == 1, "residue: %d devices", r.ndevices);
+  const vmmshim_residue_device_t *d = &r.devices[0];
+  CHECK(d->used == 16 * MiB && d->used == emu_device_used(0), "used %llu: 3 context, 4 pools, 2 driver, 7 others",
+        (unsigned long long)d->used);
+  CHECK(d->context == 3 * MiB, "the first context measured by NVML, the others' 2 MiB not counted: %llu",
+        (unsigned long long)d->context);
+  CHECK(d->others == 7 * MiB && r.others_known, "other processes %llu", (unsigned long long)d->others);
+  CHECK(d->process == 9 * MiB && d->inferred == 2 * MiB, "this process by NVML %llu, inferred %llu",
+        (unsigned long long)d->process, (unsigned long long)d->inferred);
+  CHECK(d->unexplained == 0, "nothing unexplained: %lld", (long long)d->unexplained);
+  CHECK(!strstr(r.note, "without a free-memory figure"), "nothing unmeasured: %s", r.note);
+  CHECK(cudaFree(w) == cudaSuccess, "free");
+}
+
 static void run_scenario(const char *name) {
+  if (!strcmp(name, "nvml")) {
+    scenario_nvml();
+    return;
+  }
+  if (!strcmp(name, "context")) {
+    emu_set_context_memory(3 * MiB, 1 * MiB);
+    scenario_context();
+    return;
+  }
   CHECK(cudaSetDevice(0) == cudaSuccess && cudaFree(0) == cudaSuccess, "context");
   if (!strcmp(name, "exact")) scenario_exact();
   else if (!strcmp(name, "growth")) scenario_growth();
@@ -372,9 +510,11 @@ int main(int argc, char **argv) {
   if (!vmmshim_api_version) return check_summary();
   check_run_child("exact", NULL);
   check_run_child("growth", NULL);
-  CHECK(strstr(check_child_output, "residue: device 0 holds") != NULL &&
-            strstr(check_child_output, "libresidue_helper.so+0x") != NULL,
-        "the growth is warned about, with the site that grew");
+  const char *grew = strstr(check_child_output, "libresidue_helper.so+0x");
+  CHECK(strstr(check_child_output, "residue: device 0 holds") != NULL && grew != NULL &&
+            strspn(grew + 23, "0123456789abcdef") <= 5 && !strncmp(grew + 23 + strspn(grew + 23, "0123456789abcdef"),
+                                                                   " (helper_", 9),
+        "the growth is warned about, with the site that grew: its offset and symbol (%.80s)", grew ? grew : "-");
   char path[64], env[96];
   snprintf(path, sizeof path, "/tmp/vmmshim-residue-%d.trace", (int)getpid());
   snprintf(env, sizeof env, "VMMSHIM_TRACE=%s", path);
@@ -382,6 +522,8 @@ int main(int argc, char **argv) {
   check_trace(path);
   unlink(path);
   check_run_child("ctl", NULL);
+  check_run_child("context", NULL);
+  check_run_child("nvml", NULL);
   check_run_child("foreign", "VMMSHIM_SLEEP_FOREIGN=libnccl*,libresidue_helper*", NULL);
   check_run_child("foreign-off", NULL);
   check_run_child("foreign-off", "VMMSHIM_SLEEP_FOREIGN=libnccl*", NULL);

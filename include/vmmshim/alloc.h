@@ -105,6 +105,36 @@ void _vs_residue_after_sleep(void);
 /* Other processes' bytes on r's devices from NVML: false when NVML could not tell (why: _vs_nvml_why). */
 bool _vs_nvml_others(vmmshim_residue_t *r);
 const char *_vs_nvml_why(void);
+/* Device dev's free memory by NVML (no context needed): false without NVML. */
+bool _vs_nvml_device_free(int dev, uint64_t *free_bytes);
+/* The bytes other processes hold on device dev by NVML: false without NVML. */
+bool _vs_nvml_others_on(int dev, uint64_t *bytes);
+
+/* ---------------------------------------------------------------- "ctxmem.c" */
+/* What contexts and modules take of the device, from the free memory around their creation
+ * (src/hook/hook_outside.c): _vs_ctxmem_before, the driver's call, then _vs_ctxmem_after with
+ * the new handle when the driver agreed. */
+#define VS_CTXMEM_CONTEXT 0
+#define VS_CTXMEM_MODULE 1 /* a module or library */
+#define VS_CTXMEM_KINDS 2
+#define VS_CTXMEM_NONE 0    /* not measured */
+#define VS_CTXMEM_CURRENT 1 /* cuMemGetInfo in the current context */
+#define VS_CTXMEM_NVML 2    /* NVML's free memory of the device */
+typedef struct vs_ctxmem_probe_s {
+  int dev, kind, source;
+  bool others_known;
+  uint64_t free, others;
+  uintptr_t ctx; /* a module load's current context */
+} vs_ctxmem_probe_t;
+/* dev: the device a context is made on; -1: the current context's (a module load). */
+void _vs_ctxmem_before(vs_ctxmem_probe_t *p, int dev, int kind);
+/* key: the new handle; primary: it is dev's primary context (_vs_ctxmem_primary_gone ends it). */
+void _vs_ctxmem_after(vs_ctxmem_probe_t *p, uintptr_t key, bool primary);
+void _vs_ctxmem_gone(uintptr_t key);
+void _vs_ctxmem_primary_gone(int dev);
+/* Device dev's context and module bytes; returns the contexts not measured (*missed_modules:
+ * the module loads not measured), of every device. */
+unsigned _vs_ctxmem_figures(int dev, uint64_t *context, uint64_t *modules, unsigned *missed_modules);
 
 /* ---------------------------------------------------------------- "outside.c" */
 /* Memory made outside the shim's pools (src/hook/hook_outside.c tells): by kind, library and

@@ -442,11 +442,14 @@ void _vs_trace_outside(int kind, int freed, int device, uint64_t key, size_t siz
 #define VS_RESIDUE_LIBRARY 3     /* one library's own VMM memory (cuMemCreate) */
 #define VS_RESIDUE_MANAGED 4     /* managed memory */
 #define VS_RESIDUE_GRAPH 5       /* graph memory (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) */
-#define VS_RESIDUE_CONTEXT 6     /* context and modules (measured around their creation) */
+#define VS_RESIDUE_CONTEXT 6     /* contexts (measured around their creation) */
 #define VS_RESIDUE_OTHERS 7      /* other processes (NVML) */
 #define VS_RESIDUE_UNEXPLAINED 8 /* used - every owner above (signed, two's complement) */
 #define VS_RESIDUE_HOST 9        /* pinned host memory (not the device's) */
 #define VS_RESIDUE_ARRAYS 10     /* CUDA arrays (by the free memory their creation took) */
+#define VS_RESIDUE_MODULES 11    /* loaded modules and libraries (measured around their load) */
+#define VS_RESIDUE_PROCESS 12    /* this process's bytes by NVML (written when known) */
+#define VS_RESIDUE_INFERRED 13   /* PROCESS less every owner measured in it (written when known) */
 #define VS_RESIDUE_NAME 15       /* a library's name */
 /* One figure of a residue (residue.c): an 'r' record. owner: VS_RESIDUE_*; lib: a library's
  * index (its name in an earlier 'r' record of owner VS_RESIDUE_NAME, written by _vs_trace_residue_name). */

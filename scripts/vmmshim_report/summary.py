@@ -302,7 +302,7 @@ class Analysis:
                 tags.sleep_or_wake(*ev[1:])
             elif kind == "u":
                 t = ev[1]
-                self.residue.add_outside(ev[3], ev[6])
+                self.residue.add_outside(ev[3], ev[6], ev[5], ev[7], self.trace)
             elif kind == "r":
                 t = ev[1]
                 self.residue.names = self.trace.residue_names

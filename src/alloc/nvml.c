@@ -22,10 +22,15 @@ typedef struct vs_nvml_proc_s {
 typedef int (*vs_nvml_init_fn)(void);
 typedef int (*vs_nvml_by_pci_fn)(const char *, void **);
 typedef int (*vs_nvml_procs_fn)(void *, unsigned int *, vs_nvml_proc_t *);
+typedef struct vs_nvml_memory_s { /* nvmlMemory_t */
+  unsigned long long total, free, used;
+} vs_nvml_memory_t;
+typedef int (*vs_nvml_memory_fn)(void *, vs_nvml_memory_t *);
 
 static pthread_once_t vs_nvml_once = PTHREAD_ONCE_INIT;
 static vs_nvml_by_pci_fn vs_nvml_by_pci;
 static vs_nvml_procs_fn vs_nvml_procs;
+static vs_nvml_memory_fn vs_nvml_memory;
 static char vs_nvml_error[96] = "NVML not read";
 
 static void nvml_open(void) {
@@ -44,6 +49,42 @@ static void nvml_open(void) {
   }
   vs_nvml_by_pci = by_pci;
   vs_nvml_procs = procs;
+  vs_nvml_memory = (vs_nvml_memory_fn)_vs_real_dlsym(lib, "nvmlDeviceGetMemoryInfo");
+}
+
+static void *nvml_device(int dev) {
+  pthread_once(&vs_nvml_once, nvml_open);
+  char bus[32];
+  void *h = NULL;
+  if (!vs_nvml_procs || !_vs_cu.cuDeviceGetPCIBusId || _vs_cu.cuDeviceGetPCIBusId(bus, sizeof bus, dev) != CUDA_SUCCESS ||
+      vs_nvml_by_pci(bus, &h) != 0)
+    return NULL;
+  return h;
+}
+
+/* Our bytes and other processes' bytes on an NVML device. */
+static bool nvml_split(void *dev, uint64_t *mine, uint64_t *others) {
+  vs_nvml_proc_t p[VS_NVML_PROCS];
+  unsigned int n = VS_NVML_PROCS;
+  if (!dev || vs_nvml_procs(dev, &n, p) != 0) return false;
+  unsigned int me = (unsigned int)getpid();
+  *mine = *others = 0;
+  for (unsigned int k = 0; k < n && k < VS_NVML_PROCS; k++)
+    if (p[k].used != ~0ull) *(p[k].pid == me ? mine : others) += p[k].used;
+  return true;
+}
+
+bool _vs_nvml_device_free(int dev, uint64_t *free_bytes) {
+  void *h = nvml_device(dev);
+  vs_nvml_memory_t m;
+  if (!h || !vs_nvml_memory || vs_nvml_memory(h, &m) != 0) return false;
+  *free_bytes = m.free;
+  return true;
+}
+
+bool _vs_nvml_others_on(int dev, uint64_t *bytes) {
+  uint64_t mine = 0;
+  return nvml_split(nvml_device(dev), &mine, bytes);
 }
 
 /* Written once, by nvml_open: readers come after pthread_once. */
@@ -56,22 +97,15 @@ const char *_vs_nvml_why(void) {
 bool _vs_nvml_others(vmmshim_residue_t *r) {
   pthread_once(&vs_nvml_once, nvml_open);
   if (!vs_nvml_procs || !_vs_cu.cuDeviceGetPCIBusId) return false; /* _vs_nvml_why says why */
-  unsigned int me = (unsigned int)getpid();
   bool all = true;
   for (int i = 0; i < r->ndevices; i++) {
-    char bus[32];
-    void *dev = NULL;
-    vs_nvml_proc_t p[VS_NVML_PROCS];
-    unsigned int n = VS_NVML_PROCS;
-    if (_vs_cu.cuDeviceGetPCIBusId(bus, sizeof bus, r->devices[i].device) != CUDA_SUCCESS ||
-        vs_nvml_by_pci(bus, &dev) != 0 || vs_nvml_procs(dev, &n, p) != 0) {
+    uint64_t mine = 0, others = 0;
+    if (!nvml_split(nvml_device(r->devices[i].device), &mine, &others)) {
       all = false;
       continue;
     }
-    uint64_t others = 0;
-    for (unsigned int k = 0; k < n && k < VS_NVML_PROCS; k++)
-      if (p[k].pid != me && p[k].used != ~0ull) others += p[k].used;
     r->devices[i].others = others;
+    r->devices[i].process = mine; /* 0 where NVML does not list this pid (another pid namespace) */
   }
   return all;
 }

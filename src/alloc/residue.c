@@ -10,6 +10,7 @@
  *
  * The figures are read without any lock of the shim held across a driver call: the driver is
  * asked first, then each table under its own lock; the baseline is kept under a leaf lock. */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,18 @@ static void add_outside(vmmshim_residue_t *r, const vs_outside_figures_t *of) {
   }
 }
 
+/* Where a return address lies: its offset in its library (addresses differ from run to run and
+ * process to process; offsets do not) and, where the library exports one, the symbol. */
+static void locate(vmmshim_residue_site_t *o) {
+  Dl_info di;
+  o->offset = o->addr;
+  if (!o->addr || !dladdr((void *)(uintptr_t)o->addr, &di)) return;
+  o->offset = o->addr - (uintptr_t)di.dli_fbase;
+  if (di.dli_sname && di.dli_saddr)
+    snprintf(o->symbol, sizeof o->symbol, "%.40s+0x%llx", di.dli_sname,
+             (unsigned long long)(o->addr - (uintptr_t)di.dli_saddr));
+}
+
 /* The sites, largest first; with a baseline, those that grew come first, by growth. */
 static void add_sites(vmmshim_residue_t *r, const vs_outside_figures_t *of, const vs_residue_base_t *base) {
   bool taken[VS_OUTSIDE_SITES];
@@ -145,6 +158,7 @@ static void add_sites(vmmshim_residue_t *r, const vs_outside_figures_t *of, cons
     vmmshim_residue_site_t *o = &r->sites[r->nsites];
     snprintf(o->lib, sizeof o->lib, "%s", in->lib >= 0 ? of->libs[in->lib].name : "(other sites)");
     o->addr = in->addr;
+    locate(o);
     o->stack = in->stack;
     const vs_stack_t *st = in->stack ? _vs_stack_get(in->stack) : NULL;
     if (st && st->npy) { /* the Python line that made it (VMMSHIM_TRACE_STACKS, pyframes.c) */
@@ -157,9 +171,12 @@ static void add_sites(vmmshim_residue_t *r, const vs_outside_figures_t *of, cons
   }
 }
 
+/* What this process's measured owners leave of its NVML figure is inferred to be the driver's:
+ * with lazy loading, kernels load at their first launch, where no free memory is read. */
 static void explain(vmmshim_residue_device_t *d) {
-  uint64_t known = d->tags + d->libraries + d->managed + d->graph + d->arrays + d->context + d->others;
-  d->unexplained = d->measured ? (int64_t)(d->used - known) : 0;
+  uint64_t mine = d->tags + d->libraries + d->managed + d->graph + d->arrays + d->context + d->modules;
+  d->inferred = d->process > mine ? d->process - mine : 0;
+  d->unexplained = d->measured ? (int64_t)(d->used - mine - d->inferred - d->others) : 0;
 }
 
 /* ------------------------------------------------------------------ computing one */
@@ -182,12 +199,20 @@ static void compute(vmmshim_residue_t *r, vs_outside_figures_t *of) {
   }
   add_outside(r, of);
   r->others_known = _vs_nvml_others(r);
-  for (int i = 0; i < r->ndevices; i++) explain(&r->devices[i]);
+  unsigned missed_modules = 0, missed = 0;
+  for (int i = 0; i < r->ndevices; i++) {
+    missed = _vs_ctxmem_figures(r->devices[i].device, &r->devices[i].context, &r->devices[i].modules, &missed_modules);
+    explain(&r->devices[i]);
+  }
   if (unmeasured) snprintf(r->note, sizeof r->note, "a device without an active context was not measured");
   else if (!r->others_known) snprintf(r->note, sizeof r->note, "other processes: %s", _vs_nvml_why());
   if (of->untracked)
     snprintf(r->note + strlen(r->note), sizeof r->note - strlen(r->note), "%s%llu bytes made outside the pools "
              "were not tracked (no room)", r->note[0] ? "; " : "", (unsigned long long)of->untracked);
+  if (missed || missed_modules)
+    snprintf(r->note + strlen(r->note), sizeof r->note - strlen(r->note), "%s%u context%s, %u module load%s "
+             "without a free-memory figure (not counted)", r->note[0] ? "; " : "", missed, missed == 1 ? "" : "s",
+             missed_modules, missed_modules == 1 ? "" : "s");
 }
 
 /* Growth since the baseline (the residue after the first sleep), device by device. Lock held. */
@@ -238,20 +263,28 @@ static void trace_residue(const vmmshim_residue_t *r) {
     _vs_trace_residue(VS_RESIDUE_LIBRARY, -1, r->seq, r->libs[l].vmm, (unsigned)l + 1);
   }
   _vs_trace_residue(VS_RESIDUE_HOST, -1, r->seq, r->host_pinned, 0);
-  for (int i = 0; i < r->ndevices; i++)
-    if (r->devices[i].arrays) _vs_trace_residue(VS_RESIDUE_ARRAYS, r->devices[i].device, r->seq, r->devices[i].arrays, 0);
+  for (int i = 0; i < r->ndevices; i++) {
+    const vmmshim_residue_device_t *d = &r->devices[i];
+    if (d->arrays) _vs_trace_residue(VS_RESIDUE_ARRAYS, d->device, r->seq, d->arrays, 0);
+    _vs_trace_residue(VS_RESIDUE_MODULES, d->device, r->seq, d->modules, 0);
+    if (d->process) {
+      _vs_trace_residue(VS_RESIDUE_PROCESS, d->device, r->seq, d->process, 0);
+      _vs_trace_residue(VS_RESIDUE_INFERRED, d->device, r->seq, d->inferred, 0);
+    }
+  }
 }
 
 static void warn_growth(const vmmshim_residue_t *r) {
   for (int i = 0; i < r->ndevices; i++) {
     const vmmshim_residue_device_t *d = &r->devices[i];
     if (d->growth < (int64_t)VS_RESIDUE_GROWTH_MIN) continue;
-    char sites[320] = "";
+    char sites[480] = "";
     size_t n = 0;
     for (int s = 0; s < r->nsites && n < sizeof sites - 1; s++)
       if (r->sites[s].growth > 0)
-        n += (size_t)snprintf(sites + n, sizeof sites - n, "%s%s+0x%llx grew %lld bytes", n ? ", " : "", r->sites[s].lib,
-                              (unsigned long long)r->sites[s].addr, (long long)r->sites[s].growth);
+        n += (size_t)snprintf(sites + n, sizeof sites - n, "%s%s+0x%llx%s%s%s grew %lld bytes", n ? ", " : "",
+                              r->sites[s].lib, (unsigned long long)r->sites[s].offset, r->sites[s].symbol[0] ? " (" : "",
+                              r->sites[s].symbol, r->sites[s].symbol[0] ? ")" : "", (long long)r->sites[s].growth);
     _vs_warn("residue: device %d holds %lld bytes more after sleep %llu than after the first (%llu in use, %lld "
              "unexplained)%s%s", d->device, (long long)d->growth, (unsigned long long)r->seq,
              (unsigned long long)d->used, (long long)d->unexplained, sites[0] ? "; sites that grew: " : "", sites);
@@ -277,11 +310,13 @@ void _vs_residue_after_sleep(void) {
   add_sites(r, of, &base);
   for (int i = 0; i < r->ndevices; i++)
     _vs_info("residue after sleep %llu: device %d: %llu bytes in use of %llu: tags %llu, libraries %llu, managed %llu, "
-             "graphs %llu, other processes %llu, unexplained %lld", (unsigned long long)r->seq, r->devices[i].device,
+             "graphs %llu, context %llu, modules %llu, inferred %llu, other processes %llu, unexplained %lld",
+             (unsigned long long)r->seq, r->devices[i].device,
              (unsigned long long)r->devices[i].used, (unsigned long long)r->devices[i].total,
              (unsigned long long)r->devices[i].tags, (unsigned long long)r->devices[i].libraries,
              (unsigned long long)r->devices[i].managed, (unsigned long long)r->devices[i].graph,
-             (unsigned long long)r->devices[i].others, (long long)r->devices[i].unexplained);
+             (unsigned long long)r->devices[i].context, (unsigned long long)r->devices[i].modules,
+             (unsigned long long)r->devices[i].inferred, (unsigned long long)r->devices[i].others, (long long)r->devices[i].unexplained);
   if (vs_unlikely(_vs_trace_on)) trace_residue(r);
   warn_growth(r);
   free(r);

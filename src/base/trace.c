@@ -235,7 +235,7 @@ static uint64_t drain_locked(void) {
     if (atomic_load_explicit(&r->seq, memory_order_acquire) != pos + 1) break;
     if (vs_trace_fd >= 0 && !vs_trace_cut) {
       uint64_t ns = _vs_clock_to_ns(r->t);
-      bool kept = !(r->type == 'a' && r->e) || emit_stack(r->e, &len);
+      bool kept = !((r->type == 'a' || r->type == 'u') && r->e) || emit_stack(r->e, &len); /* 'u': its stack too */
       if (kept) {
         char *p = text_room(&len, VS_TRACE_REC_MAX);
         kept = line_kept(&len, p, _vs_trace_format_record(p, r, ns, &vs_fmt));

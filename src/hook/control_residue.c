@@ -21,9 +21,12 @@ static void put_device(vs_jout_t *o, const vmmshim_residue_device_t *d, bool fir
   _vs_ctl_kv_u64(o, "graphs", d->graph);
   _vs_ctl_kv_u64(o, "arrays", d->arrays);
   _vs_ctl_kv_u64(o, "context", d->context);
+  _vs_ctl_kv_u64(o, "modules", d->modules);
+  _vs_ctl_kv_u64(o, "inferred", d->inferred);
   _vs_ctl_kv_u64(o, "other_processes", d->others);
   _vs_ctl_kv_int(o, "unexplained", d->unexplained);
   _vs_ctl_out(o, "}");
+  _vs_ctl_kv_u64(o, "process", d->process);
   _vs_ctl_kv_int(o, "growth", d->growth);
   _vs_ctl_out(o, "}");
 }
@@ -50,6 +53,8 @@ static void residue_fields(vs_jout_t *o, const vmmshim_residue_t *r) {
     _vs_ctl_out(o, "%s{\"library\":", i ? "," : "");
     _vs_ctl_out_str(o, s->lib);
     _vs_ctl_out(o, ",\"address\":\"0x%llx\"", (unsigned long long)s->addr);
+    _vs_ctl_out(o, ",\"offset\":\"0x%llx\"", (unsigned long long)s->offset);
+    _vs_ctl_kv_str(o, "symbol", s->symbol);
     _vs_ctl_kv_str(o, "kind", vs_kind_names[s->kind >= 0 && s->kind < 4 ? s->kind : 0]);
     _vs_ctl_kv_u64(o, "bytes", s->bytes);
     _vs_ctl_kv_int(o, "growth", s->growth);

@@ -473,7 +473,9 @@ VS_API CUresult cuCtxDestroy_v2(CUcontext ctx) {
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   _vs_order_context_gone(ctx);
   _vs_drop_context(ctx, -1);
-  return real(ctx);
+  CUresult r = real(ctx);
+  if (r == CUDA_SUCCESS) _vs_ctxmem_gone((uintptr_t)ctx); /* its figure of the residue */
+  return r;
 }
 
 VS_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
@@ -493,7 +495,9 @@ VS_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
       _vs_cu.cuDevicePrimaryCtxRelease(dev);
     }
   }
-  return real(dev);
+  CUresult r = real(dev);
+  if (r == CUDA_SUCCESS) _vs_ctxmem_primary_gone((int)dev); /* its figure of the residue */
+  return r;
 }
 
 /* ------------------------------------------------------------------ peers and IPC */

@@ -22,7 +22,22 @@
   X(FREE_HOST, "cuMemFreeHost", 2000, cuMemFreeHost)                                         \
   X(ARRAY, "cuArrayCreate", 3020, cuArrayCreate_v2)                                           \
   X(ARRAY_3D, "cuArray3DCreate", 3020, cuArray3DCreate_v2)                                    \
-  X(ARRAY_DESTROY, "cuArrayDestroy", 2000, cuArrayDestroy)
+  X(ARRAY_DESTROY, "cuArrayDestroy", 2000, cuArrayDestroy)                                    \
+  X(MIPMAP, "cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate)                           \
+  X(MIPMAP_DESTROY, "cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy)                 \
+  X(CTX_CREATE_V4, "cuCtxCreate", 12050, cuCtxCreate_v4)                                      \
+  X(CTX_CREATE_V3, "cuCtxCreate", 11040, cuCtxCreate_v3)                                      \
+  X(CTX_CREATE_V2, "cuCtxCreate", 3020, cuCtxCreate_v2)                                       \
+  X(PRIMARY_RETAIN, "cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain)               \
+  X(PRIMARY_RELEASE, "cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2)        \
+  X(MODULE_LOAD, "cuModuleLoad", 2000, cuModuleLoad)                                          \
+  X(MODULE_LOAD_DATA, "cuModuleLoadData", 2000, cuModuleLoadData)                             \
+  X(MODULE_LOAD_DATA_EX, "cuModuleLoadDataEx", 2010, cuModuleLoadDataEx)                      \
+  X(MODULE_LOAD_FATBIN, "cuModuleLoadFatBinary", 2000, cuModuleLoadFatBinary)                 \
+  X(MODULE_UNLOAD, "cuModuleUnload", 2000, cuModuleUnload)                                    \
+  X(LIBRARY_LOAD_DATA, "cuLibraryLoadData", 12000, cuLibraryLoadData)                         \
+  X(LIBRARY_LOAD_FILE, "cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile)                 \
+  X(LIBRARY_UNLOAD, "cuLibraryUnload", 12000, cuLibraryUnload)
 
 typedef enum vs_outside_hook_e {
 #define VS_OUT_ENUM(id, base, ver, sym) VS_OUT_##id,
@@ -172,9 +187,9 @@ static size_t free_now(void) {
   size_t f = 0, t = 0;
   return _vs_cu.cuMemGetInfo && _vs_cu.cuMemGetInfo(&f, &t) == CUDA_SUCCESS ? f : 0;
 }
-static void array_made(CUresult r, CUarray *arr, size_t before) {
-  size_t after = r == CUDA_SUCCESS && arr ? free_now() : before;
-  if (before > after) _vs_outside_made(VS_OUTSIDE_ARRAY, (uintptr_t)*arr, before - after, current_device(), 0,
+static void array_made(CUresult r, uintptr_t key, size_t before) {
+  size_t after = r == CUDA_SUCCESS && key ? free_now() : before;
+  if (before > after) _vs_outside_made(VS_OUTSIDE_ARRAY, key, before - after, current_device(), 0,
                                        _vs_outside_caller(), NULL);
 }
 
@@ -185,7 +200,7 @@ VS_API CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc
   bool ours = !_vs_guard && _vs_active();
   size_t before = ours ? free_now() : 0;
   CUresult r = real(arr, desc);
-  if (ours) array_made(r, arr, before);
+  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
   return r;
 }
 
@@ -196,7 +211,7 @@ VS_API CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *
   bool ours = !_vs_guard && _vs_active();
   size_t before = ours ? free_now() : 0;
   CUresult r = real(arr, desc);
-  if (ours) array_made(r, arr, before);
+  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
   return r;
 }
 
@@ -206,6 +221,160 @@ VS_API CUresult cuArrayDestroy(CUarray arr) {
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(arr);
   if (counted(r)) _vs_outside_freed(VS_OUTSIDE_ARRAY, (uintptr_t)arr);
+  return r;
+}
+
+/* A mipmapped array counts as an array, by the free memory its creation took. */
+VS_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels) {
+  typedef CUresult (*fn_t)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+  fn_t real = REAL(MIPMAP, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  bool ours = !_vs_guard && _vs_active();
+  size_t before = ours ? free_now() : 0;
+  CUresult r = real(arr, desc, levels);
+  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
+  return r;
+}
+
+VS_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
+  typedef CUresult (*fn_t)(CUmipmappedArray);
+  fn_t real = REAL(MIPMAP_DESTROY, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(arr);
+  if (counted(r)) _vs_outside_freed(VS_OUTSIDE_ARRAY, (uintptr_t)arr);
+  return r;
+}
+
+/* ------------------------------------------------------------------ contexts and modules */
+/* What a context or module takes is the free memory its creation took (src/alloc/ctxmem.c).
+ * Only the program's calls are measured, and only while the shim is active. */
+static bool measured(void) { return !_vs_guard && _vs_active(); }
+
+/* cuCtxCreate_v2 and _v3 are not declared by CUDA 13's header. */
+VS_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+VS_API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice dev);
+
+#define VS_MEASURED(kind, dev, call, key, primary)                        \
+  do {                                                                    \
+    bool on_ = measured();                                                \
+    vs_ctxmem_probe_t p_;                                                 \
+    if (on_) _vs_ctxmem_before(&p_, (dev), (kind));                       \
+    CUresult r_ = (call);                                                 \
+    if (on_ && r_ == CUDA_SUCCESS) _vs_ctxmem_after(&p_, (key), primary); \
+    return r_;                                                            \
+  } while (0)
+
+VS_API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev) {
+  typedef CUresult (*fn_t)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+  fn_t real = REAL(CTX_CREATE_V4, fn_t);
+  if (!real || !pctx) return real ? real(pctx, params, flags, dev) : CUDA_ERROR_NOT_INITIALIZED;
+  VS_MEASURED(VS_CTXMEM_CONTEXT, dev, real(pctx, params, flags, dev), (uintptr_t)*pctx, false);
+}
+
+VS_API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice dev) {
+  typedef CUresult (*fn_t)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
+  fn_t real = REAL(CTX_CREATE_V3, fn_t);
+  if (!real || !pctx) return real ? real(pctx, params, n, flags, dev) : CUDA_ERROR_NOT_INITIALIZED;
+  VS_MEASURED(VS_CTXMEM_CONTEXT, dev, real(pctx, params, n, flags, dev), (uintptr_t)*pctx, false);
+}
+
+VS_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+  typedef CUresult (*fn_t)(CUcontext *, unsigned int, CUdevice);
+  fn_t real = REAL(CTX_CREATE_V2, fn_t);
+  if (!real || !pctx) return real ? real(pctx, flags, dev) : CUDA_ERROR_NOT_INITIALIZED;
+  VS_MEASURED(VS_CTXMEM_CONTEXT, dev, real(pctx, flags, dev), (uintptr_t)*pctx, false);
+}
+
+/* Only a retain that makes the primary context (it was inactive) takes memory. */
+VS_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+  typedef CUresult (*fn_t)(CUcontext *, CUdevice);
+  fn_t real = REAL(PRIMARY_RETAIN, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  unsigned flags = 0;
+  int active = 1;
+  if (!pctx || !measured() || !_vs_cu.cuDevicePrimaryCtxGetState ||
+      _vs_cu.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || active)
+    return real(pctx, dev);
+  VS_MEASURED(VS_CTXMEM_CONTEXT, dev, real(pctx, dev), (uintptr_t)*pctx, true);
+}
+
+/* The last release ends the primary context: its figure goes. */
+VS_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  typedef CUresult (*fn_t)(CUdevice);
+  fn_t real = REAL(PRIMARY_RELEASE, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(dev);
+  unsigned flags = 0;
+  int active = 1;
+  if (r == CUDA_SUCCESS && measured() && _vs_cu.cuDevicePrimaryCtxGetState &&
+      _vs_cu.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
+    _vs_ctxmem_primary_gone(dev);
+  return r;
+}
+
+VS_API CUresult cuModuleLoad(CUmodule *mod, const char *fname) {
+  typedef CUresult (*fn_t)(CUmodule *, const char *);
+  fn_t real = REAL(MODULE_LOAD, fn_t);
+  if (!real || !mod) return real ? real(mod, fname) : CUDA_ERROR_NOT_INITIALIZED;
+  VS_MEASURED(VS_CTXMEM_MODULE, -1, real(mod, fname), (uintptr_t)*mod, false);
+}
+
+VS_API CUresult cuModuleLoadData(CUmodule *mod, const void *image) {
+  typedef CUresult (*fn_t)(CUmodule *, const void *);
+  fn_t real = REAL(MODULE_LOAD_DATA, fn_t);
+  if (!real || !mod) return real ? real(mod, image) : CUDA_ERROR_NOT_INITIALIZED;
+  VS_MEASURED(VS_CTXMEM_MODULE, -1, real(mod, image), (uintptr_t)*mod, false);
+}
+
+VS_API CUresult cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int n, CUjit_option *opts, void **vals) {
+  typedef CUresult (*fn_t)(CUmodule *, const void *, unsigned int, CUjit_option *, void **);
+  fn_t real = REAL(MODULE_LOAD_DATA_EX, fn_t);
+  if (!real || !mod) return real ? real(mod, image, n, opts, vals) : CUDA_ERROR_NOT_INITIALIZED;
+  VS_MEASURED(VS_CTXMEM_MODULE, -1, real(mod, image, n, opts, vals), (uintptr_t)*mod, false);
+}
+
+VS_API CUresult cuModuleLoadFatBinary(CUmodule *mod, const void *fatbin) {
+  typedef CUresult (*fn_t)(CUmodule *, const void *);
+  fn_t real = REAL(MODULE_LOAD_FATBIN, fn_t);
+  if (!real || !mod) return real ? real(mod, fatbin) : CUDA_ERROR_NOT_INITIALIZED;
+  VS_MEASURED(VS_CTXMEM_MODULE, -1, real(mod, fatbin), (uintptr_t)*mod, false);
+}
+
+VS_API CUresult cuModuleUnload(CUmodule mod) {
+  typedef CUresult (*fn_t)(CUmodule);
+  fn_t real = REAL(MODULE_UNLOAD, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(mod);
+  if (r == CUDA_SUCCESS && measured()) _vs_ctxmem_gone((uintptr_t)mod);
+  return r;
+}
+
+/* A library loads into the current context at once, or (lazy loading, no context) later: a
+ * load measured without a current context would be none of its memory, and is not counted. */
+VS_API CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int njo,
+                                  CUlibraryOption *lo, void **lv, unsigned int nlo) {
+  typedef CUresult (*fn_t)(CUlibrary *, const void *, CUjit_option *, void **, unsigned int, CUlibraryOption *,
+                           void **, unsigned int);
+  fn_t real = REAL(LIBRARY_LOAD_DATA, fn_t);
+  if (!real || !lib) return real ? real(lib, code, jo, jv, njo, lo, lv, nlo) : CUDA_ERROR_NOT_INITIALIZED;
+  VS_MEASURED(VS_CTXMEM_MODULE, -1, real(lib, code, jo, jv, njo, lo, lv, nlo), (uintptr_t)*lib, false);
+}
+
+VS_API CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *file, CUjit_option *jo, void **jv, unsigned int njo,
+                                      CUlibraryOption *lo, void **lv, unsigned int nlo) {
+  typedef CUresult (*fn_t)(CUlibrary *, const char *, CUjit_option *, void **, unsigned int, CUlibraryOption *,
+                           void **, unsigned int);
+  fn_t real = REAL(LIBRARY_LOAD_FILE, fn_t);
+  if (!real || !lib) return real ? real(lib, file, jo, jv, njo, lo, lv, nlo) : CUDA_ERROR_NOT_INITIALIZED;
+  VS_MEASURED(VS_CTXMEM_MODULE, -1, real(lib, file, jo, jv, njo, lo, lv, nlo), (uintptr_t)*lib, false);
+}
+
+VS_API CUresult cuLibraryUnload(CUlibrary lib) {
+  typedef CUresult (*fn_t)(CUlibrary);
+  fn_t real = REAL(LIBRARY_UNLOAD, fn_t);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(lib);
+  if (r == CUDA_SUCCESS && measured()) _vs_ctxmem_gone((uintptr_t)lib);
   return r;
 }
 

@@ -103,10 +103,14 @@ struct CUctx_st {
   int dev;
   int is_primary;
   int alive;
+  size_t charged; /* the device memory the context itself takes (emu_set_context_memory) */
   struct CUstream_st *legacy;
   struct CUctx_st *next;
 };
 static struct CUctx_st *g_ctxs;
+/* emu_set_context_memory: what a context and each loaded module take of their device. */
+static size_t g_ctx_bytes, g_mod_bytes;
+static void module_drop_ctx(struct CUctx_st *ctx);
 
 /* Peer access: contexts `from` may access plain cuMemAlloc memory of context `to`
  * (cuCtxEnablePeerAccess called in `from` with peerContext `to`). */
@@ -699,12 +703,20 @@ static void teardown_ctx(struct CUctx_st *ctx) {
     a = n;
   }
   pool_release(ctx->dev, 0); /* the context's pool memory goes with it */
+  module_drop_ctx(ctx);
+  g_dev[ctx->dev].used -= ctx->charged;
+  ctx->charged = 0;
 }
 
 static CUresult ctx_activate(struct CUctx_st *c) {
+  device_t *d = &g_dev[c->dev];
+  if (d->used > d->total || g_ctx_bytes > d->total - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
   c->alive = 1;
   c->legacy = new_stream(c, S_LEGACY, 0, 0);
-  return c->legacy ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  if (!c->legacy) return CUDA_ERROR_OUT_OF_MEMORY;
+  c->charged = g_ctx_bytes;
+  d->used += g_ctx_bytes;
+  return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ init, devices */
@@ -799,6 +811,16 @@ static CUresult e_cuDeviceTotalMem_v1(unsigned int *bytes, CUdevice dev) {
   CUresult r = e_cuDeviceTotalMem_v2(&b, dev);
   if (r == CUDA_SUCCESS) *bytes = b > UINT_MAX ? UINT_MAX : (unsigned)b;
   return r;
+}
+
+/* A PCI bus id per device ("0000:0N:00.0", N the device + 1), as nvml_emu.c finds devices by. */
+static CUresult e_cuDeviceGetPCIBusId(char *bus, int len, CUdevice dev) {
+  ENTER(cuDeviceGetPCIBusId);
+  NEED_INIT();
+  if (!bus || len < 13) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(bus, (size_t)len, "0000:%02x:00.0", (unsigned)dev + 1);
+  return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ contexts */
@@ -3076,6 +3098,171 @@ static CUresult e_cuArrayDestroy(CUarray a) {
   return CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* A mipmapped array: its levels (each dimension halved, at least 1) drawn at once like an array's. */
+#define MAGIC_MIPMAP 0x4d49504du
+static CUresult e_cuMipmappedArrayCreate(CUmipmappedArray *out, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned levels) {
+  ENTER(cuMipmappedArrayCreate);
+  NEED_INIT();
+  LOCKED();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) return r;
+  if (!out || !desc || levels == 0 || desc->Width == 0 || (desc->NumChannels != 1 && desc->NumChannels != 2 &&
+                                                            desc->NumChannels != 4)) {
+    violation("cuMipmappedArrayCreate: %s", !out || !desc ? "NULL argument" : "width 0, no level or 3 channels");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  size_t eb = format_bytes(desc->Format), size = 0, w = desc->Width, h = desc->Height, d = desc->Depth;
+  if (!eb) return CUDA_ERROR_NOT_SUPPORTED;
+  for (unsigned l = 0; l < levels; l++) {
+    size += w * (h ? h : 1) * (d ? d : 1) * desc->NumChannels * eb;
+    w = w > 1 ? w / 2 : 1;
+    h = h > 1 ? h / 2 : h;
+    d = d > 1 ? d / 2 : d;
+  }
+  device_t *dv = &g_dev[c->dev];
+  struct CUarray_st *a = dv->used <= dv->total && size <= dv->total - dv->used ? calloc(1, sizeof *a) : NULL;
+  if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
+  *a = (struct CUarray_st){MAGIC_MIPMAP, c->dev, size, g_arrays};
+  g_arrays = a;
+  dv->used += size;
+  *out = (CUmipmappedArray)a;
+  return CUDA_SUCCESS;
+}
+static CUresult e_cuMipmappedArrayDestroy(CUmipmappedArray m) {
+  ENTER(cuMipmappedArrayDestroy);
+  NEED_INIT();
+  LOCKED();
+  for (struct CUarray_st **pp = &g_arrays; *pp; pp = &(*pp)->next)
+    if (*pp == (struct CUarray_st *)m && (*pp)->magic == MAGIC_MIPMAP) {
+      struct CUarray_st *a = *pp;
+      *pp = a->next;
+      g_dev[a->dev].used -= a->size;
+      a->magic = 0;
+      free(a);
+      return CUDA_SUCCESS;
+    }
+  violation("cuMipmappedArrayDestroy of an invalid mipmapped array %p", (void *)m);
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* ------------------------------------------------------------------ modules and libraries */
+/* A module (cuModuleLoad*) is loaded into the current context and takes g_mod_bytes of its
+ * device until cuModuleUnload or the context's end. A library (cuLibraryLoad*) is loaded at
+ * once into the current context (as with CUDA_MODULE_LOADING=EAGER), taking as much; with no
+ * context current it takes nothing. The images are not read: any non-NULL image loads. */
+#define MAGIC_MODULE 0x4d4f4421u
+#define MAGIC_LIBRARY 0x4c494221u
+typedef struct emu_module_s {
+  uint32_t magic;
+  struct CUctx_st *ctx; /* NULL once the context ended (or a library loaded without one) */
+  size_t charged;
+  struct emu_module_s *next;
+} emu_module_t;
+static emu_module_t *g_modules;
+
+static void module_drop_ctx(struct CUctx_st *ctx) {
+  for (emu_module_t *m = g_modules; m; m = m->next)
+    if (m->ctx == ctx) {
+      g_dev[ctx->dev].used -= m->charged;
+      m->charged = 0;
+      m->ctx = NULL;
+    }
+}
+
+static CUresult module_load(void **out, const void *image, uint32_t magic, int need_ctx, const char *fn) {
+  if (!out || !image) {
+    violation("%s: %s is NULL", fn, out ? "the image" : "the handle pointer");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  struct CUctx_st *c = tl_ctx && tl_ctx->alive ? tl_ctx : NULL;
+  if (need_ctx) {
+    CUresult r = cur_ctx(&c);
+    if (r) return r;
+  }
+  size_t size = c ? g_mod_bytes : 0;
+  if (c && (g_dev[c->dev].used > g_dev[c->dev].total || size > g_dev[c->dev].total - g_dev[c->dev].used))
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  emu_module_t *m = calloc(1, sizeof *m);
+  if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+  *m = (emu_module_t){magic, c, size, g_modules};
+  g_modules = m;
+  if (c) g_dev[c->dev].used += size;
+  *out = m;
+  return CUDA_SUCCESS;
+}
+
+static CUresult module_unload(void *h, uint32_t magic, const char *fn) {
+  for (emu_module_t **pp = &g_modules; *pp; pp = &(*pp)->next)
+    if (*pp == h && (*pp)->magic == magic) {
+      emu_module_t *m = *pp;
+      *pp = m->next;
+      if (m->ctx) g_dev[m->ctx->dev].used -= m->charged;
+      m->magic = 0;
+      free(m);
+      return CUDA_SUCCESS;
+    }
+  violation("%s of an invalid or unloaded handle %p", fn, h);
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult e_cuModuleLoadData(CUmodule *mod, const void *image) {
+  ENTER(cuModuleLoadData);
+  NEED_INIT();
+  LOCKED();
+  return module_load((void **)mod, image, MAGIC_MODULE, 1, "cuModuleLoadData");
+}
+static CUresult e_cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned n, CUjit_option *opt, void **vals) {
+  ENTER(cuModuleLoadDataEx);
+  NEED_INIT();
+  LOCKED();
+  if (n && (!opt || !vals)) return CUDA_ERROR_INVALID_VALUE;
+  return module_load((void **)mod, image, MAGIC_MODULE, 1, "cuModuleLoadDataEx");
+}
+static CUresult e_cuModuleLoadFatBinary(CUmodule *mod, const void *fatbin) {
+  ENTER(cuModuleLoadFatBinary);
+  NEED_INIT();
+  LOCKED();
+  return module_load((void **)mod, fatbin, MAGIC_MODULE, 1, "cuModuleLoadFatBinary");
+}
+static CUresult e_cuModuleLoad(CUmodule *mod, const char *fname) {
+  ENTER(cuModuleLoad);
+  NEED_INIT();
+  LOCKED();
+  if (!fname) return CUDA_ERROR_INVALID_VALUE;
+  if (access(fname, R_OK) != 0) return CUDA_ERROR_FILE_NOT_FOUND;
+  return module_load((void **)mod, fname, MAGIC_MODULE, 1, "cuModuleLoad");
+}
+static CUresult e_cuModuleUnload(CUmodule mod) {
+  ENTER(cuModuleUnload);
+  NEED_INIT();
+  LOCKED();
+  return module_unload(mod, MAGIC_MODULE, "cuModuleUnload");
+}
+static CUresult e_cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned njo,
+                                    CUlibraryOption *lo, void **lv, unsigned nlo) {
+  ENTER(cuLibraryLoadData);
+  NEED_INIT();
+  LOCKED();
+  if ((njo && (!jo || !jv)) || (nlo && (!lo || !lv))) return CUDA_ERROR_INVALID_VALUE;
+  return module_load((void **)lib, code, MAGIC_LIBRARY, 0, "cuLibraryLoadData");
+}
+static CUresult e_cuLibraryLoadFromFile(CUlibrary *lib, const char *fname, CUjit_option *jo, void **jv, unsigned njo,
+                                        CUlibraryOption *lo, void **lv, unsigned nlo) {
+  ENTER(cuLibraryLoadFromFile);
+  NEED_INIT();
+  LOCKED();
+  if (!fname || (njo && (!jo || !jv)) || (nlo && (!lo || !lv))) return CUDA_ERROR_INVALID_VALUE;
+  if (access(fname, R_OK) != 0) return CUDA_ERROR_FILE_NOT_FOUND;
+  return module_load((void **)lib, fname, MAGIC_LIBRARY, 0, "cuLibraryLoadFromFile");
+}
+static CUresult e_cuLibraryUnload(CUlibrary lib) {
+  ENTER(cuLibraryUnload);
+  NEED_INIT();
+  LOCKED();
+  return module_unload(lib, MAGIC_LIBRARY, "cuLibraryUnload");
+}
+
 /* ------------------------------------------------------------------ managed, pinned host and graph memory */
 
 /* Managed memory (cuMemAllocManaged): drawn from its device's budget at once (a GPU makes it
@@ -3242,6 +3429,7 @@ static const sym_t g_syms[] = {
     SYM("cuDeviceTotalMem", 2000, e_cuDeviceTotalMem_v1),
     SYM("cuDeviceTotalMem", 3020, e_cuDeviceTotalMem_v2),
     SYM("cuDevicePrimaryCtxRetain", 7000, e_cuDevicePrimaryCtxRetain),
+    SYM("cuDeviceGetPCIBusId", 4010, e_cuDeviceGetPCIBusId),
     SYM("cuDevicePrimaryCtxRelease", 7000, e_cuDevicePrimaryCtxRelease_v1),
     SYM("cuDevicePrimaryCtxRelease", 11000, e_cuDevicePrimaryCtxRelease_v2),
     SYM("cuDevicePrimaryCtxReset", 7000, e_cuDevicePrimaryCtxReset_v1),
@@ -3287,6 +3475,16 @@ static const sym_t g_syms[] = {
     SYM("cuArrayCreate", 3020, e_cuArrayCreate_v2),
     SYM("cuArray3DCreate", 3020, e_cuArray3DCreate_v2),
     SYM("cuArrayDestroy", 2000, e_cuArrayDestroy),
+    SYM("cuMipmappedArrayCreate", 5000, e_cuMipmappedArrayCreate),
+    SYM("cuMipmappedArrayDestroy", 5000, e_cuMipmappedArrayDestroy),
+    SYM("cuModuleLoad", 2000, e_cuModuleLoad),
+    SYM("cuModuleLoadData", 2000, e_cuModuleLoadData),
+    SYM("cuModuleLoadDataEx", 2010, e_cuModuleLoadDataEx),
+    SYM("cuModuleLoadFatBinary", 2000, e_cuModuleLoadFatBinary),
+    SYM("cuModuleUnload", 2000, e_cuModuleUnload),
+    SYM("cuLibraryLoadData", 12000, e_cuLibraryLoadData),
+    SYM("cuLibraryLoadFromFile", 12000, e_cuLibraryLoadFromFile),
+    SYM("cuLibraryUnload", 12000, e_cuLibraryUnload),
     SYM("cuMemcpyDtoH", 3020, e_cuMemcpyDtoH_v2),
     SYM("cuMemcpyHtoD", 3020, e_cuMemcpyHtoD_v2),
     SYM("cuMemAllocManaged", 6000, e_cuMemAllocManaged),
@@ -3463,6 +3661,7 @@ EXPORT(cuDeviceGetAttribute, e_cuDeviceGetAttribute)
 EXPORT(cuDeviceTotalMem, e_cuDeviceTotalMem_v1)
 EXPORT(cuDeviceTotalMem_v2, e_cuDeviceTotalMem_v2)
 EXPORT(cuDevicePrimaryCtxRetain, e_cuDevicePrimaryCtxRetain)
+EXPORT(cuDeviceGetPCIBusId, e_cuDeviceGetPCIBusId)
 EXPORT(cuDevicePrimaryCtxRelease, e_cuDevicePrimaryCtxRelease_v1)
 EXPORT(cuDevicePrimaryCtxRelease_v2, e_cuDevicePrimaryCtxRelease_v2)
 EXPORT(cuDevicePrimaryCtxReset, e_cuDevicePrimaryCtxReset_v1)
@@ -3560,6 +3759,16 @@ EXPORT(cuGraphDestroy, e_cuGraphDestroy)
 EXPORT(cuArrayCreate_v2, e_cuArrayCreate_v2)
 EXPORT(cuArray3DCreate_v2, e_cuArray3DCreate_v2)
 EXPORT(cuArrayDestroy, e_cuArrayDestroy)
+EXPORT(cuMipmappedArrayCreate, e_cuMipmappedArrayCreate)
+EXPORT(cuMipmappedArrayDestroy, e_cuMipmappedArrayDestroy)
+EXPORT(cuModuleLoad, e_cuModuleLoad)
+EXPORT(cuModuleLoadData, e_cuModuleLoadData)
+EXPORT(cuModuleLoadDataEx, e_cuModuleLoadDataEx)
+EXPORT(cuModuleLoadFatBinary, e_cuModuleLoadFatBinary)
+EXPORT(cuModuleUnload, e_cuModuleUnload)
+EXPORT(cuLibraryLoadData, e_cuLibraryLoadData)
+EXPORT(cuLibraryLoadFromFile, e_cuLibraryLoadFromFile)
+EXPORT(cuLibraryUnload, e_cuLibraryUnload)
 EXPORT(cuMemcpyDtoH_v2, e_cuMemcpyDtoH_v2)
 EXPORT(cuMemcpyHtoD_v2, e_cuMemcpyHtoD_v2)
 EXPORT(cuMemAllocManaged, e_cuMemAllocManaged)
@@ -3678,6 +3887,12 @@ API void emu_set_caps(int vmm, int posix_fd, int rdma) {
   g_cap_vmm = !!vmm;
   g_cap_fd = !!posix_fd;
   g_cap_rdma = !!rdma;
+}
+
+API void emu_set_context_memory(size_t context_bytes, size_t module_bytes) {
+  LOCKED();
+  g_ctx_bytes = context_bytes;
+  g_mod_bytes = module_bytes;
 }
 
 API void emu_set_eager(int on) {
@@ -4001,6 +4216,28 @@ API int emu_host_mapped(CUdeviceptr addr) {
 API long emu_device_faults(void) {
   LOCKED();
   return g_device_faults;
+}
+
+/* Other processes' memory (nvml_emu.c lists it under another pid) and the driver's own buffers:
+ * both in the device's use, so cuMemGetInfo's free memory moves with them. */
+static size_t g_others[EMU_MAXDEV];
+API void emu_set_other_processes(int dev, size_t bytes) {
+  LOCKED();
+  if (dev < 0 || dev >= EMU_MAXDEV) return;
+  g_dev[dev].used = g_dev[dev].used - g_others[dev] + bytes;
+  g_others[dev] = bytes;
+}
+API size_t emu_other_processes(int dev) {
+  LOCKED();
+  return dev >= 0 && dev < EMU_MAXDEV ? g_others[dev] : 0;
+}
+API void emu_take_driver_memory(int dev, size_t bytes) {
+  LOCKED();
+  if (dev >= 0 && dev < EMU_MAXDEV) g_dev[dev].used += bytes;
+}
+API size_t emu_device_total(int dev) {
+  LOCKED();
+  return dev >= 0 && dev < EMU_MAXDEV ? g_dev[dev].total : 0;
 }
 
 API size_t emu_device_used(int dev) {

@@ -81,7 +81,13 @@
  * stream's earlier work, with the device access rules of the current context's device.
  * cuArrayCreate and cuArray3DCreate (_v2) draw Width x Height x Depth elements (1, 2 or 4 channels
  * of an 8/16/32-bit integer, half or float format; others: CUDA_ERROR_NOT_SUPPORTED) from the
- * current context's device at once; cuArrayDestroy gives them back.
+ * current context's device at once; cuArrayDestroy gives them back. cuMipmappedArrayCreate draws
+ * the sum of its levels (each dimension halved, at least 1) the same way; cuMipmappedArrayDestroy.
+ * Contexts and modules take device memory only after emu_set_context_memory: every context
+ * (primary or not) its context_bytes while it lives, every cuModuleLoad* module module_bytes of
+ * the current context's device until cuModuleUnload or the context's end; cuLibraryLoad* loads at
+ * once into the current context (module_bytes; none without one) until cuLibraryUnload or the
+ * context's end. Unloading an unknown handle is a violation (CUDA_ERROR_INVALID_HANDLE).
  *
  * Legacy IPC: cuIpcGetMemHandle gives a handle for the base of a cuMemAlloc allocation
  * (bytes "EMUIPC\0\0", the pid, the base and the size, zero-padded to 64) and refuses VMM,
@@ -131,7 +137,10 @@ extern "C" {
   X(cuStreamWaitValue64) X(cuStreamWriteValue32) X(cuStreamWriteValue64) X(cuStreamBatchMemOp)                \
   X(cuMemAllocManaged) X(cuMemAllocHost) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync) \
   X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)                  \
-  X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuArrayCreate) X(cuArray3DCreate) X(cuArrayDestroy)
+  X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuArrayCreate) X(cuArray3DCreate) X(cuArrayDestroy)                  \
+  X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuModuleUnload)      \
+  X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload) X(cuMipmappedArrayCreate) X(cuMipmappedArrayDestroy) \
+  X(cuDeviceGetPCIBusId)
 
 typedef struct emu_counters_s {
   /* ---- call counts (reset by emu_reset_counters) ---- */
@@ -178,6 +187,14 @@ void emu_set_device_memory(int dev, size_t bytes); /* default 4 GiB */
 void emu_set_device_count(int n);                  /* 1..4, default 1 */
 void emu_set_caps(int vmm, int posix_fd, int rdma); /* all devices; default 1, 1, 1 */
 void emu_set_granularity(size_t bytes);            /* power of two >= 4096; default 2 MiB */
+/* Other processes' bytes on device dev (in its use; libnvidia-ml.so.1 of the emulation lists them
+ * under another pid), and bytes the driver takes for itself (a kernel loaded at first launch). */
+void emu_set_other_processes(int dev, size_t bytes);
+size_t emu_other_processes(int dev);
+void emu_take_driver_memory(int dev, size_t bytes);
+size_t emu_device_total(int dev);
+/* What each context and each loaded module take of their device (default 0 and 0). */
+void emu_set_context_memory(size_t context_bytes, size_t module_bytes);
 /* Whether device dev can access memory of device peer (cuDeviceCanAccessPeer, and what
  * cuCtxEnablePeerAccess accepts). Default: every pair of different devices can. */
 void emu_set_peer_capable(int dev, int peer, int capable);

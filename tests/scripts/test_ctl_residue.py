@@ -11,7 +11,8 @@ outside, through scripts/vmmshim:
   - `ctl PID status` says what was made outside the pools; `top --once` has the process's
     "(outside)" line;
   - in the target, vmmshim.residue() gave the same figures;
-  - with stacks on (VMMSHIM_TRACE_STACKS), the helper's site names the target's Python line.
+  - with stacks on (VMMSHIM_TRACE_STACKS), the helper's site names the target's Python line;
+  - vmmshim-report on the target's trace lists the helper's site by its offset in the helper.
 Ends with "N passed, N failed"."""
 import json
 import os
@@ -19,7 +20,7 @@ import re
 import subprocess
 import sys
 
-from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, check, summary
+from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, check, report, summary
 
 HELPER = os.path.join(BUILD_DIR, "tests", "libresidue_helper.so")
 MiB = 1 << 20
@@ -76,13 +77,15 @@ def main():
         rc, out = ctl("ctl", pid, "residue")
         check(rc == 0 and "residue after 1 sleep" in out, "ctl residue (exit %d): %s" % (rc, out[:300]))
         rows = [ln.split() for ln in out.splitlines() if ln.startswith("0 ")]
-        check(len(rows) == 1 and rows[0][3] == "6.00M" and rows[0][9] == "0", "the device row: libs 6.00M, "
+        check(len(rows) == 1 and rows[0][3] == "6.00M" and rows[0][11] == "0", "the device row: libs 6.00M, "
               "unexplained 0 %s" % rows)
         check("library libresidue_helper.so: VMM 6.00 MiB, managed 0 B, pinned host 2.00 MiB, arrays 0 B" in out,
               "the helper's line")
         check("site libresidue_helper.so+0x" in out, "the helper's site")
-        check(re.search(r"site libresidue_helper\.so\+0x[0-9a-f]+ \(<string>:1[0-9] <module>\): 6\.00 MiB vmm", out)
-              is not None, "with stacks, the site's Python line (the target's helper_vmm_make call)")
+        check(re.search(r"site libresidue_helper\.so\+0x[0-9a-f]{1,5} \(helper_vmm_make\+0x[0-9a-f]+\) "
+                        r"\(<string>:1[0-9] <module>\): 6\.00 MiB vmm", out) is not None,
+              "the site: its offset in the helper (not the address), the symbol, and with stacks the Python line "
+              "(the target's helper_vmm_make call)")
         rc, out = ctl("ctl", pid, "residue", "--json")
         try:
             r = json.loads(out)
@@ -91,6 +94,11 @@ def main():
         check(rc == 0 and r.get("ok") is True and r["devices"][0]["owners"]["libraries"] == 6 * MiB
               and r["devices"][0]["owners"]["unexplained"] == 0 and r["host_pinned"] == 2 * MiB,
               "ctl residue --json: %s" % out[:300])
+        site = (r.get("sites") or [{}])[0]
+        check(int(site.get("offset", "0x0"), 16) < 1 << 20 and int(site.get("address", "0x0"), 16) > 1 << 20
+              and int(site["address"], 16) - int(site["offset"], 16) > 0
+              and site.get("symbol", "").startswith("helper_vmm_make+0x"),
+              "the JSON site: the absolute address, its offset in the helper, the symbol %s" % site)
         rc, out = ctl("ctl", pid, "residue", "x")
         check(rc == 2 and "residue takes no argument" in out, "an argument is a usage error (exit %d)" % rc)
         rc, out = ctl("ctl", pid, "status")
@@ -102,6 +110,11 @@ def main():
     finally:
         target.stdin.close()
         target.wait(timeout=30)
+        # The trace keeps the absolute caller; the report names it by the helper's `l` record.
+        r = report(trace) if os.path.exists(trace) else None
+        check(r is not None and re.search(r"\n    libresidue_helper\.so\+0x[0-9a-f]{1,5}: 6 MiB VMM\n", r.stdout)
+              is not None, "the report: the helper's site by its offset in the helper, still holding 6 MiB:\n%s" % (
+                  r.stdout[-600:] if r else "no trace"))
         if os.path.exists(trace):
             os.unlink(trace)
     return summary()

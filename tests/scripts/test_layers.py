@@ -24,7 +24,7 @@ import tempfile
 
 LAYERS = ["hook", "alloc", "share", "pool", "handle", "vmm", "base"]  # top first
 ORDER = {  # within a layer, files that call each other: top first
-    "alloc": ["balloon.c", "sleep.c", "foreign.c", "residue.c", "nvml.c", "outside.c", "mempool.c", "alloc.c", "limit.c",
+    "alloc": ["balloon.c", "sleep.c", "foreign.c", "residue.c", "ctxmem.c", "nvml.c", "outside.c", "mempool.c", "alloc.c", "limit.c",
               "borrow.c", "rules.c", "tags.c"],
     "pool": ["pool.c", "reclaim.c", "sleep.c", "wake.c", "asleep.c", "disk.c", "copier.c", "space.c", "check.c",
              "pool_streams.c", "pool_blocks.c"],

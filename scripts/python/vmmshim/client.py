@@ -302,10 +302,11 @@ REPLIES = {
                 "devices": [{"device": "count", "used": "count", "total": "count", "free": "count",
                              "owners": {"tags": "count", "libraries": "count", "managed": "count", "graphs": "count",
                                         "arrays": "count", "context": "count", "other_processes": "count",
-                                        "unexplained": "number"},
-                             "growth": "number"}],
+                                        "unexplained": "number", "modules": Opt("count"), "inferred": Opt("count")},
+                             "growth": "number", "process": Opt("count")}],
                 "libraries": [{"name": "string", "vmm": "count", "managed": "count", "host": "count"}],
-                "sites": [{"library": "string", "address": "string", "bytes": "count", "growth": "number"}]},
+                "sites": [{"library": "string", "address": "string", "bytes": "count", "growth": "number",
+                           "offset": Opt("string"), "symbol": Opt("string")}]},
 }
 _REFUSAL = {"error": Opt("string"), "message": Opt("string")}
 
