@@ -53,7 +53,7 @@ nvidia-smi >"$LOGDIR/nvidia-smi.txt" 2>&1
 
 # ---- build: every test twice, in parallel ----
 t0=$(date +%s)
-TEST_BUDGET=${TEST_BUDGET:-480} # seconds for the whole run; checks left after it count as failed
+TEST_BUDGET=${TEST_BUDGET:-720} # seconds for the whole run; checks left after it count as failed
 for src in tests/gpu/t_*.cu; do
   name=$(basename "$src" .cu)
   for rt in static shared; do
