@@ -1090,6 +1090,29 @@ static void *open_in_thread(void *arg) {
   return NULL;
 }
 
+/* Whether every thread of pid is stopped ('T' in /proc/PID/task/TID/stat): kill(SIGSTOP) returns
+ * before the threads stop, and a thread still running (its IPC server) could answer first. */
+static bool all_stopped(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (!d) return false;
+  bool all = true;
+  for (struct dirent *e; all && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    char stat_path[384], buf[256];
+    snprintf(stat_path, sizeof stat_path, "%s/%s/stat", path, e->d_name);
+    FILE *f = fopen(stat_path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')'); /* the state follows the command's closing parenthesis */
+    all = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+  }
+  closedir(d);
+  return all;
+}
+
 static void scenario_stopped(void) {
   CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
   agent_t ex = agent_start(NULL);
@@ -1097,6 +1120,8 @@ static void scenario_stopped(void) {
   msg_t g = ask(&ex, A_GET, r.a, 0, 0, NULL);
   CHECK(r.res == cudaSuccess && g.res == cudaSuccess, "the exporter allocates and exports");
   CHECK(kill(ex.pid, SIGSTOP) == 0, "stop the exporter");
+  for (int i = 0; i < 2000 && !all_stopped(ex.pid); i++) usleep(1000);
+  CHECK(all_stopped(ex.pid), "every thread of the exporter stopped");
   open_job_t job;
   memcpy(&job.h, g.h, sizeof job.h);
   job.res = cudaSuccess;
