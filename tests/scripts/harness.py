@@ -1,7 +1,7 @@
 """What the Python tests share: the repository root, check() with its tally, printed at the
 end as the "N passed, N failed" line that tests/run.sh reads, a scratch directory kept when a
 check failed, and headless chromium with a PNG decoder (zlib only) for the tests that render
-the HTML report."""
+the HTML report; and ServeProcess, the emulated program that the control tests steer."""
 import contextlib
 import os
 import shutil
@@ -23,6 +23,37 @@ EMU = os.path.join(BUILD_DIR, "emu")
 PYDIR = os.path.join(ROOT, "scripts", "python")
 LAUNCHER = os.path.join(ROOT, "scripts", "vmmshim")
 _tally = {"passed": 0, "failed": 0}
+
+
+class ServeProcess:
+    """tests/test_shim_control.c's "serve" mode (a program under the shim, on the emulation, that
+    answers one command a line on stdin) started with env: its pid, ask(), stop()."""
+
+    def __init__(self, env, keep_stderr=False):
+        serve = os.path.join(BUILD_DIR, "tests", "test_shim_control")
+        self.p = subprocess.Popen([serve, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE if keep_stderr else subprocess.DEVNULL, text=True, env=env)
+        line = self.p.stdout.readline().split()
+        self.pid = int(line[1]) if len(line) == 2 and line[0] == "ready" else 0
+
+    def ask(self, what):
+        self.p.stdin.write(what + "\n")
+        self.p.stdin.flush()
+        return self.p.stdout.readline().strip()
+
+    def stop(self):
+        """Ends it (quit, else killed after 10 s); what it wrote to stderr when kept, else ""."""
+        try:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        return self.p.stderr.read() if self.p.stderr else ""
 
 
 def check(cond, what):

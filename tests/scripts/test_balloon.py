@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from harness import BUILD_DIR, EMU, LAUNCHER, LIB, check, scratch, summary
+from harness import BUILD_DIR, EMU, LAUNCHER, LIB, ServeProcess, check, scratch, summary
 
 SERVE = os.path.join(BUILD_DIR, "tests", "test_shim_control")
 PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
@@ -37,31 +37,10 @@ GROUP = "vs-test-balloon-%d" % os.getpid()
 MiB = 1 << 20
 
 
-class Member:
+class Member(ServeProcess):
     def __init__(self, **env):
-        e = dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU, VMMSHIM_LIMIT_GROUP=GROUP, **env)
-        self.p = subprocess.Popen([SERVE, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=e)
-        line = self.p.stdout.readline().split()
-        self.pid = int(line[1]) if len(line) == 2 and line[0] == "ready" else 0
-
-    def ask(self, what):
-        self.p.stdin.write(what + "\n")
-        self.p.stdin.flush()
-        return self.p.stdout.readline().strip()
-
-    def stop(self):
-        try:
-            self.p.stdin.write("quit\n")
-            self.p.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
-        return self.p.stderr.read()
+        super().__init__(dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU, VMMSHIM_LIMIT_GROUP=GROUP, **env),
+                         keep_stderr=True)
 
 
 def ctl(*args, timeout=60):

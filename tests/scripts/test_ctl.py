@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 
-from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, check, scratch, summary
+from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, ServeProcess, check, scratch, summary
 
 sys.path.insert(0, PYDIR)
 from vmmshim import text  # noqa: E402
@@ -55,31 +55,11 @@ def ctl(*args, timeout=60, preexec=None):
     return r.returncode, r.stdout + r.stderr
 
 
-class Serve:
+class Serve(ServeProcess):
     """The target program, under the shim."""
 
     def __init__(self):
-        self.p = subprocess.Popen([SERVE, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, text=True, env=SHIM_ENV)
-        line = self.p.stdout.readline().split()
-        self.pid = int(line[1]) if len(line) == 2 and line[0] == "ready" else 0
-
-    def ask(self, what):
-        self.p.stdin.write(what + "\n")
-        self.p.stdin.flush()
-        return self.p.stdout.readline().strip()
-
-    def stop(self):
-        try:
-            self.p.stdin.write("quit\n")
-            self.p.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
+        super().__init__(SHIM_ENV)
 
 
 def status(pid):

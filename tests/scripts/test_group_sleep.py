@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, check, report, scratch, summary
+from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, ServeProcess, check, report, scratch, summary
 
 sys.path.insert(0, PYDIR)
 
@@ -39,37 +39,16 @@ PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
 GROUP = "vs-test-gsleep-%d" % os.getpid()
 
 
-class Member:
+class Member(ServeProcess):
     def __init__(self, **env):
-        e = dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU, VMMSHIM_LIMIT_GROUP=GROUP, VMMSHIM_LIMIT="1G",
-                 **env)
-        self.p = subprocess.Popen([SERVE, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, text=True, env=e)
-        line = self.p.stdout.readline().split()
-        self.pid = int(line[1]) if len(line) == 2 and line[0] == "ready" else 0
-
-    def ask(self, what):
-        self.p.stdin.write(what + "\n")
-        self.p.stdin.flush()
-        return self.p.stdout.readline().strip()
+        super().__init__(dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU, VMMSHIM_LIMIT_GROUP=GROUP,
+                              VMMSHIM_LIMIT="1G", **env))
 
     def touch_s(self):
         """Seconds a copy on the device took (it waits while the gate is closed)."""
         t = time.monotonic()
         ok = self.ask("touch") == "touch ok"
         return time.monotonic() - t if ok else -1.0
-
-    def stop(self):
-        try:
-            self.p.stdin.write("quit\n")
-            self.p.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
 
 
 def ctl(*args, timeout=60):
