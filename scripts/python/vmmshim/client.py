@@ -311,18 +311,24 @@ REPLIES = {
 _REFUSAL = {"error": Opt("string"), "message": Opt("string")}
 
 
+def exchange(s, pid, cmd, deadline, args):
+    """Sends {"v": 1, "cmd": cmd, **args} (None values left out) on the connected socket s and
+    returns the reply line, by the deadline; socket errors and timeouts go to the caller."""
+    msg = {"v": PROTOCOL, "cmd": cmd}
+    msg.update({k: v for k, v in args.items() if v is not None})
+    s.settimeout(max(0.001, deadline - time.monotonic()))
+    s.sendall((json.dumps(msg) + "\n").encode())
+    return _read_line(s, pid, deadline)
+
+
 def request(pid, cmd, timeout=TIMEOUT, **args):
     """Sends {"v": 1, "cmd": cmd, **args} to pid; returns its reply (a dict, "ok" true or false,
     holding what REPLIES lists for cmd). Raises ControlError when there is no reply, the reply is
     malformed, or the process refused the connection. timeout bounds the whole exchange."""
     deadline = time.monotonic() + timeout
-    msg = {"v": PROTOCOL, "cmd": cmd}
-    msg.update({k: v for k, v in args.items() if v is not None})
     s = _connect(pid, timeout)
     try:
-        s.settimeout(max(0.001, deadline - time.monotonic()))
-        s.sendall((json.dumps(msg) + "\n").encode())
-        line = _read_line(s, pid, deadline)
+        line = exchange(s, pid, cmd, deadline, args)
     except socket.timeout:
         raise ControlError(EXIT_TIMEOUT, "pid %d did not answer within %g s (a sleep or wake in progress delays "
                                          "other requests; --timeout S waits longer)" % (pid, timeout),

@@ -66,15 +66,11 @@ class _Member:
 
     def ask(self, cmd, deadline, **args):
         """One request on the member's connection: its reply (ok or not), or ControlError."""
-        msg = {"v": client.PROTOCOL, "cmd": cmd}
-        msg.update({k: v for k, v in args.items() if v is not None})
         t0 = time.monotonic()
         try:
             if self.sock is None:
                 self.sock = client._connect(self.pid, max(0.001, deadline - time.monotonic()))
-            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
-            self.sock.sendall((json.dumps(msg) + "\n").encode())
-            line = client._read_line(self.sock, self.pid, deadline)
+            line = client.exchange(self.sock, self.pid, cmd, deadline, args)
         except socket.timeout:
             self.close()
             raise ControlError(client.EXIT_TIMEOUT, "pid %d did not answer in time" % self.pid,
