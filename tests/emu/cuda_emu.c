@@ -3048,6 +3048,32 @@ static size_t format_bytes(CUarray_format f) {
   }
 }
 
+/* An array (or mipmapped array) of size bytes on c's device, drawn from its budget at once. */
+static CUresult array_charge(struct CUctx_st *c, uint32_t magic, size_t size, void **out) {
+  device_t *dv = &g_dev[c->dev];
+  struct CUarray_st *a = dv->used <= dv->total && size <= dv->total - dv->used ? calloc(1, sizeof *a) : NULL;
+  if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
+  *a = (struct CUarray_st){magic, c->dev, size, g_arrays};
+  g_arrays = a;
+  dv->used += size;
+  *out = a;
+  return CUDA_SUCCESS;
+}
+
+/* Frees the live array h (of that magic; 0: either kind), giving its size back: 0, or -1 when it is none. */
+static int array_drop(const void *h, uint32_t magic) {
+  for (struct CUarray_st **pp = &g_arrays; *pp; pp = &(*pp)->next)
+    if (*pp == h && (!magic || (*pp)->magic == magic)) {
+      struct CUarray_st *a = *pp;
+      *pp = a->next;
+      g_dev[a->dev].used -= a->size;
+      a->magic = 0;
+      free(a);
+      return 0;
+    }
+  return -1;
+}
+
 static CUresult array_create(CUarray *out, size_t w, size_t h, size_t d, CUarray_format f, unsigned ch, const char *fn) {
   struct CUctx_st *c;
   CUresult r = cur_ctx(&c);
@@ -3058,15 +3084,7 @@ static CUresult array_create(CUarray *out, size_t w, size_t h, size_t d, CUarray
   }
   size_t eb = format_bytes(f);
   if (!eb) return CUDA_ERROR_NOT_SUPPORTED;
-  size_t size = w * (h ? h : 1) * (d ? d : 1) * ch * eb;
-  device_t *dv = &g_dev[c->dev];
-  struct CUarray_st *a = dv->used <= dv->total && size <= dv->total - dv->used ? calloc(1, sizeof *a) : NULL;
-  if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
-  *a = (struct CUarray_st){MAGIC_ARRAY, c->dev, size, g_arrays};
-  g_arrays = a;
-  dv->used += size;
-  *out = a;
-  return CUDA_SUCCESS;
+  return array_charge(c, MAGIC_ARRAY, w * (h ? h : 1) * (d ? d : 1) * ch * eb, (void **)out);
 }
 static CUresult e_cuArrayCreate_v2(CUarray *out, const CUDA_ARRAY_DESCRIPTOR *desc) {
   ENTER(cuArrayCreate);
@@ -3086,14 +3104,7 @@ static CUresult e_cuArrayDestroy(CUarray a) {
   ENTER(cuArrayDestroy);
   NEED_INIT();
   LOCKED();
-  for (struct CUarray_st **pp = &g_arrays; *pp; pp = &(*pp)->next)
-    if (*pp == a) {
-      *pp = a->next;
-      g_dev[a->dev].used -= a->size;
-      a->magic = 0;
-      free(a);
-      return CUDA_SUCCESS;
-    }
+  if (array_drop(a, 0) == 0) return CUDA_SUCCESS;
   violation("cuArrayDestroy of an invalid array %p", (void *)a);
   return CUDA_ERROR_INVALID_HANDLE;
 }
@@ -3120,28 +3131,13 @@ static CUresult e_cuMipmappedArrayCreate(CUmipmappedArray *out, const CUDA_ARRAY
     h = h > 1 ? h / 2 : h;
     d = d > 1 ? d / 2 : d;
   }
-  device_t *dv = &g_dev[c->dev];
-  struct CUarray_st *a = dv->used <= dv->total && size <= dv->total - dv->used ? calloc(1, sizeof *a) : NULL;
-  if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
-  *a = (struct CUarray_st){MAGIC_MIPMAP, c->dev, size, g_arrays};
-  g_arrays = a;
-  dv->used += size;
-  *out = (CUmipmappedArray)a;
-  return CUDA_SUCCESS;
+  return array_charge(c, MAGIC_MIPMAP, size, (void **)out);
 }
 static CUresult e_cuMipmappedArrayDestroy(CUmipmappedArray m) {
   ENTER(cuMipmappedArrayDestroy);
   NEED_INIT();
   LOCKED();
-  for (struct CUarray_st **pp = &g_arrays; *pp; pp = &(*pp)->next)
-    if (*pp == (struct CUarray_st *)m && (*pp)->magic == MAGIC_MIPMAP) {
-      struct CUarray_st *a = *pp;
-      *pp = a->next;
-      g_dev[a->dev].used -= a->size;
-      a->magic = 0;
-      free(a);
-      return CUDA_SUCCESS;
-    }
+  if (array_drop(m, MAGIC_MIPMAP) == 0) return CUDA_SUCCESS;
   violation("cuMipmappedArrayDestroy of an invalid mipmapped array %p", (void *)m);
   return CUDA_ERROR_INVALID_HANDLE;
 }
