@@ -157,7 +157,11 @@ static inline CUcontext check_unit_context(vs_device_caps_t *caps) {
  * including; needs emu.h and vmmshim.h) ---- */
 #ifdef CHECK_SHIM_HELPERS
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <time.h>
 
 /* The shim's counters, found at run time as a program would find them. */
@@ -205,6 +209,24 @@ static inline const char *lib_of(const void *fn) {
 }
 static inline int in_shim(const void *fn) { return strstr(lib_of(fn), "libvmmshim") != NULL; }
 static inline int in_libcuda(const void *fn) { return strstr(lib_of(fn), "libcuda.so") != NULL; }
+
+/* A connection to the control channel of process pid of user uid (its abstract socket
+ * "vmmshim-ctl-UID-PID"), with a 10 s receive timeout; -1 when none. */
+static inline int ctl_connect(pid_t pid, uid_t uid) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "vmmshim-ctl-%u-%d", (unsigned)uid, (int)pid);
+  socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&a, len) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  struct timeval tmo = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof tmo);
+  return fd;
+}
 
 /* cudaMalloc that must succeed (a failure is counted, and NULL returned). */
 static inline void *must_malloc(size_t n) {

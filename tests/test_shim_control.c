@@ -124,22 +124,6 @@ static int open_sockets(void) {
 
 /* ------------------------------------------------------------------ the raw socket */
 
-static int ctl_connect(pid_t pid, uid_t uid) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_un a;
-  memset(&a, 0, sizeof a);
-  a.sun_family = AF_UNIX;
-  int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "vmmshim-ctl-%u-%d", (unsigned)uid, (int)pid);
-  socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-  if (fd < 0 || connect(fd, (struct sockaddr *)&a, len) != 0) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  struct timeval tmo = {10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof tmo);
-  return fd;
-}
-
 /* One reply line into buf (no newline); its length, or -1 when the connection ended first. */
 static int read_line(int fd, char *buf, size_t cap) {
   size_t n = 0;

@@ -39,8 +39,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "emu.h"
@@ -192,13 +190,8 @@ static void scenario_trace(void) {
 
 /* One request over the control channel; the reply into buf. */
 static int ctl_request(const char *req, char *buf, size_t cap) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_un a;
-  memset(&a, 0, sizeof a);
-  a.sun_family = AF_UNIX;
-  int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "vmmshim-ctl-%u-%d", (unsigned)geteuid(), (int)getpid());
-  if (fd < 0 || connect(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) != 0)
-    return -1;
+  int fd = ctl_connect(getpid(), geteuid());
+  if (fd < 0) return -1;
   if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) return -1;
   size_t got = 0;
   while (got < cap - 1) {

@@ -24,8 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "emu.h"
@@ -291,20 +289,10 @@ static char g_reply[1 << 16];
 
 static const char *ctl(const char *req) {
   g_reply[0] = 0;
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_un a;
-  memset(&a, 0, sizeof a);
-  a.sun_family = AF_UNIX;
-  int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "vmmshim-ctl-%u-%d", (unsigned)geteuid(), (int)getpid());
-  socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-  if (fd < 0 || connect(fd, (struct sockaddr *)&a, len) != 0) {
-    if (fd >= 0) close(fd);
-    return g_reply;
-  }
-  struct timeval tmo = {10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof tmo);
+  int fd = ctl_connect(getpid(), geteuid());
+  if (fd < 0) return g_reply;
   char line[1024];
-  n = snprintf(line, sizeof line, "%s\n", req);
+  int n = snprintf(line, sizeof line, "%s\n", req);
   if (send(fd, line, (size_t)n, MSG_NOSIGNAL) == n) {
     size_t got = 0;
     while (got + 1 < sizeof g_reply && recv(fd, g_reply + got, 1, 0) == 1 && g_reply[got] != '\n') got++;
