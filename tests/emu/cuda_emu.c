@@ -97,6 +97,8 @@ typedef struct device_s {
 } device_t;
 static device_t g_dev[EMU_MAXDEV] = {
     {4ull << 30, 0, NULL, 0, 0}, {4ull << 30, 0, NULL, 0, 0}, {4ull << 30, 0, NULL, 0, 0}, {4ull << 30, 0, NULL, 0, 0}};
+/* Whether size more bytes fit in the device's budget. */
+static int dev_fits(const device_t *d, size_t size) { return d->used <= d->total && size <= d->total - d->used; }
 
 struct CUctx_st {
   uint32_t magic;
@@ -513,7 +515,7 @@ static CUresult plain_alloc(struct CUctx_st *ctx, size_t size, uint64_t cap_id, 
   size_t len = round_up(size, (size_t)sysconf(_SC_PAGESIZE));
   void *m = MAP_FAILED;
   plain_t *a = NULL;
-  if (d->used <= d->total && size <= d->total - d->used)
+  if (dev_fits(d, size))
     m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m != MAP_FAILED && (a = calloc(1, sizeof *a)) == NULL) munmap(m, len);
   if (!a) {
@@ -710,7 +712,7 @@ static void teardown_ctx(struct CUctx_st *ctx) {
 
 static CUresult ctx_activate(struct CUctx_st *c) {
   device_t *d = &g_dev[c->dev];
-  if (d->used > d->total || g_ctx_bytes > d->total - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!dev_fits(d, g_ctx_bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
   c->alive = 1;
   c->legacy = new_stream(c, S_LEGACY, 0, 0);
   if (!c->legacy) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1239,8 +1241,7 @@ static CUresult e_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
   if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
     if (g_host_used > g_host_total || size > g_host_total - g_host_used) return CUDA_ERROR_OUT_OF_MEMORY;
   } else {
-    device_t *d = &g_dev[prop->location.id];
-    if (d->used > d->total || size > d->total - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!dev_fits(&g_dev[prop->location.id], size)) return CUDA_ERROR_OUT_OF_MEMORY;
   }
   int fd = memfd_create("emu-vmm", MFD_CLOEXEC);
   if (fd < 0) {
@@ -3051,7 +3052,7 @@ static size_t format_bytes(CUarray_format f) {
 /* An array (or mipmapped array) of size bytes on c's device, drawn from its budget at once. */
 static CUresult array_charge(struct CUctx_st *c, uint32_t magic, size_t size, void **out) {
   device_t *dv = &g_dev[c->dev];
-  struct CUarray_st *a = dv->used <= dv->total && size <= dv->total - dv->used ? calloc(1, sizeof *a) : NULL;
+  struct CUarray_st *a = dev_fits(dv, size) ? calloc(1, sizeof *a) : NULL;
   if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
   *a = (struct CUarray_st){magic, c->dev, size, g_arrays};
   g_arrays = a;
@@ -3177,8 +3178,7 @@ static CUresult module_load(void **out, const void *image, uint32_t magic, int n
     if (r) return r;
   }
   size_t size = c ? g_mod_bytes : 0;
-  if (c && (g_dev[c->dev].used > g_dev[c->dev].total || size > g_dev[c->dev].total - g_dev[c->dev].used))
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  if (c && !dev_fits(&g_dev[c->dev], size)) return CUDA_ERROR_OUT_OF_MEMORY;
   emu_module_t *m = calloc(1, sizeof *m);
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
   *m = (emu_module_t){magic, c, size, g_modules};
