@@ -1375,6 +1375,11 @@ static CUresult e_cuMemUnmap(CUdeviceptr ptr, size_t size) {
   return CUDA_SUCCESS;
 }
 
+/* Whether a location is the CPU: HOST, or HOST_NUMA of node 0 (the emulated host's only one). */
+static int cpu_location(const CUmemLocation *l) {
+  return l->type == CU_MEM_LOCATION_TYPE_HOST || (l->type == CU_MEM_LOCATION_TYPE_HOST_NUMA && l->id == 0);
+}
+
 static int host_prot(const mapping_t *m) {
   unsigned long long f = 0;
   for (int i = 0; i < EMU_MAXDEV; i++)
@@ -1394,10 +1399,9 @@ static CUresult e_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccess
               (const void *)desc, count);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  int cpu = 0; /* descriptors for the CPU: HOST, or HOST_NUMA of node 0 (the emulated host's only one) */
+  int cpu = 0; /* descriptors for the CPU */
   for (size_t i = 0; i < count; i++) {
-    int is_cpu = desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST ||
-                 (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA && desc[i].location.id == 0);
+    int is_cpu = cpu_location(&desc[i].location);
     cpu |= is_cpu;
     if ((!is_cpu && (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(desc[i].location.id))) ||
         (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
@@ -1443,8 +1447,7 @@ static CUresult e_cuMemGetAccess(unsigned long long *flags, const CUmemLocation 
   ENTER(cuMemGetAccess);
   NEED_INIT();
   LOCKED();
-  int cpu = location && (location->type == CU_MEM_LOCATION_TYPE_HOST ||
-                         (location->type == CU_MEM_LOCATION_TYPE_HOST_NUMA && location->id == 0));
+  int cpu = location && cpu_location(location);
   if (!flags || !location || (!cpu && (location->type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(location->id)))) {
     violation("cuMemGetAccess: bad arguments");
     return CUDA_ERROR_INVALID_VALUE;
