@@ -219,12 +219,11 @@ static void scenario_second(void) {
   CHECK(do_wake("kv") == 0 && tag_intact(20), "second: its own bytes back (%s)", g_res.reason);
 }
 
-static void scenario_pair(const char *self) {
+static void scenario_pair(void) {
   make_tag("kv", 10);
   CHECK(do_sleep("kv") == 0 && files_in(g_dir, NULL, 0) == 1, "first: asleep, one file (%s)", g_res.reason);
   char env[300];
   snprintf(env, sizeof env, "VMMSHIM_DISK_DIR=%s", g_dir);
-  (void)self;
   check_run_child("second", env, NULL);
   CHECK(files_in(g_dir, NULL, 0) == 1, "first: only its own file left");
   CHECK(do_wake("kv") == 0 && tag_intact(10), "first: its own bytes back (%s)", g_res.reason);
@@ -375,14 +374,14 @@ static void scenario_dir(void) {
   unlink(file);
 }
 
-static void run_scenario(const char *name, const char *self) {
+static void run_scenario(const char *name) {
   const char *d = getenv("VMMSHIM_DISK_DIR");
   snprintf(g_dir, sizeof g_dir, "%s", d ? d : "");
   CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
   CHECK(shim_active() == 1 && vmmshim_sleep, "the shim is active");
   if (!vmmshim_sleep) return;
   if (!strcmp(name, "roundtrip")) scenario_roundtrip();
-  else if (!strcmp(name, "pair")) scenario_pair(self);
+  else if (!strcmp(name, "pair")) scenario_pair();
   else if (!strcmp(name, "second")) scenario_second();
   else if (!strcmp(name, "writefail")) scenario_writefail();
   else if (!strcmp(name, "readfail")) scenario_readfail();
@@ -429,7 +428,7 @@ static void run_in_dir(const char *name) {
 int main(int argc, char **argv) {
   const char *child = check_child_main(argc, argv);
   if (child) {
-    run_scenario(child, argv[0]);
+    run_scenario(child);
     return check_child_summary(child);
   }
   CHECK(vmmshim_api_version && vmmshim_api_version() == VMMSHIM_API_VERSION, "the shim is preloaded, API version %d",
