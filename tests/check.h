@@ -195,6 +195,17 @@ static inline emu_counters_t emu_now(void) {
   return c;
 }
 
+/* The counters of tag name (all zero when the shim has no such tag); the program declares
+ * vmmshim_tag_stats weak when it may run without the shim. */
+static inline vmmshim_tag_stats_t shim_tag_stats(const char *name) {
+  vmmshim_tag_stats_t all[VMMSHIM_MAX_TAGS], none;
+  memset(&none, 0, sizeof none);
+  int n = vmmshim_tag_stats(all, VMMSHIM_MAX_TAGS, sizeof all[0]);
+  for (int i = 0; i < n && i < VMMSHIM_MAX_TAGS; i++)
+    if (!strcmp(all[i].name, name)) return all[i];
+  return none;
+}
+
 /* Sum of the VMM calls that change mappings (what a steady state must not make). */
 static inline unsigned long long emu_vmm_calls(const emu_counters_t *c) {
   return c->n_cuMemCreate + c->n_cuMemMap + c->n_cuMemSetAccess + c->n_cuMemUnmap + c->n_cuMemRelease +

@@ -125,15 +125,6 @@ static int do_wake(const char *tag) {
   return vmmshim_wake(tag, 0, &g_res, sizeof g_res);
 }
 
-static vmmshim_tag_stats_t tag_stats(const char *name) {
-  vmmshim_tag_stats_t all[VMMSHIM_MAX_TAGS], none;
-  memset(&none, 0, sizeof none);
-  int n = vmmshim_tag_stats(all, VMMSHIM_MAX_TAGS, sizeof all[0]);
-  for (int i = 0; i < n && i < VMMSHIM_MAX_TAGS; i++)
-    if (!strcmp(all[i].name, name)) return all[i];
-  return none;
-}
-
 /* The sleep files in dir: their count, the first one's path in path (may be NULL). */
 static int files_in(const char *dir, char *path, size_t n) {
   DIR *d = opendir(dir);
@@ -184,7 +175,7 @@ static void scenario_roundtrip(void) {
   CHECK(g_res.released >= 48 * MiB && g_res.to_host >= 48 * MiB, "released %llu, written %llu",
         (unsigned long long)g_res.released, (unsigned long long)g_res.to_host);
   CHECK(tag_unmapped(), "every block of kv is off the device");
-  vmmshim_tag_stats_t st = tag_stats("kv");
+  vmmshim_tag_stats_t st = shim_tag_stats("kv");
   CHECK(st.asleep && st.disk == g_res.to_host && st.host_copied == 0, "kv: asleep %d, disk %llu", st.asleep,
         (unsigned long long)st.disk);
   char path[512] = "";
@@ -201,7 +192,7 @@ static void scenario_roundtrip(void) {
   CHECK(rc == 0 && g_res.restored >= 48 * MiB, "wake kv: %d (%s)", rc, g_res.reason);
   CHECK(tag_intact(1), "every byte of kv back at its address");
   CHECK(files_in(g_dir, NULL, 0) == 0, "the file is gone after the wake");
-  CHECK(tag_stats("kv").disk == 0 && !tag_stats("kv").asleep, "kv awake");
+  CHECK(shim_tag_stats("kv").disk == 0 && !shim_tag_stats("kv").asleep, "kv awake");
   rc = do_sleep("kv");
   CHECK(rc == 0 && files_in(g_dir, NULL, 0) == 1, "asleep again, left so at exit: %d", rc);
   pid_t child = fork();
@@ -239,7 +230,7 @@ static void scenario_writefail(void) {
   g_fail_write = 1, g_writes = 0;
   rc = do_sleep("kv");
   CHECK(rc == -ENOSPC && strstr(g_res.reason, "ENOSPC"), "ENOSPC: %d (%s)", rc, g_res.reason);
-  CHECK(tag_intact(3) && !tag_stats("kv").asleep && tag_stats("kv").disk == 0, "kv awake with every byte");
+  CHECK(tag_intact(3) && !shim_tag_stats("kv").asleep && shim_tag_stats("kv").disk == 0, "kv awake with every byte");
   CHECK(files_in(g_dir, NULL, 0) == 0, "no file left");
   g_fail_write = 2;
   rc = do_sleep("kv");
@@ -281,7 +272,7 @@ static void scenario_readfail(void) {
   CHECK(truncate(path, (off_t)(n / 2)) == 0, "truncated");
   int rc = do_wake("kv");
   CHECK(rc == -ENODATA && strstr(g_res.reason, "ENODATA"), "wake of a truncated file: %d (%s)", rc, g_res.reason);
-  CHECK(tag_stats("kv").asleep && tag_stats("kv").disk == n && tag_unmapped(), "kv still asleep");
+  CHECK(shim_tag_stats("kv").asleep && shim_tag_stats("kv").disk == n && tag_unmapped(), "kv still asleep");
   CHECK(files_in(g_dir, NULL, 0) == 1, "its file stays");
   CHECK(put_back(path, copy, n), "file restored");
   rc = do_wake("kv");
@@ -293,7 +284,7 @@ static void scenario_readfail(void) {
   CHECK(copy && unlink(path) == 0, "file removed");
   rc = do_wake("kv");
   CHECK(rc == -ENOENT && strstr(g_res.reason, "ENOENT"), "wake without its file: %d (%s)", rc, g_res.reason);
-  CHECK(tag_stats("kv").asleep && tag_unmapped(), "kv still asleep");
+  CHECK(shim_tag_stats("kv").asleep && tag_unmapped(), "kv still asleep");
   CHECK(copy && put_back(path, copy, n), "file put back");
   rc = do_wake("kv");
   CHECK(rc == 0 && tag_intact(4), "the retry brings every byte back: %d (%s)", rc, g_res.reason);
@@ -348,7 +339,7 @@ static void scenario_inflight(bool sync_reads) {
   intact = true;
   for (int i = 0; i < NBIG; i++) intact = intact && b[i] && mapped_as(b[i]) == 0 &&
                                   pat_check_sparse(b[i], 64 * MiB, 30 + (unsigned)i) == (size_t)-1;
-  CHECK(intact && !tag_stats("big").asleep && files_in(g_dir, NULL, 0) == 0, "the tag awake, intact, no file");
+  CHECK(intact && !shim_tag_stats("big").asleep && files_in(g_dir, NULL, 0) == 0, "the tag awake, intact, no file");
   g_falloc_fail = 0;
   for (int i = 0; i < NBIG; i++) cudaFree(b[i]);
 }

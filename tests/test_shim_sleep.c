@@ -121,15 +121,6 @@ static int do_wake(const char *tag, unsigned flags) {
   return vmmshim_wake(tag, flags, &g_res, sizeof g_res);
 }
 
-static vmmshim_tag_stats_t tag_stats(const char *name) {
-  vmmshim_tag_stats_t all[VMMSHIM_MAX_TAGS], none;
-  memset(&none, 0, sizeof none);
-  int n = vmmshim_tag_stats(all, VMMSHIM_MAX_TAGS, sizeof all[0]);
-  for (int i = 0; i < n && i < VMMSHIM_MAX_TAGS; i++)
-    if (!strcmp(all[i].name, name)) return all[i];
-  return none;
-}
-
 static void *tagged_malloc(const char *tag, size_t n) {
   CHECK(vmmshim_set_tag(tag) == 0, "set tag %s", tag);
   void *p = must_malloc(n);
@@ -173,7 +164,7 @@ static void scenario_modes(void) {
   pat_fill_sparse(w, wn, 1);
   pat_fill_sparse(k1, kn, 2);
   pat_fill_sparse(k2, kn, 3);
-  vmmshim_tag_stats_t ts = tag_stats("weights");
+  vmmshim_tag_stats_t ts = shim_tag_stats("weights");
   CHECK(ts.live >= wn && ts.device >= wn && !ts.asleep, "weights before: live %llu device %llu",
         (unsigned long long)ts.live, (unsigned long long)ts.device);
 
@@ -188,7 +179,7 @@ static void scenario_modes(void) {
         emu_device_used(0));
   CHECK(mapped_as(k1, kn) == -1 && mapped_as(k2, kn) == -1, "kv unmapped while asleep");
   CHECK(mapped_as(w, wn) == 0, "weights untouched");
-  ts = tag_stats("kv");
+  ts = shim_tag_stats("kv");
   CHECK(ts.asleep && ts.discarded >= 2 * kn && ts.device == 0, "kv stats asleep: discarded %llu device %llu",
         (unsigned long long)ts.discarded, (unsigned long long)ts.device);
   CHECK(do_sleep("kv", VMMSHIM_SLEEP_DISCARD) == -EALREADY, "sleeping a sleeping tag: %d", g_res.error);
@@ -216,7 +207,7 @@ static void scenario_modes(void) {
   int zeros = 1;
   for (size_t i = 0; i < kn; i += 4096) zeros &= k1[i] == 0 && k2[i] == 0;
   CHECK(zeros, "discarded kv wakes as zeros");
-  ts = tag_stats("kv");
+  ts = shim_tag_stats("kv");
   CHECK(!ts.asleep && ts.device >= 2 * kn, "kv awake");
 
   /* mapped: the program keeps using the memory */
@@ -233,7 +224,7 @@ static void scenario_modes(void) {
   CHECK(cudaPointerGetAttributes(&pa, w) == cudaSuccess && pa.type == cudaMemoryTypeDevice,
         "cudaPointerGetAttributes answers device (%d)", (int)pa.type);
   pat_fill_sparse(w, wn, 5); /* written while asleep */
-  ts = tag_stats("weights");
+  ts = shim_tag_stats("weights");
   CHECK(ts.host_mapped >= wn && ts.asleep, "weights stats mapped %llu", (unsigned long long)ts.host_mapped);
   CHECK(emu_device_access(0, (CUdeviceptr)(uintptr_t)w, 4096, 1) == 0, "the device may still write it");
   long long syncs = emu_calls("cuCtxSynchronize");
@@ -313,7 +304,7 @@ static void scenario_during(void) {
     CHECK(mapped_as(c, 4 * MiB) == 0, "served from new device memory");
     memset(c, 7, 4 * MiB);
   }
-  vmmshim_tag_stats_t ts = tag_stats("kv");
+  vmmshim_tag_stats_t ts = shim_tag_stats("kv");
   CHECK(ts.asleep && ts.device >= 4 * MiB, "part asleep, part awake: device %llu", (unsigned long long)ts.device);
   CHECK(do_sleep("kv", VMMSHIM_SLEEP_HOST) == 0, "the second sleep takes the new memory: %s", g_res.reason);
   if (c) CHECK(mapped_as(c, 4 * MiB) == -1, "new block asleep too");
@@ -337,7 +328,7 @@ static void scenario_nowake(void) {
   CHECK(strstr(g_res.reason, "no room") != NULL, "the reason says so: %s", g_res.reason);
   CHECK(g_res.skipped >= n && g_res.restored == 0, "the answer counts what is still asleep: skipped %llu, restored %llu",
         (unsigned long long)g_res.skipped, (unsigned long long)g_res.restored);
-  CHECK(mapped_as(w, n) == -1 && tag_stats("weights").asleep, "still asleep");
+  CHECK(mapped_as(w, n) == -1 && shim_tag_stats("weights").asleep, "still asleep");
   CHECK(do_wake("weights", 0) == 0, "the next wake: %s", g_res.reason);
   CHECK(pat_check_sparse(w, n, 11) == (size_t)-1, "nothing lost");
   /* A mapped sleep whose wake fails keeps serving from host memory. */
@@ -464,8 +455,8 @@ static void scenario_levels(void) {
   pat_fill_sparse(d, 8 * MiB, 32);
   CHECK(vmmshim_set_tag_keep("weights", 1) == 0, "keep weights");
   CHECK(vmmshim_sleep_level(2, 0, &g_res, sizeof g_res) == 0, "level 2: %s", g_res.reason);
-  CHECK(tag_stats("weights").host_copied >= 16 * MiB && tag_stats("kv").discarded >= 16 * MiB &&
-            tag_stats("untagged").discarded >= 8 * MiB,
+  CHECK(shim_tag_stats("weights").host_copied >= 16 * MiB && shim_tag_stats("kv").discarded >= 16 * MiB &&
+            shim_tag_stats("untagged").discarded >= 8 * MiB,
         "level 2: weights kept on the host, kv and untagged discarded");
   CHECK(do_wake(NULL, 0) == 0, "wake all");
   CHECK(pat_check_sparse(w, 16 * MiB, 31) == (size_t)-1, "weights intact");
@@ -490,13 +481,13 @@ static void scenario_process(void) {
   char buf[VMMSHIM_TAG_MAX];
   CHECK(vmmshim_get_tag(buf, sizeof buf) == 0 && !strcmp(buf, "weights"), "VMMSHIM_TAG=weights: %s", buf);
   void *a = must_malloc(4 * MiB);
-  CHECK(tag_stats("weights").live >= 4 * MiB, "allocated in weights");
+  CHECK(shim_tag_stats("weights").live >= 4 * MiB, "allocated in weights");
   CHECK(vmmshim_set_process_tag("kv") == 0, "process tag kv");
   void *b = must_malloc(4 * MiB);
-  CHECK(tag_stats("kv").live >= 4 * MiB, "then in kv");
+  CHECK(shim_tag_stats("kv").live >= 4 * MiB, "then in kv");
   CHECK(vmmshim_set_tag("mine") == 0 && vmmshim_get_tag(buf, sizeof buf) == 0 && !strcmp(buf, "mine"), "thread tag");
   void *c = must_malloc(4 * MiB);
-  CHECK(tag_stats("mine").live >= 4 * MiB && tag_stats("kv").live < 8 * MiB, "the thread's own tag wins");
+  CHECK(shim_tag_stats("mine").live >= 4 * MiB && shim_tag_stats("kv").live < 8 * MiB, "the thread's own tag wins");
   vmmshim_set_tag(NULL);
   CHECK(vmmshim_set_tag("bad name") == -EINVAL && vmmshim_set_tag("") == -EINVAL &&
             vmmshim_set_tag("0123456789012345678901234567890123") == -EINVAL,
@@ -580,7 +571,7 @@ static void scenario_skipsum(void) {
   char *b = tagged_malloc("weights", 40 * MiB), *c = tagged_malloc("weights", 100 * MiB); /* two segments */
   cudaSetDevice(0);
   if (!a || !b || !c) return;
-  vmmshim_tag_stats_t t = tag_stats("weights");
+  vmmshim_tag_stats_t t = shim_tag_stats("weights");
   CHECK(t.device >= 148 * MiB, "the tag maps both blocks: %llu", (unsigned long long)t.device);
   CHECK(do_sleep("weights", VMMSHIM_SLEEP_MAPPED) == 0, "sleep: %s", g_res.reason);
   CHECK(g_res.skipped == t.device && g_res.released == 0,
@@ -669,7 +660,7 @@ static void scenario_copyfail(void) {
   rc = do_wake("parts", 0);
   CHECK(rc != 0 && strstr(g_res.reason, "copying back") && g_res.restored == 0, "a copy back fails: rc %d, restored %llu, %s",
         rc, (unsigned long long)g_res.restored, g_res.reason);
-  CHECK(count_as(b, n, 1) == COPYFAIL_N && all_intact(b, n, 80) && tag_stats("parts").asleep,
+  CHECK(count_as(b, n, 1) == COPYFAIL_N && all_intact(b, n, 80) && shim_tag_stats("parts").asleep,
         "still asleep, served from host memory, intact");
   /* A device mapping fails: that block stays on host memory, the others wake. */
   emu_fail_next("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY, 1);
@@ -944,14 +935,14 @@ static void scenario_untagged(void) {
   pat_fill(outside, 1 * MiB, 41);
   char *inside = tagged_malloc("default", 4 * MiB);
   pat_fill(inside, 4 * MiB, 42);
-  CHECK(tag_stats("untagged").live >= 1 * MiB && tag_stats("default").live >= 4 * MiB,
+  CHECK(shim_tag_stats("untagged").live >= 1 * MiB && shim_tag_stats("default").live >= 4 * MiB,
         "the outside block in untagged, the region's in default");
   CHECK(do_sleep("default", VMMSHIM_SLEEP_HOST) == 0 && g_res.released >= 4 * MiB, "sleep default: %s",
         g_res.reason);
   CHECK(mapped_as(inside, 4 * MiB) == -1, "the region's block left the device");
   CHECK(mapped_as(outside, 1 * MiB) == 0 && pat_check(outside, 1 * MiB, 41) == (size_t)-1,
         "the untagged block stayed on the device with its bytes");
-  CHECK(!tag_stats("untagged").asleep, "untagged is awake");
+  CHECK(!shim_tag_stats("untagged").asleep, "untagged is awake");
   void *home = NULL;
   size_t len = 0;
   CHECK(vmmshim_host_copy(inside, &home, &len) == 0 && home && len >= 4 * MiB &&
