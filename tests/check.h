@@ -140,7 +140,7 @@ static inline int check_run_child(const char *name, ...) {
 
 /* ---- for unit tests that drive src/ directly on the host emulation (define
  * CHECK_UNIT_HELPERS before including; needs vmmshim/internal.h): the primary context of
- * device 0 made current, the driver entry points resolved, the device's caps. ---- */
+ * device 0 made current, the driver entry points resolved, the device's caps; a pool on it. ---- */
 #ifdef CHECK_UNIT_HELPERS
 static inline CUcontext check_unit_context(vs_device_caps_t *caps) {
   CUcontext ctx = NULL;
@@ -150,6 +150,17 @@ static inline CUcontext check_unit_context(vs_device_caps_t *caps) {
   CHECK(_vs_cuda_resolve() == 0, "_vs_cuda_resolve");
   CHECK(_vs_vmm_query(0, caps) == CUDA_SUCCESS, "query");
   return ctx;
+}
+
+/* A pool of device 0 in that context, the device given 16 GiB (granularity 64 MiB); NULL,
+ * counted as a failure, when it cannot be made. Needs emu.h. */
+static inline vs_pool_t *check_unit_pool(void) {
+  vs_device_caps_t caps;
+  CUcontext ctx = check_unit_context(&caps);
+  emu_set_device_memory(0, 16ull << 30);
+  vs_pool_t *pool = _vs_pool_create(ctx, &caps, _vs_peer_state(ctx, (int)caps.device));
+  CHECK(pool != NULL, "pool");
+  return pool;
 }
 #endif
 

@@ -166,11 +166,7 @@ static void test_check_catches_double_mapping(void) {
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   alarm(60);
-  vs_device_caps_t caps;
-  CUcontext ctx = check_unit_context(&caps);
-  emu_set_device_memory(0, 16 * GiB);
-  pool = _vs_pool_create(ctx, &caps, _vs_peer_state(ctx, (int)caps.device)); /* granularity 64 MiB */
-  CHECK(pool != NULL, "pool");
+  pool = check_unit_pool();
   if (!pool) return check_summary();
   test_stitch_reuses_idle_handle();
   test_stitch_bounded();
