@@ -69,7 +69,7 @@ static unsigned long long grow_past_idle(bool stitch, CUdeviceptr *b_out, CUdevi
 
 static void test_stitch_reuses_idle_handle(void) {
   CUdeviceptr b, c;
-  unsigned long long r0 = now().n_cuMemRelease, c0 = now().n_cuMemCreate;
+  unsigned long long c0 = now().n_cuMemCreate;
   unsigned long long off = grow_past_idle(false, &b, &c);
   CHECK(off == 224 * MiB && now().n_cuMemCreate == c0 + 3,
         "stitch off: the idle handle stays, 96 MiB created anew: %llu MiB mapped", off / MiB);
@@ -77,7 +77,7 @@ static void test_stitch_reuses_idle_handle(void) {
 
   _vs_pool_trim(pool, 0);
   vs_stitch_stats_t s0 = stitch_now();
-  r0 = now().n_cuMemRelease;
+  unsigned long long r0 = now().n_cuMemRelease;
   c0 = now().n_cuMemCreate;
   unsigned long long m0 = now().n_cuMemMap;
   unsigned long long on = grow_past_idle(true, &b, &c);
