@@ -339,4 +339,26 @@ static inline char *check_read_file(const char *path, char *buf, size_t cap) {
   return buf;
 }
 
+/* The whole file at path in malloc'd memory (free it), NUL-terminated, its length in *len when
+ * len is not NULL; NULL when it cannot be opened or read into memory. */
+static inline char *check_slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0, r;
+  char *buf = malloc(cap + 1);
+  while (buf && (r = fread(buf + n, 1, cap - n, f)) > 0) {
+    n += r;
+    if (n == cap) {
+      char *w = realloc(buf, (cap *= 2) + 1);
+      if (!w) free(buf);
+      buf = w;
+    }
+  }
+  fclose(f);
+  if (!buf) return NULL;
+  buf[n] = '\0';
+  if (len) *len = n;
+  return buf;
+}
+
 #endif

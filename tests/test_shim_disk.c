@@ -242,18 +242,6 @@ static void scenario_writefail(void) {
   CHECK(do_wake("kv") == 0 && tag_intact(3), "and the wake");
 }
 
-static char *slurp(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  *n = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc(*n ? *n : 1);
-  if (b && fread(b, 1, *n, f) != *n) b = (free(b), NULL);
-  fclose(f);
-  return b;
-}
-
 static bool put_back(const char *path, const char *b, size_t n) {
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   bool ok = fd >= 0 && syscall(SYS_pwrite64, fd, b, n, 0) == (long)n;
@@ -266,7 +254,7 @@ static void scenario_readfail(void) {
   CHECK(do_sleep("kv") == 0, "sleep (%s)", g_res.reason);
   char path[512] = "";
   size_t n = 0;
-  char *copy = files_in(g_dir, path, sizeof path) == 1 ? slurp(path, &n) : NULL;
+  char *copy = files_in(g_dir, path, sizeof path) == 1 ? check_slurp(path, &n) : NULL;
   CHECK(copy && n >= 48 * MiB, "the file read back: %zu bytes", n);
   if (!copy) return;
   CHECK(truncate(path, (off_t)(n / 2)) == 0, "truncated");
@@ -280,7 +268,7 @@ static void scenario_readfail(void) {
   CHECK(files_in(g_dir, NULL, 0) == 0, "file gone");
   CHECK(do_sleep("kv") == 0 && files_in(g_dir, path, sizeof path) == 1, "asleep again");
   free(copy);
-  copy = slurp(path, &n);
+  copy = check_slurp(path, &n);
   CHECK(copy && unlink(path) == 0, "file removed");
   rc = do_wake("kv");
   CHECK(rc == -ENOENT && strstr(g_res.reason, "ENOENT"), "wake without its file: %d (%s)", rc, g_res.reason);

@@ -36,22 +36,6 @@ static void open_trace(const char *path, const char *format) {
   _vs_trace_open();
 }
 
-static char *slurp(const char *path, size_t *len_out) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap + 1);
-  size_t r;
-  while ((r = fread(buf + n, 1, cap - n, f)) > 0) {
-    n += r;
-    if (n == cap) buf = realloc(buf, (cap *= 2) + 1);
-  }
-  fclose(f);
-  buf[n] = '\0';
-  if (len_out) *len_out = n;
-  return buf;
-}
-
 /* Splits a line into space-separated fields (in place). */
 static int fields(char *line, char **f, int max) {
   int n = 0;
@@ -91,7 +75,7 @@ static void test_native(void) {
   _vs_trace_close();
   CHECK(_vs_trace_on == 0, "tracing off after close");
 
-  char *text = slurp(path, NULL);
+  char *text = check_slurp(path, NULL);
   CHECK(text != NULL, "read %s", path);
   if (!text) return;
   char *save = NULL;
@@ -186,7 +170,7 @@ static void test_rmm(void) {
   _vs_trace_free(VMMSHIM_API_RUNTIME, 0x7f0000000000ull, 1024, VS_NO_STREAM, 0);
   _vs_trace_alloc_fail(VMMSHIM_API_RUNTIME_ASYNC, 4096, s, 0, CUDA_ERROR_OUT_OF_MEMORY);
   _vs_trace_close();
-  char *text = slurp(path, NULL);
+  char *text = check_slurp(path, NULL);
   CHECK(text != NULL, "read %s", path);
   if (!text) return;
   char *lines[16];
@@ -251,7 +235,7 @@ static void test_unopenable(void) {
  * order (no record lost in the middle) and that the file ends at a line boundary. */
 static int count_allocs(const char *path, bool *in_order, bool *whole) {
   size_t len = 0;
-  char *text = slurp(path, &len);
+  char *text = check_slurp(path, &len);
   if (!text) return -1;
   *whole = len > 0 && text[len - 1] == '\n';
   /* A final line without its newline is a write cut short by a fatal signal (the kernel
@@ -365,7 +349,7 @@ static void test_fork(bool per_pid) {
   snprintf(child_path, sizeof child_path, "%s/fork-%d.trace", dir, (int)pid);
   if (per_pid) {
     size_t len = 0;
-    char *text = slurp(child_path, &len);
+    char *text = check_slurp(child_path, &len);
     CHECK(text != NULL, "fork(%%p): the child wrote its own file %s", child_path);
     if (text) {
       int a = 0;
@@ -418,7 +402,7 @@ static void test_threads(void) {
   for (int i = 0; i < TH_THREADS; i++) pthread_join(th[i], NULL);
   _vs_trace_close();
   size_t len = 0;
-  char *text = slurp(path, &len);
+  char *text = check_slurp(path, &len);
   CHECK(text != NULL, "threads: trace written");
   if (!text) return;
   uint64_t next[TH_THREADS + 1] = {0}, last_t[TH_THREADS + 1] = {0};
