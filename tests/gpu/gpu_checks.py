@@ -1,4 +1,4 @@
-"""The checks of the Python GPU tests (tests/gpu/torch_sleep.py, tms_compat.py): one "PASS name"
+"""The checks of the Python GPU tests (tests/gpu/*.py): one "PASS name"
 or "FAIL name: why" line each, as tests/gpu/runner.sh's run_python counts them, and the closing
 "PROG: N passed, N failed" line."""
 import os
@@ -44,3 +44,18 @@ def torch_nccl(lib, prog):
         check(False, "shim-library", "--lib %s: no such file" % lib)
         return None, summary(prog)
     return torch, None
+
+
+def need_torch_cuda(lib):
+    """The start of the drivers of rules_llm.py and torch_sleep.py: exits 77 after a SKIP line
+    when PyTorch does not import or has no CUDA device, then checks that the shim library lib
+    is there (the "library" check)."""
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001
+        print("SKIP PyTorch cannot be imported: %s" % e)
+        sys.exit(77)
+    if not torch.cuda.is_available():
+        print("SKIP PyTorch has no CUDA device")
+        sys.exit(77)
+    check(os.path.isfile(lib), "library", "%s is missing (make builds it)" % lib)
