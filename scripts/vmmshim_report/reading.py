@@ -65,6 +65,14 @@ class Module(collections.namedtuple("Module", "id lo hi bias buildid path")):
     """An `l` record: a loaded executable or shared object. buildid is None for '-'."""
 
 
+def _device(field):
+    """A record's device field: -1 for "-", else the ordinal; ValueError past MAX_DEVICE."""
+    dev = -1 if field == "-" else int(field, 16)
+    if dev > MAX_DEVICE:
+        raise ValueError
+    return dev
+
+
 class Trace:
     """A trace file. events() yields normalised tuples, header fields fill in as read:
     ('a', t_ns, tid, api, dev, stream, ptr, requested, served, stack)   allocation
@@ -214,27 +222,21 @@ class Trace:
                     else:
                         _, t, tid, api, dev, st, ptr, req, srv = line.split()
                         stk = 0
-                    dev = -1 if dev == "-" else int(dev, 16)
-                    if dev > MAX_DEVICE:
-                        raise ValueError
+                    dev = _device(dev)
                     yield ("a", int(t, 16), int(tid, 16), int(api, 16), dev, None if st == "-" else int(st, 16),
                            int(ptr, 16), int(req, 16), int(srv, 16), stk)
                 elif c == "f":
                     if F_REC.match(line) is None:
                         raise ValueError
                     _, t, tid, api, dev, st, ptr, srv = line.split()
-                    dev = -1 if dev == "-" else int(dev, 16)
-                    if dev > MAX_DEVICE:
-                        raise ValueError
+                    dev = _device(dev)
                     yield ("f", int(t, 16), int(tid, 16), int(api, 16), dev, None if st == "-" else int(st, 16),
                            int(ptr, 16), int(srv, 16))
                 elif c == "m":
                     if M_REC.match(line) is None:
                         raise ValueError
                     _, t, tid, op, dev, va, size, handle, flags, res, dur = line.split()
-                    dev = -1 if dev == "-" else int(dev, 16)
-                    if dev > MAX_DEVICE:
-                        raise ValueError
+                    dev = _device(dev)
                     yield ("m", int(t, 16), int(tid, 16), int(op, 16), dev, int(va, 16), int(size, 16),
                            int(handle, 16), int(flags, 16), int(res, 16), int(dur, 16))
                 elif c == "k" and v2:
@@ -243,9 +245,7 @@ class Trace:
                     if O_REC.match(line) is None:
                         raise ValueError
                     _, t, tid, api, dev, st, req, err = line.split()
-                    dev = -1 if dev == "-" else int(dev, 16)
-                    if dev > MAX_DEVICE:
-                        raise ValueError
+                    dev = _device(dev)
                     yield ("o", int(t, 16), int(tid, 16), int(api, 16), dev, None if st == "-" else int(st, 16),
                            int(req, 16), int(err, 16))
                 elif c == "n" and v2:
@@ -298,9 +298,9 @@ class Trace:
                     if H_REC.match(line) is None:
                         raise ValueError
                     _, t, tid, _sub, dev, va, size, handles, fresh, dur = line.split()
-                    dev = -1 if dev == "-" else int(dev, 16)
+                    dev = _device(dev)
                     size, fresh = int(size, 16), int(fresh, 16)
-                    if dev > MAX_DEVICE or fresh > size:
+                    if fresh > size:
                         raise ValueError
                     yield ("h", int(t, 16), int(tid, 16), dev, int(va, 16), size, int(handles, 16), fresh,
                            int(dur, 16))
@@ -321,9 +321,7 @@ class Trace:
                     if U_REC.match(line) is None:
                         raise ValueError
                     _, t, tid, op, dev, key, size, caller, stk = line.split()
-                    dev = -1 if dev == "-" else int(dev, 16)
-                    if dev > MAX_DEVICE:
-                        raise ValueError
+                    dev = _device(dev)
                     yield ("u", int(t, 16), int(tid, 16), int(op, 16), dev, int(key, 16), int(size, 16),
                            int(caller, 16), int(stk, 16))
                 elif c == "r":
@@ -334,9 +332,7 @@ class Trace:
                     if R_REC.match(line) is None:
                         raise ValueError
                     _, t, tid, owner, dev, seq, nbytes, lib = line.split()
-                    dev = -1 if dev == "-" else int(dev, 16)
-                    if dev > MAX_DEVICE:
-                        raise ValueError
+                    dev = _device(dev)
                     yield ("r", int(t, 16), int(tid, 16), int(owner, 16), dev, int(seq, 16), int(nbytes, 16),
                            int(lib, 16))
                 elif c == "v":

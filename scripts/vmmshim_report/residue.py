@@ -30,6 +30,15 @@ def site_name(caller, trace):
     return "0x%x (no module record)" % caller
 
 
+def _signed(n):
+    return ("-" + fmt_size(-n)) if n < 0 else fmt_size(n)
+
+
+def _libs_text(libs):
+    """The libraries' VMM bytes, largest first."""
+    return ", ".join("%s %s" % (name, fmt_size(n)) for name, n in sorted(libs.items(), key=lambda x: -x[1]))
+
+
 class Residue:
     """The residues of a trace, by sleep: each a dict of device -> {owner: bytes}, the libraries'
     VMM bytes and the pinned host bytes; and the outside memory's counts (made, freed by kind)."""
@@ -81,6 +90,10 @@ class Residue:
             for dev in sorted(r["devices"]):
                 yield seq, r["t"], dev, r["devices"][dev]
 
+    def figures(self, seq, f):
+        """The FIGURES of one row (f: its device's {owner: bytes}), the libraries' summed."""
+        return [sum(self.by_seq[seq]["libs"].values()) if owner == -1 else f.get(owner, 0) for owner in FIGURES]
+
     def text(self):
         out = []
         made = [k for k, row in enumerate(self.outside) if row[0] or row[2]]
@@ -102,12 +115,7 @@ class Residue:
             first = {}
             for seq, t, dev, f in self.rows():
                 cells = ["%11d" % seq, "%10.3fs" % (t / 1e9), "%11d" % dev]
-                for owner in FIGURES:
-                    if owner == -1:
-                        n = sum(self.by_seq[seq]["libs"].values())
-                    else:
-                        n = f.get(owner, 0)
-                    cells.append("%11s" % (("-" + fmt_size(-n)) if n < 0 else fmt_size(n)))
+                cells.extend("%11s" % _signed(n) for n in self.figures(seq, f))
                 out.append("  " + " ".join(cells))
                 first.setdefault(dev, f.get(USED, 0))
                 grew = f.get(USED, 0) - first[dev]
@@ -115,8 +123,7 @@ class Residue:
                     out.append("  %11s %s more in use than after the first sleep" % ("", fmt_size(grew)))
             last = self.by_seq[max(self.by_seq)]
             if last["libs"]:
-                out.append("  libraries' own VMM memory after the last sleep: " + ", ".join(
-                    "%s %s" % (name, fmt_size(n)) for name, n in sorted(last["libs"].items(), key=lambda x: -x[1])))
+                out.append("  libraries' own VMM memory after the last sleep: " + _libs_text(last["libs"]))
             if last["host"]:
                 out.append("  pinned host memory made outside the pools: %s" % fmt_size(last["host"]))
         return out
@@ -133,14 +140,11 @@ class Residue:
                    "<th>%s</th>" % esc(c) for c in COLUMNS)]
         for seq, t, dev, f in self.rows():
             tds = ["<td>%d</td>" % seq, "<td>%.3f s</td>" % (t / 1e9), "<td>%d</td>" % dev]
-            for owner in FIGURES:
-                n = sum(self.by_seq[seq]["libs"].values()) if owner == -1 else f.get(owner, 0)
-                tds.append("<td title=\"%d B\">%s</td>" % (n, esc(("-" + fmt_size(-n)) if n < 0 else fmt_size(n))))
+            tds.extend("<td title=\"%d B\">%s</td>" % (n, esc(_signed(n))) for n in self.figures(seq, f))
             out.append("<tr>%s</tr>\n" % "".join(tds))
         out.append("</table>\n")
         last = self.by_seq[max(self.by_seq)]
         if last["libs"]:
-            out.append("<p>Libraries' own VMM memory after the last sleep: %s</p>\n" % esc(", ".join(
-                "%s %s" % (name, fmt_size(n)) for name, n in sorted(last["libs"].items(), key=lambda x: -x[1]))))
+            out.append("<p>Libraries' own VMM memory after the last sleep: %s</p>\n" % esc(_libs_text(last["libs"])))
         out.append("</section>\n")
         return "".join(out)

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from gpu_checks import check, summary
+from gpu_checks import check, summary, torch_nccl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -194,18 +194,9 @@ def main():
     a = ap.parse_args()
     if a.rank is not None:
         return rank_main(a)
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        print("SKIP PyTorch is not installed")
-        return 77
-    if not torch.cuda.is_available() or not dist.is_nccl_available():
-        print("SKIP no CUDA device or no NCCL in this PyTorch")
-        return 77
-    if not a.lib or not os.path.exists(a.lib):
-        check(False, "shim-library", "--lib %s: no such file" % a.lib)
-        return summary("group-ddp")
+    torch, status = torch_nccl(a.lib, "group-ddp")
+    if torch is None:
+        return status
     devices = [0, 1] if torch.cuda.device_count() >= 2 else [0, 0]
     print("INFO %d GPU(s) visible: two ranks on GPU%s %s" % (torch.cuda.device_count(),
                                                            "s" if devices[1] else "", " and ".join(map(str, devices))))

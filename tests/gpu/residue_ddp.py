@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from gpu_checks import check, summary
+from gpu_checks import check, summary, torch_nccl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -262,18 +262,9 @@ def main():
     if args.ranks:
         run_ranks(args.foreign, args.label)
         return 0
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        print("SKIP PyTorch is not installed")
-        return 77
-    if not torch.cuda.is_available() or not dist.is_nccl_available():
-        print("SKIP no CUDA device or no NCCL in this PyTorch")
-        return 77
-    if not args.lib or not os.path.exists(args.lib):
-        check(False, "shim-library", "--lib %s: no such file" % args.lib)
-        return summary("residue-ddp")
+    torch, status = torch_nccl(args.lib, "residue-ddp")
+    if torch is None:
+        return status
     print("INFO %d GPU(s) visible: %s" % (torch.cuda.device_count(), "two ranks on GPUs 0 and 1"
                                            if torch.cuda.device_count() >= 2 else "two ranks on GPU 0"))
     run = drive(args.lib, False)

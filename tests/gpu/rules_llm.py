@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from gpu_checks import check, failures, summary
+from gpu_checks import check, failures, need_torch_cuda, summary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -169,15 +169,7 @@ def driven(lib, cache_on, ref, name):
 
 
 def drive(lib):
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001
-        print("SKIP PyTorch cannot be imported: %s" % e)
-        sys.exit(77)
-    if not torch.cuda.is_available():
-        print("SKIP PyTorch has no CUDA device")
-        sys.exit(77)
-    check(os.path.isfile(lib), "library", "%s is missing (make builds it)" % lib)
+    need_torch_cuda(lib)
     if failures():
         return
     for cache_on in (False, True):

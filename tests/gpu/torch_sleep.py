@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 
-from gpu_checks import check, failures, summary
+from gpu_checks import check, failures, need_torch_cuda, summary
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -77,15 +77,7 @@ def run_train(lib, out, wait_dir=None, no_cache=False):
 
 
 def drive(lib, work, no_cache):
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001
-        print("SKIP PyTorch cannot be imported: %s" % e)
-        sys.exit(77)
-    if not torch.cuda.is_available():
-        print("SKIP PyTorch has no CUDA device")
-        sys.exit(77)
-    check(os.path.isfile(lib), "library", "%s is missing (make builds it)" % lib)
+    need_torch_cuda(lib)
     sys.path.insert(0, os.path.join(ROOT, "scripts", "python"))
     try:
         import vmmshim

@@ -22,6 +22,7 @@ LIB = os.path.join(BUILD_DIR, "libvmmshim.so")
 EMU = os.path.join(BUILD_DIR, "emu")
 PYDIR = os.path.join(ROOT, "scripts", "python")
 LAUNCHER = os.path.join(ROOT, "scripts", "vmmshim")
+PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}  # the tools run without the shim
 _tally = {"passed": 0, "failed": 0}
 
 
@@ -74,6 +75,19 @@ def summary():
 def report(*args, **kw):
     """vmmshim-report run from the checkout's root: its CompletedProcess, output as text."""
     return subprocess.run([sys.executable, REPORT] + list(args), cwd=ROOT, capture_output=True, text=True, **kw)
+
+
+def launcher(*args, timeout=60, preexec=None):
+    """`vmmshim ARGS` (the launcher's tools: ctl, top) without the shim preloaded: (exit status,
+    standard output and error together)."""
+    r = subprocess.run(["sh", LAUNCHER] + [str(a) for a in args], capture_output=True, text=True,
+                       timeout=timeout, env=PLAIN_ENV, preexec_fn=preexec)
+    return r.returncode, r.stdout + r.stderr
+
+
+def ctl(*args, timeout=60, preexec=None):
+    """`vmmshim ctl ARGS`, as launcher() runs it."""
+    return launcher("ctl", *args, timeout=timeout, preexec=preexec)
 
 
 @contextlib.contextmanager

@@ -29,10 +29,9 @@ import subprocess
 import sys
 import time
 
-from harness import BUILD_DIR, EMU, LAUNCHER, LIB, ServeProcess, check, scratch, summary
+from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PLAIN_ENV, ServeProcess, check, ctl, scratch, summary
 
 SERVE = os.path.join(BUILD_DIR, "tests", "test_shim_control")
-PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
 GROUP = "vs-test-balloon-%d" % os.getpid()
 MiB = 1 << 20
 
@@ -41,12 +40,6 @@ class Member(ServeProcess):
     def __init__(self, **env):
         super().__init__(dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU, VMMSHIM_LIMIT_GROUP=GROUP, **env),
                          keep_stderr=True)
-
-
-def ctl(*args, timeout=60):
-    r = subprocess.run(["sh", LAUNCHER, "ctl"] + [str(a) for a in args], capture_output=True, text=True,
-                       timeout=timeout, env=PLAIN_ENV)
-    return r.returncode, r.stdout + r.stderr
 
 
 def raw(pid, req):

@@ -39,21 +39,13 @@ import sys
 import threading
 import time
 
-from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, ServeProcess, check, scratch, summary
+from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PLAIN_ENV, PYDIR, ServeProcess, check, ctl, scratch, summary
 
 sys.path.insert(0, PYDIR)
 from vmmshim import text  # noqa: E402
 
 SERVE = os.path.join(BUILD_DIR, "tests", "test_shim_control")
 SHIM_ENV = dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU)
-PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
-
-
-def ctl(*args, timeout=60, preexec=None):
-    r = subprocess.run(["sh", LAUNCHER, "ctl"] + [str(a) for a in args], capture_output=True, text=True,
-                       timeout=timeout, env=PLAIN_ENV, preexec_fn=preexec)
-    return r.returncode, r.stdout + r.stderr
-
 
 class Serve(ServeProcess):
     """The target program, under the shim."""

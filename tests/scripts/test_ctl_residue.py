@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 
-from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, check, report, summary
+from harness import BUILD_DIR, EMU, LIB, PYDIR, check, ctl, launcher, report, summary
 
 HELPER = os.path.join(BUILD_DIR, "tests", "libresidue_helper.so")
 MiB = 1 << 20
@@ -47,12 +47,6 @@ sys.stdin.readline()
 """
 
 
-def ctl(*args):
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    r = subprocess.run(["sh", LAUNCHER] + [str(a) for a in args], capture_output=True, text=True, timeout=60, env=env)
-    return r.returncode, r.stdout + r.stderr
-
-
 def main():
     trace = "/tmp/vmmshim-ctl-residue-%d.trace" % os.getpid()
     env = dict(os.environ, LD_PRELOAD=LIB, LD_LIBRARY_PATH=EMU, VMMSHIM_TRACE=trace, VMMSHIM_TRACE_STACKS="16")
@@ -74,7 +68,7 @@ def main():
             check(any(lb["name"] == "libresidue_helper.so" and lb["vmm"] == 6 * MiB for lb in own["libraries"]),
                   "vmmshim.residue() names the helper %s" % own["libraries"])
         pid = target.pid
-        rc, out = ctl("ctl", pid, "residue")
+        rc, out = ctl(pid, "residue")
         check(rc == 0 and "residue after 1 sleep" in out, "ctl residue (exit %d): %s" % (rc, out[:300]))
         rows = [ln.split() for ln in out.splitlines() if ln.startswith("0 ")]
         check(len(rows) == 1 and rows[0][3] == "6.00M" and rows[0][11] == "0", "the device row: libs 6.00M, "
@@ -86,7 +80,7 @@ def main():
                         r"\(<string>:1[0-9] <module>\): 6\.00 MiB vmm", out) is not None,
               "the site: its offset in the helper (not the address), the symbol, and with stacks the Python line "
               "(the target's helper_vmm_make call)")
-        rc, out = ctl("ctl", pid, "residue", "--json")
+        rc, out = ctl(pid, "residue", "--json")
         try:
             r = json.loads(out)
         except ValueError:
@@ -99,12 +93,12 @@ def main():
               and int(site["address"], 16) - int(site["offset"], 16) > 0
               and site.get("symbol", "").startswith("helper_vmm_make+0x"),
               "the JSON site: the absolute address, its offset in the helper, the symbol %s" % site)
-        rc, out = ctl("ctl", pid, "residue", "x")
+        rc, out = ctl(pid, "residue", "x")
         check(rc == 2 and "residue takes no argument" in out, "an argument is a usage error (exit %d)" % rc)
-        rc, out = ctl("ctl", pid, "status")
+        rc, out = ctl(pid, "status")
         check(rc == 0 and "made outside the pools: VMM 6.00 MiB, managed 0 B, pinned host 2.00 MiB" in out,
               "status says what was made outside the pools: %s" % out[-400:])
-        rc, out = ctl("top", "--once", "--pid", pid)
+        rc, out = launcher("top", "--once", "--pid", pid)
         check(rc == 0 and any(ln.split()[:1] == ["(outside)"] and "6.00M" in ln and "libs" in ln
                               for ln in out.splitlines()), "top --once has the (outside) line:\n%s" % out)
     finally:

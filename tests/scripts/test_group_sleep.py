@@ -25,17 +25,15 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 
-from harness import BUILD_DIR, EMU, LAUNCHER, LIB, PYDIR, ServeProcess, check, report, scratch, summary
+from harness import BUILD_DIR, EMU, LIB, PYDIR, ServeProcess, check, ctl, report, scratch, summary
 
 sys.path.insert(0, PYDIR)
 
 SERVE = os.path.join(BUILD_DIR, "tests", "test_shim_control")
-PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
 GROUP = "vs-test-gsleep-%d" % os.getpid()
 
 
@@ -49,12 +47,6 @@ class Member(ServeProcess):
         t = time.monotonic()
         ok = self.ask("touch") == "touch ok"
         return time.monotonic() - t if ok else -1.0
-
-
-def ctl(*args, timeout=60):
-    r = subprocess.run(["sh", LAUNCHER, "ctl"] + [str(a) for a in args], capture_output=True, text=True,
-                       timeout=timeout, env=PLAIN_ENV)
-    return r.returncode, r.stdout + r.stderr
 
 
 def group_json(*args):

@@ -131,6 +131,10 @@ with tms.region("wide", enable_cpu_backup=True):
     wide = malloc(96 * MiB)
 fill(wide, 96 * MiB, 0x77)
 import types, warnings
+def warned(fn, *args, **kw):  # fn's result and the warnings it gave
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        return fn(*args, **kw), said
 class Cpu:
     def __init__(self, n):
         self.buf = ctypes.create_string_buffer(n)
@@ -159,26 +163,20 @@ zc2 = tms.get_cpu_backup(Cuda(kv, 4 * MiB), zero_copy=True)
 out["zero_copy"] = [isinstance(zc, Over), zc is not None and bytes(zc.buf) == b"\x66" * (4 * MiB),
                     zc is not None and zc.data_ptr() == home, zc2 is not None and zc2.data_ptr() == zc.data_ptr()]
 tms.retain_cpu_backup = False
-with warnings.catch_warnings(record=True) as said:
-    warnings.simplefilter("always")
-    tms.resume("kv")
+_, said = warned(tms.resume, "kv")
 out["zero_copy_resume"] = [len(said) == 1 and "still live" in str(said[0].message), vmmshim.host_memory()[1] >= 4 * MiB]
 del zc, zc2
 tms.pause("kv"); tms.resume("kv")
 out["zero_copy_gone"] = list(vmmshim.host_memory())
 tms.pause("wide")
-with warnings.catch_warnings(record=True) as said:
-    warnings.simplefilter("always")
-    zw = tms.get_cpu_backup(Cuda(wide, 96 * MiB), zero_copy=True)
+zw, said = warned(tms.get_cpu_backup, Cuda(wide, 96 * MiB), zero_copy=True)
 out["zero_copy_wide"] = [isinstance(zw, Cpu) and zw.buf.raw[:96 * MiB] == b"\x77" * (96 * MiB),
                          len(said) == 1 and "two of the shim's host buffers" in str(said[0].message)]
 del zw
 tms.resume("wide")
 cu.emu_set_host_cpu_access(0)  # buffers made from now on: the device's only
 tms.pause("kv")
-with warnings.catch_warnings(record=True) as said:
-    warnings.simplefilter("always")
-    zn = tms.get_cpu_backup(Cuda(kv, 4 * MiB), zero_copy=True)
+zn, said = warned(tms.get_cpu_backup, Cuda(kv, 4 * MiB), zero_copy=True)
 out["zero_copy_refused"] = [isinstance(zn, Cpu) and zn.buf.raw[:4 * MiB] == b"\x66" * (4 * MiB),
                             len(said) == 1 and "no access" in str(said[0].message)]
 tms.resume("kv")

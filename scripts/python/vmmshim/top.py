@@ -87,9 +87,10 @@ def _block(pid, st, why, previous, name):
     lines = [ROW % (pid, name, c(st["program"])[:name], devs[:3], text.short(_live(st)), text.short(st["mapped"]),
                     text.short(_asleep(st)), text.short(st["host"]["in_use"]), rate,
                     text.count(st["stats"]["vmm_calls"]), text.count(st["stats"]["alloc_failures"]))]
-    out = st.get("outside") or {}
-    dev_out = out.get("vmm", 0) + out.get("managed", 0) if isinstance(out, dict) else 0
-    if dev_out or (isinstance(out, dict) and out.get("host")):  # memory libraries made themselves
+    out = st.get("outside")
+    out = out if isinstance(out, dict) else {}
+    dev_out = out.get("vmm", 0) + out.get("managed", 0)
+    if dev_out or out.get("host"):  # memory libraries made themselves
         lines.append((ROW % ("", name, " (outside)"[:name], "", text.short(dev_out), text.short(dev_out), "",
                              text.short(out.get("host", 0)), "libs", "", "")).rstrip())
     for t in st["tags"]:
