@@ -56,6 +56,10 @@ void _vs_mapped_return(int dev, size_t len);
 /* Joins the group (or makes the process's own budget) now, rather than at the first growth: the
  * alloc layer calls it when the process first uses a device, so that the group lists it. */
 void _vs_group_join(void);
+/* Start time (clock ticks since boot, /proc/PID/stat field 22) and state (field 3; state may be
+ * NULL) of process pid, 0 for this one: 0, -ENOENT when there is none, another -errno when it
+ * cannot be told. */
+int _vs_proc_start(pid_t pid, uint64_t *start, char *state);
 /* Admits len bytes on device dev against the budget, or refuses (false, nothing counted). */
 bool _vs_group_admit(int dev, size_t len);
 void _vs_group_return(int dev, size_t len);

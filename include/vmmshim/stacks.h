@@ -50,6 +50,9 @@ const vs_module_t *_vs_module_get(uint32_t id);
 const char *_vs_string_get(uint32_t id); /* strings.c */
 /* The capture settings, for the trace header: frames, minimum size, sampling. */
 void _vs_stacks_settings(unsigned *frames, uint64_t *min_size, unsigned *sample);
+/* This program's file (/proc/self/exe) into buf, NUL-terminated (cut to cap - 1 bytes): its
+ * length, 0 (and "") when it cannot be read. */
+size_t _vs_self_exe(char *buf, size_t cap);
 
 /* pyframes.c: the calling thread's Python frames (found with dlsym; nothing is linked).
  * _vs_pyframes_enter makes sure the thread holds its interpreter's GIL: it returns 0 when the

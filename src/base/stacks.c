@@ -129,6 +129,13 @@ static const char *unwind_name(void);
 
 /* ------------------------------------------------------------------ modules */
 
+size_t _vs_self_exe(char *buf, size_t cap) {
+  ssize_t k = readlink("/proc/self/exe", buf, cap - 1);
+  if (k < 0) k = 0;
+  buf[k] = 0;
+  return (size_t)k;
+}
+
 static vs_module_t vs_modules[VS_MODULES_MAX + 1]; /* [0] unused: id 0 is "no module" */
 static atomic_uint vs_nmodules;                   /* ids 1 .. vs_nmodules are published */
 
@@ -202,8 +209,7 @@ static int add_module(struct dl_phdr_info *info, size_t size, void *arg) {
   const char *name = info->dlpi_name;
   char exe[PATH_MAX];
   if (!name || !*name) { /* the main program */
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[k > 0 ? k : 0] = 0;
+    _vs_self_exe(exe, sizeof exe);
     name = exe;
   } else if (strstr(name, "linux-vdso") || strstr(name, "linux-gate")) {
     name = "[vdso]";

@@ -381,15 +381,23 @@ void _vs_trace_vmm(vs_vmm_op_t op, CUdeviceptr va, size_t size, uint64_t handle,
   rec_publish(r, pos);
 }
 
+/* A name of up to 31 bytes kept in a record's a-d (trace_format.c's put_index_name writes it);
+ * blanks: its spaces and newlines made '_'. */
+static void rec_name(vs_trace_rec_t *r, const char *name, bool blanks) {
+  char buf[32] = {0};
+  strncpy(buf, name, sizeof buf - 1);
+  for (int i = 0; blanks && i < 32; i++)
+    if (buf[i] == ' ' || buf[i] == '\n') buf[i] = '_';
+  memcpy(&r->a, buf, 8), memcpy(&r->b, buf + 8, 8), memcpy(&r->c, buf + 16, 8), memcpy(&r->d, buf + 24, 8);
+}
+
 void _vs_trace_sleep(int wake, int tag, const char *name, int mode, uint64_t device_bytes, uint64_t host_bytes,
                      int result, uint64_t duration_ns) {
   if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return; /* rmm has no such events */
   uint64_t pos;
   if (name) { /* the tag's name first, in a record of its own: a 'w' line carries numbers */
     vs_trace_rec_t *g = rec_take('g', 0, -1, &pos);
-    char buf[32] = {0};
-    strncpy(buf, name, sizeof buf - 1);
-    memcpy(&g->a, buf, 8), memcpy(&g->b, buf + 8, 8), memcpy(&g->c, buf + 16, 8), memcpy(&g->d, buf + 24, 8);
+    rec_name(g, name, false);
     g->e = (uint32_t)tag;
     rec_publish(g, pos);
   }
@@ -462,11 +470,7 @@ void _vs_trace_residue_name(unsigned lib, const char *name) {
   if (!_vs_trace_on || vs_fmt.format == VS_TRACE_RMM) return;
   uint64_t pos;
   vs_trace_rec_t *r = rec_take('r', VS_RESIDUE_NAME, -1, &pos);
-  char buf[32] = {0};
-  strncpy(buf, name, sizeof buf - 1);
-  for (int i = 0; i < 32; i++)
-    if (buf[i] == ' ' || buf[i] == '\n') buf[i] = '_';
-  memcpy(&r->a, buf, 8), memcpy(&r->b, buf + 8, 8), memcpy(&r->c, buf + 16, 8), memcpy(&r->d, buf + 24, 8);
+  rec_name(r, name, true);
   r->e = lib;
   rec_publish(r, pos);
 }

@@ -248,10 +248,8 @@ size_t _vs_trace_format_header(char *h, size_t cap, const vs_trace_fmt_t *f, con
   size_t n = 0;
   n += (size_t)snprintf(h + n, cap - n, "v %x vmmshim %s\n", VS_TRACE_FORMAT_VERSION, VMMSHIM_VERSION);
   char exe[PATH_MAX];
-  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (k < 0) k = 0;
-  exe[k] = '\0';
-  for (ssize_t i = 0; i < k; i++)
+  size_t k = _vs_self_exe(exe, sizeof exe);
+  for (size_t i = 0; i < k; i++)
     if (exe[i] == '\n') exe[i] = '?';
   if (n < cap) n += (size_t)snprintf(h + n, cap - n, "x %s\n", exe);
   /* The command line: arguments separated by one space (a newline inside becomes a space). */

@@ -89,11 +89,10 @@ static uint32_t crc32_of(const void *data, size_t n) {
   return c ^ 0xFFFFFFFFu;
 }
 
-/* Start time (clock ticks since boot) and state of a process: 0, -ENOENT when there is none,
- * another -errno when it cannot be told. */
-static int proc_start(pid_t pid, uint64_t *start, char *state) {
+int _vs_proc_start(pid_t pid, uint64_t *start, char *state) {
   char path[40], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  if (pid) snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  else snprintf(path, sizeof path, "/proc/self/stat");
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno == ENOENT || errno == ESRCH ? -ENOENT : -errno;
   ssize_t n = read(fd, buf, sizeof buf - 1);
@@ -122,7 +121,7 @@ static int proc_start(pid_t pid, uint64_t *start, char *state) {
 static bool member_alive(const vs_group_member_t *m) {
   uint64_t start = 0;
   char state = 0;
-  int r = proc_start((pid_t)m->pid, &start, &state);
+  int r = _vs_proc_start((pid_t)m->pid, &start, &state);
   if (r == -ENOENT) return false;
   if (r != 0) return true; /* cannot be told: kept */
   return start == m->start && state != 'Z' && state != 'X';
@@ -544,7 +543,7 @@ static void budget_init(void) {
     return;
   }
   uint64_t start = 0;
-  proc_start(getpid(), &start, NULL);
+  _vs_proc_start(getpid(), &start, NULL);
   vs_b.start = start;
   if (!budget_open(true)) {
     atomic_store(&vs_budget_state, 2);
@@ -565,7 +564,7 @@ static void budget_rejoin(void) {
   if (vs_b.h) munmap(vs_b.h, VS_GROUP_SIZE);
   vs_b.h = NULL;
   uint64_t start = 0;
-  proc_start(getpid(), &start, NULL);
+  _vs_proc_start(getpid(), &start, NULL);
   vs_b.start = start;
   if (!budget_open(false)) vs_b.left = true;
 }

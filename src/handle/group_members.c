@@ -10,19 +10,24 @@
 
 #include "vmmshim/handles.h"
 
+/* This member's priority (set, when not negative, after it is read) and its bytes lent and
+ * borrowed. */
 typedef struct vs_prio_arg_s {
   int set, got;
+  uint64_t lent, borrowed;
 } vs_prio_arg_t;
 
 static void prio_fn(vs_group_header_t *h, vs_group_member_t *me, void *arg) {
   (void)h;
   vs_prio_arg_t *a = arg;
   a->got = me->priority;
+  a->lent = me->lent;
+  a->borrowed = me->borrowed;
   if (a->set >= 0) me->priority = a->set;
 }
 
 int _vs_group_priority(int set) {
-  vs_prio_arg_t a = {set, -1};
+  vs_prio_arg_t a = {set, -1, 0, 0};
   return _vs_group_with(prio_fn, &a) ? a.got : -1;
 }
 
@@ -110,23 +115,10 @@ bool _vs_group_room(uint64_t bytes, unsigned margin_pct) {
   return _vs_group_with(room_fn, &a) && a.fits;
 }
 
-typedef struct vs_balance_arg_s {
-  int priority;
-  uint64_t lent, borrowed;
-} vs_balance_arg_t;
-
-static void balance_fn(vs_group_header_t *h, vs_group_member_t *me, void *arg) {
-  (void)h;
-  vs_balance_arg_t *a = arg;
-  a->priority = me->priority;
-  a->lent = me->lent;
-  a->borrowed = me->borrowed;
-}
-
 bool _vs_group_balance(int *priority, uint64_t *lent, uint64_t *borrowed) {
-  vs_balance_arg_t a = {0, 0, 0};
-  if (!_vs_group_with(balance_fn, &a)) return false;
-  *priority = a.priority;
+  vs_prio_arg_t a = {-1, 0, 0, 0};
+  if (!_vs_group_with(prio_fn, &a)) return false;
+  *priority = a.got;
   *lent = a.lent;
   *borrowed = a.borrowed;
   return true;

@@ -262,6 +262,14 @@ bool _vs_pool_host_mapped_at(vs_pool_t *p, CUdeviceptr addr) {
   return hit;
 }
 
+/* The host buffer of segment s that holds byte *off of it, *off then its offset in that buffer;
+ * NULL past the buffers' end. */
+static const vs_host_buf_t *buf_at(const vs_asleep_seg_t *s, size_t *off) {
+  for (int b = 0; b < s->nbufs; *off -= s->bufs[b++].size)
+    if (*off < s->bufs[b].size) return &s->bufs[b];
+  return NULL;
+}
+
 bool _vs_pool_host_copy_at(vs_pool_t *p, CUdeviceptr addr, CUdeviceptr *home, size_t *len) {
   bool hit = false;
   pool_lock(p);
@@ -269,12 +277,12 @@ bool _vs_pool_host_copy_at(vs_pool_t *p, CUdeviceptr addr, CUdeviceptr *home, si
     const vs_asleep_seg_t *s = &p->asleep.v[i];
     if (s->spilled || !s->nbufs || addr < s->va || addr >= s->va + s->size) continue;
     size_t off = addr - s->va;
-    for (int b = 0; b < s->nbufs && !hit; off -= s->bufs[b++].size)
-      if (off < s->bufs[b].size) {
-        *home = s->bufs[b].home + off;
-        *len = s->bufs[b].size - off;
-        hit = true;
-      }
+    const vs_host_buf_t *hb = buf_at(s, &off);
+    if (hb) {
+      *home = hb->home + off;
+      *len = hb->size - off;
+      hit = true;
+    }
   }
   pool_unlock(p);
   return hit;
@@ -290,13 +298,10 @@ int _vs_pool_host_view(vs_pool_t *p, CUdeviceptr addr, size_t size, CUdeviceptr 
     rc = -EXDEV;           /* discarded, on disk, or not in one buffer */
     if (!s->nbufs || size > s->va + s->size - addr) break;
     size_t off = addr - s->va;
-    for (int b = 0; b < s->nbufs; off -= s->bufs[b++].size) {
-      if (off >= s->bufs[b].size) continue;
-      if (size <= s->bufs[b].size - off) {
-        rc = s->bufs[b].cpu ? 0 : -ENOTSUP;
-        if (!rc) *home = s->bufs[b].home + off;
-      }
-      break;
+    const vs_host_buf_t *hb = buf_at(s, &off);
+    if (hb && size <= hb->size - off) {
+      rc = hb->cpu ? 0 : -ENOTSUP;
+      if (!rc) *home = hb->home + off;
     }
   }
   pool_unlock(p);

@@ -14,11 +14,14 @@ void _vs_copier_open(vs_copier_t *c) {
     if (_vs_cu.cuStreamCreate(&c->s[c->n], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) c->n++;
 }
 
+/* The stream of the next copy: the copier's streams in turn, else the default stream. */
+static CUstream next_stream(vs_copier_t *c) { return c->n ? c->s[c->next++ % c->n] : NULL; }
+
 void _vs_copier_copy(vs_copier_t *c, CUdeviceptr dst, CUdeviceptr src, size_t n) {
   enum { PIECE = 256 << 20 };
   for (size_t off = 0; off < n && c->err == CUDA_SUCCESS; off += PIECE) {
     size_t len = n - off < PIECE ? n - off : PIECE;
-    CUstream s = c->n ? c->s[c->next++ % c->n] : NULL;
+    CUstream s = next_stream(c);
     c->err = _vs_cu.cuMemcpyDtoDAsync ? _vs_cu.cuMemcpyDtoDAsync(dst + off, src + off, len, s) : CUDA_ERROR_NOT_SUPPORTED;
   }
 }
@@ -26,19 +29,19 @@ void _vs_copier_copy(vs_copier_t *c, CUdeviceptr dst, CUdeviceptr src, size_t n)
 /* Disk mode's pieces (disk.c): one copy between the device and a pinned staging buffer, on the
  * next stream. */
 void _vs_copier_to_host(vs_copier_t *c, void *dst, CUdeviceptr src, size_t n) {
-  CUstream s = c->n ? c->s[c->next++ % c->n] : NULL;
+  CUstream s = next_stream(c);
   if (c->err == CUDA_SUCCESS)
     c->err = _vs_cu.cuMemcpyDtoHAsync ? _vs_cu.cuMemcpyDtoHAsync(dst, src, n, s) : CUDA_ERROR_NOT_SUPPORTED;
 }
 
 void _vs_copier_from_host(vs_copier_t *c, CUdeviceptr dst, const void *src, size_t n) {
-  CUstream s = c->n ? c->s[c->next++ % c->n] : NULL;
+  CUstream s = next_stream(c);
   if (c->err == CUDA_SUCCESS)
     c->err = _vs_cu.cuMemcpyHtoDAsync ? _vs_cu.cuMemcpyHtoDAsync(dst, src, n, s) : CUDA_ERROR_NOT_SUPPORTED;
 }
 
 void _vs_copier_zero(vs_copier_t *c, CUdeviceptr dst, size_t n) {
-  CUstream s = c->n ? c->s[c->next++ % c->n] : NULL;
+  CUstream s = next_stream(c);
   if (c->err == CUDA_SUCCESS)
     c->err = _vs_cu.cuMemsetD8Async ? _vs_cu.cuMemsetD8Async(dst, 0, n, s) : CUDA_ERROR_NOT_SUPPORTED;
 }

@@ -210,10 +210,11 @@ static void release_before_growth(vs_pool_t *p, size_t want, vs_spares_t *sp) {
  * it is mapped again, so it is never mapped at two addresses and never under two blocks; its
  * old place becomes a hole. Returns the bytes gathered. Lock not held. */
 static size_t stitch_gather(vs_pool_t *p, size_t want, vs_spares_t *sp) {
+  if (!p->stitch) return 0; /* off (the default): not even the lock */
   pool_lock(p);
   size_t idle = p->free_bytes;
   pool_unlock(p);
-  if (!p->stitch || idle < p->caps.min_granularity) return 0;
+  if (idle < p->caps.min_granularity) return 0;
   return unmap_idle(p, idle > want ? idle - want : 0, true, sp, VS_STITCH_PIECES);
 }
 

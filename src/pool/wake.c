@@ -191,16 +191,12 @@ static CUresult disk_run(vs_wake_t *w, vs_copier_t *cp, vs_disk_in_t *in, size_t
   if (!in->open && _vs_disk_in_start(p, in, w->out) != 0) return CUDA_ERROR_UNKNOWN;
   CUresult m = _vs_asleep_map_device(p, s->va, u.size, w->h[k]);
   if (m != CUDA_SUCCESS) return m;
-  for (size_t j = 0; j < u.count; j++)
-    if (_vs_disk_in_seg(p, in, cp, s[j].va, s[j].size, s[j].file_off, w->out) != 0) {
-      _vs_vmm_unmap(&p->caps, s->va, u.size);
-      return CUDA_ERROR_UNKNOWN;
-    }
-  if (_vs_disk_in_flush(p, in, cp, w->out) != 0) { /* the run's last reads: a failure is this run's */
-    _vs_vmm_unmap(&p->caps, s->va, u.size);
-    return CUDA_ERROR_UNKNOWN;
-  }
-  return CUDA_SUCCESS;
+  int e = 0;
+  for (size_t j = 0; j < u.count && !e; j++) e = _vs_disk_in_seg(p, in, cp, s[j].va, s[j].size, s[j].file_off, w->out);
+  if (!e) e = _vs_disk_in_flush(p, in, cp, w->out); /* the run's last reads: a failure is this run's */
+  if (!e) return CUDA_SUCCESS;
+  _vs_vmm_unmap(&p->caps, s->va, u.size);
+  return CUDA_ERROR_UNKNOWN;
 }
 
 /* Every run: its device handle is mapped at its address and its segments' bytes queued back,
