@@ -193,26 +193,29 @@ static void array_made(CUresult r, uintptr_t key, size_t before) {
                                        _vs_outside_caller(), NULL);
 }
 
+/* Calls the driver with the free memory measured around the call, for the array it makes in
+ * *arr. */
+#define VS_ARRAY_MADE(arr, call)                                                             \
+  do {                                                                                       \
+    bool ours_ = !_vs_guard && _vs_active();                                                 \
+    size_t before_ = ours_ ? free_now() : 0;                                                 \
+    CUresult r_ = (call);                                                                    \
+    if (ours_) array_made(r_, r_ == CUDA_SUCCESS && (arr) ? (uintptr_t)*(arr) : 0, before_); \
+    return r_;                                                                               \
+  } while (0)
+
 VS_API CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
   typedef CUresult (*fn_t)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
   fn_t real = REAL(ARRAY, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  bool ours = !_vs_guard && _vs_active();
-  size_t before = ours ? free_now() : 0;
-  CUresult r = real(arr, desc);
-  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
-  return r;
+  VS_ARRAY_MADE(arr, real(arr, desc));
 }
 
 VS_API CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
   typedef CUresult (*fn_t)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
   fn_t real = REAL(ARRAY_3D, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  bool ours = !_vs_guard && _vs_active();
-  size_t before = ours ? free_now() : 0;
-  CUresult r = real(arr, desc);
-  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
-  return r;
+  VS_ARRAY_MADE(arr, real(arr, desc));
 }
 
 VS_API CUresult cuArrayDestroy(CUarray arr) {
@@ -229,11 +232,7 @@ VS_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D
   typedef CUresult (*fn_t)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
   fn_t real = REAL(MIPMAP, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  bool ours = !_vs_guard && _vs_active();
-  size_t before = ours ? free_now() : 0;
-  CUresult r = real(arr, desc, levels);
-  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
-  return r;
+  VS_ARRAY_MADE(arr, real(arr, desc, levels));
 }
 
 VS_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
