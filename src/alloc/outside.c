@@ -53,22 +53,16 @@ typedef struct vs_out_alias_s { /* a handle a foreign wake made again: the progr
   UT_hash_handle hh;
 } vs_out_alias_t;
 
-typedef struct vs_out_site_s {
+typedef struct vs_out_addr_s { /* a return address -> its call site, or its library (dladdr's cache) */
   uintptr_t addr;
   int index;
   UT_hash_handle hh;
-} vs_out_site_t;
-
-typedef struct vs_out_lib_addr_s { /* the cache of dladdr: return address -> library */
-  uintptr_t addr;
-  int lib;
-  UT_hash_handle hh;
-} vs_out_lib_addr_t;
+} vs_out_addr_t;
 
 static vs_lock_t vs_out_lock = VS_LOCK_INITIALIZER(VS_RANK_OUTSIDE, "outside");
 static vs_out_entry_t *vs_out_entries[VS_OUTSIDE_KINDS]; /* one table per kind: keys of kinds may meet */
-static vs_out_site_t *vs_out_site_map;
-static vs_out_lib_addr_t *vs_out_lib_cache;
+static vs_out_addr_t *vs_out_site_map;
+static vs_out_addr_t *vs_out_lib_cache;
 static vs_outside_lib_t vs_out_libs[VS_OUTSIDE_LIBS];
 static int vs_out_nlibs;
 static vs_outside_site_t vs_out_sites[VS_OUTSIDE_SITES];
@@ -109,11 +103,23 @@ uintptr_t _vs_outside_caller(void) {
   return first; /* only CUDA's own frames: the runtime asked for itself */
 }
 
+/* Notes a return address's index in a table of them. Lock held. With no room in the table it is
+ * not noted: looked up again next time. */
+static void addr_note(vs_out_addr_t **table, uintptr_t addr, int index) {
+  vs_out_addr_t *a = calloc(1, sizeof *a), *in;
+  if (!a) return;
+  a->addr = addr;
+  a->index = index;
+  HASH_ADD(hh, *table, addr, sizeof a->addr, a);
+  HASH_FIND(hh, *table, &addr, sizeof addr, in);
+  if (!in) free(a);
+}
+
 /* The library of a return address: its index, the name looked up once per address. Lock held. */
 static int lib_of(uintptr_t addr) {
-  vs_out_lib_addr_t *c;
+  vs_out_addr_t *c;
   HASH_FIND(hh, vs_out_lib_cache, &addr, sizeof addr, c);
-  if (c) return c->lib;
+  if (c) return c->index;
   Dl_info di;
   const char *path = addr && dladdr((void *)addr, &di) && di.dli_fname && di.dli_fname[0] ? di.dli_fname : "(unknown)";
   char exe[256];
@@ -137,21 +143,13 @@ static int lib_of(uintptr_t addr) {
       vs_out_nlibs++;
     }
   }
-  c = calloc(1, sizeof *c);
-  if (c) {
-    c->addr = addr;
-    c->lib = lib;
-    HASH_ADD(hh, vs_out_lib_cache, addr, sizeof c->addr, c);
-    vs_out_lib_addr_t *in;
-    HASH_FIND(hh, vs_out_lib_cache, &addr, sizeof addr, in);
-    if (!in) free(c); /* no room in the table: looked up again next time */
-  }
+  addr_note(&vs_out_lib_cache, addr, lib);
   return lib;
 }
 
 /* The call site of a return address: its index (the last one stands for the rest). Lock held. */
 static int site_of(uintptr_t addr, int lib, uint32_t stack) {
-  vs_out_site_t *s;
+  vs_out_addr_t *s;
   HASH_FIND(hh, vs_out_site_map, &addr, sizeof addr, s);
   if (s) {
     if (!vs_out_sites[s->index].stack) vs_out_sites[s->index].stack = stack;
@@ -163,15 +161,7 @@ static int site_of(uintptr_t addr, int lib, uint32_t stack) {
     vs_out_sites[i].lib = lib;
     vs_out_sites[i].stack = stack;
     vs_out_nsites++;
-    s = calloc(1, sizeof *s);
-    if (s) {
-      s->addr = addr;
-      s->index = i;
-      HASH_ADD(hh, vs_out_site_map, addr, sizeof s->addr, s);
-      vs_out_site_t *in;
-      HASH_FIND(hh, vs_out_site_map, &addr, sizeof addr, in);
-      if (!in) free(s);
-    }
+    addr_note(&vs_out_site_map, addr, i);
   } else {
     vs_out_sites[i].addr = 0; /* "other sites" */
     vs_out_sites[i].lib = -1;
