@@ -171,6 +171,7 @@ static int parse(const char *spec, vs_ruleset_t **out, char *err, size_t n) {
         m->bit = bits++;
         rs->need_py |= m->kind == VS_MATCH_PY;
         rs->need_site |= m->kind != VS_MATCH_PY;
+        rs->need_walk |= m->kind == VS_MATCH_SITE;
       }
       rs->n++;
     }
@@ -306,10 +307,7 @@ static uint64_t decide(const vs_ruleset_t *rs, const void *ra, void *const *fram
   snprintf(both, sizeof both, "%s:%s", file, func);
   const char *lib = ra ? module_path((const char *)ra - 1) : NULL;
   void *walked[VS_WALK_FRAMES];
-  bool need_stack = false;
-  for (int i = 0; i < rs->n; i++)
-    for (int k = 0; k < rs->rules[i].n; k++) need_stack |= rs->rules[i].m[k].kind == VS_MATCH_SITE;
-  if (need_stack && !frames) {
+  if (rs->need_walk && !frames) {
     nframes = _vs_stack_walk(walked, VS_WALK_FRAMES);
     frames = walked;
   }
