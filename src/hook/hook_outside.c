@@ -60,8 +60,12 @@ void *_vs_outside_real[VS_OUT_COUNT];
 
 #define REAL(id, type) ((type)_vs_hook_real(&_vs_outside_hooks[VS_OUT_##id], &_vs_outside_real[VS_OUT_##id]))
 
+/* Whether a call is the program's (not the shim's own, under the guard) while the shim is
+ * active: only those are counted and measured. */
+static bool measured(void) { return !_vs_guard && _vs_active(); }
+
 /* Whether a successful call is the program's, to be counted. */
-static bool counted(CUresult r) { return r == CUDA_SUCCESS && !_vs_guard && _vs_active(); }
+static bool counted(CUresult r) { return r == CUDA_SUCCESS && measured(); }
 
 static int current_device(void) {
   CUdevice d = -1;
@@ -197,7 +201,7 @@ static void array_made(CUresult r, uintptr_t key, size_t before) {
  * *arr. */
 #define VS_ARRAY_MADE(arr, call)                                                             \
   do {                                                                                       \
-    bool ours_ = !_vs_guard && _vs_active();                                                 \
+    bool ours_ = measured();                                                                 \
     size_t before_ = ours_ ? free_now() : 0;                                                 \
     CUresult r_ = (call);                                                                    \
     if (ours_) array_made(r_, r_ == CUDA_SUCCESS && (arr) ? (uintptr_t)*(arr) : 0, before_); \
@@ -247,7 +251,6 @@ VS_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
 /* ------------------------------------------------------------------ contexts and modules */
 /* What a context or module takes is the free memory its creation took (src/alloc/ctxmem.c).
  * Only the program's calls are measured, and only while the shim is active. */
-static bool measured(void) { return !_vs_guard && _vs_active(); }
 
 /* cuCtxCreate_v2 and _v3 are not declared by CUDA 13's header. */
 VS_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
@@ -344,7 +347,7 @@ VS_API CUresult cuModuleUnload(CUmodule mod) {
   fn_t real = REAL(MODULE_UNLOAD, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(mod);
-  if (r == CUDA_SUCCESS && measured()) _vs_ctxmem_gone((uintptr_t)mod);
+  if (counted(r)) _vs_ctxmem_gone((uintptr_t)mod);
   return r;
 }
 
@@ -373,7 +376,7 @@ VS_API CUresult cuLibraryUnload(CUlibrary lib) {
   fn_t real = REAL(LIBRARY_UNLOAD, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(lib);
-  if (r == CUDA_SUCCESS && measured()) _vs_ctxmem_gone((uintptr_t)lib);
+  if (counted(r)) _vs_ctxmem_gone((uintptr_t)lib);
   return r;
 }
 
