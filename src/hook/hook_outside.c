@@ -208,6 +208,12 @@ static void array_made(CUresult r, uintptr_t key, size_t before) {
     return r_;                                                                               \
   } while (0)
 
+/* An array (or mipmapped array) destroyed: the driver's answer, the array uncounted. */
+static CUresult array_gone(CUresult r, uintptr_t key) {
+  if (counted(r)) _vs_outside_freed(VS_OUTSIDE_ARRAY, key);
+  return r;
+}
+
 VS_API CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
   typedef CUresult (*fn_t)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
   fn_t real = REAL(ARRAY, fn_t);
@@ -225,10 +231,7 @@ VS_API CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *
 VS_API CUresult cuArrayDestroy(CUarray arr) {
   typedef CUresult (*fn_t)(CUarray);
   fn_t real = REAL(ARRAY_DESTROY, fn_t);
-  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult r = real(arr);
-  if (counted(r)) _vs_outside_freed(VS_OUTSIDE_ARRAY, (uintptr_t)arr);
-  return r;
+  return real ? array_gone(real(arr), (uintptr_t)arr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 /* A mipmapped array counts as an array, by the free memory its creation took. */
@@ -242,10 +245,7 @@ VS_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D
 VS_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
   typedef CUresult (*fn_t)(CUmipmappedArray);
   fn_t real = REAL(MIPMAP_DESTROY, fn_t);
-  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult r = real(arr);
-  if (counted(r)) _vs_outside_freed(VS_OUTSIDE_ARRAY, (uintptr_t)arr);
-  return r;
+  return real ? array_gone(real(arr), (uintptr_t)arr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 /* ------------------------------------------------------------------ contexts and modules */
