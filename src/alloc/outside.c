@@ -171,6 +171,12 @@ static int site_of(uintptr_t addr, int lib, uint32_t stack) {
 
 /* ------------------------------------------------------------------ made and freed */
 
+/* An entry's bytes leave its library's and its site's figures. Lock held. */
+static void uncount(const vs_out_entry_t *e) {
+  vs_out_libs[e->lib].bytes[e->kind] -= e->size;
+  vs_out_sites[e->site].bytes -= e->size;
+}
+
 void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned flags, uintptr_t caller,
                       const CUmemAllocationProp *prop) {
   if (kind < 0 || kind >= VS_OUTSIDE_KINDS || (!size && !(flags & VS_OUTSIDE_IMPORTED))) return;
@@ -186,8 +192,7 @@ void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned fla
     vs_out_entry_t *old;
     HASH_FIND(hh, vs_out_entries[kind], &key, sizeof key, old);
     if (old) { /* the driver gave a key back that we missed the free of: the new one counts */
-      vs_out_libs[old->lib].bytes[kind] -= old->size;
-      vs_out_sites[old->site].bytes -= old->size;
+      uncount(old);
       HASH_DEL(vs_out_entries[kind], old);
       free(old);
     }
@@ -220,8 +225,7 @@ bool _vs_outside_freed(int kind, uint64_t key) {
   HASH_FIND(hh, vs_out_entries[kind], &key, sizeof key, e);
   if (e) {
     HASH_DEL(vs_out_entries[kind], e);
-    vs_out_libs[e->lib].bytes[kind] -= e->size;
-    vs_out_sites[e->site].bytes -= e->size;
+    uncount(e);
   }
   _vs_lock_release(&vs_out_lock);
   if (!e) return false;
@@ -448,8 +452,7 @@ void _vs_outside_woken(uint64_t old, uint64_t now) {
     e->key = now;
     if (now) HASH_ADD(hh, vs_out_entries[VS_OUTSIDE_VMM], key, sizeof e->key, e);
     if (!now) {
-      vs_out_libs[e->lib].bytes[VS_OUTSIDE_VMM] -= e->size;
-      vs_out_sites[e->site].bytes -= e->size;
+      uncount(e);
       free(e);
     }
   }
