@@ -391,6 +391,15 @@ void _vs_outside_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc
   _vs_lock_release(&vs_out_lock);
 }
 
+/* A VMM handle's figures, for a foreign sleep or wake. Lock held. */
+static void to_foreign(vs_foreign_t *f, const vs_out_entry_t *e) {
+  memset(f, 0, sizeof *f);
+  f->handle = e->key, f->va = e->va, f->size = e->size, f->dev = e->dev, f->prop = e->prop;
+  memcpy(f->access, e->access, sizeof f->access);
+  f->naccess = e->naccess;
+  snprintf(f->lib, sizeof f->lib, "%s", vs_out_libs[e->lib].name);
+}
+
 /* A foreign sleep's candidates: every awake VMM handle of a library that matches (lib_ok) with
  * the reason it cannot sleep, or NULL. */
 int _vs_outside_foreign(vs_foreign_t *out, int max, bool (*lib_ok)(const char *name)) {
@@ -399,11 +408,7 @@ int _vs_outside_foreign(vs_foreign_t *out, int max, bool (*lib_ok)(const char *n
   for (vs_out_entry_t *e = vs_out_entries[VS_OUTSIDE_VMM]; e && n < max; e = e->hh.next) {
     if (e->asleep || !lib_ok(vs_out_libs[e->lib].name)) continue;
     vs_foreign_t *f = &out[n++];
-    memset(f, 0, sizeof *f);
-    f->handle = e->key, f->va = e->va, f->size = e->size, f->dev = e->dev, f->prop = e->prop;
-    memcpy(f->access, e->access, sizeof f->access);
-    f->naccess = e->naccess;
-    snprintf(f->lib, sizeof f->lib, "%s", vs_out_libs[e->lib].name);
+    to_foreign(f, e);
     if (e->flags & VS_OUTSIDE_IMPORTED) f->skip = "imported, stays";
     else if (e->flags & VS_OUTSIDE_EXPORTABLE) f->skip = "exportable, stays";
     else if (!e->maps) f->skip = "not mapped, stays";
@@ -428,12 +433,8 @@ int _vs_outside_asleep_list(vs_foreign_t *out, int max) {
   for (vs_out_entry_t *e = vs_out_entries[VS_OUTSIDE_VMM]; e && n < max; e = e->hh.next) {
     if (!e->asleep) continue;
     vs_foreign_t *f = &out[n++];
-    memset(f, 0, sizeof *f);
-    f->handle = e->key, f->va = e->va, f->size = e->size, f->dev = e->dev, f->prop = e->prop;
-    memcpy(f->access, e->access, sizeof f->access);
-    f->naccess = e->naccess;
+    to_foreign(f, e);
     f->copy = e->asleep;
-    snprintf(f->lib, sizeof f->lib, "%s", vs_out_libs[e->lib].name);
     f->skip = e->pieces ? "unmapped by the program while asleep" : NULL;
   }
   _vs_lock_release(&vs_out_lock);
