@@ -309,6 +309,14 @@ void _vs_outside_mapped(CUdeviceptr va, size_t size, size_t offset, uint64_t han
   _vs_lock_release(&vs_out_lock);
 }
 
+/* A mapping of e's handle (NULL: none known) goes. Lock held. */
+static void forget_map(vs_out_map_t *m, vs_out_entry_t *e) {
+  if (e && e->maps > 0) e->maps--;
+  if (e && e->asleep) e->pieces = true; /* no longer mapped where it slept: the wake leaves it */
+  HASH_DEL(vs_out_maps, m);
+  free(m);
+}
+
 /* Unmapped [va, va + size) (whole mappings, as the driver requires): 1 when every mapping there is
  * asleep (a foreign sleep unmapped them already: the wake will not map them again, and the
  * program's unmap is done); asleep_only: forget them only then. */
@@ -320,12 +328,7 @@ int _vs_outside_unmapped(CUdeviceptr va, size_t size, bool asleep_only) {
   if (one && one->size == size) { /* one mapping, the usual case: no walk over the table */
     vs_out_entry_t *e = vmm_entry(one->handle);
     int was = e && e->asleep;
-    if (!asleep_only || was) {
-      if (e && e->maps > 0) e->maps--;
-      if (was) e->pieces = true;
-      HASH_DEL(vs_out_maps, one);
-      free(one);
-    }
+    if (!asleep_only || was) forget_map(one, e);
     _vs_lock_release(&vs_out_lock);
     return was;
   }
@@ -340,11 +343,7 @@ int _vs_outside_unmapped(CUdeviceptr va, size_t size, bool asleep_only) {
   for (m = vs_out_maps; m && (!asleep_only || was_asleep); m = next) {
     next = m->hh.next;
     if (m->va < va || m->va - va >= size) continue;
-    vs_out_entry_t *e = vmm_entry(m->handle);
-    if (e && e->maps > 0) e->maps--;
-    if (e && e->asleep) e->pieces = true; /* no longer mapped where it slept: the wake leaves it */
-    HASH_DEL(vs_out_maps, m);
-    free(m);
+    forget_map(m, vmm_entry(m->handle));
   }
   _vs_lock_release(&vs_out_lock);
   return was_asleep;
