@@ -264,6 +264,7 @@ typedef struct vs_rule_s {
 typedef struct vs_ruleset_s {
   int n;
   bool need_py, need_site;         /* py: matchers; lib: or site: matchers */
+  bool need_walk;                  /* site: matchers (the stack is walked for them) */
   const char *spec;
   struct vs_ruleset_s *kept;       /* the set published before (sets are kept for good) */
   vs_rule_t rules[32];

@@ -53,22 +53,16 @@ typedef struct vs_out_alias_s { /* a handle a foreign wake made again: the progr
   UT_hash_handle hh;
 } vs_out_alias_t;
 
-typedef struct vs_out_site_s {
+typedef struct vs_out_addr_s { /* a return address -> its call site, or its library (dladdr's cache) */
   uintptr_t addr;
   int index;
   UT_hash_handle hh;
-} vs_out_site_t;
-
-typedef struct vs_out_lib_addr_s { /* the cache of dladdr: return address -> library */
-  uintptr_t addr;
-  int lib;
-  UT_hash_handle hh;
-} vs_out_lib_addr_t;
+} vs_out_addr_t;
 
 static vs_lock_t vs_out_lock = VS_LOCK_INITIALIZER(VS_RANK_OUTSIDE, "outside");
 static vs_out_entry_t *vs_out_entries[VS_OUTSIDE_KINDS]; /* one table per kind: keys of kinds may meet */
-static vs_out_site_t *vs_out_site_map;
-static vs_out_lib_addr_t *vs_out_lib_cache;
+static vs_out_addr_t *vs_out_site_map;
+static vs_out_addr_t *vs_out_lib_cache;
 static vs_outside_lib_t vs_out_libs[VS_OUTSIDE_LIBS];
 static int vs_out_nlibs;
 static vs_outside_site_t vs_out_sites[VS_OUTSIDE_SITES];
@@ -109,11 +103,23 @@ uintptr_t _vs_outside_caller(void) {
   return first; /* only CUDA's own frames: the runtime asked for itself */
 }
 
+/* Notes a return address's index in a table of them. Lock held. With no room in the table it is
+ * not noted: looked up again next time. */
+static void addr_note(vs_out_addr_t **table, uintptr_t addr, int index) {
+  vs_out_addr_t *a = calloc(1, sizeof *a), *in;
+  if (!a) return;
+  a->addr = addr;
+  a->index = index;
+  HASH_ADD(hh, *table, addr, sizeof a->addr, a);
+  HASH_FIND(hh, *table, &addr, sizeof addr, in);
+  if (!in) free(a);
+}
+
 /* The library of a return address: its index, the name looked up once per address. Lock held. */
 static int lib_of(uintptr_t addr) {
-  vs_out_lib_addr_t *c;
+  vs_out_addr_t *c;
   HASH_FIND(hh, vs_out_lib_cache, &addr, sizeof addr, c);
-  if (c) return c->lib;
+  if (c) return c->index;
   Dl_info di;
   const char *path = addr && dladdr((void *)addr, &di) && di.dli_fname && di.dli_fname[0] ? di.dli_fname : "(unknown)";
   char exe[256];
@@ -137,21 +143,13 @@ static int lib_of(uintptr_t addr) {
       vs_out_nlibs++;
     }
   }
-  c = calloc(1, sizeof *c);
-  if (c) {
-    c->addr = addr;
-    c->lib = lib;
-    HASH_ADD(hh, vs_out_lib_cache, addr, sizeof c->addr, c);
-    vs_out_lib_addr_t *in;
-    HASH_FIND(hh, vs_out_lib_cache, &addr, sizeof addr, in);
-    if (!in) free(c); /* no room in the table: looked up again next time */
-  }
+  addr_note(&vs_out_lib_cache, addr, lib);
   return lib;
 }
 
 /* The call site of a return address: its index (the last one stands for the rest). Lock held. */
 static int site_of(uintptr_t addr, int lib, uint32_t stack) {
-  vs_out_site_t *s;
+  vs_out_addr_t *s;
   HASH_FIND(hh, vs_out_site_map, &addr, sizeof addr, s);
   if (s) {
     if (!vs_out_sites[s->index].stack) vs_out_sites[s->index].stack = stack;
@@ -163,15 +161,7 @@ static int site_of(uintptr_t addr, int lib, uint32_t stack) {
     vs_out_sites[i].lib = lib;
     vs_out_sites[i].stack = stack;
     vs_out_nsites++;
-    s = calloc(1, sizeof *s);
-    if (s) {
-      s->addr = addr;
-      s->index = i;
-      HASH_ADD(hh, vs_out_site_map, addr, sizeof s->addr, s);
-      vs_out_site_t *in;
-      HASH_FIND(hh, vs_out_site_map, &addr, sizeof addr, in);
-      if (!in) free(s);
-    }
+    addr_note(&vs_out_site_map, addr, i);
   } else {
     vs_out_sites[i].addr = 0; /* "other sites" */
     vs_out_sites[i].lib = -1;
@@ -180,6 +170,12 @@ static int site_of(uintptr_t addr, int lib, uint32_t stack) {
 }
 
 /* ------------------------------------------------------------------ made and freed */
+
+/* An entry's bytes leave its library's and its site's figures. Lock held. */
+static void uncount(const vs_out_entry_t *e) {
+  vs_out_libs[e->lib].bytes[e->kind] -= e->size;
+  vs_out_sites[e->site].bytes -= e->size;
+}
 
 void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned flags, uintptr_t caller,
                       const CUmemAllocationProp *prop) {
@@ -196,8 +192,7 @@ void _vs_outside_made(int kind, uint64_t key, size_t size, int dev, unsigned fla
     vs_out_entry_t *old;
     HASH_FIND(hh, vs_out_entries[kind], &key, sizeof key, old);
     if (old) { /* the driver gave a key back that we missed the free of: the new one counts */
-      vs_out_libs[old->lib].bytes[kind] -= old->size;
-      vs_out_sites[old->site].bytes -= old->size;
+      uncount(old);
       HASH_DEL(vs_out_entries[kind], old);
       free(old);
     }
@@ -230,8 +225,7 @@ bool _vs_outside_freed(int kind, uint64_t key) {
   HASH_FIND(hh, vs_out_entries[kind], &key, sizeof key, e);
   if (e) {
     HASH_DEL(vs_out_entries[kind], e);
-    vs_out_libs[e->lib].bytes[kind] -= e->size;
-    vs_out_sites[e->site].bytes -= e->size;
+    uncount(e);
   }
   _vs_lock_release(&vs_out_lock);
   if (!e) return false;
@@ -315,6 +309,14 @@ void _vs_outside_mapped(CUdeviceptr va, size_t size, size_t offset, uint64_t han
   _vs_lock_release(&vs_out_lock);
 }
 
+/* A mapping of e's handle (NULL: none known) goes. Lock held. */
+static void forget_map(vs_out_map_t *m, vs_out_entry_t *e) {
+  if (e && e->maps > 0) e->maps--;
+  if (e && e->asleep) e->pieces = true; /* no longer mapped where it slept: the wake leaves it */
+  HASH_DEL(vs_out_maps, m);
+  free(m);
+}
+
 /* Unmapped [va, va + size) (whole mappings, as the driver requires): 1 when every mapping there is
  * asleep (a foreign sleep unmapped them already: the wake will not map them again, and the
  * program's unmap is done); asleep_only: forget them only then. */
@@ -326,12 +328,7 @@ int _vs_outside_unmapped(CUdeviceptr va, size_t size, bool asleep_only) {
   if (one && one->size == size) { /* one mapping, the usual case: no walk over the table */
     vs_out_entry_t *e = vmm_entry(one->handle);
     int was = e && e->asleep;
-    if (!asleep_only || was) {
-      if (e && e->maps > 0) e->maps--;
-      if (was) e->pieces = true;
-      HASH_DEL(vs_out_maps, one);
-      free(one);
-    }
+    if (!asleep_only || was) forget_map(one, e);
     _vs_lock_release(&vs_out_lock);
     return was;
   }
@@ -346,11 +343,7 @@ int _vs_outside_unmapped(CUdeviceptr va, size_t size, bool asleep_only) {
   for (m = vs_out_maps; m && (!asleep_only || was_asleep); m = next) {
     next = m->hh.next;
     if (m->va < va || m->va - va >= size) continue;
-    vs_out_entry_t *e = vmm_entry(m->handle);
-    if (e && e->maps > 0) e->maps--;
-    if (e && e->asleep) e->pieces = true; /* no longer mapped where it slept: the wake leaves it */
-    HASH_DEL(vs_out_maps, m);
-    free(m);
+    forget_map(m, vmm_entry(m->handle));
   }
   _vs_lock_release(&vs_out_lock);
   return was_asleep;
@@ -397,6 +390,15 @@ void _vs_outside_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc
   _vs_lock_release(&vs_out_lock);
 }
 
+/* A VMM handle's figures, for a foreign sleep or wake. Lock held. */
+static void to_foreign(vs_foreign_t *f, const vs_out_entry_t *e) {
+  memset(f, 0, sizeof *f);
+  f->handle = e->key, f->va = e->va, f->size = e->size, f->dev = e->dev, f->prop = e->prop;
+  memcpy(f->access, e->access, sizeof f->access);
+  f->naccess = e->naccess;
+  snprintf(f->lib, sizeof f->lib, "%s", vs_out_libs[e->lib].name);
+}
+
 /* A foreign sleep's candidates: every awake VMM handle of a library that matches (lib_ok) with
  * the reason it cannot sleep, or NULL. */
 int _vs_outside_foreign(vs_foreign_t *out, int max, bool (*lib_ok)(const char *name)) {
@@ -405,11 +407,7 @@ int _vs_outside_foreign(vs_foreign_t *out, int max, bool (*lib_ok)(const char *n
   for (vs_out_entry_t *e = vs_out_entries[VS_OUTSIDE_VMM]; e && n < max; e = e->hh.next) {
     if (e->asleep || !lib_ok(vs_out_libs[e->lib].name)) continue;
     vs_foreign_t *f = &out[n++];
-    memset(f, 0, sizeof *f);
-    f->handle = e->key, f->va = e->va, f->size = e->size, f->dev = e->dev, f->prop = e->prop;
-    memcpy(f->access, e->access, sizeof f->access);
-    f->naccess = e->naccess;
-    snprintf(f->lib, sizeof f->lib, "%s", vs_out_libs[e->lib].name);
+    to_foreign(f, e);
     if (e->flags & VS_OUTSIDE_IMPORTED) f->skip = "imported, stays";
     else if (e->flags & VS_OUTSIDE_EXPORTABLE) f->skip = "exportable, stays";
     else if (!e->maps) f->skip = "not mapped, stays";
@@ -434,12 +432,8 @@ int _vs_outside_asleep_list(vs_foreign_t *out, int max) {
   for (vs_out_entry_t *e = vs_out_entries[VS_OUTSIDE_VMM]; e && n < max; e = e->hh.next) {
     if (!e->asleep) continue;
     vs_foreign_t *f = &out[n++];
-    memset(f, 0, sizeof *f);
-    f->handle = e->key, f->va = e->va, f->size = e->size, f->dev = e->dev, f->prop = e->prop;
-    memcpy(f->access, e->access, sizeof f->access);
-    f->naccess = e->naccess;
+    to_foreign(f, e);
     f->copy = e->asleep;
-    snprintf(f->lib, sizeof f->lib, "%s", vs_out_libs[e->lib].name);
     f->skip = e->pieces ? "unmapped by the program while asleep" : NULL;
   }
   _vs_lock_release(&vs_out_lock);
@@ -458,8 +452,7 @@ void _vs_outside_woken(uint64_t old, uint64_t now) {
     e->key = now;
     if (now) HASH_ADD(hh, vs_out_entries[VS_OUTSIDE_VMM], key, sizeof e->key, e);
     if (!now) {
-      vs_out_libs[e->lib].bytes[VS_OUTSIDE_VMM] -= e->size;
-      vs_out_sites[e->site].bytes -= e->size;
+      uncount(e);
       free(e);
     }
   }

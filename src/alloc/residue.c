@@ -232,18 +232,25 @@ static void set_base(const vmmshim_residue_t *r, const vs_outside_figures_t *of)
   for (int s = 0; s < of->nsites; s++) vs_base.site[s] = of->sites[s].bytes;
 }
 
+/* A residue, its growth since the baseline and its sites. One after a sleep is the next in
+ * sequence, and the first sets the baseline. */
+static void take(vmmshim_residue_t *r, vs_outside_figures_t *of, bool after_sleep) {
+  compute(r, of);
+  vs_residue_base_t base;
+  _vs_lock_take(&vs_residue_lock);
+  r->seq = after_sleep ? ++vs_seq : vs_seq;
+  if (after_sleep && !vs_base.set) set_base(r, of);
+  growth(r);
+  base = vs_base;
+  _vs_lock_release(&vs_residue_lock);
+  add_sites(r, of, &base);
+}
+
 int _vs_residue(vmmshim_residue_t *out) {
   if (!_vs_active()) return -19; /* -ENODEV */
   vs_outside_figures_t *of = malloc(sizeof *of);
   if (!of) return -12; /* -ENOMEM */
-  compute(out, of);
-  vs_residue_base_t base;
-  _vs_lock_take(&vs_residue_lock);
-  growth(out);
-  out->seq = vs_seq;
-  base = vs_base;
-  _vs_lock_release(&vs_residue_lock);
-  add_sites(out, of, &base);
+  take(out, of, false);
   free(of);
   return 0;
 }
@@ -299,15 +306,7 @@ void _vs_residue_after_sleep(void) {
     free(of);
     return;
   }
-  compute(r, of);
-  vs_residue_base_t base;
-  _vs_lock_take(&vs_residue_lock);
-  r->seq = ++vs_seq;
-  if (!vs_base.set) set_base(r, of);
-  growth(r);
-  base = vs_base;
-  _vs_lock_release(&vs_residue_lock);
-  add_sites(r, of, &base);
+  take(r, of, true);
   for (int i = 0; i < r->ndevices; i++)
     _vs_info("residue after sleep %llu: device %d: %llu bytes in use of %llu: tags %llu, libraries %llu, managed %llu, "
              "graphs %llu, context %llu, modules %llu, inferred %llu, other processes %llu, unexplained %lld",

@@ -171,6 +171,7 @@ static int parse(const char *spec, vs_ruleset_t **out, char *err, size_t n) {
         m->bit = bits++;
         rs->need_py |= m->kind == VS_MATCH_PY;
         rs->need_site |= m->kind != VS_MATCH_PY;
+        rs->need_walk |= m->kind == VS_MATCH_SITE;
       }
       rs->n++;
     }
@@ -298,18 +299,15 @@ static vs_site_entry_t *slot_of(const void *ra, const void *code, const vs_rules
   return &tl_sites[h >> 56];
 }
 
-/* The matchers of the site: lib and site from the stack (frames: the walk, or NULL with the
- * return address alone known), py from the code object's names. */
-static uint64_t decide(const vs_ruleset_t *rs, const void *ra, void *const *frames, int nframes, const void *code) {
+/* The matchers of the site: lib from the path of its return address's module (the caller looked
+ * it up; NULL: none, or not looked up for a set with no lib: matcher), site from the stack (frames:
+ * the walk, or NULL with the return address alone known), py from the code object's names. */
+static uint64_t decide(const vs_ruleset_t *rs, const char *lib, void *const *frames, int nframes, const void *code) {
   char file[512] = "", func[256] = "", both[770];
   if (rs->need_py && code) _vs_pyframe_names(code, file, sizeof file, func, sizeof func);
   snprintf(both, sizeof both, "%s:%s", file, func);
-  const char *lib = ra ? module_path((const char *)ra - 1) : NULL;
   void *walked[VS_WALK_FRAMES];
-  bool need_stack = false;
-  for (int i = 0; i < rs->n; i++)
-    for (int k = 0; k < rs->rules[i].n; k++) need_stack |= rs->rules[i].m[k].kind == VS_MATCH_SITE;
-  if (need_stack && !frames) {
+  if (rs->need_walk && !frames) {
     nframes = _vs_stack_walk(walked, VS_WALK_FRAMES);
     frames = walked;
   }
@@ -331,16 +329,17 @@ static uint64_t decide(const vs_ruleset_t *rs, const void *ra, void *const *fram
   return bits;
 }
 
-/* The first frame of a walk outside the skipped modules. */
-static const void *first_unskipped(void **frames, int n, int *from) {
+/* The first frame of a walk outside the skipped modules, and its module's path. */
+static const void *first_unskipped(void **frames, int n, int *from, const char **path) {
   for (int i = 0; i < n; i++) {
-    const char *path = module_path((char *)frames[i] - 1);
-    if (path && !skipped(path)) {
+    *path = module_path((char *)frames[i] - 1);
+    if (*path && !skipped(*path)) {
       *from = i;
       return frames[i];
     }
   }
   *from = n;
+  *path = NULL;
   return NULL;
 }
 
@@ -357,16 +356,17 @@ static uint64_t site_bits(const vs_ruleset_t *rs) {
   } else if (ra) {
     const char *path = rs->need_site ? module_path((char *)ra - 1) : NULL;
     bool walk = path && skipped(path);
-    *e = (vs_site_entry_t){ra, code, rs, walk ? 0 : decide(rs, ra, NULL, 0, code), walk};
+    *e = (vs_site_entry_t){ra, code, rs, walk ? 0 : decide(rs, path, NULL, 0, code), walk};
     if (!walk) return e->bits;
   }
   /* The allocator's return address names no site: the stack does. */
   void *frames[VS_WALK_FRAMES];
   int n = _vs_stack_walk(frames, VS_WALK_FRAMES), from;
-  const void *site = first_unskipped(frames, n, &from);
+  const char *path;
+  const void *site = first_unskipped(frames, n, &from, &path);
   vs_site_entry_t *w = slot_of(site, code, rs);
   if (w->ra == site && w->code == code && w->rs == rs && site && !w->walk) return w->bits;
-  uint64_t bits = decide(rs, site, frames + from, n - from, code);
+  uint64_t bits = decide(rs, path, frames + from, n - from, code);
   if (site) *w = (vs_site_entry_t){site, code, rs, bits, false};
   return bits;
 }

@@ -60,8 +60,12 @@ void *_vs_outside_real[VS_OUT_COUNT];
 
 #define REAL(id, type) ((type)_vs_hook_real(&_vs_outside_hooks[VS_OUT_##id], &_vs_outside_real[VS_OUT_##id]))
 
+/* Whether a call is the program's (not the shim's own, under the guard) while the shim is
+ * active: only those are counted and measured. */
+static bool measured(void) { return !_vs_guard && _vs_active(); }
+
 /* Whether a successful call is the program's, to be counted. */
-static bool counted(CUresult r) { return r == CUDA_SUCCESS && !_vs_guard && _vs_active(); }
+static bool counted(CUresult r) { return r == CUDA_SUCCESS && measured(); }
 
 static int current_device(void) {
   CUdevice d = -1;
@@ -193,35 +197,41 @@ static void array_made(CUresult r, uintptr_t key, size_t before) {
                                        _vs_outside_caller(), NULL);
 }
 
+/* Calls the driver with the free memory measured around the call, for the array it makes in
+ * *arr. */
+#define VS_ARRAY_MADE(arr, call)                                                             \
+  do {                                                                                       \
+    bool ours_ = measured();                                                                 \
+    size_t before_ = ours_ ? free_now() : 0;                                                 \
+    CUresult r_ = (call);                                                                    \
+    if (ours_) array_made(r_, r_ == CUDA_SUCCESS && (arr) ? (uintptr_t)*(arr) : 0, before_); \
+    return r_;                                                                               \
+  } while (0)
+
+/* An array (or mipmapped array) destroyed: the driver's answer, the array uncounted. */
+static CUresult array_gone(CUresult r, uintptr_t key) {
+  if (counted(r)) _vs_outside_freed(VS_OUTSIDE_ARRAY, key);
+  return r;
+}
+
 VS_API CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
   typedef CUresult (*fn_t)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
   fn_t real = REAL(ARRAY, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  bool ours = !_vs_guard && _vs_active();
-  size_t before = ours ? free_now() : 0;
-  CUresult r = real(arr, desc);
-  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
-  return r;
+  VS_ARRAY_MADE(arr, real(arr, desc));
 }
 
 VS_API CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
   typedef CUresult (*fn_t)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
   fn_t real = REAL(ARRAY_3D, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  bool ours = !_vs_guard && _vs_active();
-  size_t before = ours ? free_now() : 0;
-  CUresult r = real(arr, desc);
-  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
-  return r;
+  VS_ARRAY_MADE(arr, real(arr, desc));
 }
 
 VS_API CUresult cuArrayDestroy(CUarray arr) {
   typedef CUresult (*fn_t)(CUarray);
   fn_t real = REAL(ARRAY_DESTROY, fn_t);
-  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult r = real(arr);
-  if (counted(r)) _vs_outside_freed(VS_OUTSIDE_ARRAY, (uintptr_t)arr);
-  return r;
+  return real ? array_gone(real(arr), (uintptr_t)arr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 /* A mipmapped array counts as an array, by the free memory its creation took. */
@@ -229,26 +239,18 @@ VS_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D
   typedef CUresult (*fn_t)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
   fn_t real = REAL(MIPMAP, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  bool ours = !_vs_guard && _vs_active();
-  size_t before = ours ? free_now() : 0;
-  CUresult r = real(arr, desc, levels);
-  if (ours) array_made(r, r == CUDA_SUCCESS && arr ? (uintptr_t)*arr : 0, before);
-  return r;
+  VS_ARRAY_MADE(arr, real(arr, desc, levels));
 }
 
 VS_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
   typedef CUresult (*fn_t)(CUmipmappedArray);
   fn_t real = REAL(MIPMAP_DESTROY, fn_t);
-  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult r = real(arr);
-  if (counted(r)) _vs_outside_freed(VS_OUTSIDE_ARRAY, (uintptr_t)arr);
-  return r;
+  return real ? array_gone(real(arr), (uintptr_t)arr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 /* ------------------------------------------------------------------ contexts and modules */
 /* What a context or module takes is the free memory its creation took (src/alloc/ctxmem.c).
  * Only the program's calls are measured, and only while the shim is active. */
-static bool measured(void) { return !_vs_guard && _vs_active(); }
 
 /* cuCtxCreate_v2 and _v3 are not declared by CUDA 13's header. */
 VS_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
@@ -345,7 +347,7 @@ VS_API CUresult cuModuleUnload(CUmodule mod) {
   fn_t real = REAL(MODULE_UNLOAD, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(mod);
-  if (r == CUDA_SUCCESS && measured()) _vs_ctxmem_gone((uintptr_t)mod);
+  if (counted(r)) _vs_ctxmem_gone((uintptr_t)mod);
   return r;
 }
 
@@ -374,7 +376,7 @@ VS_API CUresult cuLibraryUnload(CUlibrary lib) {
   fn_t real = REAL(LIBRARY_UNLOAD, fn_t);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(lib);
-  if (r == CUDA_SUCCESS && measured()) _vs_ctxmem_gone((uintptr_t)lib);
+  if (counted(r)) _vs_ctxmem_gone((uintptr_t)lib);
   return r;
 }
 
