@@ -11,6 +11,7 @@
  * The figures are read without any lock of the shim held across a driver call: the driver is
  * asked first, then each table under its own lock; the baseline is kept under a leaf lock. */
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -247,9 +248,9 @@ static void take(vmmshim_residue_t *r, vs_outside_figures_t *of, bool after_slee
 }
 
 int _vs_residue(vmmshim_residue_t *out) {
-  if (!_vs_active()) return -19; /* -ENODEV */
+  if (!_vs_active()) return -ENODEV;
   vs_outside_figures_t *of = malloc(sizeof *of);
-  if (!of) return -12; /* -ENOMEM */
+  if (!of) return -ENOMEM;
   take(out, of, false);
   free(of);
   return 0;
